@@ -1,0 +1,653 @@
+"""The HTTP wire contract between the sidecar and the application (SPEC §5, §6), sans-IO.
+
+This module owns the exact bytes of the requests the sidecar sends to the app (single and batch
+mode), the interpretation of the app's answers into acks, and the parsing of the sidecar's own
+``POST /v1/acks`` body. ``openapi.yaml`` at the repository root documents the same contract and
+``tests/unit/test_wire.py`` checks the two against each other.
+
+Pure functions and frozen values only: no sockets, no trio, no Kafka, no logging. The one clock
+read (an HTTP-date ``Retry-After``) can be pinned by the caller through ``now_epoch_s``. It must
+not import any other ``sidecar`` module, so every layer can depend on it.
+
+Errors::
+
+    WireError(ValueError)   malformed input to a parser here (the ack API body, a bad header
+                            value handed to a formatter); the app's *answers* never raise —
+                            a malformed answer is a release carrying a
+                            ``sidecar.MalformedAnswer`` error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import email.utils
+import functools
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias, cast
+from urllib.parse import quote_from_bytes, unquote_to_bytes
+
+__all__ = [
+    "ACK_REQUEST_WORDS",
+    "ANSWER_ACKS",
+    "MAX_RETRY_AFTER_MS",
+    "AckItem",
+    "AckWord",
+    "Answer",
+    "AppError",
+    "RecordView",
+    "WireError",
+    "decode_kafka_header",
+    "decode_key",
+    "encode_kafka_header",
+    "format_ack_response",
+    "format_batch_request",
+    "format_single_request",
+    "interpret_batch",
+    "interpret_single",
+    "parse_ack_request",
+    "validate_status_mapping",
+]
+
+AckWord: TypeAlias = Literal["accept", "release", "reject", "deferred"]
+AckRequestWord: TypeAlias = Literal["accept", "release", "reject", "renew"]
+HeaderList: TypeAlias = Sequence[tuple[bytes, bytes]]
+
+# The words an app may put in a JSON answer; "deferred" is only reachable through status 202
+# (or a status mapping), because a JSON body *is* an answer and so cannot defer one.
+ANSWER_ACKS: frozenset[str] = frozenset({"accept", "release", "reject"})
+_STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
+ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "renew"})
+
+# A Retry-After far in the future is almost always a bug on the app side (a date in the wrong
+# zone, ms sent as s); capping keeps one record from stalling its key for hours.
+MAX_RETRY_AFTER_MS = 600_000
+# The message of a synthesised HttpStatusNNN error: enough to recognise the failure in the DLQ
+# headers, small enough that an HTML error page does not bloat them.
+_STATUS_MESSAGE_CHARS = 200
+
+MALFORMED_ANSWER = "sidecar.MalformedAnswer"
+
+
+class WireError(ValueError):
+    """Input to this module's parsers or formatters is malformed; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """What the wire needs of one delivery attempt of one Kafka record."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+    timestamp_type: str  # "create" | "log-append" | "none"
+    headers: tuple[tuple[str, bytes | None], ...]
+    delivery_count: int
+    delivery_id: str
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppError:
+    """The app's (or the sidecar's) account of why a record failed; feeds ``__dlq.errors.*``.
+
+    An empty ``class_name`` or ``message`` means the app did not say.
+    """
+
+    class_name: str
+    message: str
+    stacktrace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The interpreted answer to one delivery attempt.
+
+    ``retry_after_ms`` matters for a release (the earliest redelivery); ``dlq_*`` for a reject
+    (KIP-1034 custom DLQ record: extra headers, and a replacement value when ``dlq_value_set``,
+    where ``dlq_value=None`` with ``dlq_value_set`` means a null DLQ value).
+    """
+
+    ack: AckWord
+    error: AppError | None = None
+    retry_after_ms: int | None = None
+    dlq_headers: tuple[tuple[str, bytes], ...] = ()
+    dlq_value: bytes | None = None
+    dlq_value_set: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AckItem:
+    """One entry of a ``POST /v1/acks`` body."""
+
+    delivery_id: str
+    ack: AckRequestWord
+    error: AppError | None = None
+    retry_after_ms: int | None = None
+    dlq_headers: tuple[tuple[str, bytes], ...] = ()
+    dlq_value: bytes | None = None
+    dlq_value_set: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def _is_header_safe(text: str) -> bool:
+    # Visible ASCII plus space, no CR/LF/TAB: anything else could split or smuggle headers.
+    return text.isascii() and text.isprintable()
+
+
+_PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+_UNRESERVED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
+
+
+def _is_plain_key(key: bytes) -> bool:
+    # A key goes into the header as is only when a header round trip cannot alter it: printable
+    # ASCII, and no leading/trailing space (HTTP parsers strip optional whitespace around values).
+    # bytes.translate(None, keep) deletes the allowed bytes in C: anything left is disallowed.
+    return not key.translate(None, _PRINTABLE_ASCII) and key[:1] != b" " and key[-1:] != b" "
+
+
+def _pct(data: bytes) -> str:
+    if not data.translate(None, _UNRESERVED):
+        return data.decode("ascii")  # the common case: a plain token needs no escaping
+    return quote_from_bytes(data, safe="")
+
+
+def encode_kafka_header(name: str, value: bytes | None) -> str:
+    """One ``Kafka-Header`` field value: ``pct(name)=pct(value)``, or ``pct(name)`` for null.
+
+    Percent-encoding is RFC 3986 over the raw bytes (the name's UTF-8), with everything but the
+    unreserved set ``ALPHA / DIGIT / - . _ ~`` encoded, so ``=`` and ``%`` are unambiguous.
+    """
+    encoded_name = _pct(name.encode("utf-8", "surrogateescape"))
+    if value is None:
+        return encoded_name
+    return encoded_name + "=" + _pct(value)
+
+
+def decode_kafka_header(field: str) -> tuple[str, bytes | None]:
+    """Inverse of :func:`encode_kafka_header` (what an app does with each ``Kafka-Header``)."""
+    name, sep, value = field.partition("=")
+    decoded_name = unquote_to_bytes(name).decode("utf-8", "surrogateescape")
+    return decoded_name, (unquote_to_bytes(value) if sep else None)
+
+
+def decode_key(key_header: str | None, encoding_header: str | None) -> bytes | None:
+    """The record key from ``Kafka-Key`` / ``Kafka-Key-Encoding`` (None when the key is null)."""
+    if key_header is None:
+        return None
+    if encoding_header is not None and encoding_header.strip().lower() == "base64":
+        return base64.b64decode(key_header, validate=True)
+    return key_header.encode("ascii")
+
+
+@functools.lru_cache(maxsize=64)
+def _request_prefix(
+    host: str, path: str, extra_headers: tuple[tuple[str, str], ...], content_type: str
+) -> bytes:
+    # Everything that does not depend on the record, built once per (target, mode).
+    if not path.startswith("/") or " " in path or not _is_header_safe(path):
+        raise WireError(f"request path must be an absolute visible-ASCII path, got {path!r}")
+    if not _is_header_safe(host) or not host:
+        raise WireError(f"Host header value is not visible ASCII: {host!r}")
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Type: {content_type}"]
+    for name, value in extra_headers:
+        if not name or not _is_header_safe(name) or ":" in name or " " in name:
+            raise WireError(f"extra header name is not a valid token: {name!r}")
+        if not _is_header_safe(value):
+            raise WireError(f"extra header {name!r} has a value that is not visible ASCII")
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n").encode("ascii")
+
+
+def _extra_tuple(extra_headers: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    return extra_headers if isinstance(extra_headers, tuple) else tuple(extra_headers)
+
+
+def format_single_request(
+    record: RecordView,
+    host: str,
+    path: str,
+    extra_headers: Iterable[tuple[str, str]] = (),
+) -> bytes:
+    """The complete HTTP/1.1 request (head and body) that delivers ``record`` in single mode."""
+    prefix = _request_prefix(host, path, _extra_tuple(extra_headers), "application/octet-stream")
+    topic = record.topic
+    delivery_id = record.delivery_id
+    if not (_is_header_safe(topic) and _is_header_safe(delivery_id)):
+        raise WireError("topic and delivery id must be visible ASCII")
+    value = record.value
+    body = b"" if value is None else value
+    parts = [
+        prefix,
+        b"Content-Length: %d\r\nKafka-Topic: %s\r\nKafka-Partition: %d\r\nKafka-Offset: %d\r\n"
+        b"Kafka-Delivery-Count: %d\r\nKafka-Delivery-Id: %s\r\nKafka-Timestamp-Type: %s\r\n"
+        % (
+            len(body),
+            topic.encode("ascii"),
+            record.partition,
+            record.offset,
+            record.delivery_count,
+            delivery_id.encode("ascii"),
+            record.timestamp_type.encode("ascii"),
+        ),
+    ]
+    if record.timestamp_ms is not None:
+        parts.append(b"Kafka-Timestamp: %d\r\n" % record.timestamp_ms)
+    key = record.key
+    if key is not None:
+        if _is_plain_key(key):
+            parts.append(b"Kafka-Key: %s\r\n" % key)
+        else:
+            parts.append(b"Kafka-Key: %s\r\nKafka-Key-Encoding: base64\r\n" % base64.b64encode(key))
+    if value is None:
+        parts.append(b"Kafka-Value-Null: true\r\n")
+    for name, header_value in record.headers:
+        parts.append(b"Kafka-Header: %s\r\n" % encode_kafka_header(name, header_value).encode())
+    # Trace context comes from record headers a producer wrote, so it is untrusted: a value
+    # that could break the header block is dropped rather than forwarded.
+    if record.traceparent is not None and _is_header_safe(record.traceparent):
+        parts.append(b"traceparent: %s\r\n" % record.traceparent.encode("ascii"))
+        if record.tracestate is not None and _is_header_safe(record.tracestate):
+            parts.append(b"tracestate: %s\r\n" % record.tracestate.encode("ascii"))
+    parts.append(b"\r\n")
+    parts.append(body)
+    return b"".join(parts)
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def format_batch_request(
+    records: Sequence[RecordView],
+    host: str,
+    path: str,
+    extra_headers: Iterable[tuple[str, str]] = (),
+) -> bytes:
+    """The complete HTTP/1.1 request that delivers ``records`` in batch mode (JSON body)."""
+    prefix = _request_prefix(host, path, _extra_tuple(extra_headers), "application/json")
+    items = [
+        {
+            "id": record.delivery_id,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "key": _b64(record.key),
+            "value": _b64(record.value),
+            "headers": [
+                [name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), _b64(v)]
+                for name, v in record.headers
+            ],
+            "timestamp": record.timestamp_ms,
+            "timestamp_type": record.timestamp_type,
+            "delivery_count": record.delivery_count,
+            "traceparent": record.traceparent,
+            "tracestate": record.tracestate,
+        }
+        for record in records
+    ]
+    body = json.dumps({"records": items}, separators=(",", ":")).encode("utf-8")
+    return b"%sContent-Length: %d\r\n\r\n%s" % (prefix, len(body), body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Answers
+
+
+def validate_status_mapping(mapping: Mapping[int, str]) -> dict[int, AckWord]:
+    """Check a configured status → ack mapping; raise :class:`WireError` on a bad entry."""
+    checked: dict[int, AckWord] = {}
+    for status, ack in mapping.items():
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise WireError(f"status mapping key must be an HTTP status 100..599, got {status!r}")
+        if ack not in _STATUS_ACKS:
+            raise WireError(
+                f"status mapping for {status}: expected one of "
+                f"{', '.join(sorted(_STATUS_ACKS))}, got {ack!r}"
+            )
+        checked[status] = cast(AckWord, ack)
+    return checked
+
+
+def _header(headers: HeaderList, name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
+
+
+def _is_text(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return True
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media.startswith(b"text/") or media.endswith((b"json", b"xml"))
+
+
+def parse_retry_after_ms(value: bytes | None, now_epoch_s: float | None = None) -> int | None:
+    """``Retry-After`` (delay-seconds or HTTP-date) as capped milliseconds; None if unusable."""
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip()
+    if text.isdigit():
+        delay_ms = int(text) * 1000 if len(text) < 10 else MAX_RETRY_AFTER_MS
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        now = time.time() if now_epoch_s is None else now_epoch_s
+        delay_ms = max(0, math.ceil((when.timestamp() - now) * 1000))
+    return min(delay_ms, MAX_RETRY_AFTER_MS)
+
+
+def _status_error(status: int, content_type: bytes | None, body: bytes) -> AppError:
+    if _is_text(content_type):
+        message = body[: _STATUS_MESSAGE_CHARS * 4].decode("utf-8", "replace")
+        message = message[:_STATUS_MESSAGE_CHARS].strip()
+    else:
+        kind = content_type.split(b";", 1)[0].strip().decode("latin-1") if content_type else ""
+        message = f"{len(body)} bytes of {kind}"
+    return AppError(f"sidecar.HttpStatus{status}", message or f"HTTP status {status}")
+
+
+def _status_ack(status: int, mapping: Mapping[int, str]) -> AckWord:
+    mapped = mapping.get(status)
+    if mapped is not None:
+        if mapped not in _STATUS_ACKS:
+            raise WireError(f"status mapping for {status} names unknown ack {mapped!r}")
+        return cast(AckWord, mapped)
+    if status == 202:
+        return "deferred"
+    if 200 <= status < 300:
+        return "accept"
+    if status in (400, 422):
+        return "reject"
+    return "release"
+
+
+class _Malformed(Exception):
+    """A JSON answer that does not follow the contract; the message names the field."""
+
+
+def _malformed_answer(reason: str) -> Answer:
+    return Answer("release", AppError(MALFORMED_ANSWER, reason), reason=reason)
+
+
+def _parse_error(obj: object, where: str) -> AppError | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise _Malformed(f"{where}.error must be an object")
+    fields: list[str] = []
+    for field in ("class", "message"):
+        text = obj.get(field, "")
+        if not isinstance(text, str):
+            raise _Malformed(f"{where}.error.{field} must be a string")
+        fields.append(text)
+    stacktrace = obj.get("stacktrace")
+    if stacktrace is not None and not isinstance(stacktrace, str):
+        raise _Malformed(f"{where}.error.stacktrace must be a string or null")
+    return AppError(fields[0], fields[1], stacktrace)
+
+
+def _parse_retry_after(obj: object, where: str) -> int | None:
+    if obj is None:
+        return None
+    if isinstance(obj, bool) or not isinstance(obj, int | float) or not math.isfinite(obj):
+        raise _Malformed(f"{where}.retry_after_ms must be a number")
+    if obj < 0:
+        raise _Malformed(f"{where}.retry_after_ms must not be negative")
+    return min(math.ceil(obj), MAX_RETRY_AFTER_MS)
+
+
+def _parse_dlq(obj: object, where: str) -> tuple[tuple[tuple[str, bytes], ...], bytes | None, bool]:
+    if obj is None:
+        return (), None, False
+    if not isinstance(obj, dict):
+        raise _Malformed(f"{where}.dlq must be an object")
+    raw_headers = obj.get("headers", {})
+    if not isinstance(raw_headers, dict):
+        raise _Malformed(f"{where}.dlq.headers must be an object of strings")
+    headers: list[tuple[str, bytes]] = []
+    for name, value in raw_headers.items():
+        if not isinstance(value, str):
+            raise _Malformed(f"{where}.dlq.headers[{name!r}] must be a string")
+        headers.append((name, value.encode("utf-8")))
+    if "value_b64" not in obj:
+        return tuple(headers), None, False
+    encoded = obj["value_b64"]
+    if encoded is None:
+        return tuple(headers), None, True
+    if not isinstance(encoded, str):
+        raise _Malformed(f"{where}.dlq.value_b64 must be a base64 string or null")
+    try:
+        value = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _Malformed(f"{where}.dlq.value_b64 is not valid base64") from exc
+    return tuple(headers), value, True
+
+
+def _answer_from_object(
+    obj: dict[str, object], where: str, fallback: AckWord, fallback_error: AppError | None
+) -> Answer:
+    """An Answer from one JSON answer object; ``fallback`` applies when it has no ``ack``."""
+    error = _parse_error(obj.get("error"), where)
+    retry_after_ms = _parse_retry_after(obj.get("retry_after_ms"), where)
+    ack_word = obj.get("ack")
+    if ack_word is None:
+        ack: AckWord = fallback
+        reason = f"status ({fallback})"
+    elif not isinstance(ack_word, str) or ack_word not in ANSWER_ACKS:
+        raise _Malformed(f"{where}.ack names an unknown ack {ack_word!r}")
+    else:
+        ack = cast(AckWord, ack_word)
+        reason = f"JSON ack {ack}"
+    dlq_headers, dlq_value, dlq_value_set = _parse_dlq(obj.get("dlq"), where)
+    if error is None and ack != "accept":
+        # A JSON release under a 5xx without its own error still says what went wrong.
+        error = fallback_error
+    return Answer(
+        ack,
+        error,
+        retry_after_ms,
+        dlq_headers,
+        dlq_value,
+        dlq_value_set,
+        reason,
+    )
+
+
+def _load_json(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise _Malformed(f"invalid JSON: {exc}") from exc
+
+
+def interpret_single(
+    status: int,
+    headers: HeaderList,
+    body: bytes,
+    mapping: Mapping[int, str] | None = None,
+    *,
+    now_epoch_s: float | None = None,
+) -> Answer:
+    """Turn the app's HTTP answer to a single-mode delivery into an :class:`Answer`.
+
+    Precedence (SPEC §5): a JSON body's ``ack`` wins; else the status (after ``mapping``).
+    A body declared as JSON that does not parse, is not an object, or names an unknown ack is
+    a release with a ``sidecar.MalformedAnswer`` error — never an accept, whatever the status.
+    An empty body is no body, whatever its Content-Type.
+    """
+    status_ack = _status_ack(status, mapping or {})
+    content_type = _header(headers, b"content-type")
+    status_error = None if 200 <= status < 300 else _status_error(status, content_type, body)
+    retry_after_ms = None
+    if status in (429, 503) and status_ack == "release":
+        retry_after_ms = parse_retry_after_ms(_header(headers, b"retry-after"), now_epoch_s)
+    if _is_json(content_type) and body.strip():
+        try:
+            obj = _load_json(body)
+            if not isinstance(obj, dict):
+                raise _Malformed(f"answer must be a JSON object, got {type(obj).__name__}")
+            answer = _answer_from_object(obj, "answer", status_ack, status_error)
+        except _Malformed as exc:
+            return _malformed_answer(f"{exc} under status {status}")
+        if answer.retry_after_ms is None and retry_after_ms is not None:
+            answer = _with_retry_after(answer, retry_after_ms)
+        return answer
+    reason = f"status {status}"
+    if mapping and status in mapping:
+        reason = f"status {status} mapped to {status_ack}"
+    return Answer(status_ack, status_error, retry_after_ms, reason=reason)
+
+
+def _with_retry_after(answer: Answer, retry_after_ms: int) -> Answer:
+    return Answer(
+        answer.ack,
+        answer.error,
+        retry_after_ms,
+        answer.dlq_headers,
+        answer.dlq_value,
+        answer.dlq_value_set,
+        answer.reason,
+    )
+
+
+def interpret_batch(
+    status: int,
+    headers: HeaderList,
+    body: bytes,
+    ids: Iterable[str],
+    mapping: Mapping[int, str] | None = None,
+    *,
+    now_epoch_s: float | None = None,
+) -> dict[str, Answer]:
+    """Turn the app's answer to a batch delivery into one :class:`Answer` per delivery id.
+
+    A 2xx JSON body ``{"results": [...]}`` answers per record; a record it does not list is
+    released; an entry with a bad ack releases only that record; an unknown id is ignored and
+    the first entry for a repeated id wins. Without a JSON body the status answers for all
+    (2xx accept, 202 deferred, 400/422 reject, else release). A malformed body releases all.
+    """
+    wanted = list(ids)
+    whole = interpret_single(status, headers, b"", mapping, now_epoch_s=now_epoch_s)
+    content_type = _header(headers, b"content-type")
+    if not (200 <= status < 300 and _is_json(content_type) and body.strip()):
+        if not 200 <= status < 300:
+            whole = Answer(
+                whole.ack,
+                _status_error(status, content_type, body),
+                whole.retry_after_ms,
+                reason=whole.reason,
+            )
+        return dict.fromkeys(wanted, whole)
+    try:
+        obj = _load_json(body)
+        if not isinstance(obj, dict) or not isinstance(obj.get("results"), list):
+            raise _Malformed("batch answer must be an object with a 'results' list")
+        results = cast(list[object], obj["results"])
+    except _Malformed as exc:
+        return dict.fromkeys(wanted, _malformed_answer(f"{exc} under status {status}"))
+    wanted_set = set(wanted)
+    answers: dict[str, Answer] = {}
+    for index, entry in enumerate(results):
+        where = f"results[{index}]"
+        if not isinstance(entry, dict):
+            continue
+        delivery_id = entry.get("id")
+        if not isinstance(delivery_id, str) or delivery_id not in wanted_set:
+            continue
+        if delivery_id in answers:
+            continue
+        try:
+            if "ack" not in entry:
+                raise _Malformed(f"{where}.ack is missing")
+            answers[delivery_id] = _answer_from_object(entry, where, "release", None)
+        except _Malformed as exc:
+            answers[delivery_id] = _malformed_answer(str(exc))
+    missing = Answer("release", reason="missing from the batch answer")
+    return {delivery_id: answers.get(delivery_id, missing) for delivery_id in wanted}
+
+
+# ---------------------------------------------------------------------------------------------
+# The sidecar's own ack API
+
+
+def parse_ack_request(body: bytes) -> list[AckItem]:
+    """Parse a ``POST /v1/acks`` body: ``{"acks": [item, ...]}`` or a bare ``[item, ...]``.
+
+    Each item is ``{"id", "ack": accept|release|reject|renew, "error"?, "retry_after_ms"?,
+    "dlq"?}``. Raises :class:`WireError` naming the first bad field.
+    """
+    try:
+        obj = _load_json(body)
+    except _Malformed as exc:
+        raise WireError(str(exc)) from None
+    if isinstance(obj, dict):
+        if "acks" not in obj:
+            raise WireError("ack request must be an object with an 'acks' list, or a list")
+        obj = obj["acks"]
+        prefix = "acks"
+    else:
+        prefix = ""
+    if not isinstance(obj, list):
+        raise WireError("'acks' must be a list")
+    items: list[AckItem] = []
+    for index, entry in enumerate(obj):
+        where = f"{prefix}[{index}]"
+        if not isinstance(entry, dict):
+            raise WireError(f"{where} must be an object")
+        delivery_id = entry.get("id")
+        if not isinstance(delivery_id, str) or not delivery_id:
+            raise WireError(f"{where}.id must be a non-empty string")
+        ack = entry.get("ack")
+        if not isinstance(ack, str) or ack not in ACK_REQUEST_WORDS:
+            raise WireError(
+                f"{where}.ack must be one of {', '.join(sorted(ACK_REQUEST_WORDS))}, got {ack!r}"
+            )
+        try:
+            error = _parse_error(entry.get("error"), where)
+            retry_after_ms = _parse_retry_after(entry.get("retry_after_ms"), where)
+            dlq_headers, dlq_value, dlq_value_set = _parse_dlq(entry.get("dlq"), where)
+        except _Malformed as exc:
+            raise WireError(str(exc)) from None
+        items.append(
+            AckItem(
+                delivery_id,
+                cast(AckRequestWord, ack),
+                error,
+                retry_after_ms,
+                dlq_headers,
+                dlq_value,
+                dlq_value_set,
+            )
+        )
+    return items
+
+
+def format_ack_response(results: Iterable[tuple[str, str]]) -> bytes:
+    """The ``POST /v1/acks`` response body: one ``{"id", "result": ok|unknown|expired}`` each."""
+    return json.dumps(
+        {"results": [{"id": delivery_id, "result": result} for delivery_id, result in results]},
+        separators=(",", ":"),
+    ).encode("utf-8")
