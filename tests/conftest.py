@@ -1,0 +1,57 @@
+"""Session fixtures: one real Kafka broker per test session, unique names per test.
+
+The broker is started with the project's own script (scripts/kafka) unless KAFKA_BOOTSTRAP points at one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kafkatools import Broker
+
+ROOT = Path(__file__).resolve().parent.parent
+KAFKA_SCRIPT = ROOT / "scripts" / "kafka"
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    external = os.environ.get("KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    state_dir = tempfile.mkdtemp(prefix="dlq-test-broker-")
+    env = {**os.environ, "DLQ_KAFKA_STATE_DIR": state_dir}
+    proc = subprocess.run(
+        [sys.executable, str(KAFKA_SCRIPT), "start"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"could not start the test broker:\n{proc.stderr}", pytrace=False)
+    try:
+        yield proc.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([sys.executable, str(KAFKA_SCRIPT), "stop"], env=env, check=False)
+
+
+@pytest.fixture(scope="session")
+def broker(bootstrap: str) -> Broker:
+    return Broker(bootstrap)
+
+
+@pytest.fixture
+def unique(request: pytest.FixtureRequest) -> str:
+    """A short name unique to this test, safe for topics and groups."""
+    base = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name)[:40].strip("-")
+    return f"{base}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,167 @@
+"""Test helpers that talk to the real broker: create topics, produce, read a topic back, read committed offsets.
+
+Only tests import this module; it uses confluent-kafka directly (never a fake).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True)
+class Rec:
+    """A record as written or read: everything the sidecar must keep byte-exact."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+    partition: int | None = None
+    offset: int | None = None
+    timestamp_ms: int | None = None
+
+
+class Broker:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None
+    ) -> str:
+        futures = self.admin.create_topics(
+            [NewTopic(name, partitions, 1, config=config or {})], operation_timeout=30
+        )
+        futures[name].result(timeout=30)
+        # Metadata propagates asynchronously; wait until the leader of every partition is known.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            md = self.admin.list_topics(name, timeout=5).topics.get(name)
+            if (
+                md
+                and md.error is None
+                and len(md.partitions) == partitions
+                and all(p.leader >= 0 for p in md.partitions.values())
+            ):
+                return name
+            time.sleep(0.05)
+        raise TimeoutError(f"topic {name} has no leaders after 30s")
+
+    def delete_topic(self, name: str) -> None:
+        self.admin.delete_topics([name], operation_timeout=30)[name].result(timeout=30)
+
+    def topic_exists(self, name: str) -> bool:
+        return name in self.admin.list_topics(timeout=10).topics
+
+    def produce(self, topic: str, records: Iterable[Rec]) -> int:
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5}
+        )
+        errors: list[str] = []
+        n = 0
+
+        def on_delivery(err: object, _msg: object) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        for rec in records:
+            kwargs: dict[str, object] = {
+                "key": rec.key,
+                "value": rec.value,
+                "on_delivery": on_delivery,
+            }
+            if rec.headers:
+                kwargs["headers"] = list(rec.headers)
+            if rec.partition is not None:
+                kwargs["partition"] = rec.partition
+            while True:
+                try:
+                    producer.produce(topic, **kwargs)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            n += 1
+        remaining = producer.flush(60)
+        if remaining or errors:
+            raise AssertionError(f"produce failed: {remaining} unflushed, errors {errors[:3]}")
+        return n
+
+    def read_topic(
+        self, topic: str, expected: int, timeout_s: float = 60.0, group: str | None = None
+    ) -> list[Rec]:
+        """Read a topic from the beginning until `expected` records arrived (or the timeout)."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": group or f"reader-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
+        out: list[Rec] = []
+        try:
+            consumer.subscribe([topic])
+            deadline = time.monotonic() + timeout_s
+            while len(out) < expected and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, 0.5):
+                    if msg.error():
+                        raise KafkaException(msg.error())
+                    out.append(
+                        Rec(
+                            key=msg.key(),
+                            value=msg.value(),
+                            headers=tuple(msg.headers() or ()),
+                            partition=msg.partition(),
+                            offset=msg.offset(),
+                            timestamp_ms=msg.timestamp()[1],
+                        )
+                    )
+        finally:
+            consumer.close()
+        return out
+
+    def count_records(self, topic: str) -> int:
+        """Records between the low and high watermarks of every partition."""
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": "wm-" + uuid.uuid4().hex[:8]}
+        )
+        try:
+            md = self.admin.list_topics(topic, timeout=10).topics[topic]
+            total = 0
+            for p in md.partitions:
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                total += hi - lo
+            return total
+        finally:
+            consumer.close()
+
+    def committed(
+        self, group: str, topic: str, partitions: Sequence[int]
+    ) -> dict[int, tuple[int, str | None]]:
+        """Committed offset and metadata per partition for a group (offset -1001 when none)."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group})
+        try:
+            tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+            return {tp.partition: (tp.offset, tp.metadata) for tp in tps}
+        finally:
+            consumer.close()
+
+    def end_offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": "wm-" + uuid.uuid4().hex[:8]}
+        )
+        try:
+            return {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions
+            }
+        finally:
+            consumer.close()
