@@ -1,0 +1,390 @@
+"""The HTTP client that pushes records to the application (SPEC §5), on trio.
+
+This module owns the connections to the app: a keep-alive pool (one connection per in-flight
+request, over TCP loopback or a Unix socket), HTTP/1.1 response framing with httptools
+(content-length, chunked, and EOF-delimited bodies; interim 1xx responses skipped), timeouts,
+and the split between "could not connect" and "sent, then failed" that decides whether a
+delivery counted as an attempt. Request bytes and answer meaning come from :mod:`sidecar.wire`.
+
+It imports only :mod:`sidecar.wire` from this package; it knows nothing of Kafka, the ledger or
+the DLQ.
+
+Errors::
+
+    AppClientError
+     ├── AppNotReachable     the connection could not be opened (refused, no socket file,
+     │                       connect timeout): the request never left, NOT an attempt
+     └── AppRequestFailed    the request was sent and then failed: an attempt. ``class_name``:
+                             sidecar.AppTimeout         no complete answer within the timeout
+                             sidecar.AppConnectionLost  reset or EOF before a complete answer
+                             sidecar.MalformedResponse  not HTTP/1.x, or over the size caps
+
+Stale keep-alive connections: a server may close an idle connection at any moment, and we
+only learn of it when the next request on it gets EOF or a reset before any response byte.
+Such a failure on a *reused* connection is retried once on a fresh connection. The request was
+sent, so the app could in principle have acted on it and then died without answering; we
+accept that rare duplicate (delivery is at-least-once anyway) rather than charge an attempt,
+and possibly a DLQ entry, for what is almost always our own stale socket. A failure on a fresh
+connection, any failure after a response byte, and a timeout are never retried here. Idle
+connections older than ``idle_timeout_s`` (below common server keep-alive timeouts of 5 s)
+are closed rather than reused, to keep that race rare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import httptools
+import trio
+
+from sidecar.wire import (
+    Answer,
+    AppError,
+    RecordView,
+    format_batch_request,
+    format_single_request,
+    interpret_batch,
+    interpret_single,
+)
+
+__all__ = [
+    "APP_CONNECTION_LOST",
+    "APP_TIMEOUT",
+    "MALFORMED_RESPONSE",
+    "AppClient",
+    "AppClientError",
+    "AppNotReachable",
+    "AppRequestFailed",
+    "AppTarget",
+    "RawResponse",
+]
+
+APP_TIMEOUT = "sidecar.AppTimeout"
+APP_CONNECTION_LOST = "sidecar.AppConnectionLost"
+MALFORMED_RESPONSE = "sidecar.MalformedResponse"
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_HEAD_BYTES = 64 * 1024
+_RECEIVE_BYTES = 65536
+
+
+class AppClientError(Exception):
+    """Root of the app transport errors."""
+
+
+class AppNotReachable(AppClientError):
+    """The connection to the app could not be opened; the request was not sent."""
+
+
+class AppRequestFailed(AppClientError):
+    """The request was sent and no usable answer came back."""
+
+    def __init__(self, class_name: str, message: str) -> None:
+        super().__init__(f"{class_name}: {message}")
+        self.class_name = class_name
+        self.message = message
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any response byte: retry once on a fresh one."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppTarget:
+    """Where the app listens and what every request carries.
+
+    ``unix_path`` set means a Unix socket (``host``/``port`` then unused). ``authority`` is the
+    Host header; by default ``host:port`` for TCP and ``localhost`` for a Unix socket.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    unix_path: str | None = None
+    path: str = "/"
+    extra_headers: tuple[tuple[str, str], ...] = ()
+    authority: str | None = None
+
+    @property
+    def host_header(self) -> str:
+        if self.authority is not None:
+            return self.authority
+        if self.unix_path is not None:
+            return "localhost"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def describe(self) -> str:
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RawResponse:
+    """A complete HTTP response; header names lower-cased, in arrival order."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+class _ResponseCollector:
+    """httptools callbacks for one response."""
+
+    __slots__ = (
+        "body",
+        "body_bytes",
+        "complete",
+        "extra_message",
+        "framed",
+        "headers",
+        "headers_done",
+        "keep_alive",
+        "max_body_bytes",
+        "parser",
+        "status",
+        "too_large",
+    )
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.parser: httptools.HttpResponseParser | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.headers_done = False
+        self.framed = False  # Content-Length or Transfer-Encoding: the body does not end at EOF
+        self.complete = False
+        self.too_large = False
+        self.extra_message = False
+        self.keep_alive = False
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.extra_message = True  # bytes after the response: the connection is unusable
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lowered = name.lower()
+        if lowered in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+        self.headers.append((lowered, value))
+
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.max_body_bytes:
+            self.too_large = True
+        else:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if 100 <= self.status < 200 and self.status != 101:
+            # An interim response (100 Continue, 103 Early Hints): the real one follows.
+            self.headers = []
+            self.body = []
+            self.body_bytes = 0
+            self.headers_done = False
+            self.framed = False
+            return
+        assert self.parser is not None
+        # llhttp resets its keep-alive flag once feed_data returns: read it here.
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+
+
+async def _exchange(
+    stream: trio.abc.Stream, request: bytes, reused: bool, max_body_bytes: int
+) -> tuple[RawResponse, bool]:
+    """Send ``request`` and read one response: (response, connection reusable)."""
+    collector = _ResponseCollector(max_body_bytes)
+    parser = httptools.HttpResponseParser(collector)
+    collector.parser = parser
+    received = 0
+    try:
+        await stream.send_all(request)
+        while not collector.complete:
+            data = await stream.receive_some(_RECEIVE_BYTES)
+            if not data:
+                if collector.headers_done and not collector.framed:
+                    break  # a body delimited by EOF (no Content-Length, not chunked)
+                if received == 0:
+                    if reused:
+                        raise _StaleConnection
+                    raise AppRequestFailed(
+                        APP_CONNECTION_LOST, "the app closed the connection without answering"
+                    )
+                raise AppRequestFailed(
+                    APP_CONNECTION_LOST,
+                    f"the app closed the connection after {received} bytes of its answer",
+                )
+            received += len(data)
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserUpgrade as exc:
+                raise AppRequestFailed(MALFORMED_RESPONSE, "unexpected protocol upgrade") from exc
+            except httptools.HttpParserError as exc:
+                raise AppRequestFailed(MALFORMED_RESPONSE, f"unparseable HTTP: {exc}") from exc
+            if collector.too_large:
+                raise AppRequestFailed(
+                    MALFORMED_RESPONSE, f"response body over {max_body_bytes} bytes"
+                )
+            if not collector.headers_done and received > MAX_HEAD_BYTES:
+                raise AppRequestFailed(
+                    MALFORMED_RESPONSE, f"response header block over {MAX_HEAD_BYTES} bytes"
+                )
+    except trio.BrokenResourceError as exc:
+        if received == 0 and reused:
+            raise _StaleConnection from exc
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise AppRequestFailed(APP_CONNECTION_LOST, f"connection lost: {cause}") from exc
+    keep_alive = collector.complete and collector.keep_alive and not collector.extra_message
+    response = RawResponse(collector.status, collector.headers, b"".join(collector.body))
+    return response, keep_alive
+
+
+class AppClient:
+    """A keep-alive connection pool to one app, bounded at ``max_connections`` in flight.
+
+    ``send`` waits for a free slot when ``max_connections`` requests are in flight; callers
+    that bound their own concurrency (the dispatcher does) never wait here.
+    """
+
+    def __init__(
+        self,
+        target: AppTarget,
+        max_connections: int = 64,
+        connect_timeout_s: float = 2.0,
+        *,
+        status_mapping: Mapping[int, str] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        idle_timeout_s: float = 4.0,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self.target = target
+        self._host_header = target.host_header
+        self._connect_timeout_s = connect_timeout_s
+        self._status_mapping = dict(status_mapping or {})
+        self._max_body_bytes = max_body_bytes
+        self._idle_timeout_s = idle_timeout_s
+        self._slots = trio.Semaphore(max_connections)
+        self._idle: list[tuple[trio.abc.Stream, float]] = []
+        self._closed = False
+        self.connections_opened = 0
+
+    async def __aenter__(self) -> AppClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close idle connections; in-flight ones close when their request ends."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for stream, _ in idle:
+            await trio.aclose_forcefully(stream)
+
+    async def _open(self) -> trio.abc.Stream:
+        stream: trio.abc.Stream
+        try:
+            with trio.fail_after(self._connect_timeout_s):
+                if self.target.unix_path is not None:
+                    stream = await trio.open_unix_socket(self.target.unix_path)
+                else:
+                    stream = await trio.open_tcp_stream(self.target.host, self.target.port)
+        except trio.TooSlowError as exc:
+            raise AppNotReachable(
+                f"connecting to {self.target.describe()} timed out after "
+                f"{self._connect_timeout_s} s"
+            ) from exc
+        except OSError as exc:
+            raise AppNotReachable(
+                f"cannot connect to {self.target.describe()}: {exc.strerror or exc}"
+            ) from exc
+        self.connections_opened += 1
+        return stream
+
+    async def _take_idle(self) -> trio.abc.Stream | None:
+        oldest_usable = trio.current_time() - self._idle_timeout_s
+        while self._idle:
+            stream, idle_since = self._idle.pop()  # LIFO: the freshest is least likely stale
+            if idle_since >= oldest_usable:
+                return stream
+            await trio.aclose_forcefully(stream)
+        return None
+
+    async def send(self, request: bytes, timeout_s: float) -> RawResponse:
+        """Send one complete request (from :mod:`sidecar.wire`) and return the response.
+
+        ``timeout_s`` bounds the exchange after the connection is open; opening has its own
+        ``connect_timeout_s``. Raises :class:`AppNotReachable` or :class:`AppRequestFailed`.
+        """
+        if self._closed:
+            raise RuntimeError("AppClient is closed")
+        async with self._slots:
+            stream = await self._take_idle()
+            reused = stream is not None
+            if stream is None:
+                stream = await self._open()
+            keep_alive = False
+            try:
+                with trio.move_on_after(timeout_s) as scope:
+                    try:
+                        response, keep_alive = await _exchange(
+                            stream, request, reused, self._max_body_bytes
+                        )
+                    except _StaleConnection:
+                        await trio.aclose_forcefully(stream)
+                        stream = await self._open()
+                        response, keep_alive = await _exchange(
+                            stream, request, False, self._max_body_bytes
+                        )
+                if scope.cancelled_caught:
+                    raise AppRequestFailed(APP_TIMEOUT, f"no complete answer within {timeout_s} s")
+            finally:
+                if keep_alive and not self._closed:
+                    self._idle.append((stream, trio.current_time()))
+                else:
+                    await trio.aclose_forcefully(stream)
+            return response
+
+    async def deliver(self, record: RecordView, timeout_s: float) -> Answer:
+        """Push one record in single mode and interpret the answer.
+
+        A request that was sent and failed becomes a release carrying the sidecar's error
+        class (it was an attempt); :class:`AppNotReachable` propagates (it was not).
+        """
+        request = format_single_request(
+            record, self._host_header, self.target.path, self.target.extra_headers
+        )
+        try:
+            response = await self.send(request, timeout_s)
+        except AppRequestFailed as exc:
+            return Answer("release", AppError(exc.class_name, exc.message), reason=exc.message)
+        return interpret_single(
+            response.status, response.headers, response.body, self._status_mapping
+        )
+
+    async def deliver_batch(
+        self, records: Sequence[RecordView], timeout_s: float
+    ) -> dict[str, Answer]:
+        """Push records in batch mode; one :class:`Answer` per delivery id (see deliver)."""
+        request = format_batch_request(
+            records, self._host_header, self.target.path, self.target.extra_headers
+        )
+        ids = [record.delivery_id for record in records]
+        try:
+            response = await self.send(request, timeout_s)
+        except AppRequestFailed as exc:
+            failed = Answer("release", AppError(exc.class_name, exc.message), reason=exc.message)
+            return dict.fromkeys(ids, failed)
+        return interpret_batch(
+            response.status, response.headers, response.body, ids, self._status_mapping
+        )
