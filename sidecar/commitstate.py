@@ -1,0 +1,381 @@
+"""Per-partition delivery state beyond the committed offset, and its offset-metadata codec.
+
+This module owns :class:`CommitState` (what must survive a restart or a rebalance: which offsets
+above the committed one are already done, and the delivery counts of records not yet done) and the
+string codec that stores it in the offset commit's metadata (``offset.metadata.max.bytes``,
+default 4096).  It is pure: it must not import trio, confluent_kafka or anything doing I/O.
+
+Wire format, version 1::
+
+    "dlq1:" + base64url-without-padding( flag byte | body )
+    flag 0x00: body = payload | crc32(payload) (4 bytes, big-endian)
+    flag 0x01: body = zlib(payload | crc32(payload))
+    payload   = uvarint(base_offset) | done section | counts section
+    done      = 0x00                                    (no done ranges)
+              | 0x01 uvarint(n) n * (uvarint(gap) uvarint(length - 1))          (run-length)
+              | 0x02 uvarint(nbits) bytes                                        (bitset)
+    counts    = uvarint(n) n * (uvarint(delta) uvarint(count - 1))
+
+Done ranges are relative to ``base_offset + 1``; a run-length range starts ``gap`` offsets after the
+end of the previous one.  Bit ``i`` (little-endian within each byte) of a bitset means offset
+``base_offset + 1 + i`` is done.  Count offsets are deltas from ``base_offset`` for the first entry
+and from the previous entry minus one afterwards.  The encoder writes whichever of run-length or
+bitset is smaller, then keeps the zlib form only when it is smaller still (Confluent Parallel
+Consumer makes the same choice between run-length, bitset and compression).
+
+Done ranges may cover offsets that never existed (compaction gaps, transaction markers): marking a
+non-existent offset done is harmless, and it keeps the ranges few.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = [
+    "MAGIC",
+    "MAX_OFFSET",
+    "CommitState",
+    "chars_for_payload",
+    "decode",
+    "encode",
+    "encoded_length",
+    "payload_bound",
+]
+
+MAGIC = "dlq1:"
+#: Kafka offsets are signed 64-bit integers.
+MAX_OFFSET = 2**63 - 1
+# A decoded payload larger than this is not ours (4096 characters of base64 inflate to far less);
+# the bound keeps a hostile or corrupt zlib stream from allocating gigabytes.
+_MAX_INFLATED = 1 << 20
+
+_FLAG_RAW = 0
+_FLAG_ZLIB = 1
+_DONE_NONE = 0
+_DONE_RLE = 1
+_DONE_BITSET = 2
+
+
+def _empty_counts() -> Mapping[int, int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class CommitState:
+    """What a partition's commit must carry besides the offset itself.
+
+    - ``base_offset``: the committed offset, i.e. the lowest offset that is not done.
+    - ``done``: sorted, disjoint, non-adjacent half-open ranges ``(start, end)`` of offsets above
+      ``base_offset`` that are done (acknowledged, or archived with the DLQ write confirmed).
+    - ``counts``: delivery counts (>= 1) of records at or above ``base_offset`` that are not done.
+    """
+
+    base_offset: int
+    done: tuple[tuple[int, int], ...] = ()
+    counts: Mapping[int, int] = field(default_factory=_empty_counts)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.base_offset <= MAX_OFFSET:
+            raise ValueError(f"base_offset out of range: {self.base_offset}")
+        # The first range may start right above the base; later ones must leave a gap after
+        # the previous range (adjacent ranges would have been one).
+        lowest_start = self.base_offset + 1
+        for start, end in self.done:
+            if start < lowest_start:
+                raise ValueError(
+                    f"done ranges must be sorted, disjoint, non-adjacent and above the base "
+                    f"offset {self.base_offset}: {self.done!r}"
+                )
+            if end <= start or end > MAX_OFFSET + 1:
+                raise ValueError(f"bad done range ({start}, {end})")
+            lowest_start = end + 1
+        frozen = dict(sorted(self.counts.items()))
+        for offset, count in frozen.items():
+            if not self.base_offset <= offset <= MAX_OFFSET:
+                raise ValueError(f"count for offset {offset} below base {self.base_offset}")
+            if count < 1:
+                raise ValueError(f"delivery count must be >= 1, got {count} for offset {offset}")
+            if self._in_done(offset):
+                raise ValueError(f"offset {offset} has a delivery count but is marked done")
+        object.__setattr__(self, "counts", MappingProxyType(frozen))
+
+    def _in_done(self, offset: int) -> bool:
+        i = bisect.bisect_right(self.done, (offset, MAX_OFFSET + 2)) - 1
+        return i >= 0 and self.done[i][0] <= offset < self.done[i][1]
+
+    def is_done(self, offset: int) -> bool:
+        """True when the record at ``offset`` must not be delivered again."""
+        return offset < self.base_offset or self._in_done(offset)
+
+    def count(self, offset: int) -> int:
+        """The persisted delivery count of ``offset`` (0 when none was recorded)."""
+        return self.counts.get(offset, 0)
+
+    def done_offsets(self) -> Iterator[int]:
+        """Every offset above the base covered by a done range (may be many: test helper)."""
+        for start, end in self.done:
+            yield from range(start, end)
+
+    def truncated(self, cut: int) -> CommitState:
+        """The state restricted to offsets below ``cut``: what a prefix encoding keeps."""
+        done = tuple((s, min(e, cut)) for s, e in self.done if s < cut)
+        counts = {o: c for o, c in self.counts.items() if o < cut}
+        return CommitState(self.base_offset, done, counts)
+
+
+# -- varints -------------------------------------------------------------------------------------
+
+
+def _put_uvarint(out: bytearray, n: int) -> None:
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _uvarint_len(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def uvarint(self) -> int:
+        result = 0
+        shift = 0
+        while True:
+            byte = self.data[self.pos]  # IndexError on truncation: caught by decode()
+            self.pos += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+            if shift > 63:  # 10 bytes hold any int64; longer is corruption
+                raise ValueError("varint too long")
+
+    def take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("truncated")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+
+# -- encoder -------------------------------------------------------------------------------------
+
+
+def _rle(base: int, done: tuple[tuple[int, int], ...]) -> bytes:
+    out = bytearray((_DONE_RLE,))
+    _put_uvarint(out, len(done))
+    previous_end = base + 1
+    for start, end in done:
+        _put_uvarint(out, start - previous_end)
+        _put_uvarint(out, end - start - 1)
+        previous_end = end
+    return bytes(out)
+
+
+def _bitset(base: int, done: tuple[tuple[int, int], ...], limit: int) -> bytes | None:
+    """The bitset form, or None when it would not be shorter than ``limit`` bytes."""
+    nbits = done[-1][1] - (base + 1)
+    if nbits // 8 + 1 >= limit:
+        return None
+    bits = bytearray((nbits + 7) // 8)
+    # Bounded work: nbits < 8 * limit, and limit is the run-length size (small).
+    for start, end in done:
+        for rel in range(start - base - 1, end - base - 1):
+            bits[rel >> 3] |= 1 << (rel & 7)
+    out = bytearray((_DONE_BITSET,))
+    _put_uvarint(out, nbits)
+    out += bits
+    return bytes(out)
+
+
+def _payload(state: CommitState) -> bytes:
+    out = bytearray()
+    _put_uvarint(out, state.base_offset)
+    if state.done:
+        rle = _rle(state.base_offset, state.done)
+        bitset = _bitset(state.base_offset, state.done, len(rle))
+        out += rle if bitset is None or len(bitset) >= len(rle) else bitset
+    else:
+        out.append(_DONE_NONE)
+    _put_uvarint(out, len(state.counts))
+    previous = state.base_offset
+    first = True
+    for offset, count in state.counts.items():  # sorted by construction
+        _put_uvarint(out, offset - previous if first else offset - previous - 1)
+        _put_uvarint(out, count - 1)
+        previous = offset
+        first = False
+    return bytes(out)
+
+
+def _encode_full(state: CommitState) -> str:
+    payload = _payload(state)
+    inner = payload + zlib.crc32(payload).to_bytes(4, "big")
+    packed = zlib.compress(inner, 9)
+    body = (
+        bytes((_FLAG_ZLIB,)) + packed if len(packed) < len(inner) else bytes((_FLAG_RAW,)) + inner
+    )
+    return MAGIC + base64.urlsafe_b64encode(body).rstrip(b"=").decode("ascii")
+
+
+def payload_bound(state: CommitState) -> int:
+    """An upper bound, in bytes, of the binary payload: its size with run-length done ranges.
+
+    The ledger tracks how much each change can grow this bound, so it can tell cheaply that the
+    metadata is still far from ``offset.metadata.max.bytes`` without encoding on every change.
+    """
+    rle = _rle(state.base_offset, state.done) if state.done else b"\x00"
+    size = _uvarint_len(state.base_offset) + len(rle) + _uvarint_len(len(state.counts))
+    previous = state.base_offset
+    for offset, count in state.counts.items():
+        size += _uvarint_len(offset - previous) + _uvarint_len(count - 1)
+        previous = offset
+    return size
+
+
+def chars_for_payload(payload_bytes: int) -> int:
+    """Upper bound of the encoded length for a payload of ``payload_bytes`` (flag, CRC, base64)."""
+    body = 1 + payload_bytes + 4
+    return len(MAGIC) + (4 * body + 2) // 3
+
+
+def encoded_length(state: CommitState) -> int:
+    """Length in characters (= bytes, it is ASCII) of the full encoding of ``state``."""
+    return len(_encode_full(state))
+
+
+def encode(state: CommitState, budget_bytes: int) -> str | None:
+    """Encode ``state`` in at most ``budget_bytes`` ASCII characters.
+
+    When the whole state does not fit, the result is a *prefix* encoding: the done ranges and
+    counts of the lowest offsets, as many as fit, and nothing about higher offsets.  That is safe
+    for at-least-once delivery (a dropped done mark means a redelivery, a dropped count restarts at
+    zero) but it does lose information, so the ledger pauses intake well before this happens.
+    Returns None only when not even the base offset fits (a budget of a dozen characters).
+    """
+    full = _encode_full(state)
+    if len(full) <= budget_bytes:
+        return full
+    # Items in offset order; a prefix of k items is kept.  Size is not strictly monotone in k
+    # (zlib, bitset choice), so the binary search finds a fitting prefix, not always the longest.
+    items: list[tuple[int, int]] = sorted(
+        [(s, 0) for s, _ in state.done] + [(o, 1) for o in state.counts]
+    )
+
+    def prefix(k: int) -> CommitState:
+        cut = items[k][0] if k < len(items) else MAX_OFFSET + 1
+        return state.truncated(cut)
+
+    best = _encode_full(prefix(0))
+    if len(best) > budget_bytes:
+        return None
+    low, high = 0, len(items)  # prefix(low) fits, prefix(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        candidate = _encode_full(prefix(mid))
+        if len(candidate) <= budget_bytes:
+            low, best = mid, candidate
+        else:
+            high = mid
+    return best
+
+
+# -- decoder -------------------------------------------------------------------------------------
+
+
+def _decode_done(reader: _Reader, base: int) -> tuple[tuple[int, int], ...]:
+    kind = reader.take(1)[0]
+    if kind == _DONE_NONE:
+        return ()
+    if kind == _DONE_RLE:
+        n = reader.uvarint()
+        if n > len(reader.data):  # each range takes >= 2 bytes: a cheap bomb guard
+            raise ValueError("too many ranges")
+        ranges = []
+        previous_end = base + 1
+        for _ in range(n):
+            start = previous_end + reader.uvarint()
+            end = start + reader.uvarint() + 1
+            ranges.append((start, end))
+            previous_end = end
+        return tuple(ranges)
+    if kind == _DONE_BITSET:
+        nbits = reader.uvarint()
+        bits = reader.take((nbits + 7) // 8)
+        ranges = []
+        run_start = -1
+        for rel in range(nbits):
+            is_set = bits[rel >> 3] >> (rel & 7) & 1
+            if is_set and run_start < 0:
+                run_start = rel
+            elif not is_set and run_start >= 0:
+                ranges.append((base + 1 + run_start, base + 1 + rel))
+                run_start = -1
+        if run_start >= 0:
+            ranges.append((base + 1 + run_start, base + 1 + nbits))
+        return tuple(ranges)
+    raise ValueError(f"unknown done encoding {kind}")
+
+
+def decode(metadata: str) -> CommitState | None:
+    """Decode metadata written by :func:`encode`.
+
+    Returns None, never raising, for empty metadata, metadata written by something else, a
+    version this build does not know, or corrupt data (bad base64, bad zlib stream, CRC
+    mismatch, trailing bytes, values out of range): the caller logs a warning and starts from
+    the committed offset alone, which redelivers but never loses a record.
+    """
+    if not metadata.startswith(MAGIC):
+        return None
+    text = metadata[len(MAGIC) :]
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        if base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != text:
+            return None  # non-canonical or non-alphabet characters were silently skipped
+        if not raw:
+            return None
+        if raw[0] == _FLAG_ZLIB:
+            inflater = zlib.decompressobj()
+            inner = inflater.decompress(raw[1:], _MAX_INFLATED)
+            if inflater.unconsumed_tail or not inflater.eof or inflater.unused_data:
+                return None
+        elif raw[0] == _FLAG_RAW:
+            inner = raw[1:]
+        else:
+            return None
+        if len(inner) < 5:
+            return None
+        payload, crc = inner[:-4], inner[-4:]
+        if zlib.crc32(payload).to_bytes(4, "big") != crc:
+            return None
+        reader = _Reader(payload)
+        base = reader.uvarint()
+        done = _decode_done(reader, base)
+        n = reader.uvarint()
+        if n > len(payload):
+            return None
+        counts: dict[int, int] = {}
+        previous = base
+        for i in range(n):
+            delta = reader.uvarint()
+            offset = previous + delta if i == 0 else previous + delta + 1
+            counts[offset] = reader.uvarint() + 1
+            previous = offset
+        if reader.pos != len(payload):
+            return None
+        return CommitState(base, done, counts)
+    except (ValueError, IndexError, zlib.error, binascii.Error, UnicodeError):
+        return None

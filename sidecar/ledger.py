@@ -1,0 +1,925 @@
+"""The per-partition delivery ledger: every record state transition lives here (sans-IO).
+
+One :class:`PartitionLedger` per assigned partition tracks the records fetched from it through the
+lifecycle of SPEC §2 (a KIP-932 share group, run by the sidecar itself)::
+
+    AVAILABLE --acquire (delivery_count += 1)--> ACQUIRED --accept--> ACKNOWLEDGED        (done)
+        ^                                          |
+        +---- release / lock timeout (backoff) <---+  (while delivery_count < limit)
+                                                   |
+            reject, or release / timeout at the limit --> ARCHIVING --dlq_written--> ARCHIVED (done)
+
+Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``expire``,
+``dlq_written``, ``dlq_failed``, ``revoke``); outputs are small frozen values (:class:`Attempt`,
+:class:`AnswerResult`, :class:`ArchiveRequest`, :class:`~sidecar.commitstate.CommitState`).
+An illegal call raises a :class:`LedgerError` and leaves the ledger unchanged.  The committable
+offset is derived from the records held, never stored.
+
+This module must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and it
+never reads a clock: callers pass ``now_ms`` (a monotonic clock in milliseconds).  It is the hot
+path, so every operation is O(log n) or amortised O(1); only ``commit_state`` and the metadata
+size check walk the records held (bounded by ``max_buffered_records``).
+
+Error hierarchy::
+
+    LedgerError
+    ├── UnknownAttempt      an attempt id this ledger never issued
+    ├── ExpiredAttempt      lock expired, attempt superseded, already answered, or partition revoked
+    ├── IllegalTransition   e.g. dlq_written for a record that is not being archived
+    └── LedgerClosed        the partition was revoked
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from sidecar.backoff import RetryPolicy
+from sidecar.commitstate import (
+    MAX_OFFSET,
+    CommitState,
+    chars_for_payload,
+    encode,
+    encoded_length,
+    payload_bound,
+)
+
+__all__ = [
+    "Ack",
+    "AnswerResult",
+    "ArchiveReason",
+    "ArchiveRequest",
+    "Attempt",
+    "ErrorInfo",
+    "ExpiredAttempt",
+    "IllegalTransition",
+    "LedgerClosed",
+    "LedgerConfig",
+    "LedgerError",
+    "LedgerStats",
+    "Ordering",
+    "PartitionLedger",
+    "RecordState",
+    "UnknownAttempt",
+]
+
+
+class RecordState(enum.Enum):
+    AVAILABLE = "available"
+    ACQUIRED = "acquired"
+    ACKNOWLEDGED = "acknowledged"
+    ARCHIVING = "archiving"
+    ARCHIVED = "archived"
+
+
+class Ack(enum.Enum):
+    ACCEPT = "accept"
+    RELEASE = "release"
+    REJECT = "reject"
+    RENEW = "renew"
+
+
+class Ordering(enum.Enum):
+    KEY = "key"
+    PARTITION = "partition"
+    NONE = "none"
+
+
+_CAUSES = {
+    "REJECTED": "Offset rejected by client.",
+    "DELIVERY_COUNT_EXCEEDED": "Offset delivery count exceeded the threshold.",
+}
+
+
+class ArchiveReason(enum.Enum):
+    REJECTED = "REJECTED"
+    DELIVERY_COUNT_EXCEEDED = "DELIVERY_COUNT_EXCEEDED"
+
+    @property
+    def cause(self) -> str:
+        """Kafka 4.4's ``__dlq.errors.message`` text, so native share-group DLQ readers read ours."""
+        return _CAUSES[self.value]
+
+
+class LedgerError(Exception):
+    """Root of the ledger's errors; the ledger is unchanged when one is raised."""
+
+
+class UnknownAttempt(LedgerError):
+    """The attempt id was never issued by this ledger."""
+
+
+class ExpiredAttempt(LedgerError):
+    """The attempt's lock expired, it was superseded or already answered, or it was fenced."""
+
+
+class IllegalTransition(LedgerError):
+    """The call does not apply to the record's current state."""
+
+
+class LedgerClosed(LedgerError):
+    """The partition was revoked: the ledger takes no more records."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """Why a delivery failed, as the application (or the sidecar, for transport errors) says."""
+
+    class_name: str | None = None
+    message: str | None = None
+    stacktrace: str | None = None
+
+
+LOCK_TIMEOUT = "sidecar.LockTimeout"
+COUNT_EXHAUSTED = "sidecar.DeliveryCountExhausted"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """Per-partition limits.  Names follow the seeds' ``share.*`` properties where they exist."""
+
+    delivery_count_limit: int = 5
+    lock_duration_ms: int = 30_000
+    max_record_locks: int = 2000
+    max_buffered_records: int = 10_000
+    ordering: Ordering = Ordering.KEY
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    metadata_max_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.delivery_count_limit < 1:
+            raise ValueError(f"delivery_count_limit must be >= 1, got {self.delivery_count_limit}")
+        if self.lock_duration_ms < 1:
+            raise ValueError(f"lock_duration_ms must be >= 1, got {self.lock_duration_ms}")
+        if self.max_record_locks < 1:
+            raise ValueError(f"max_record_locks must be >= 1, got {self.max_record_locks}")
+        if self.max_buffered_records < 1:
+            raise ValueError(f"max_buffered_records must be >= 1, got {self.max_buffered_records}")
+        # Below ~64 characters not even a handful of counts fit; the default is 4096.
+        if self.metadata_max_bytes < 64:
+            raise ValueError(f"metadata_max_bytes must be >= 64, got {self.metadata_max_bytes}")
+        if not isinstance(self.ordering, Ordering):
+            raise ValueError(f"ordering must be an Ordering, got {self.ordering!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One hand-over of a record to the application."""
+
+    topic: str
+    partition: int
+    offset: int
+    attempt_id: str
+    delivery_count: int
+    lock_deadline_ms: int
+    key: bytes | None
+    item: object
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerResult:
+    """What an answer (or a lock expiry, ``ack=None``) did to the record."""
+
+    attempt_id: str
+    offset: int
+    ack: Ack | None
+    state: RecordState
+    delivery_count: int
+    lock_deadline_ms: int | None = None  # ACQUIRED (renew)
+    retry_at_ms: int | None = None  # AVAILABLE again: not before this time
+    reason: ArchiveReason | None = None  # ARCHIVING
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveRequest:
+    """A record to write to the DLQ; answer with ``dlq_written`` or ``dlq_failed``."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    item: object
+    delivery_count: int
+    reason: ArchiveReason
+    error: ErrorInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStats:
+    topic: str
+    partition: int
+    available: int
+    acquired: int
+    archiving: int
+    acknowledged_total: int
+    archived_total: int
+    attempts_total: int
+    buffered: int
+    in_flight: int
+    paused: bool
+    committable_offset: int
+
+
+# Sentinel queue key: the record is not ordered against any other (NONE mode, or a null key).
+_UNORDERED = object()
+_PARTITION = object()
+_MASK64 = (1 << 64) - 1
+
+
+def _jitter_rand(offset: int, delivery_count: int) -> float:
+    """A deterministic value in [0, 1) per (offset, attempt): splitmix64 finaliser.
+
+    The ledger has no random source (it must be reproducible); mixing the offset spreads the
+    retries of records released together, which is all jitter is for.
+    """
+    x = (offset * 0x9E3779B97F4A7C15 + delivery_count) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return (x >> 11) / float(1 << 53)
+
+
+def _vlen(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+class _Record:
+    __slots__ = (
+        "attempt_id",
+        "delivery_count",
+        "error",
+        "handed_out",
+        "item",
+        "key",
+        "lock_deadline_ms",
+        "not_before_ms",
+        "offset",
+        "queue_key",
+        "queued",
+        "reason",
+        "state",
+    )
+
+    def __init__(
+        self, offset: int, key: bytes | None, item: object, count: int, queue_key: object
+    ) -> None:
+        self.offset = offset
+        self.key = key
+        self.item = item
+        self.state = RecordState.AVAILABLE
+        self.delivery_count = count
+        self.attempt_id: str | None = None
+        self.lock_deadline_ms = 0
+        self.not_before_ms = 0
+        self.reason: ArchiveReason | None = None
+        self.error: ErrorInfo | None = None
+        self.queue_key = queue_key
+        self.queued = False  # in the ready heap
+        self.handed_out = False  # ARCHIVING and returned by to_archive()
+
+
+_AVAILABLE = RecordState.AVAILABLE
+_ACQUIRED = RecordState.ACQUIRED
+_ARCHIVING = RecordState.ARCHIVING
+
+
+class PartitionLedger:
+    """Delivery state of one assigned partition.  See the module docstring."""
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        start_offset: int,
+        config: LedgerConfig | None = None,
+        restored: CommitState | None = None,
+        *,
+        epoch: int = 0,
+    ) -> None:
+        """``start_offset`` is the committed offset; ``restored`` the state decoded from its
+        metadata.  ``epoch`` distinguishes attempt ids of successive assignments of the same
+        partition (the caller passes a counter), so an answer from before a rebalance can never
+        match an attempt made after it."""
+        if not 0 <= start_offset <= MAX_OFFSET:
+            raise ValueError(f"start_offset out of range: {start_offset}")
+        self.topic = topic
+        self.partition = partition
+        self.config = config if config is not None else LedgerConfig()
+        self.epoch = epoch
+        self._start_offset = start_offset
+        self._id_prefix = f"{topic}/{partition}/"
+        self._id_epoch = f"/{epoch}."
+
+        # Not-done records in offset order (they are added in offset order); OrderedDict because
+        # its front stays O(1) under deletions, which a plain dict's iteration does not.
+        self._records: OrderedDict[int, _Record] = OrderedDict()
+        # Live attempts in lock-deadline order: the lock duration is constant and now_ms never
+        # decreases, so insertion order is deadline order; renew moves an entry to the end.
+        self._live: OrderedDict[str, _Record] = OrderedDict()
+        self._ready: list[int] = []  # heap of offsets that may be acquired now
+        self._backoff: list[tuple[int, int]] = []  # heap of (not_before_ms, offset)
+        # KEY / PARTITION order: not-done offsets per key; only the head may be in flight.
+        self._queues: dict[object, deque[int]] = {}
+        self._archive: deque[int] = deque()
+        self._next_seq = 0
+        self._last_added = start_offset - 1
+        self._max_done = start_offset - 1
+        self._now = 0
+        self._revoked = False
+        self._paused = False
+
+        # What the restored state says about offsets not yet re-fetched.
+        self._restored_done: list[tuple[int, int]] = []
+        self._restored_index = 0
+        self._restored_counts: dict[int, int] = {}
+        if restored is not None:
+            for range_start, end in restored.done:
+                start = max(range_start, start_offset)
+                if start < end:
+                    self._restored_done.append((start, end))
+            self._restored_counts = {o: c for o, c in restored.counts.items() if o >= start_offset}
+
+        self._acknowledged_total = 0
+        self._archived_total = 0
+        self._attempts_total = 0
+        self._n_archiving = 0
+
+        # Metadata size tracking (see _metadata_over): an exact measurement, cached per version,
+        # plus an upper bound of how much the run-length payload can have grown since.
+        self._version = 0
+        self._measured_version = -1
+        self._measured_chars = 0
+        self._measured_payload = 0
+        self._measured_base = start_offset
+        self._growth = 0
+
+    # -- intake ----------------------------------------------------------------------------------
+
+    def add(self, offset: int, key: bytes | None, item: object, now_ms: int) -> bool:
+        """Take a fetched record.  Offsets must increase (gaps are fine).
+
+        Returns False, keeping nothing, for an offset below the committed start offset, one not
+        above the last added (a re-fetch), or one the restored state says is done.
+        """
+        if self._revoked:
+            raise LedgerClosed(f"{self._id_prefix} was revoked")
+        if offset <= self._last_added or offset < self._start_offset:
+            return False
+        if offset > MAX_OFFSET:
+            raise ValueError(f"offset out of range: {offset}")
+        self._tick(now_ms)
+        self._last_added = offset
+        self._version += 1
+        if self._restored_done and self._in_restored_done(offset):
+            self._max_done = offset
+            self._growth += 2 * self._span_vlen() + 1
+            return False
+        count = self._restored_counts.pop(offset, 0) if self._restored_counts else 0
+        ordering = self.config.ordering
+        if ordering is Ordering.KEY:
+            queue_key: object = _UNORDERED if key is None else key
+        elif ordering is Ordering.PARTITION:
+            queue_key = _PARTITION
+        else:
+            queue_key = _UNORDERED
+        record = _Record(offset, key, item, count, queue_key)
+        self._records[offset] = record
+        if queue_key is _UNORDERED:
+            self._make_ready(record)
+        else:
+            queue = self._queues.get(queue_key)
+            if queue is None:
+                self._queues[queue_key] = deque((offset,))
+                self._make_ready(record)
+            else:
+                queue.append(offset)
+        return True
+
+    def _in_restored_done(self, offset: int) -> bool:
+        ranges = self._restored_done
+        i = self._restored_index
+        while i < len(ranges) and ranges[i][1] <= offset:
+            i += 1
+        self._restored_index = i
+        return i < len(ranges) and ranges[i][0] <= offset
+
+    def _make_ready(self, record: _Record) -> None:
+        if record.delivery_count >= self.config.delivery_count_limit:
+            # Restored at the limit: the last attempt's outcome was lost in a crash or a
+            # rebalance.  Archiving now is what bounds a poison pill that kills the pod.
+            self._start_archiving(
+                record,
+                ArchiveReason.DELIVERY_COUNT_EXCEEDED,
+                ErrorInfo(
+                    COUNT_EXHAUSTED,
+                    f"delivery count {record.delivery_count} reached the limit "
+                    f"{self.config.delivery_count_limit} before a restart or rebalance",
+                    None,
+                ),
+            )
+            return
+        record.queued = True
+        heapq.heappush(self._ready, record.offset)
+
+    # -- acquisition -----------------------------------------------------------------------------
+
+    def acquire(self, now_ms: int, max_n: int) -> list[Attempt]:
+        """Hand out up to ``max_n`` records that may go now (ordering, backoff, lock limits)."""
+        if self._revoked:
+            raise LedgerClosed(f"{self._id_prefix} was revoked")
+        now = self._tick(now_ms)
+        if self._backoff:
+            self._release_backoffs(now)
+        room = min(max_n, self.config.max_record_locks - len(self._live))
+        ready = self._ready
+        if room <= 0 or not ready:
+            return []
+        records = self._records
+        live = self._live
+        deadline = now + self.config.lock_duration_ms
+        topic = self.topic
+        partition = self.partition
+        out: list[Attempt] = []
+        tight: bool | None = None
+        while ready and len(out) < room:
+            offset = ready[0]
+            record = records.get(offset)
+            if record is None or not record.queued:
+                heapq.heappop(ready)  # stale entry
+                continue
+            if record.delivery_count == 0:
+                # A first attempt adds a delivery count to the commit metadata; near the budget
+                # only records already counted may go, and the lowest one (it frees the most).
+                if tight is None:
+                    tight = self._metadata_over(0.9)
+                if tight and offset != next(iter(records)):
+                    break
+                self._growth += self._span_vlen() + 2
+            heapq.heappop(ready)
+            record.queued = False
+            count = record.delivery_count + 1
+            record.delivery_count = count
+            if count > 127:
+                self._growth += 1
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            attempt_id = f"{self._id_prefix}{offset}{self._id_epoch}{seq}"
+            record.attempt_id = attempt_id
+            record.lock_deadline_ms = deadline
+            record.state = _ACQUIRED
+            live[attempt_id] = record
+            out.append(
+                Attempt(
+                    topic, partition, offset, attempt_id, count, deadline, record.key, record.item
+                )
+            )
+        if out:
+            self._attempts_total += len(out)
+            self._version += 1
+        return out
+
+    def _release_backoffs(self, now: int) -> None:
+        backoff = self._backoff
+        while backoff and backoff[0][0] <= now:
+            not_before, offset = heapq.heappop(backoff)
+            record = self._records.get(offset)
+            if (
+                record is not None
+                and record.state is _AVAILABLE
+                and not record.queued
+                and record.not_before_ms == not_before
+            ):
+                record.queued = True
+                heapq.heappush(self._ready, offset)
+
+    # -- answers ---------------------------------------------------------------------------------
+
+    def answer(
+        self,
+        attempt_id: str,
+        ack: Ack,
+        now_ms: int,
+        error: ErrorInfo | None = None,
+        retry_after_ms: int | None = None,
+    ) -> AnswerResult:
+        """Apply the application's answer to a live attempt."""
+        record = self._live.get(attempt_id)
+        if record is None:
+            raise self._missing(attempt_id)
+        now = max(self._now, now_ms)
+        if now >= record.lock_deadline_ms:
+            raise ExpiredAttempt(f"attempt {attempt_id}: lock expired at {record.lock_deadline_ms}")
+        self._now = now
+        self._version += 1
+        if ack is Ack.ACCEPT:
+            del self._live[attempt_id]
+            record.attempt_id = None
+            record.state = RecordState.ACKNOWLEDGED
+            self._acknowledged_total += 1
+            self._finish(record)
+            return AnswerResult(
+                attempt_id, record.offset, ack, RecordState.ACKNOWLEDGED, record.delivery_count
+            )
+        if ack is Ack.RENEW:
+            record.lock_deadline_ms = now + self.config.lock_duration_ms
+            self._live.move_to_end(attempt_id)
+            return AnswerResult(
+                attempt_id,
+                record.offset,
+                ack,
+                _ACQUIRED,
+                record.delivery_count,
+                lock_deadline_ms=record.lock_deadline_ms,
+            )
+        del self._live[attempt_id]
+        record.attempt_id = None
+        if ack is Ack.REJECT:
+            self._start_archiving(record, ArchiveReason.REJECTED, error)
+            return AnswerResult(
+                attempt_id,
+                record.offset,
+                ack,
+                _ARCHIVING,
+                record.delivery_count,
+                reason=ArchiveReason.REJECTED,
+            )
+        return self._release(
+            attempt_id, record, ack, now, error=error, retry_after_ms=retry_after_ms
+        )
+
+    def _release(
+        self,
+        attempt_id: str,
+        record: _Record,
+        ack: Ack | None,
+        now: int,
+        *,
+        error: ErrorInfo | None,
+        retry_after_ms: int | None,
+    ) -> AnswerResult:
+        if error is not None:
+            record.error = error
+        count = record.delivery_count
+        if count >= self.config.delivery_count_limit:
+            reason = ArchiveReason.DELIVERY_COUNT_EXCEEDED
+            self._start_archiving(record, reason, record.error)
+            return AnswerResult(attempt_id, record.offset, ack, _ARCHIVING, count, reason=reason)
+        delay = self.config.retry.delay_ms(
+            count, _jitter_rand(record.offset, count), retry_after_ms
+        )
+        record.state = _AVAILABLE
+        record.not_before_ms = now + delay
+        if delay <= 0:
+            record.queued = True
+            heapq.heappush(self._ready, record.offset)
+        else:
+            heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
+        return AnswerResult(
+            attempt_id, record.offset, ack, _AVAILABLE, count, retry_at_ms=record.not_before_ms
+        )
+
+    def not_attempted(self, attempt_id: str, now_ms: int, delay_ms: int = 0) -> AnswerResult:
+        """The request could not be sent at all (connection refused): not an attempt.
+
+        The delivery count goes back down and the record is AVAILABLE again after ``delay_ms``
+        (the caller's own connection backoff; no delivery-count backoff applies).
+        """
+        record = self._live.get(attempt_id)
+        if record is None:
+            raise self._missing(attempt_id)
+        now = max(self._now, now_ms)
+        if now >= record.lock_deadline_ms:
+            raise ExpiredAttempt(f"attempt {attempt_id}: lock expired at {record.lock_deadline_ms}")
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
+        self._now = now
+        self._version += 1
+        del self._live[attempt_id]
+        record.attempt_id = None
+        record.delivery_count -= 1
+        self._attempts_total -= 1
+        self._growth += self._span_vlen()
+        record.state = _AVAILABLE
+        record.not_before_ms = now + delay_ms
+        if delay_ms == 0:
+            record.queued = True
+            heapq.heappush(self._ready, record.offset)
+        else:
+            heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
+        return AnswerResult(
+            attempt_id,
+            record.offset,
+            None,
+            _AVAILABLE,
+            record.delivery_count,
+            retry_at_ms=record.not_before_ms,
+        )
+
+    def expire(self, now_ms: int) -> list[AnswerResult]:
+        """Release every ACQUIRED record whose lock deadline has passed (``ack=None``)."""
+        now = self._tick(now_ms)
+        live = self._live
+        out: list[AnswerResult] = []
+        while live:
+            attempt_id, record = next(iter(live.items()))
+            if record.lock_deadline_ms > now:
+                break
+            del live[attempt_id]
+            record.attempt_id = None
+            error = ErrorInfo(
+                LOCK_TIMEOUT,
+                f"no answer within the lock duration of {self.config.lock_duration_ms} ms",
+                None,
+            )
+            out.append(
+                self._release(attempt_id, record, None, now, error=error, retry_after_ms=None)
+            )
+        if out:
+            self._version += 1
+        return out
+
+    def _missing(self, attempt_id: str) -> LedgerError:
+        """Tell an id we issued and retired (expired) from one we never issued (unknown)."""
+        prefix = self._id_prefix
+        if attempt_id.startswith(prefix):
+            offset_text, sep, seq_text = attempt_id[len(prefix) :].partition(self._id_epoch)
+            if (
+                sep
+                and offset_text.isdigit()
+                and seq_text.isdigit()
+                and int(seq_text) < self._next_seq
+            ):
+                return ExpiredAttempt(
+                    f"attempt {attempt_id} is no longer live (lock expired, superseded, "
+                    f"already answered or partition revoked)"
+                )
+        return UnknownAttempt(f"attempt {attempt_id} was not issued by {prefix}{self.epoch}")
+
+    # -- archiving -------------------------------------------------------------------------------
+
+    def _start_archiving(
+        self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None
+    ) -> None:
+        record.state = _ARCHIVING
+        record.reason = reason
+        record.error = error
+        record.handed_out = False
+        self._n_archiving += 1
+        self._archive.append(record.offset)
+
+    def to_archive(self) -> list[ArchiveRequest]:
+        """Records to write to the DLQ; each is returned once (again after ``dlq_failed``)."""
+        out: list[ArchiveRequest] = []
+        while self._archive:
+            offset = self._archive.popleft()
+            record = self._records.get(offset)
+            if record is None or record.state is not _ARCHIVING or record.handed_out:
+                continue
+            record.handed_out = True
+            assert record.reason is not None
+            out.append(
+                ArchiveRequest(
+                    self.topic,
+                    self.partition,
+                    offset,
+                    record.key,
+                    record.item,
+                    record.delivery_count,
+                    record.reason,
+                    record.error,
+                )
+            )
+        return out
+
+    def _handed_out(self, offset: int) -> _Record:
+        if self._revoked:
+            raise LedgerClosed(f"{self._id_prefix} was revoked")
+        record = self._records.get(offset)
+        if record is None or record.state is not _ARCHIVING or not record.handed_out:
+            raise IllegalTransition(
+                f"offset {offset} is not waiting for a DLQ write "
+                f"(state {record.state.name if record else 'not held'})"
+            )
+        return record
+
+    def dlq_written(self, offset: int) -> None:
+        """The DLQ record of ``offset`` is confirmed (or no DLQ is configured): ARCHIVED, done."""
+        record = self._handed_out(offset)
+        self._version += 1
+        record.state = RecordState.ARCHIVED
+        self._n_archiving -= 1
+        self._archived_total += 1
+        self._finish(record)
+
+    def dlq_failed(self, offset: int) -> None:
+        """A retriable DLQ write failure: ``to_archive`` hands the record out again."""
+        record = self._handed_out(offset)
+        record.handed_out = False
+        self._archive.append(offset)
+
+    # -- done ------------------------------------------------------------------------------------
+
+    def _finish(self, record: _Record) -> None:
+        offset = record.offset
+        del self._records[offset]
+        record.item = None
+        self._max_done = max(self._max_done, offset)
+        # A done mark can split a run (two varints), extend the done ranges (two more) and
+        # widen the next count's delta (one): the run-length payload grows by at most this.
+        self._growth += 5 * self._span_vlen() + 1
+        queue_key = record.queue_key
+        if queue_key is _UNORDERED:
+            return
+        queue = self._queues[queue_key]
+        # Only a queue's head is ever acquired or archived, so the done record is the head.
+        queue.popleft()
+        if queue:
+            self._make_ready(self._records[queue[0]])
+        else:
+            del self._queues[queue_key]
+
+    def committable_offset(self) -> int:
+        """The lowest offset that is not done: the offset to commit (next offset to read)."""
+        if self._records:
+            return next(iter(self._records))
+        following = self._last_added + 1
+        ranges = self._restored_done
+        i = self._restored_index
+        while i < len(ranges) and ranges[i][1] <= following:
+            i += 1
+        if i < len(ranges) and ranges[i][0] <= following:
+            return ranges[i][1]
+        return following
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def commit_state(self) -> CommitState:
+        """The state to persist with ``committable_offset()`` (counts of in-flight included)."""
+        base = self.committable_offset()
+        upper = self._max_done
+        done: list[tuple[int, int]] = []
+        counts: dict[int, int] = {}
+        previous = base
+        for offset, record in self._records.items():
+            if record.delivery_count:
+                counts[offset] = record.delivery_count
+            if offset <= upper:
+                if offset > previous + 1:
+                    done.append((previous + 1, offset))
+                previous = offset
+        if upper > previous:
+            done.append((previous + 1, upper + 1))
+        # What the restored state said about offsets not fetched again yet.
+        following = self._last_added + 1
+        for range_start, end in self._restored_done[self._restored_index :]:
+            start = max(range_start, following, base + 1)
+            if start >= end:
+                continue
+            if done and done[-1][1] >= start:
+                done[-1] = (done[-1][0], max(end, done[-1][1]))
+            else:
+                done.append((start, end))
+        if self._restored_counts:
+            self._restored_counts = {
+                o: c for o, c in self._restored_counts.items() if o >= following
+            }
+            counts.update(self._restored_counts)
+        return CommitState(base, tuple(done), counts)
+
+    def encode_metadata(self) -> str:
+        """The commit metadata string (may be a safe prefix encoding: see ``commitstate.encode``)."""
+        encoded = encode(self.commit_state(), self.config.metadata_max_bytes)
+        return encoded if encoded is not None else ""
+
+    def _span_vlen(self) -> int:
+        # Every varint of the payload is at most the span from the base at the last measurement
+        # (the base never decreases) to the highest offset added.
+        return _vlen(self._last_added - self._measured_base + 2)
+
+    def _metadata_over(self, fraction: float) -> bool:
+        """Would the metadata exceed ``fraction`` of the budget?  Exact, but cheap when far off."""
+        limit = self.config.metadata_max_bytes * fraction
+        if (
+            self._measured_version >= 0
+            and chars_for_payload(self._measured_payload + self._growth) <= limit
+        ):
+            return False
+        if self._measured_version != self._version:
+            state = self.commit_state()
+            self._measured_chars = encoded_length(state)
+            self._measured_payload = payload_bound(state)
+            self._measured_base = state.base_offset
+            self._measured_version = self._version
+            self._growth = 0
+        return self._measured_chars > limit
+
+    # -- flow control ----------------------------------------------------------------------------
+
+    def should_pause(self) -> bool:
+        """Stop fetching: too many records held, locks exhausted, or metadata near its budget."""
+        return (
+            len(self._records) >= self.config.max_buffered_records
+            or len(self._live) >= self.config.max_record_locks
+            or self._metadata_over(0.9)
+        )
+
+    def may_resume(self) -> bool:
+        """Fetch again (hysteresis: half the buffer, a free lock, metadata under 70%)."""
+        return (
+            len(self._records) <= self.config.max_buffered_records // 2
+            and len(self._live) < self.config.max_record_locks
+            and not self._metadata_over(0.7)
+        )
+
+    def update_paused(self) -> bool:
+        """Apply the hysteresis and return whether the partition should now be paused."""
+        if self._paused:
+            self._paused = not self.may_resume()
+        else:
+            self._paused = self.should_pause()
+        return self._paused
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time at which something changes by time alone, or None."""
+        best: int | None = None
+        if self._live:
+            best = next(iter(self._live.values())).lock_deadline_ms
+        backoff = self._backoff
+        while backoff:
+            not_before, offset = backoff[0]
+            record = self._records.get(offset)
+            if (
+                record is not None
+                and record.state is _AVAILABLE
+                and not record.queued
+                and record.not_before_ms == not_before
+            ):
+                if best is None or not_before < best:
+                    best = not_before
+                break
+            heapq.heappop(backoff)
+        return best
+
+    # -- revocation ------------------------------------------------------------------------------
+
+    def revoke(self) -> CommitState:
+        """The partition is revoked: fence every live attempt and return the state to commit.
+
+        In-flight attempts stay counted in the returned state (a crash or a rebalance costs at
+        most the attempt in flight); their ids answer ExpiredAttempt from now on.
+        """
+        state = self.commit_state()
+        if not self._revoked:
+            self._revoked = True
+            for record in self._live.values():
+                record.attempt_id = None
+                record.state = _AVAILABLE
+            self._live.clear()
+            self._ready.clear()
+            self._backoff.clear()
+            self._archive.clear()
+            self._version += 1
+        return state
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._records)
+
+    @property
+    def is_idle(self) -> bool:
+        """Nothing held: every added record is done."""
+        return not self._records
+
+    @property
+    def revoked(self) -> bool:
+        return self._revoked
+
+    def statistics(self) -> LedgerStats:
+        acquired = len(self._live)
+        return LedgerStats(
+            topic=self.topic,
+            partition=self.partition,
+            available=len(self._records) - acquired - self._n_archiving,
+            acquired=acquired,
+            archiving=self._n_archiving,
+            acknowledged_total=self._acknowledged_total,
+            archived_total=self._archived_total,
+            attempts_total=self._attempts_total,
+            buffered=len(self._records),
+            in_flight=acquired,
+            paused=self._paused,
+            committable_offset=self.committable_offset(),
+        )
+
+    def _tick(self, now_ms: int) -> int:
+        # A clock that steps back must not reorder lock deadlines (see _live).
+        self._now = max(self._now, now_ms)
+        return self._now
