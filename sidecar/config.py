@@ -15,9 +15,10 @@ where an integer is expected, is an error rather than a guess. The one exception
 is *entirely* an environment reference (``timeout.ms: ${APP_TIMEOUT_MS}``): environment variables
 are always text, so such a value is converted to the expected type.
 
-YAML is read with YAML 1.2 core-schema scalars (``true``/``false`` only, decimal integers, no
-sexagesimal, octal or timestamps) and duplicate keys are rejected: YAML 1.1 would silently turn
-``0123`` into 83 or ``no`` into ``False``, which is how secrets and topic names get corrupted.
+YAML is read with YAML 1.2 core-schema scalars, a little stricter: only ``true``/``false`` are
+booleans, integers are decimal without leading zeros (``0123`` stays the string ``"0123"``), and
+there are no sexagesimal numbers or timestamps; duplicate keys are rejected. YAML 1.1 would silently
+turn ``0123`` into 83 or ``no`` into ``False``, which is how passwords and topic names get corrupted.
 
 Imports: the standard library and PyYAML only. Nothing else in ``sidecar`` may be imported here;
 every other module imports this one.
@@ -599,6 +600,8 @@ class _Bool(_Kind):
             text, whole = ctx.expand(raw, path)
             if whole and text.strip().lower() in ("true", "false"):
                 return text.strip().lower() == "true"
+            if whole:
+                raise _Invalid(path, f"expected true or false from the environment, got {text!r}")
             raise _Invalid(path, f"expected true or false, got {_describe(raw)}")
         if not isinstance(raw, bool):
             raise _Invalid(path, f"expected true or false, got {_describe(raw)}")
@@ -1126,18 +1129,19 @@ def _add_core_schema(loader: type[yaml.SafeLoader]) -> None:
         "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
     )
     loader.add_implicit_resolver(
-        "tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789")
+        "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789")
     )
     loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(
-            r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+            r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?"
+            r"|[-+]?[0-9]+[eE][-+]?[0-9]+"
             r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
         ),
         list("-+.0123456789"),
     )
     loader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^<<$"), ["<"])
-    # YAML 1.1 reads a leading 0 as octal; the core schema (and every user) reads decimal.
+    # PyYAML's own int constructor reads a leading 0 as octal and accepts 0x/0b/1_000/1:30.
     loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
