@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.config import (
     AppConfig,
@@ -920,3 +922,47 @@ def test_topic_name_rules() -> None:
     assert topic_name_error("..") is not None
     assert topic_name_error("ordérs") is not None
     assert topic_name_error("") is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Robustness: whatever the YAML holds, the only failure is a ConfigError naming a key
+
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_KEY_PATHS = [
+    (name,) if not isinstance(value, dict) or name == "kafka" else (name, child)
+    for name, value in parse_config(MINIMAL, env={}).to_dict().items()
+    for child in (value if isinstance(value, dict) and name != "kafka" else [None])
+]
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(_KEY_PATHS), _VALUES), max_size=4),
+    st.dictionaries(st.sampled_from(["A", "B"]), st.text("ab1:{}", max_size=5), max_size=2),
+)
+@settings(max_examples=300, deadline=None)
+def test_arbitrary_values_fail_only_with_config_error(
+    edits: list[tuple[tuple[str, ...], Any]], env: dict[str, str]
+) -> None:
+    data = copy.deepcopy(MINIMAL)
+    for key_path, value in edits:
+        target = data
+        for part in key_path[:-1]:
+            target = target.setdefault(part, {})
+        target[key_path[-1]] = value
+    try:
+        config = parse_config(data, env=env)
+    except ConfigError as error:
+        assert error.reason
+        # The path names a key that is in the data (or a required one under it).
+        assert any(
+            error.path == key or error.path.startswith((f"{key}.", f"{key}[")) for key in data
+        ), error.path
+    else:
+        assert parse_config(config.to_dict(mask_secrets=False), env={}) == config
