@@ -416,6 +416,8 @@ class MetricsConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
+    """The whole configuration. Compares by value; not hashable (it holds read-only mappings)."""
+
     kafka: Mapping[str, str | int | bool]
     source: SourceConfig
     engine: Engine = Engine.CONSUMER
@@ -443,7 +445,8 @@ class Config:
         """The effective configuration in the YAML file's own shape and key names (JSON-safe).
 
         Secrets are masked: `kafka` values whose key mentions password, secret, sasl.jaas or key,
-        and credential-like `app.headers`. Unmasked, the result parses back to an equal Config.
+        and credential-like `app.headers`. Unmasked, the result parses back to an equal Config
+        (unless a value holds a literal ``${``, which would be substituted again).
         """
         return _dump(self, mask_secrets=mask_secrets)
 
