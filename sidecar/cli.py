@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 runtime failure (e.g. a DLQ write that cannot succeed), 2 ba
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -33,7 +34,52 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file without connecting")
     check.add_argument("-c", "--config", required=True, help="path to the YAML config file")
+    check.add_argument("--print", action="store_true", help="print the effective config as JSON")
     return parser
+
+
+def _load(path: str) -> object:
+    from sidecar.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"dlq-sidecar: config error: {exc}", file=sys.stderr)
+        return None
+    except OSError as exc:
+        print(
+            f"dlq-sidecar: cannot read config file {path}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return None
+
+
+def cmd_run(config_path: str) -> int:
+    import trio
+
+    from sidecar.config import Config
+    from sidecar.daemon import run_sidecar
+    from sidecar.logs import setup_logging
+
+    config = _load(config_path)
+    if not isinstance(config, Config):
+        return EXIT_CONFIG
+    setup_logging(config.logging.level.value, config.logging.format.value)
+    return trio.run(run_sidecar, config)
+
+
+def cmd_check_config(config_path: str, print_config: bool) -> int:
+    from sidecar.config import Config
+
+    config = _load(config_path)
+    if not isinstance(config, Config):
+        return EXIT_CONFIG
+    if print_config:
+        print(json.dumps(config.to_dict(), indent=2))
+    else:
+        topics = ", ".join(config.source.topics)
+        dlq = {t: config.dlq_topic_for(t) or "(none)" for t in config.source.topics}
+        print(f"{config_path}: ok — group {config.group_id}, topics {topics}, DLQ {dlq}")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,8 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
-    print(f"dlq-sidecar: '{args.command}' is not available yet", file=sys.stderr)
-    return EXIT_FAILURE
+    if args.command == "run":
+        return cmd_run(args.config)
+    if args.command == "check-config":
+        return cmd_check_config(args.config, args.print)
+    parser.error(f"unknown command {args.command}")
+    return EXIT_CONFIG
 
 
 if __name__ == "__main__":

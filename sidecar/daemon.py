@@ -1,0 +1,110 @@
+"""`dlq-sidecar run`: start-up checks, the task tree, signals and the shutdown order.
+
+Shutdown order (SIGTERM/SIGINT): stop polling and pause intake → let in-flight attempts and DLQ writes finish
+within `shutdown.drain.timeout.ms` → commit every partition's state → close the consumer (its revoke callback
+commits once more and the group sees us leave) → flush the DLQ producer → exit 0. A second signal skips the
+drain; the commits that follow are still safe because a committed offset never passes a record that is not done.
+A fatal error (a DLQ write that cannot succeed, `errors.tolerance: none`) follows the same path without the
+drain and exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+
+from sidecar.api import LocalApi
+from sidecar.config import Config
+from sidecar.dlq import DlqStartupError
+from sidecar.engine import Engine
+from sidecar.httpserver import serve_http
+from sidecar.source import SourceError
+
+log = logging.getLogger("sidecar.daemon")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+
+
+async def run_sidecar(config: Config, *, write_ahead: bool = True) -> int:
+    engine = Engine(config, write_ahead=write_ahead)
+    if config.errors.dlq.enabled:
+        dlq_topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+        try:
+            await trio.to_thread.run_sync(engine.dlq.prepare_topics_sync, dlq_topics)
+        except DlqStartupError as exc:
+            log.error("start-up check failed: %s", exc)
+            return EXIT_FAILURE
+        engine.dlq_ready = True
+
+    metrics = None
+    if config.metrics.enable:
+        from sidecar.metrics import Metrics
+
+        metrics = Metrics(engine)
+    api = LocalApi(engine, metrics.render if metrics else None)
+
+    second_signal = False
+    async with trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        await nursery.start(engine.dlq.run)
+        where = await nursery.start(serve_http, api, config.api.address)
+        log.info("local API listening on %s", where, extra={"fields": {"api": str(where)}})
+
+        engine.source.start()
+
+        async def poll() -> None:
+            try:
+                await engine.source.run()
+            except SourceError as exc:
+                engine.fail(str(exc))
+
+        nursery.start_soon(poll)
+        nursery.start_soon(engine.scheduler)
+        nursery.start_soon(engine.committer)
+        for _ in range(config.app.max_in_flight):
+            nursery.start_soon(engine.worker)
+
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+            async def watch_signals() -> None:
+                nonlocal second_signal
+                async for signum in signals:
+                    if not engine.stop_event.is_set():
+                        log.info("received %s: draining", signal.Signals(signum).name)
+                        engine.request_stop()
+                    else:
+                        log.warning(
+                            "received %s again: stopping without waiting",
+                            signal.Signals(signum).name,
+                        )
+                        second_signal = True
+                        engine.drain_cancel.cancel()
+
+            nursery.start_soon(watch_signals)
+            log.info(
+                "dlq-sidecar running",
+                extra={"fields": {"group": config.group_id, "topics": list(config.source.topics)}},
+            )
+            await engine.stop_event.wait()
+
+            engine.source.stop_polling()
+            if engine.failure is None and not second_signal:
+                await engine.drain(config.shutdown_drain_timeout_ms / 1000)
+            engine.stopping = True
+            engine.kick()
+            with trio.CancelScope(shield=True):
+                await engine.commit_all()
+                # Wait for the poll loop's last consume() to return before closing the handle.
+                with trio.move_on_after(5):
+                    await engine.source.wait_stopped()
+                await engine.source.close()
+            nursery.cancel_scope.cancel()
+    await engine.app.aclose()
+    if engine.failure:
+        log.error("dlq-sidecar stopped: %s", engine.failure)
+        return EXIT_FAILURE
+    log.info("dlq-sidecar stopped cleanly")
+    return EXIT_OK

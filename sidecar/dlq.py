@@ -1,0 +1,447 @@
+"""Dead-letter records: what goes into one (pure `build_dlq_record`) and writing it safely (`DlqWriter`).
+
+The record follows KIP-1191: `__dlq.errors.*` context headers (UTF-8 strings, numbers in decimal) that overwrite
+same-named original headers, the key/value/headers copied only when asked, partition = source partition modulo the
+DLQ topic's partition count, and Kafka 4.4's cause text in `__dlq.errors.message`. Writing follows seed 004: an
+idempotent acks=all producer, retriable failures retried, a record too large retried once as headers only, anything
+else fatal — never an infinite loop and never a silent drop.
+
+Must not import the ledger, the source or the HTTP modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.cimpl import NewTopic
+
+log = logging.getLogger("sidecar.dlq")
+
+H_TOPIC = "__dlq.errors.topic"
+H_PARTITION = "__dlq.errors.partition"
+H_OFFSET = "__dlq.errors.offset"
+H_GROUP = "__dlq.errors.group"
+H_DELIVERY_COUNT = "__dlq.errors.delivery.count"
+H_EXC_CLASS = "__dlq.errors.exception.class.name"
+H_EXC_MESSAGE = "__dlq.errors.exception.message"
+H_EXC_STACKTRACE = "__dlq.errors.exception.stacktrace"
+H_MESSAGE = "__dlq.errors.message"
+# Ours, in the same namespace: set when the copy of the original record had to be dropped.
+H_COPY_DROPPED = "__dlq.errors.copy.dropped"
+DLQ_HEADER_PREFIX = "__dlq."
+
+CAUSE_REJECTED = "Offset rejected by client."
+CAUSE_DELIVERY_COUNT = "Offset delivery count exceeded the threshold."
+
+# The topic config Kafka 4.4 checks before a share group may use a topic as its DLQ (KIP-1191).
+TOPIC_CONFIG_GROUP_DLQ = "errors.deadletterqueue.group.enable"
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRecord:
+    """Everything known about an archived record that its DLQ record may carry."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    group: str
+    delivery_count: int
+    cause: str  # CAUSE_REJECTED or CAUSE_DELIVERY_COUNT
+    exception_class: str | None = None
+    exception_message: str | None = None
+    stacktrace: str | None = None
+    extra_headers: tuple[
+        tuple[str, bytes], ...
+    ] = ()  # KIP-1034 custom DLQ record (from the app's reject)
+    replacement_value: bytes | None = None
+    replacement_value_set: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DlqRecord:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+
+
+def _cap_utf8(text: str, max_bytes: int) -> bytes:
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= max_bytes:
+        return data
+    marker = b"... [truncated]"
+    cut = data[: max(0, max_bytes - len(marker))]
+    # Do not end in the middle of a multi-byte character.
+    return cut.decode("utf-8", errors="ignore").encode() + marker
+
+
+def build_dlq_record(
+    failed: FailedRecord,
+    dlq_topic: str,
+    dlq_partitions: int,
+    copy_record: bool,
+    stacktrace_max_bytes: int,
+    *,
+    drop_copy_reason: str | None = None,
+) -> DlqRecord:
+    """The DLQ record for `failed`. Pure: the same input always gives the same record."""
+    context: list[tuple[str, bytes]] = [
+        (H_TOPIC, failed.topic.encode()),
+        (H_PARTITION, str(failed.partition).encode()),
+        (H_OFFSET, str(failed.offset).encode()),
+        (H_GROUP, failed.group.encode()),
+        (H_DELIVERY_COUNT, str(failed.delivery_count).encode()),
+        (H_MESSAGE, failed.cause.encode()),
+    ]
+    if failed.exception_class:
+        context.append((H_EXC_CLASS, failed.exception_class.encode("utf-8", errors="replace")))
+    if failed.exception_message is not None and (
+        failed.exception_class or failed.exception_message
+    ):
+        context.append((H_EXC_MESSAGE, _cap_utf8(failed.exception_message, 16384)))
+    if failed.stacktrace:
+        context.append((H_EXC_STACKTRACE, _cap_utf8(failed.stacktrace, stacktrace_max_bytes)))
+    copy = copy_record and drop_copy_reason is None
+    if drop_copy_reason is not None:
+        context.append((H_COPY_DROPPED, drop_copy_reason.encode()))
+    context_names = {name for name, _ in context}
+    app_headers = [(n, v) for n, v in failed.extra_headers if n not in context_names]
+    overridden = context_names | {n for n, _ in app_headers}
+
+    headers: list[Header] = []
+    if copy:
+        # Original headers first, in order; same-named context headers overwrite (drop) them.
+        headers.extend((n, v) for n, v in failed.headers if n not in overridden)
+    headers.extend(app_headers)
+    headers.extend(context)
+
+    if failed.replacement_value_set and drop_copy_reason is None:
+        value = failed.replacement_value
+    else:
+        value = failed.value if copy else None
+    key = failed.key if copy else None
+    return DlqRecord(
+        topic=dlq_topic,
+        partition=failed.partition % max(1, dlq_partitions),
+        key=key,
+        value=value,
+        headers=tuple(headers),
+    )
+
+
+# ------------------------------------------------------------------------------------------- writer
+
+
+class DlqFatalError(Exception):
+    """A DLQ record could not be written and retrying cannot help: the sidecar must stop."""
+
+
+class DlqStartupError(Exception):
+    """A DLQ topic is missing, cannot be created, or cannot be described at start-up."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    done: trio.Event = field(default_factory=trio.Event)
+    error: KafkaError | None = None
+
+
+def producer_properties(
+    kafka: Mapping[str, Any], transactional_id: str | None = None
+) -> dict[str, Any]:
+    """The DLQ producer's properties: the user's connection settings, our safety settings."""
+    consumer_only = {
+        "group.id",
+        "group.instance.id",
+        "group.protocol",
+        "group.remote.assignor",
+        "auto.offset.reset",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "partition.assignment.strategy",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+        "fetch.min.bytes",
+        "fetch.wait.max.ms",
+        "fetch.max.bytes",
+        "max.partition.fetch.bytes",
+        "isolation.level",
+        "enable.partition.eof",
+        "queued.min.messages",
+        "queued.max.messages.kbytes",
+        "auto.commit.interval.ms",
+        "check.crcs",
+    }
+    props = {k: v for k, v in kafka.items() if k not in consumer_only}
+    props.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            # A write that cannot be confirmed within this time is reported to us and retried by us,
+            # so the partition stays paused and nothing is committed past the record meanwhile.
+            "message.timeout.ms": 30000,
+        }
+    )
+    if transactional_id:
+        props["transactional.id"] = transactional_id
+    return props
+
+
+class DlqWriter:
+    """Writes DLQ records with acks=all and waits for the broker's confirmation of each."""
+
+    def __init__(
+        self,
+        kafka: Mapping[str, Any],
+        group: str,
+        copy_record: bool,
+        stacktrace_max_bytes: int,
+        retries_timeout_ms: int,
+        auto_create: bool,
+        topic_partitions: int,
+        topic_replication_factor: int,
+    ) -> None:
+        self._kafka = dict(kafka)
+        self.group = group
+        self.copy_record = copy_record
+        self.stacktrace_max_bytes = stacktrace_max_bytes
+        self.retries_timeout_ms = retries_timeout_ms
+        self.auto_create = auto_create
+        self.topic_partitions = topic_partitions
+        self.topic_replication_factor = topic_replication_factor
+        self._producer: Producer | None = None
+        self._partitions: dict[str, int] = {}
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._polling = False
+        self.written = 0
+        self.failed = 0
+        self.copies_dropped = 0
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def admin(self) -> AdminClient:
+        return AdminClient(producer_properties(self._kafka))
+
+    def prepare_topics_sync(self, topics: Sequence[str]) -> dict[str, int]:
+        """Make sure every DLQ topic exists (creating it when allowed) and learn its partition count."""
+        admin = self.admin()
+        try:
+            md = admin.list_topics(timeout=15)
+        except KafkaException as exc:
+            raise DlqStartupError(
+                f"cannot read cluster metadata to check the DLQ topics: {exc}"
+            ) from exc
+        missing = [t for t in dict.fromkeys(topics) if t not in md.topics]
+        if missing and not self.auto_create:
+            raise DlqStartupError(
+                f"DLQ topic(s) {', '.join(missing)} do not exist and "
+                "errors.deadletterqueue.auto.create.enable is false; create them or enable auto-create"
+            )
+        for topic in missing:
+            self._create_topic(admin, topic)
+        deadline = time.monotonic() + 30
+        out: dict[str, int] = {}
+        for topic in dict.fromkeys(topics):
+            while True:
+                tmd = admin.list_topics(topic, timeout=10).topics.get(topic)
+                if tmd is not None and tmd.error is None and tmd.partitions:
+                    out[topic] = len(tmd.partitions)
+                    break
+                if time.monotonic() > deadline:
+                    raise DlqStartupError(
+                        f"DLQ topic {topic} has no partitions after 30s: {tmd and tmd.error}"
+                    )
+                time.sleep(0.1)
+        self._partitions.update(out)
+        return out
+
+    def _create_topic(self, admin: AdminClient, topic: str) -> None:
+        attempts: list[dict[str, str]] = [{TOPIC_CONFIG_GROUP_DLQ: "true"}, {}]
+        last: Exception | None = None
+        for config in attempts:
+            new = NewTopic(
+                topic, self.topic_partitions, self.topic_replication_factor, config=config
+            )
+            try:
+                admin.create_topics([new], operation_timeout=30)[topic].result(timeout=30)
+                log.info("created DLQ topic %s (%d partitions)", topic, self.topic_partitions)
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    return
+                if (
+                    isinstance(err, KafkaError)
+                    and err.code() == KafkaError.INVALID_CONFIG
+                    and config
+                ):
+                    # A broker before 4.4 does not know the share-group DLQ topic config.
+                    last = exc
+                    continue
+                raise DlqStartupError(f"cannot create DLQ topic {topic}: {exc}") from exc
+        raise DlqStartupError(f"cannot create DLQ topic {topic}: {last}")
+
+    def topic_has_group_dlq_config(self, topic: str) -> bool:
+        admin = self.admin()
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        configs = admin.describe_configs([res])[res].result(timeout=15)
+        entry = configs.get(TOPIC_CONFIG_GROUP_DLQ)
+        return bool(entry is not None and entry.value == "true")
+
+    # -- running ----------------------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the producer: serve delivery reports until cancelled, then flush what is pending."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._producer = Producer(
+            producer_properties(self._kafka), logger=logging.getLogger("sidecar.librdkafka")
+        )
+        self._polling = True
+        task_status.started()
+        try:
+            while True:
+                await trio.to_thread.run_sync(self._producer.poll, 0.05)
+        finally:
+            self._polling = False
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._producer.flush, 10)
+
+    async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
+        """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
+
+        Retriable failures are retried with backoff for up to `retries_timeout_ms`; a record too large
+        for the topic is written once more as headers only; anything else raises DlqFatalError.
+        """
+        started = time.monotonic()
+        delay_s = 0.2
+        drop_reason: str | None = None
+        while True:
+            if dlq_topic not in self._partitions:
+                await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
+            record = build_dlq_record(
+                failed,
+                dlq_topic,
+                self._partitions[dlq_topic],
+                self.copy_record,
+                self.stacktrace_max_bytes,
+                drop_copy_reason=drop_reason,
+            )
+            err = await self._produce(record)
+            if err is None:
+                self.written += 1
+                if drop_reason is not None:
+                    self.copies_dropped += 1
+                return record
+            self.failed += 1
+            code = err.code()
+            if code == KafkaError.MSG_SIZE_TOO_LARGE and drop_reason is None:
+                drop_reason = (
+                    f"record too large for DLQ topic {dlq_topic} ({err.str()}); "
+                    "written with the error context headers only"
+                )
+                log.warning(
+                    "DLQ record for %s[%d]@%d too large; retrying headers only",
+                    failed.topic,
+                    failed.partition,
+                    failed.offset,
+                )
+                continue
+            if code in (
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                KafkaError._UNKNOWN_TOPIC,
+                KafkaError._UNKNOWN_PARTITION,
+            ):
+                exists = await trio.to_thread.run_sync(self._topic_exists, dlq_topic)
+                if not exists and not self.auto_create:
+                    raise DlqFatalError(
+                        f"DLQ topic {dlq_topic} does not exist and auto-create is off; the record "
+                        f"{failed.topic}[{failed.partition}]@{failed.offset} was not written and its offset "
+                        "is not committed"
+                    )
+                self._partitions.pop(dlq_topic, None)
+            elif not (err.retriable() or code in _RETRIABLE_CODES):
+                raise DlqFatalError(
+                    f"writing the DLQ record of {failed.topic}[{failed.partition}]@{failed.offset} to "
+                    f"{dlq_topic} failed: {err.name()}: {err.str()}"
+                )
+            if (time.monotonic() - started) * 1000 > self.retries_timeout_ms:
+                raise DlqFatalError(
+                    f"writing the DLQ record of {failed.topic}[{failed.partition}]@{failed.offset} to "
+                    f"{dlq_topic} kept failing for {self.retries_timeout_ms} ms: {err.name()}: {err.str()}"
+                )
+            log.warning(
+                "DLQ write to %s failed (%s), retrying in %.1fs", dlq_topic, err.name(), delay_s
+            )
+            await trio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 5.0)
+
+    def _topic_exists(self, topic: str) -> bool:
+        try:
+            md = self.admin().list_topics(timeout=10)
+        except KafkaException:
+            return True  # cannot tell: treat as retriable
+        return topic in md.topics
+
+    async def _produce(self, record: DlqRecord) -> KafkaError | None:
+        assert self._producer is not None and self._token is not None, "run() first"
+        pending = _Pending()
+        token = self._token
+
+        def on_delivery(err: KafkaError | None, _msg: object) -> None:
+            # Called on the poll thread; hand the result back to trio.
+            def finish() -> None:
+                pending.error = err
+                pending.done.set()
+
+            token.run_sync_soon(finish)
+
+        while True:
+            try:
+                self._producer.produce(
+                    record.topic,
+                    value=record.value,
+                    key=record.key,
+                    partition=record.partition,
+                    headers=list(record.headers),
+                    on_delivery=on_delivery,
+                )
+                break
+            except BufferError:
+                await trio.sleep(0.01)
+            except KafkaException as exc:
+                err = exc.args[0]
+                return (
+                    err if isinstance(err, KafkaError) else KafkaError(KafkaError._FAIL, str(exc))
+                )
+        await pending.done.wait()
+        return pending.error
+
+
+_RETRIABLE_CODES = {
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TIMED_OUT,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+}

@@ -1,0 +1,760 @@
+"""The consumer-group engine: the ledger wired to Kafka, the app and the DLQ.
+
+Owns the per-partition ledgers and every task that moves records through them:
+
+    source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ workers ──HTTP──▶ app
+                                             ▲                      │
+                                             └──── answers ◀────────┘   (and /v1/acks for deferred answers)
+    ledgers ──to_archive──▶ DLQ writers ──confirmed──▶ ledgers;  committer ──▶ Kafka offsets + metadata
+
+Invariants kept here (the ledger keeps the rest):
+- delivery counts are persisted *before* a record is handed to the app (write-ahead commit of the acquired
+  batch), so a record that kills the sidecar on every attempt still reaches the DLQ after `limit` attempts;
+- the committed offset is the ledger's committable offset: never past a record that is not done, and a DLQ
+  record is confirmed by the broker before its record counts as done;
+- a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import trio
+from confluent_kafka import Message
+
+from sidecar import ledger as L
+from sidecar.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.backoff import RetryPolicy
+from sidecar.commitstate import decode as decode_state
+from sidecar.config import AppMode, Config, ErrorsTolerance
+from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, DlqWriter, FailedRecord
+from sidecar.source import AssignedPartition, KafkaSource, OffsetToCommit
+from sidecar.wire import AckItem, Answer, RecordView
+
+log = logging.getLogger("sidecar.engine")
+
+PartitionKey = tuple[str, int]
+
+_ACKS = {
+    "accept": L.Ack.ACCEPT,
+    "release": L.Ack.RELEASE,
+    "reject": L.Ack.REJECT,
+    "renew": L.Ack.RENEW,
+}
+
+
+def now_ms() -> int:
+    # The ledger wants a clock that never goes backwards.
+    return time.monotonic_ns() // 1_000_000
+
+
+class EngineStopped(Exception):
+    """The engine stopped because of an error the sidecar cannot continue after."""
+
+
+@dataclass(slots=True)
+class Counters:
+    delivered: dict[str, int] = field(default_factory=dict)  # outcome -> count
+    attempts: int = 0
+    not_attempted: int = 0
+    archived: dict[str, int] = field(default_factory=dict)  # reason -> count
+    dlq_written: int = 0
+    dlq_failed: int = 0
+    expired_answers: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    rebalances: int = 0
+
+    def bump(self, table: dict[str, int], key: str, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One partition's ledger plus what the engine keeps beside it."""
+
+    ledger: L.PartitionLedger
+    epoch: int
+    last_commit: tuple[int, str] | None = None
+    # KIP-1034 custom DLQ record parts from a reject, by offset, until the DLQ write.
+    dlq_extras: dict[int, Answer | AckItem] = field(default_factory=dict)
+
+
+class Engine:
+    """Everything between the Kafka source and the app. One per sidecar process."""
+
+    def __init__(self, config: Config, *, write_ahead: bool = True) -> None:
+        self.config = config
+        self.write_ahead = write_ahead
+        d = config.delivery
+        self.ledger_config = L.LedgerConfig(
+            delivery_count_limit=d.delivery_count_limit,
+            lock_duration_ms=d.lock_duration_ms,
+            max_record_locks=d.partition_max_record_locks,
+            max_buffered_records=d.max_buffered_records_per_partition,
+            ordering=L.Ordering[config.ordering.name],
+            retry=RetryPolicy(
+                initial_ms=d.retry_delay_initial_ms,
+                max_ms=d.retry_delay_max_ms,
+                multiplier=d.retry_delay_multiplier,
+                jitter=d.retry_delay_jitter,
+            ),
+            metadata_max_bytes=config.offset_metadata_max_bytes,
+        )
+        app = config.app
+        self.app = AppClient(
+            AppTarget(
+                host=app.host,
+                port=app.port,
+                unix_path=app.unix_socket,
+                path=app.path,
+                extra_headers=tuple(app.headers.items()),
+                authority=app.authority if app.unix_socket is None else None,
+            ),
+            max_connections=app.max_in_flight,
+            status_mapping={k: str(v) for k, v in app.status_mapping.items()},
+        )
+        dlq = config.errors.dlq
+        self.dlq = DlqWriter(
+            config.kafka,
+            config.group_id,
+            copy_record=dlq.copy_record_enable,
+            stacktrace_max_bytes=dlq.stacktrace_max_bytes,
+            retries_timeout_ms=dlq.produce_retries_timeout_ms,
+            auto_create=dlq.auto_create_enable,
+            topic_partitions=dlq.topic_partitions,
+            topic_replication_factor=dlq.topic_replication_factor,
+        )
+        self.source = KafkaSource(config.kafka, config.source.topics, self)
+        self.slots: dict[PartitionKey, _Slot] = {}
+        self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
+        self._deliveries: dict[
+            str, tuple[_Slot, str]
+        ] = {}  # delivery id -> (slot, ledger attempt id)
+        self._epoch = 0
+        self._kick = trio.Event()
+        self._work_send, self._work_recv = trio.open_memory_channel[tuple[_Slot, Any, str]](
+            math.inf
+        )
+        self._rand = random.Random()
+        self.counters = Counters()
+        self.app_reachable = True
+        self.app_down_since: float | None = None
+        self.draining = False
+        self.stopping = False
+        self.failure: str | None = None
+        self.started_at = time.time()
+        self._nursery: trio.Nursery | None = None
+        self._archiving_offsets: set[tuple[str, int, int]] = set()
+        self.dlq_ready = not config.errors.dlq.enabled
+        self.stop_event = trio.Event()
+        self.drain_cancel = trio.CancelScope()
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """The nursery that runs the engine's short-lived tasks (DLQ writes, app probes)."""
+        self._nursery = nursery
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+        self.kick()
+
+    def readiness(self) -> dict[str, bool]:
+        return {
+            "assigned": bool(self.source.assigned),
+            "broker_reachable": self.source.broker_ok,
+            "app_reachable": self.app_reachable,
+            "dlq_writable": self.dlq_ready and self.failure is None,
+        }
+
+    # ----------------------------------------------------------------------------- wake-ups
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def _wait_kick(self, timeout_s: float) -> None:
+        with trio.move_on_after(max(0.0, timeout_s)):
+            await self._kick.wait()
+        self._kick = trio.Event()
+
+    # ----------------------------------------------------------------------------- source listener
+
+    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
+        self.counters.rebalances += 1
+        for ap in partitions:
+            key = (ap.topic, ap.partition)
+            if ap.committed_offset is not None:
+                self._open_slot(key, ap.committed_offset, ap.metadata)
+            else:
+                # No committed offset: the ledger starts at the first record fetched.
+                self._pending_assign[key] = ap
+        self.kick()
+
+    def _open_slot(self, key: PartitionKey, start_offset: int, metadata: str | None) -> _Slot:
+        restored = None
+        if metadata:
+            restored = decode_state(metadata)
+            if restored is None:
+                log.warning(
+                    "commit metadata of %s[%d] is not ours or is corrupt; starting without delivery state",
+                    key[0],
+                    key[1],
+                )
+            elif restored.base_offset != start_offset:
+                log.warning(
+                    "commit metadata of %s[%d] is for offset %d, not the committed %d; ignoring it",
+                    key[0],
+                    key[1],
+                    restored.base_offset,
+                    start_offset,
+                )
+                restored = None
+        self._epoch += 1
+        ledger = L.PartitionLedger(
+            key[0], key[1], start_offset, self.ledger_config, restored=restored, epoch=self._epoch
+        )
+        slot = _Slot(ledger, self._epoch)
+        self.slots[key] = slot
+        return slot
+
+    async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
+        self.counters.rebalances += 1
+        out: list[OffsetToCommit] = []
+        for key in partitions:
+            self._pending_assign.pop(key, None)
+            slot = self.slots.pop(key, None)
+            if slot is None:
+                continue
+            slot.ledger.revoke()
+            offset = slot.ledger.committable_offset()
+            out.append(OffsetToCommit(key[0], key[1], offset, slot.ledger.encode_metadata()))
+            self._forget_deliveries(slot)
+        self.kick()
+        return out
+
+    async def on_lost(self, partitions: Sequence[PartitionKey]) -> None:
+        self.counters.rebalances += 1
+        for key in partitions:
+            self._pending_assign.pop(key, None)
+            slot = self.slots.pop(key, None)
+            if slot is not None:
+                slot.ledger.revoke()
+                self._forget_deliveries(slot)
+        self.kick()
+
+    def _forget_deliveries(self, slot: _Slot) -> None:
+        for did in [d for d, (s, _) in self._deliveries.items() if s is slot]:
+            del self._deliveries[did]
+
+    async def on_messages(self, messages: Sequence[Message]) -> None:
+        now = now_ms()
+        for msg in messages:
+            key = (cast(str, msg.topic()), cast(int, msg.partition()))
+            offset = cast(int, msg.offset())
+            slot = self.slots.get(key)
+            if slot is None:
+                pending = self._pending_assign.pop(key, None)
+                if pending is None:
+                    continue  # fetched just before a revoke: the next owner reads it again
+                slot = self._open_slot(key, offset, None)
+            slot.ledger.add(offset, _key_bytes(msg), msg, now)
+        self._apply_flow_control()
+        self.kick()
+
+    # ----------------------------------------------------------------------------- flow control
+
+    def _apply_flow_control(self) -> None:
+        to_pause: list[PartitionKey] = []
+        to_resume: list[PartitionKey] = []
+        for key, slot in self.slots.items():
+            paused = key in self.source.paused
+            if self.draining or not self.app_reachable:
+                if not paused:
+                    to_pause.append(key)
+            elif not paused and slot.ledger.should_pause():
+                to_pause.append(key)
+            elif paused and slot.ledger.may_resume():
+                to_resume.append(key)
+        if to_pause:
+            self.source.pause(to_pause)
+        if to_resume:
+            self.source.resume(to_resume)
+
+    def total_in_flight(self) -> int:
+        return sum(s.ledger.statistics().in_flight for s in self.slots.values())
+
+    # ----------------------------------------------------------------------------- scheduler
+
+    async def scheduler(self) -> None:
+        """Expire locks, hand out records, start DLQ writes, pause/resume — whenever something changed."""
+        max_total = self.config.delivery.max_in_flight_records
+        while not self.stopping:
+            now = now_ms()
+            for slot in list(self.slots.values()):
+                for expired in slot.ledger.expire(now):
+                    self._on_expired(slot, expired)
+            acquired: list[tuple[_Slot, Any]] = []
+            if self.app_reachable and not self.draining and self.dlq_ready:
+                budget = max_total - self.total_in_flight()
+                for slot in list(self.slots.values()):
+                    if budget <= 0:
+                        break
+                    got = slot.ledger.acquire(now, budget)
+                    budget -= len(got)
+                    acquired.extend((slot, a) for a in got)
+            if acquired:
+                await self._hand_out(acquired)
+            self._start_archiving()
+            self._apply_flow_control()
+            wait_s = self._next_wait_s(now_ms())
+            await self._wait_kick(wait_s)
+
+    def _next_wait_s(self, now: int) -> float:
+        deadlines = [
+            d for s in self.slots.values() if (d := s.ledger.next_deadline_ms()) is not None
+        ]
+        if not deadlines:
+            return 0.5
+        return min(0.5, max(0.0, (min(deadlines) - now) / 1000))
+
+    async def _hand_out(self, acquired: list[tuple[_Slot, Any]]) -> None:
+        if self.write_ahead:
+            # Persist the new delivery counts before anything reaches the app: a record that
+            # crashes the sidecar (or the pod) on delivery still has its attempt counted.
+            touched = {id(s): s for s, _ in acquired}
+            ok = await self._commit_slots(list(touched.values()), force=True)
+            if not ok:
+                now = now_ms()
+                for slot, attempt in acquired:
+                    if self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot:
+                        with contextlib.suppress(L.LedgerError):
+                            slot.ledger.not_attempted(attempt.attempt_id, now)
+                await trio.sleep(0.1)
+                return
+        for slot, attempt in acquired:
+            if self.slots.get((slot.ledger.topic, slot.ledger.partition)) is not slot:
+                continue  # revoked while the commit was in flight: fenced
+            delivery_id = attempt.attempt_id  # unique per assignment epoch (the ledger adds it)
+            self._deliveries[delivery_id] = (slot, attempt.attempt_id)
+            self.counters.attempts += 1
+            self._work_send.send_nowait((slot, attempt, delivery_id))
+
+    def _on_expired(self, slot: _Slot, expired: L.AnswerResult) -> None:
+        self._deliveries.pop(expired.attempt_id, None)
+        self.counters.bump(self.counters.delivered, "lock_expired")
+
+    # ----------------------------------------------------------------------------- workers
+
+    async def worker(self) -> None:
+        timeout_s = self.config.app.timeout_ms / 1000
+        batch = self.config.app.mode == AppMode.BATCH
+        max_batch = self.config.app.batch_max_records
+        while True:
+            item = await self._work_recv.receive()
+            if not batch:
+                await self._deliver_one(item, timeout_s)
+                continue
+            items = [item]
+            if self.config.app.batch_linger_ms > 0:
+                with trio.move_on_after(self.config.app.batch_linger_ms / 1000):
+                    while len(items) < max_batch:
+                        items.append(await self._work_recv.receive())
+            else:
+                while len(items) < max_batch:
+                    try:
+                        items.append(self._work_recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+            await self._deliver_batch(items, timeout_s)
+
+    def _record_view(self, attempt: Any, delivery_id: str) -> RecordView:
+        msg = cast(Message, attempt.item)
+        ts_type, ts = msg.timestamp()
+        headers = _headers(msg)
+        traceparent = tracestate = None
+        for name, value in headers:
+            if name == "traceparent" and value is not None:
+                traceparent = value.decode("latin-1")
+            elif name == "tracestate" and value is not None:
+                tracestate = value.decode("latin-1")
+        return RecordView(
+            topic=cast(str, msg.topic()),
+            partition=cast(int, msg.partition()),
+            offset=cast(int, msg.offset()),
+            key=_key_bytes(msg),
+            value=_value_bytes(msg),
+            timestamp_ms=ts if ts_type != 0 else None,
+            timestamp_type={0: "none", 1: "create", 2: "log-append"}.get(ts_type, "none"),
+            headers=headers,
+            delivery_count=attempt.delivery_count,
+            delivery_id=delivery_id,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
+
+    async def _deliver_one(self, item: tuple[_Slot, Any, str], timeout_s: float) -> None:
+        slot, attempt, delivery_id = item
+        if delivery_id not in self._deliveries:
+            return  # fenced before it left
+        record = self._record_view(attempt, delivery_id)
+        try:
+            answer = await self.app.deliver(record, timeout_s)
+        except AppNotReachable as exc:
+            self._not_attempted(slot, attempt, delivery_id, str(exc))
+            return
+        self._apply_answer(delivery_id, answer)
+
+    async def _deliver_batch(self, items: list[tuple[_Slot, Any, str]], timeout_s: float) -> None:
+        live = [it for it in items if it[2] in self._deliveries]
+        if not live:
+            return
+        records = [self._record_view(a, d) for _s, a, d in live]
+        try:
+            answers = await self.app.deliver_batch(records, timeout_s)
+        except AppNotReachable as exc:
+            for slot, attempt, delivery_id in live:
+                self._not_attempted(slot, attempt, delivery_id, str(exc))
+            return
+        for _slot, _attempt, delivery_id in live:
+            answer = answers.get(delivery_id) or Answer(
+                "release", reason="missing from the batch answer"
+            )
+            self._apply_answer(delivery_id, answer)
+
+    def _not_attempted(self, slot: _Slot, attempt: Any, delivery_id: str, reason: str) -> None:
+        self._deliveries.pop(delivery_id, None)
+        self.counters.not_attempted += 1
+        self.counters.attempts -= 1
+        if self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot:
+            with contextlib.suppress(L.LedgerError):
+                slot.ledger.not_attempted(attempt.attempt_id, now_ms())
+        if self.app_reachable:
+            log.warning("the app is not reachable (%s): pausing intake until it is back", reason)
+            self.app_reachable = False
+            self.app_down_since = time.monotonic()
+            self._apply_flow_control()
+            if self._nursery is not None:
+                self._nursery.start_soon(self._probe_app)
+        self.kick()
+
+    async def _probe_app(self) -> None:
+        app = self.config.app
+        delay_s = app.connect_backoff_initial_ms / 1000
+        while not self.stopping:
+            await trio.sleep(delay_s)
+            try:
+                await _probe(self.app.target)
+            except OSError:
+                delay_s = min(delay_s * 2, app.connect_backoff_max_ms / 1000)
+                continue
+            log.info("the app is reachable again: resuming intake")
+            self.app_reachable = True
+            self.app_down_since = None
+            self._apply_flow_control()
+            self.kick()
+            return
+
+    def _apply_answer(self, delivery_id: str, answer: Answer | AckItem) -> str:
+        """Apply an app answer; returns 'ok', 'unknown' or 'expired' (the /v1/acks result words)."""
+        entry = self._deliveries.get(delivery_id)
+        if entry is None:
+            # Answered already, expired, or fenced by a rebalance: let the ledger that issued it say
+            # which, if that partition is still ours; otherwise an id of our shape is expired.
+            slot_or_none = self._slot_for_id(delivery_id)
+            if slot_or_none is None:
+                self.counters.expired_answers += 1
+                return "expired" if _looks_like_attempt_id(delivery_id) else "unknown"
+            entry = (slot_or_none, delivery_id)
+        slot, attempt_id = entry
+        if isinstance(answer, Answer) and answer.ack == "deferred":
+            return "ok"  # the app answers later through /v1/acks, before the lock expires
+        ack = _ACKS[answer.ack]
+        error = None
+        if answer.error is not None:
+            error = L.ErrorInfo(
+                answer.error.class_name or None,
+                answer.error.message or None,
+                answer.error.stacktrace,
+            )
+        try:
+            result = slot.ledger.answer(
+                attempt_id, ack, now_ms(), error=error, retry_after_ms=answer.retry_after_ms
+            )
+        except L.ExpiredAttempt:
+            self._deliveries.pop(delivery_id, None)
+            self.counters.expired_answers += 1
+            return "expired"
+        except L.UnknownAttempt:
+            self._deliveries.pop(delivery_id, None)
+            self.counters.expired_answers += 1
+            return "unknown"
+        if ack is not L.Ack.RENEW:
+            self._deliveries.pop(delivery_id, None)
+            self.counters.bump(self.counters.delivered, answer.ack)
+            if ack is L.Ack.REJECT and (answer.dlq_headers or answer.dlq_value_set):
+                slot.dlq_extras[result.offset] = answer
+        self.kick()
+        return "ok"
+
+    def _slot_for_id(self, delivery_id: str) -> _Slot | None:
+        topic, sep, rest = delivery_id.partition("/")
+        partition, sep2, _ = rest.partition("/")
+        if not sep or not sep2 or not partition.isdigit():
+            return None
+        return self.slots.get((topic, int(partition)))
+
+    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
+        """`POST /v1/acks`: apply each answer; per id ok / unknown / expired."""
+        return [(item.delivery_id, self._apply_answer(item.delivery_id, item)) for item in items]
+
+    # ----------------------------------------------------------------------------- DLQ
+
+    def _start_archiving(self) -> None:
+        assert self._nursery is not None
+        for slot in list(self.slots.values()):
+            for req in slot.ledger.to_archive():
+                self._nursery.start_soon(self._archive, slot, req)
+
+    async def _archive(self, slot: _Slot, req: Any) -> None:
+        msg = cast(Message, req.item)
+        topic, partition = slot.ledger.topic, slot.ledger.partition
+        reason = "rejected" if req.reason is L.ArchiveReason.REJECTED else "delivery_count_exceeded"
+        extras = slot.dlq_extras.pop(req.offset, None)
+        err = req.error
+        if err is None and req.reason is L.ArchiveReason.DELIVERY_COUNT_EXCEEDED:
+            err = L.ErrorInfo(
+                "sidecar.DeliveryCountExceeded", "released or timed out at the delivery limit", None
+            )
+        if self.config.errors.tolerance == ErrorsTolerance.NONE:
+            self.fail(
+                f"errors.tolerance is none and {topic}[{partition}]@{req.offset} was archived ({reason}"
+                f"{': ' + err.class_name if err and err.class_name else ''}); stopping with its offset uncommitted"
+            )
+            return
+        self._log_archived(msg, req, reason, err)
+        dlq_topic = self.config.dlq_topic_for(topic)
+        if dlq_topic is None:
+            # No DLQ configured: archived records are logged and skipped (KIP-1191).
+            if self._still_owned(slot):
+                slot.ledger.dlq_written(req.offset)
+            self.counters.bump(self.counters.archived, reason)
+            self.kick()
+            return
+        failed = FailedRecord(
+            topic=topic,
+            partition=partition,
+            offset=req.offset,
+            key=_key_bytes(msg),
+            value=_value_bytes(msg),
+            headers=_headers(msg),
+            group=self.config.group_id,
+            delivery_count=req.delivery_count,
+            cause=CAUSE_REJECTED
+            if req.reason is L.ArchiveReason.REJECTED
+            else CAUSE_DELIVERY_COUNT,
+            exception_class=err.class_name if err else None,
+            exception_message=err.message if err else None,
+            stacktrace=err.stacktrace if err else None,
+            extra_headers=extras.dlq_headers if extras else (),
+            replacement_value=extras.dlq_value if extras else None,
+            replacement_value_set=extras.dlq_value_set if extras else False,
+        )
+        try:
+            await self.dlq.write(failed, dlq_topic)
+        except DlqFatalError as exc:
+            self.counters.dlq_failed += 1
+            self.fail(str(exc))
+            return
+        self.counters.dlq_written += 1
+        self.counters.bump(self.counters.archived, reason)
+        if self._still_owned(slot):
+            slot.ledger.dlq_written(req.offset)
+        self.kick()
+
+    def _still_owned(self, slot: _Slot) -> bool:
+        return self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot
+
+    def _log_archived(self, msg: Message, req: Any, reason: str, err: L.ErrorInfo | None) -> None:
+        errors = self.config.errors
+        if not errors.log_enable:
+            return
+        extra: dict[str, Any] = {
+            "topic": msg.topic(),
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "delivery_count": req.delivery_count,
+            "reason": reason,
+            "exception_class": err.class_name if err else None,
+            "exception_message": err.message if err else None,
+        }
+        if errors.log_include_messages:
+            extra["key"] = _printable(msg.key())
+            extra["value"] = _printable(msg.value())
+        log.error("record archived", extra={"fields": extra})
+
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            log.error("stopping: %s", reason)
+        self.stopping = True
+        self.stop_event.set()
+        self.kick()
+
+    # ----------------------------------------------------------------------------- commits
+
+    def _commit_offsets(
+        self, slots: Sequence[_Slot], force: bool
+    ) -> list[tuple[_Slot, OffsetToCommit]]:
+        out: list[tuple[_Slot, OffsetToCommit]] = []
+        for slot in slots:
+            if not self._still_owned(slot):
+                continue
+            offset = slot.ledger.committable_offset()
+            metadata = slot.ledger.encode_metadata()
+            if not force and slot.last_commit == (offset, metadata):
+                continue
+            out.append(
+                (slot, OffsetToCommit(slot.ledger.topic, slot.ledger.partition, offset, metadata))
+            )
+        return out
+
+    async def _commit_slots(self, slots: Sequence[_Slot], force: bool = False) -> bool:
+        pending = self._commit_offsets(slots, force)
+        if not pending:
+            return True
+        try:
+            await self.source.commit([o for _, o in pending])
+        except (
+            Exception
+        ) as exc:  # a failed commit is retried by the next one: redelivery, never loss
+            self.counters.commit_failures += 1
+            log.warning("commit failed: %s", exc)
+            return False
+        self.counters.commits += 1
+        for slot, o in pending:
+            slot.last_commit = (o.offset, o.metadata)
+        return True
+
+    async def committer(self) -> None:
+        interval_s = self.config.commit_interval_ms / 1000
+        while not self.stopping:
+            await trio.sleep(interval_s)
+            await self._commit_slots(list(self.slots.values()))
+
+    async def commit_all(self) -> None:
+        await self._commit_slots(list(self.slots.values()))
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def in_flight_records(self) -> int:
+        return len(self._deliveries)
+
+    async def drain(self, deadline_s: float) -> None:
+        """Stop handing out records and wait (up to the deadline) for in-flight attempts and DLQ writes."""
+        self.draining = True
+        self._apply_flow_control()
+        self.kick()
+        with self.drain_cancel, trio.move_on_after(deadline_s):
+            while True:
+                busy = any(
+                    (st := s.ledger.statistics()).in_flight > 0 or st.archiving > 0
+                    for s in self.slots.values()
+                )
+                if not busy or self.failure:
+                    return
+                await trio.sleep(0.05)
+
+    def status(self) -> dict[str, Any]:
+        lag = self.source.lag() if not self.stopping else {}
+        partitions = []
+        for (topic, partition), slot in sorted(self.slots.items()):
+            st = slot.ledger.statistics()
+            partitions.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "committable_offset": st.committable_offset,
+                    "last_committed_offset": slot.last_commit[0] if slot.last_commit else None,
+                    "in_flight": st.in_flight,
+                    "buffered": st.buffered,
+                    "archiving": st.archiving,
+                    "paused": (topic, partition) in self.source.paused,
+                    "lag": lag.get((topic, partition)),
+                }
+            )
+        c = self.counters
+        return {
+            "group": self.config.group_id,
+            "engine": "consumer",
+            "app_reachable": self.app_reachable,
+            "draining": self.draining,
+            "failure": self.failure,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "in_flight": self.in_flight_records(),
+            "paused_partitions": [f"{t}[{p}]" for t, p in sorted(self.source.paused)],
+            "partitions": partitions,
+            "counters": {
+                "delivered": dict(c.delivered),
+                "attempts": c.attempts,
+                "not_attempted": c.not_attempted,
+                "archived": dict(c.archived),
+                "dlq_written": c.dlq_written,
+                "dlq_failed": c.dlq_failed,
+                "expired_answers": c.expired_answers,
+                "commits": c.commits,
+                "commit_failures": c.commit_failures,
+                "rebalances": c.rebalances,
+            },
+        }
+
+
+def _key_bytes(msg: Message) -> bytes | None:
+    key = msg.key()
+    return key.encode() if isinstance(key, str) else key
+
+
+def _value_bytes(msg: Message) -> bytes | None:
+    value = msg.value()
+    return value.encode() if isinstance(value, str) else value
+
+
+def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...]:
+    raw = msg.headers()
+    if not raw:
+        return ()
+    items = raw.items() if isinstance(raw, dict) else raw
+    out: list[tuple[str, bytes | None]] = []
+    for name, value in items:
+        out.append((str(name), value.encode() if isinstance(value, str) else value))
+    return tuple(out)
+
+
+def _printable(data: bytes | None) -> str | None:
+    if data is None:
+        return None
+    return data[:1024].decode("utf-8", errors="backslashreplace")
+
+
+async def _probe(target: AppTarget) -> None:
+    """Open and close one connection to the app: OSError when nothing is listening."""
+    stream: trio.abc.Stream
+    with trio.fail_after(2):
+        if target.unix_path is not None:
+            stream = await trio.open_unix_socket(target.unix_path)
+        else:
+            stream = await trio.open_tcp_stream(target.host, target.port)
+    await stream.aclose()
+
+
+def _looks_like_attempt_id(delivery_id: str) -> bool:
+    parts = delivery_id.split("/")
+    return len(parts) == 3 and parts[1].isdigit()
+
+
+__all__ = ["Engine", "EngineStopped", "now_ms"]

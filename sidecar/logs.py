@@ -1,0 +1,93 @@
+"""Structured logging: JSON, logfmt or plain text lines on stderr.
+
+Owns the log format only. Record payloads are never logged here; callers decide what goes in `fields`
+(and the engine includes payloads only with `errors.log.include.messages: true`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    extra = record.__dict__.get("fields")
+    if isinstance(extra, dict):
+        out.update(extra)
+    for key, value in record.__dict__.items():
+        if key not in _RESERVED and key != "fields":
+            out[key] = value
+    return out
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        + f".{int(record.msecs):03d}Z"
+    )
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        doc.update(_fields(record))
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str, ensure_ascii=False)
+
+
+def _logfmt_value(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    if text == "" or any(c in text for c in ' ="\\\n\t'):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+class LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        pairs: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        pairs.update(_fields(record))
+        if record.exc_info:
+            pairs["exception"] = self.formatException(record.exc_info)
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in pairs.items())
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        fields = _fields(record)
+        tail = " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+        line = f"{_timestamp(record)} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if tail:
+            line = f"{line} {tail}"
+        if record.exc_info:
+            line = f"{line}\n{self.formatException(record.exc_info)}"
+        return line
+
+
+def setup_logging(level: str = "info", fmt: str = "json") -> None:
+    formatter: logging.Formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(
+        fmt, TextFormatter
+    )()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # librdkafka's own log lines are chatty at info; keep its warnings.
+    logging.getLogger("sidecar.librdkafka").setLevel(max(logging.WARNING, root.level))
