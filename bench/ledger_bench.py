@@ -1,0 +1,103 @@
+"""Throughput of the delivery ledger's hot path and the size of its commit metadata.
+
+Run: ``python -m bench.ledger_bench [records]``.  Not a test: it prints figures.
+
+Hot path: add -> acquire -> accept -> committable_offset, KEY ordering, 10k distinct keys, in
+batches the size a fetch would deliver; the figure is the median of three runs.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+from sidecar.commitstate import CommitState, encode, encoded_length
+from sidecar.ledger import Ack, LedgerConfig, Ordering, PartitionLedger
+
+KEYS = [b"key-%d" % i for i in range(10_000)]
+
+
+def run_pipeline(n_records: int, batch: int = 500) -> float:
+    """Records per second through add -> acquire -> accept -> committable."""
+    ledger = PartitionLedger("bench", 0, 0, LedgerConfig(ordering=Ordering.KEY))
+    keys = KEYS
+    n_keys = len(keys)
+    accept = Ack.ACCEPT
+    now = 0
+    offset = 0
+    committed = 0
+    started = time.perf_counter()
+    while offset < n_records:
+        end = min(offset + batch, n_records)
+        for o in range(offset, end):
+            ledger.add(o, keys[o % n_keys], None, now)
+        offset = end
+        for attempt in ledger.acquire(now, batch):
+            ledger.answer(attempt.attempt_id, accept, now)
+        committed = ledger.committable_offset()
+        now += 1
+    # Drain what key order held back.
+    while not ledger.is_idle:
+        for attempt in ledger.acquire(now, batch):
+            ledger.answer(attempt.attempt_id, accept, now)
+        now += 1
+    committed = ledger.committable_offset()
+    elapsed = time.perf_counter() - started
+    assert committed == n_records, committed
+    return n_records / elapsed
+
+
+def typical_state() -> CommitState:
+    """A busy partition: 2000 in flight spread over 10k buffered, a few retries, some done."""
+    rng = random.Random(1)
+    ledger = PartitionLedger("bench", 0, 1_000_000_000, LedgerConfig(ordering=Ordering.NONE))
+    base = 1_000_000_000
+    for o in range(base, base + 10_000):
+        ledger.add(o, None, None, 0)
+    attempts = ledger.acquire(0, 2000)
+    for attempt in attempts:
+        roll = rng.random()
+        if roll < 0.6:
+            ledger.answer(attempt.attempt_id, Ack.ACCEPT, 1)
+        elif roll < 0.65:
+            ledger.answer(attempt.attempt_id, Ack.RELEASE, 1)
+    ledger.acquire(2, 1400)
+    return ledger.commit_state()
+
+
+def worst_state(n: int) -> CommitState:
+    """Every other offset done and the rest with large, varied counts, offsets near 2**63."""
+    rng = random.Random(2)
+    base = 2**63 - 10 * n
+    done = tuple((base + 2 * i + 2, base + 2 * i + 3) for i in range(n))
+    counts = {base + 2 * i + 1: rng.randint(1, 200) for i in range(n)}
+    counts[base] = 3
+    return CommitState(base, done, counts)
+
+
+def main() -> None:
+    n_records = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    rates = [run_pipeline(n_records) for _ in range(3)]
+    print(
+        f"hot path (add -> acquire -> accept -> committable), KEY order, 10k keys, "
+        f"{n_records} records: median {statistics.median(rates):,.0f} records/s "
+        f"(runs: {', '.join(f'{r:,.0f}' for r in rates)})"
+    )
+    typical = typical_state()
+    print(
+        f"typical state: {len(typical.done)} done ranges, {len(typical.counts)} counts -> "
+        f"{encoded_length(typical)} characters"
+    )
+    for n in (100, 300, 1000):
+        worst = worst_state(n)
+        fitted = encode(worst, 4096)
+        print(
+            f"worst case ({n} alternating done/not-done, counts 1..200, offsets near 2**63): "
+            f"{encoded_length(worst)} characters full, {len(fitted or '')} within a 4096 budget"
+        )
+
+
+if __name__ == "__main__":
+    main()
