@@ -184,6 +184,15 @@ class Sidecar:
         host, _, port = self.api.rpartition(":")
         return await trio.to_thread.run_sync(_http_post, host, int(port), path, body)
 
+    async def post_raw(
+        self, path: str, body: bytes, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        """POST arbitrary bytes (e.g. a malformed body); returns the status and the raw body."""
+        host, _, port = self.api.rpartition(":")
+        return await trio.to_thread.run_sync(
+            _http_post_raw, host, int(port), path, body, content_type
+        )
+
     async def status(self) -> dict[str, Any]:
         code, body = await self.get("/v1/status")
         assert code == 200, body
@@ -258,6 +267,20 @@ def _http_post(host: str, port: int, path: str, body: Any) -> tuple[int, Any]:
         conn.close()
 
 
+def _http_post_raw(
+    host: str, port: int, path: str, body: bytes, content_type: str
+) -> tuple[int, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 @asynccontextmanager
 async def sidecar(config_path: Path, *, wait_api: bool = True) -> AsyncIterator[Sidecar]:
     cfg = yaml.safe_load(config_path.read_text())
@@ -292,6 +315,17 @@ async def wait_until(
 ) -> None:
     with trio.move_on_after(timeout_s):
         while not predicate():
+            await trio.sleep(poll_s)
+        return
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+async def wait_until_thread(
+    predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.2
+) -> None:
+    """Like `wait_until`, for a blocking predicate (e.g. one that asks the broker)."""
+    with trio.move_on_after(timeout_s):
+        while not await trio.to_thread.run_sync(predicate):
             await trio.sleep(poll_s)
         return
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
