@@ -48,6 +48,8 @@ Listen: TypeAlias = tuple[Literal["tcp"], str, int] | tuple[Literal["unix"], str
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 _RECEIVE_BYTES = 65536
+_DRAIN_TIMEOUT_S = 1.0
+_DRAIN_MAX_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,24 @@ class _RequestCollector:
         self.started = False
 
 
+async def _refuse(stream: trio.abc.Stream, status: int, message: str) -> None:
+    """Send an error and close gracefully, so the client gets to read the error.
+
+    Closing a socket with unread input makes the kernel send a reset, which can destroy the
+    response before the client reads it; so shut down our side, then drain (bounded) first.
+    """
+    await stream.send_all(_error_response(status, message))
+    if isinstance(stream, trio.abc.HalfCloseableStream):
+        await stream.send_eof()
+    drained = 0
+    with trio.move_on_after(_DRAIN_TIMEOUT_S):
+        while drained < _DRAIN_MAX_BYTES:
+            data = await stream.receive_some(_RECEIVE_BYTES)
+            if not data:
+                break
+            drained += len(data)
+
+
 async def _call_handler(handler: Handler, request: Request) -> Response:
     try:
         return await handler(request)
@@ -222,17 +242,17 @@ async def _serve_connection(
             except httptools.HttpParserUpgrade:
                 upgrade = True  # not supported: answer what was parsed, then close
             except httptools.HttpParserError as exc:
-                await stream.send_all(_error_response(400, f"bad request: {exc}\n"))
+                await _refuse(stream, 400, f"bad request: {exc}\n")
                 return
             if collector.too_large:
-                await stream.send_all(_error_response(413, "request body too large\n"))
+                await _refuse(stream, 413, "request body too large\n")
                 return
             if collector.started and not collector.headers_complete:
                 head_bytes += len(data)
             else:
                 head_bytes = 0
             if head_bytes > MAX_HEADER_BYTES:
-                await stream.send_all(_error_response(431, "request header block too large\n"))
+                await _refuse(stream, 431, "request header block too large\n")
                 return
             if collector.expect_continue:
                 collector.expect_continue = False

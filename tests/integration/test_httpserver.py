@@ -1,0 +1,265 @@
+"""sidecar.httpserver over real TCP and Unix sockets, driven by raw clients."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from sidecar.httpserver import Request, Response, serve_http
+
+
+async def echo(request: Request) -> Response:
+    if request.path == "/boom":
+        raise RuntimeError("handler bug")
+    if request.path == "/slow":
+        await trio.sleep(0.2)
+    body = b"%s %s ?%s len=%d" % (
+        request.method.encode(),
+        request.path.encode(),
+        request.query.encode(),
+        len(request.body),
+    )
+    headers = (("X-Seen", ",".join(request.header_values("x-rep"))),)
+    return Response(200, headers, body)
+
+
+@asynccontextmanager
+async def running(
+    transport: str, tmp_path: Path, **kwargs: object
+) -> AsyncIterator[trio.abc.Stream]:
+    """Start the server, yield a raw client stream connected to it."""
+    async with trio.open_nursery() as nursery:
+        if transport == "tcp":
+            port = await nursery.start(
+                lambda task_status: serve_http(
+                    echo,
+                    ("tcp", "127.0.0.1", 0),
+                    task_status=task_status,
+                    **kwargs,  # type: ignore[arg-type]
+                )
+            )
+            stream: trio.abc.Stream = await trio.open_tcp_stream("127.0.0.1", port)
+        else:
+            path = str(tmp_path / "s.sock")
+            await nursery.start(
+                lambda task_status: serve_http(
+                    echo,
+                    ("unix", path),
+                    task_status=task_status,
+                    **kwargs,  # type: ignore[arg-type]
+                )
+            )
+            stream = await trio.open_unix_socket(path)
+        try:
+            yield stream
+        finally:
+            await trio.aclose_forcefully(stream)
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture(params=["tcp", "unix"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def read_until_closed(stream: trio.abc.Stream, timeout_s: float = 5) -> bytes:
+    data = b""
+    with trio.fail_after(timeout_s):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def read_responses(stream: trio.abc.Stream, count: int) -> list[bytes]:
+    """Read ``count`` Content-Length framed responses."""
+    buffer = b""
+    responses: list[bytes] = []
+    with trio.fail_after(5):
+        while len(responses) < count:
+            if b"\r\n\r\n" in buffer:
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                if len(rest) >= length:
+                    responses.append(head + b"\r\n\r\n" + rest[:length])
+                    buffer = rest[length:]
+                    continue
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"closed after {len(responses)} responses"
+            buffer += chunk
+    return responses
+
+
+async def test_keep_alive_serves_many_requests_on_one_connection(
+    transport: str, tmp_path: Path
+) -> None:
+    async with running(transport, tmp_path) as stream:
+        for index in range(5):
+            await stream.send_all(b"POST /p?i=%d HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc" % index)
+            [response] = await read_responses(stream, 1)
+            assert response.startswith(b"HTTP/1.1 200 OK\r\n")
+            assert response.endswith(b"POST /p ?i=%d len=3" % index)
+            assert b"Connection: close" not in response
+
+
+async def test_pipelined_requests_answered_in_order(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(
+            b"GET /a HTTP/1.1\r\n\r\nGET /slow HTTP/1.1\r\n\r\nGET /c HTTP/1.1\r\n\r\n"
+        )
+        responses = await read_responses(stream, 3)
+        assert [r.rsplit(b"\r\n\r\n", 1)[1] for r in responses] == [
+            b"GET /a ? len=0",
+            b"GET /slow ? len=0",
+            b"GET /c ? len=0",
+        ]
+
+
+async def test_chunked_request_body(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nab")
+        await trio.sleep(0.01)
+        await stream.send_all(b"cd\r\n3\r\nefg\r\n0\r\n\r\n")
+        [response] = await read_responses(stream, 1)
+        assert response.endswith(b"len=7")
+
+
+async def test_repeated_headers_are_kept_apart(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"GET / HTTP/1.1\r\nX-Rep: a\r\nx-rep: b,c\r\n\r\n")
+        [response] = await read_responses(stream, 1)
+        assert b"X-Seen: a,b,c\r\n" in response
+
+
+async def test_body_over_the_cap_is_413(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path, max_request_bytes=100) as stream:
+        await stream.send_all(b"POST / HTTP/1.1\r\nContent-Length: 101\r\n\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 413 ")
+        assert b"Connection: close" in response
+
+
+async def test_chunked_body_over_the_cap_is_413(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path, max_request_bytes=100) as stream:
+        await stream.send_all(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await stream.send_all(b"40\r\n" + b"x" * 64 + b"\r\n" + b"40\r\n" + b"x" * 64 + b"\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 413 ")
+
+
+async def test_garbage_is_400(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"\x16\x03\x01 TLS hello, not HTTP\r\n\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 400 ")
+
+
+async def test_huge_header_block_is_431(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"GET / HTTP/1.1\r\n")
+        with trio.move_on_after(2):
+            for _ in range(100):
+                await stream.send_all(b"X-Filler: " + b"y" * 1000 + b"\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_expect_100_continue(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(
+            b"POST / HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+        )
+        with trio.fail_after(5):
+            interim = await stream.receive_some(65536)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        await stream.send_all(b"hi")
+        [response] = await read_responses(stream, 1)
+        assert response.endswith(b"len=2")
+
+
+async def test_handler_exception_is_500_and_the_connection_survives(
+    transport: str, tmp_path: Path
+) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"GET /boom HTTP/1.1\r\n\r\nGET /ok HTTP/1.1\r\n\r\n")
+        first, second = await read_responses(stream, 2)
+        assert first.startswith(b"HTTP/1.1 500 ")
+        assert second.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_head_has_no_body(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"HEAD /h HTTP/1.1\r\nConnection: close\r\n\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 200 ")
+        assert b"Content-Length: 15\r\n" in response  # of "HEAD /h ? len=0"
+        assert response.endswith(b"\r\n\r\n")
+
+
+async def test_connection_close_and_http_1_0(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"GET /x HTTP/1.0\r\n\r\n")
+        response = await read_until_closed(stream)
+        assert b"Connection: close\r\n" in response
+        assert response.endswith(b"GET /x ? len=0")
+
+
+async def test_idle_connections_are_closed(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path, idle_timeout_s=0.1) as stream:
+        assert await read_until_closed(stream, timeout_s=2) == b""
+
+
+async def test_port_zero_reports_the_bound_port() -> None:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_http, echo, ("tcp", "127.0.0.1", 0))
+        assert isinstance(port, int) and port > 0
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert (await read_until_closed(stream)).startswith(b"HTTP/1.1 200 ")
+        nursery.cancel_scope.cancel()
+
+
+async def test_stale_unix_socket_is_replaced_and_removed_on_exit(tmp_path: Path) -> None:
+    path = str(tmp_path / "app.sock")
+    leftover = socket.socket(socket.AF_UNIX)
+    leftover.bind(path)  # a socket file nobody listens on, as a killed process leaves it
+    leftover.close()
+    async with trio.open_nursery() as nursery:
+        assert await nursery.start(serve_http, echo, ("unix", path)) == path
+        async with await trio.open_unix_socket(path) as stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert (await read_until_closed(stream)).startswith(b"HTTP/1.1 200 ")
+        nursery.cancel_scope.cancel()
+    assert not os.path.exists(path)
+
+
+async def test_live_unix_socket_and_regular_file_are_not_replaced(tmp_path: Path) -> None:
+    path = str(tmp_path / "app.sock")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_http, echo, ("unix", path))
+        with pytest.raises(OSError) as caught:
+            await nursery.start(serve_http, echo, ("unix", path))
+        assert caught.value.errno == errno.EADDRINUSE
+        nursery.cancel_scope.cancel()
+    regular = tmp_path / "file"
+    regular.write_text("keep me")
+    with pytest.raises(FileExistsError):
+        await serve_http(echo, ("unix", str(regular)))
+    assert regular.read_text() == "keep me"
+
+
+async def test_cancel_with_a_request_in_flight_is_clean(transport: str, tmp_path: Path) -> None:
+    started = trio.current_time()
+    with trio.move_on_after(0.1):
+        async with running(transport, tmp_path) as stream:
+            await stream.send_all(b"GET /slow HTTP/1.1\r\n\r\n")
+            await trio.sleep(10)
+    assert trio.current_time() - started < 1
+    if transport == "unix":
+        assert not (tmp_path / "s.sock").exists()
