@@ -1,0 +1,3 @@
+module github.com/dlq-sidecar/examples/go
+
+go 1.22
