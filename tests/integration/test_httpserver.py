@@ -263,3 +263,15 @@ async def test_cancel_with_a_request_in_flight_is_clean(transport: str, tmp_path
     assert trio.current_time() - started < 1
     if transport == "unix":
         assert not (tmp_path / "s.sock").exists()
+
+
+async def test_upgrade_request_is_answered_then_closed(transport: str, tmp_path: Path) -> None:
+    # curl --http2 on plain http asks for h2c; we answer in HTTP/1.1 and do not switch.
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(
+            b"GET /u HTTP/1.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+        )
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 200 ")
+        assert response.endswith(b"GET /u ? len=0")
