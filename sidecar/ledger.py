@@ -522,7 +522,7 @@ class PartitionLedger:
         topic = self.topic
         partition = self.partition
         out: list[Attempt] = []
-        tight: bool | None = None
+        pause_chars = self.config.metadata_max_bytes * _PAUSE_FILL
         while ready and len(out) < room:
             offset = ready[0]
             record = records.get(offset)
@@ -532,11 +532,14 @@ class PartitionLedger:
             if record.delivery_count == 0:
                 # A first attempt adds a delivery count to the commit metadata; near the budget
                 # only records already counted may go, and the lowest one (it frees the most).
-                if tight is None:
-                    tight = self._metadata_over(_PAUSE_FILL)
-                if tight and offset != next(iter(records)):
+                if (
+                    self._metadata_estimate() > pause_chars
+                    and self._metadata_over(_PAUSE_FILL)
+                    and offset != next(iter(records))
+                ):
                     break
                 self._growth += self._v + 2
+                self._version += 1
             heapq.heappop(ready)
             record.queued = False
             count = record.delivery_count + 1
@@ -887,13 +890,27 @@ class PartitionLedger:
         most each change since can have added is an upper bound of the encoded size, and only when
         that bound crosses the line is the state walked (O(records held)) and measured again.
         """
-        budget = self.config.metadata_max_bytes
-        limit = budget * fraction
-        if chars_for_payload(self._measured_payload + self._growth) <= limit:
+        limit = self.config.metadata_max_bytes * fraction
+        if self._metadata_estimate() <= limit:
             return False
         if self._measured_version != self._version:
             self._measure()
         return self._measured_chars > limit
+
+    def _metadata_estimate(self) -> int:
+        """Encoded size estimate: the last measurement plus the most the changes since can add.
+
+        The first term is a true upper bound (the uncompressed run-length form).  The second
+        assumes the chosen (perhaps zlib) form grows no faster than the raw payload, plus slack:
+        zlib gives no such guarantee, but an underestimate only ever leads to a prefix encoding,
+        which is safe (see ``commitstate.encode``), and it keeps re-measuring (O(records held))
+        rare when a compressible state sits close to the budget.
+        """
+        growth = self._growth
+        return min(
+            chars_for_payload(self._measured_payload + growth),
+            self._measured_chars + (growth * 3 + 1) // 2 + 8,
+        )
 
     def _measure(self) -> None:
         state = self.commit_state()
