@@ -34,6 +34,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 __all__ = [
     "ACK_REQUEST_WORDS",
     "ANSWER_ACKS",
+    "MALFORMED_ANSWER",
     "MAX_RETRY_AFTER_MS",
     "AckItem",
     "AckWord",
@@ -50,6 +51,7 @@ __all__ = [
     "interpret_batch",
     "interpret_single",
     "parse_ack_request",
+    "parse_retry_after_ms",
     "validate_status_mapping",
 ]
 
