@@ -228,7 +228,7 @@ data:
 {{/* A probe: HTTP GET on the API port, or (exposure: loopback) an exec of python inside the image. */}}
 {{- define "dlq-sidecar.probe" -}}
 {{- $v := .ctx.values }}
-{{- $p := .probe }}
+{{- $p := .probe -}}
 {{- if eq $v.sidecar.api.exposure "pod" }}
 httpGet:
   path: {{ .path }}
@@ -252,7 +252,7 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
 */}}
 {{- define "dlq-sidecar.container" -}}
 {{- $v := .values }}
-{{- $s := $v.sidecar }}
+{{- $s := $v.sidecar -}}
 - name: dlq-sidecar
   image: {{ include "dlq-sidecar.imageRef" (list $s.image .root.Chart.AppVersion) | quote }}
   imagePullPolicy: {{ $s.image.pullPolicy }}
@@ -304,15 +304,15 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
   {{- end }}
   {{- if $s.startupProbe.enabled }}
   startupProbe:
-    {{- include "dlq-sidecar.probe" (dict "ctx" . "path" "/healthz" "probe" $s.startupProbe) | nindent 4 }}
+    {{- include "dlq-sidecar.probe" (dict "ctx" . "path" "/healthz" "probe" $s.startupProbe) | trim | nindent 4 }}
   {{- end }}
   {{- if $s.livenessProbe.enabled }}
   livenessProbe:
-    {{- include "dlq-sidecar.probe" (dict "ctx" . "path" "/healthz" "probe" $s.livenessProbe) | nindent 4 }}
+    {{- include "dlq-sidecar.probe" (dict "ctx" . "path" "/healthz" "probe" $s.livenessProbe) | trim | nindent 4 }}
   {{- end }}
   {{- if $s.readinessProbe.enabled }}
   readinessProbe:
-    {{- include "dlq-sidecar.probe" (dict "ctx" . "path" "/readyz" "probe" $s.readinessProbe) | nindent 4 }}
+    {{- include "dlq-sidecar.probe" (dict "ctx" . "path" "/readyz" "probe" $s.readinessProbe) | trim | nindent 4 }}
   {{- end }}
   {{- with $s.resources }}
   resources:
@@ -344,7 +344,7 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
 
 {{/* The sidecar's volumes, as list items for `volumes:`. */}}
 {{- define "dlq-sidecar.volumes" -}}
-{{- $s := .values.sidecar }}
+{{- $s := .values.sidecar -}}
 - name: dlq-sidecar-config
   configMap:
     name: {{ include "dlq-sidecar.configMapName" . }}
