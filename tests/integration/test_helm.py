@@ -52,6 +52,15 @@ def find_helm() -> str | None:
     return shutil.which("helm")
 
 
+def k8s_validator() -> Any:
+    """The kubernetes_validate module (untyped), or a failure saying how to install it."""
+    try:
+        import kubernetes_validate  # type: ignore[import-untyped]
+    except ImportError:
+        pytest.fail("kubernetes-validate is missing: run scripts/install-helm", pytrace=False)
+    return kubernetes_validate
+
+
 @pytest.fixture(scope="session")
 def helm() -> str:
     path = find_helm()
@@ -109,12 +118,14 @@ def pod_spec(manifests: list[Manifest]) -> Manifest:
 
 def sidecar_container(spec: Manifest) -> Manifest:
     [container] = [c for c in spec["initContainers"] if c["name"] == "dlq-sidecar"]
-    return container
+    result: Manifest = container
+    return result
 
 
 def app_container(spec: Manifest) -> Manifest:
     [container] = [c for c in spec["containers"] if c["name"] == "app"]
-    return container
+    result: Manifest = container
+    return result
 
 
 def sidecar_config(manifests: list[Manifest]) -> Manifest:
@@ -154,7 +165,7 @@ def test_lint_strict(helm: str, variant: Path) -> None:
 
 @pytest.mark.parametrize("kube", KUBE_VERSIONS)
 def test_manifests_validate_against_kubernetes_schemas(helm: str, variant: Path, kube: str) -> None:
-    import kubernetes_validate
+    kubernetes_validate = k8s_validator()
 
     manifests = render(helm, variant, kube=kube)
     validated = set()
@@ -173,7 +184,7 @@ def test_manifests_validate_against_kubernetes_schemas(helm: str, variant: Path,
 
 def test_schema_validation_catches_a_misplaced_sidecar_field(helm: str) -> None:
     """The validator really is strict: a field the Container schema lacks is an error."""
-    import kubernetes_validate
+    kubernetes_validate = k8s_validator()
 
     deployment = only(render(helm, ci_file("tcp")), "Deployment")
     sidecar_container(deployment["spec"]["template"]["spec"])["restartPolicyy"] = "Always"
@@ -474,7 +485,8 @@ def test_unix_socket_variant_shares_one_emptydir(helm: str) -> None:
             for m in container["volumeMounts"]
             if "emptyDir" in volumes[m["name"]] and m["mountPath"] != "/tmp"
         ]
-        return mount
+        result: Manifest = mount
+        return result
 
     sidecar_mount = socket_mount(sidecar_container(spec))
     app_mount = socket_mount(app_container(spec))
@@ -781,7 +793,7 @@ dlq-sidecar:
 
 
 def test_named_templates_work_from_a_parent_chart(helm: str, tmp_path: Path) -> None:
-    import kubernetes_validate
+    kubernetes_validate = k8s_validator()
 
     parent = tmp_path / "billing"
     (parent / "templates").mkdir(parents=True)
@@ -819,3 +831,18 @@ def test_named_templates_work_from_a_parent_chart(helm: str, tmp_path: Path) -> 
     proc = run_helm(helm, "template", "prod", str(parent), "--kube-version", KUBE_VERSIONS[0])
     assert proc.returncode != 0
     assert "bogus" in proc.stderr
+
+
+def test_network_policy_guards_the_api_port(helm: str) -> None:
+    manifests = render(helm, ci_file("tcp"))
+    policy = only(manifests, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
+    app_rule, api_rule = policy["spec"]["ingress"]
+    assert app_rule == {"ports": [{"port": 8081, "protocol": "TCP"}]}
+    assert api_rule["ports"] == [{"port": 8787, "protocol": "TCP"}]
+    assert api_rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert not [m for m in render(helm, ci_file("sasl")) if m["kind"] == "NetworkPolicy"]
