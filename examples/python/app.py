@@ -151,8 +151,19 @@ class Handler(BaseHTTPRequestHandler):
         return str(self.client_address[0]) if self.client_address else "unix"
 
 
+# socketserver listens with a backlog of 5; the sidecar opens up to app.max.in.flight (64)
+# connections at once, and a Unix socket refuses connects beyond the backlog instead of queueing.
+BACKLOG = 256
+
+
+class TCPHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = BACKLOG
+
+
 class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self, path: str) -> None:
         if os.path.exists(path):
@@ -174,8 +185,7 @@ def main() -> int:
         server = UnixHTTPServer(args.unix)
         where = f"unix:{args.unix}"
     else:
-        ThreadingHTTPServer.daemon_threads = True
-        server = ThreadingHTTPServer((args.host, args.port), Handler)
+        server = TCPHTTPServer((args.host, args.port), Handler)
         where = f"http://{args.host}:{server.server_address[1]}"
     # Stop cleanly on SIGTERM too (the demo and Kubernetes send it), removing the socket file.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
