@@ -141,6 +141,23 @@ def ci_file(name: str) -> Path:
     return path
 
 
+def merged_values(variant: Path) -> Manifest:
+    """values.yaml overlaid with a ci values file, as Helm merges them (maps deep, the rest replaced)."""
+
+    def merge(base: Any, override: Any) -> Any:
+        if isinstance(base, dict) and isinstance(override, dict):
+            return {
+                k: merge(base.get(k), override[k]) if k in override else base[k]
+                for k in {**base, **override}
+            }
+        return override
+
+    merged: Manifest = merge(
+        yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(variant.read_text())
+    )
+    return merged
+
+
 @pytest.fixture(params=CI_VALUES, ids=CI_IDS)
 def variant(request: pytest.FixtureRequest) -> Path:
     path: Path = request.param
@@ -306,15 +323,16 @@ def test_probes_can_be_disabled(helm: str) -> None:
 def test_configmap_config_yaml_parses_with_expected_keys(helm: str, variant: Path) -> None:
     manifests = render(helm, variant)
     config = sidecar_config(manifests)
-    values = yaml.safe_load(variant.read_text())
+    values = merged_values(variant)
     assert {"kafka", "source", "api", "app", "shutdown.drain.timeout.ms"} <= set(config)
-    assert (
-        config["kafka"]["bootstrap.servers"]
-        == values["sidecar"]["config"]["kafka"]["bootstrap.servers"]
-    )
-    assert config["source"]["topics"] == values["sidecar"]["config"]["source"]["topics"]
-    drain_ms = values["sidecar"].get("shutdown", {}).get("drainTimeoutMs", 20000)
-    assert config["shutdown.drain.timeout.ms"] == drain_ms
+    user_config = values["sidecar"]["config"]
+    # Every key the user gave is there, unchanged (the chart only adds its own).
+    for key, value in user_config.items():
+        if isinstance(value, dict):
+            assert value.items() <= config[key].items(), key
+        else:
+            assert config[key] == value, key
+    assert config["shutdown.drain.timeout.ms"] == values["sidecar"]["shutdown"]["drainTimeoutMs"]
 
 
 def test_rendered_config_is_accepted_by_the_sidecar(
@@ -437,8 +455,7 @@ def test_mutual_tls_files(helm: str) -> None:
 def test_grace_period_exceeds_the_drain_timeout(helm: str, variant: Path) -> None:
     manifests = render(helm, variant)
     drain_ms = sidecar_config(manifests)["shutdown.drain.timeout.ms"]
-    values = yaml.safe_load(variant.read_text())
-    app_shutdown_s = values.get("app", {}).get("shutdownSeconds", 10)
+    app_shutdown_s = merged_values(variant)["app"]["shutdownSeconds"]
     grace = pod_spec(manifests)["terminationGracePeriodSeconds"]
     assert grace > -(-drain_ms // 1000)
     assert grace == app_shutdown_s + -(-drain_ms // 1000) + 5
@@ -552,9 +569,24 @@ def test_free_form_config_accepts_any_key(helm: str) -> None:
 
 
 def test_app_image_is_required(helm: str) -> None:
-    proc = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSIONS[0])
-    assert proc.returncode != 0
-    assert "app.image.repository is required" in proc.stderr
+    error = render_error(helm, ci_file("minimal"), sets=("app.image.repository=",))
+    assert "app.image.repository is required" in error
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("sidecar.config.kafka=null", "bootstrap.servers and group.id"),
+        (r"sidecar.config.kafka.group\.id=null", "bootstrap.servers and group.id"),
+        ("sidecar.config.source.topics=null", "source.topics is required"),
+    ],
+)
+def test_sidecar_config_essentials_are_required(helm: str, setting: str, message: str) -> None:
+    assert message in render_error(helm, ci_file("minimal"), sets=(setting,))
+
+
+def test_default_config_is_empty_so_nothing_leaks_into_releases() -> None:
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["sidecar"]["config"] == {}
 
 
 def _yaml_key_lines(text: str) -> Iterator[tuple[int, str, int]]:

@@ -132,6 +132,15 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 */}}
 {{- define "dlq-sidecar.checkOwnedKeys" -}}
 {{- $cfg := .values.sidecar.config }}
+{{- /* The keys without which the sidecar cannot start: fail at render time, not in a crash loop. */}}
+{{- $kafkaCfg := get $cfg "kafka" | default dict }}
+{{- $sourceCfg := get $cfg "source" | default dict }}
+{{- if not (and (kindIs "map" $kafkaCfg) (get $kafkaCfg "bootstrap.servers") (get $kafkaCfg "group.id")) }}
+{{- fail "sidecar.config.kafka needs bootstrap.servers and group.id" }}
+{{- end }}
+{{- if not (and (kindIs "map" $sourceCfg) (get $sourceCfg "topics")) }}
+{{- fail "sidecar.config.source.topics is required (the topics to consume)" }}
+{{- end }}
 {{- $owned := dict "api" (list "listen" "allow.non.loopback") "app" (list "url" "unix_socket") }}
 {{- range $section, $keys := $owned }}
 {{- $sub := get $cfg $section }}
