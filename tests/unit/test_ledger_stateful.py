@@ -1,0 +1,345 @@
+"""Hypothesis stateful tests of the ledger's invariants against a small model.
+
+Invariants checked after every step:
+- the committable offset never decreases and is exactly the lowest offset not done;
+- every record becomes done exactly once (unless a truncated state made a redelivery legitimate);
+- a delivery count never exceeds the limit, and without truncation no record is acquired more than
+  ``limit`` times, restarts included;
+- KEY order: one attempt in flight per key, in offset order; PARTITION order: one per partition;
+- after encode -> decode -> new ledger, done records are skipped and counts continue, and a record
+  that is not done is never marked done by the persisted state (offsets near 2**63, gaps, and
+  states too big for their budget included);
+- at the end, with time moving on and every answer an accept, everything drains.
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from sidecar.backoff import RetryPolicy
+from sidecar.commitstate import MAX_OFFSET, CommitState, decode, encode
+from sidecar.ledger import (
+    Ack,
+    ExpiredAttempt,
+    LedgerConfig,
+    Ordering,
+    PartitionLedger,
+    RecordState,
+    UnknownAttempt,
+)
+
+LOCK_MS = 100
+KEYS = [None, b"a", b"b", b"c"]
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    ledger: PartitionLedger
+    config: LedgerConfig
+
+    @initialize(
+        ordering=st.sampled_from(list(Ordering)),
+        start=st.sampled_from([0, 1000, MAX_OFFSET - 400]),
+        limit=st.integers(1, 3),
+        budget=st.sampled_from([64, 96, 4096]),
+        locks=st.sampled_from([1, 2, 5, 40]),
+    )
+    def setup(self, ordering: Ordering, start: int, limit: int, budget: int, locks: int) -> None:
+        self.config = LedgerConfig(
+            delivery_count_limit=limit,
+            lock_duration_ms=LOCK_MS,
+            max_record_locks=locks,
+            max_buffered_records=50,
+            ordering=ordering,
+            retry=RetryPolicy(initial_ms=10, max_ms=40, jitter=0.5),
+            metadata_max_bytes=budget,
+        )
+        self.epoch = 0
+        self.ledger = PartitionLedger("t", 7, start, self.config)
+        self.now = 0
+        self.start = start
+        self.next_offset = start
+        self.keys: dict[int, bytes | None] = {}
+        self.fetched: list[int] = []
+        self.done: set[int] = set()
+        self.count: dict[int, int] = {}
+        self.acquired: dict[int, int] = {}
+        self.live: dict[str, tuple[int, int]] = {}
+        self.retired: list[str] = []
+        self.foreign: list[str] = []
+        self.archiving: set[int] = set()
+        self.last_committable = start
+        self.lossy = False  # a truncated state made redeliveries / count resets legitimate
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def not_done(self) -> list[int]:
+        return [o for o in self.fetched if o not in self.done and o >= self.start]
+
+    def snapshot(self) -> object:
+        return (
+            self.ledger.commit_state(),
+            self.ledger.statistics(),
+            self.ledger.next_deadline_ms(),
+        )
+
+    def mark_done(self, offset: int) -> None:
+        assert offset not in self.done, f"offset {offset} done twice"
+        self.done.add(offset)
+
+    def retire(self, attempt_id: str) -> int:
+        offset, _ = self.live.pop(attempt_id)
+        self.retired.append(attempt_id)
+        return offset
+
+    # -- rules -----------------------------------------------------------------------------------
+
+    @rule(
+        batch=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(KEYS)), min_size=1, max_size=20)
+    )
+    def add(self, batch: list[tuple[int, bytes | None]]) -> None:
+        for gap, key in batch:
+            offset = self.next_offset + gap
+            if offset > MAX_OFFSET:
+                return
+            assert self.ledger.add(offset, key, ("item", offset), self.now)
+            self.keys[offset] = key
+            self.fetched.append(offset)
+            self.next_offset = offset + 1
+
+    @rule(max_n=st.integers(1, 20))
+    def acquire(self, max_n: int) -> None:
+        attempts = self.ledger.acquire(self.now, max_n)
+        assert len(attempts) <= max_n
+        for attempt in attempts:
+            offset = attempt.offset
+            assert offset in self.keys and offset not in self.done
+            assert offset not in self.archiving
+            assert attempt.item == ("item", offset)
+            assert attempt.key == self.keys[offset]
+            assert attempt.lock_deadline_ms == self.now + LOCK_MS
+            self.count[offset] = self.count.get(offset, 0) + 1
+            self.acquired[offset] = self.acquired.get(offset, 0) + 1
+            assert attempt.delivery_count == self.count[offset]
+            assert attempt.delivery_count <= self.config.delivery_count_limit
+            if not self.lossy:
+                assert self.acquired[offset] <= self.config.delivery_count_limit
+            in_flight = {o for o, _ in self.live.values()}
+            assert offset not in in_flight
+            ordering = self.config.ordering
+            key = self.keys[offset]
+            if ordering is Ordering.PARTITION or (ordering is Ordering.KEY and key is not None):
+                same = [
+                    o
+                    for o in self.not_done()
+                    if ordering is Ordering.PARTITION or self.keys[o] == key
+                ]
+                assert not in_flight.intersection(same), "two in flight for one key"
+                earlier = [o for o in same if o < offset]
+                assert not earlier, f"{offset} delivered before {earlier}"
+            self.live[attempt.attempt_id] = (offset, attempt.lock_deadline_ms)
+        assert len(self.live) <= self.config.max_record_locks
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), ack=st.sampled_from(list(Ack)))
+    def answer(self, data: st.DataObject, ack: Ack) -> None:
+        attempt_id = data.draw(st.sampled_from(sorted(self.live)))
+        offset, deadline = self.live[attempt_id]
+        if self.now >= deadline:
+            before = self.snapshot()
+            try:
+                self.ledger.answer(attempt_id, ack, self.now)
+            except ExpiredAttempt:
+                assert self.snapshot() == before
+                return
+            raise AssertionError("an answer after the lock deadline was accepted")
+        result = self.ledger.answer(attempt_id, ack, self.now)
+        assert result.offset == offset
+        assert result.delivery_count == self.count[offset]
+        if ack is Ack.RENEW:
+            assert result.state is RecordState.ACQUIRED
+            self.live[attempt_id] = (offset, self.now + LOCK_MS)
+            return
+        self.retire(attempt_id)
+        if ack is Ack.ACCEPT:
+            assert result.state is RecordState.ACKNOWLEDGED
+            self.mark_done(offset)
+        elif ack is Ack.REJECT or self.count[offset] >= self.config.delivery_count_limit:
+            assert result.state is RecordState.ARCHIVING
+            self.archiving.add(offset)
+        else:
+            assert result.state is RecordState.AVAILABLE
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def not_attempted(self, data: st.DataObject) -> None:
+        attempt_id = data.draw(st.sampled_from(sorted(self.live)))
+        offset, deadline = self.live[attempt_id]
+        if self.now >= deadline:
+            return  # covered by answer(); expire() will count it
+        result = self.ledger.not_attempted(attempt_id, self.now)
+        self.retire(attempt_id)
+        self.count[offset] -= 1
+        self.acquired[offset] -= 1
+        assert result.delivery_count == self.count[offset]
+
+    @precondition(lambda self: self.retired)
+    @rule(data=st.data(), ack=st.sampled_from(list(Ack)))
+    def stale_answer(self, data: st.DataObject, ack: Ack) -> None:
+        attempt_id = data.draw(st.sampled_from(self.retired))
+        before = self.snapshot()
+        try:
+            self.ledger.answer(attempt_id, ack, self.now)
+        except ExpiredAttempt:
+            pass
+        else:
+            raise AssertionError(f"a retired attempt {attempt_id} was answered")
+        assert self.snapshot() == before
+
+    @precondition(lambda self: self.foreign)
+    @rule(data=st.data())
+    def foreign_answer(self, data: st.DataObject) -> None:
+        attempt_id = data.draw(st.sampled_from(self.foreign))
+        before = self.snapshot()
+        try:
+            self.ledger.answer(attempt_id, Ack.ACCEPT, self.now)
+        except UnknownAttempt:
+            pass
+        else:
+            raise AssertionError(f"an attempt {attempt_id} of an old assignment was answered")
+        assert self.snapshot() == before
+
+    @rule(ms=st.integers(0, 150))
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        results = self.ledger.expire(self.now)
+        due = {i for i, (_, deadline) in self.live.items() if deadline <= self.now}
+        assert {r.attempt_id for r in results} == due
+        for result in results:
+            offset = self.retire(result.attempt_id)
+            if self.count[offset] >= self.config.delivery_count_limit:
+                assert result.state is RecordState.ARCHIVING
+                self.archiving.add(offset)
+            else:
+                assert result.state is RecordState.AVAILABLE
+                assert result.retry_at_ms is not None and result.retry_at_ms > self.now
+        deadline = self.ledger.next_deadline_ms()
+        if self.live:
+            # Expired locks are gone; the next wake-up is no later than the next lock expiry.
+            assert deadline is not None
+            assert deadline <= min(d for _, d in self.live.values())
+            assert min(d for _, d in self.live.values()) > self.now
+
+    @rule(data=st.data())
+    def archive(self, data: st.DataObject) -> None:
+        for request in self.ledger.to_archive():
+            offset = request.offset
+            limit = self.config.delivery_count_limit
+            assert offset in self.archiving or self.count.get(offset, 0) >= limit
+            assert offset not in self.done
+            assert request.delivery_count == self.count.get(offset, 0)
+            if data.draw(st.booleans()):
+                self.ledger.dlq_written(offset)
+                self.archiving.discard(offset)
+                self.mark_done(offset)
+            else:
+                self.ledger.dlq_failed(offset)
+                self.archiving.add(offset)
+
+    @rule(squeeze=st.sampled_from([None, None, 20, 28, 40]))
+    def restart(self, squeeze: int | None) -> None:
+        """Commit, lose the process (or the partition), and start again from the metadata.
+
+        ``squeeze`` encodes with a smaller budget than configured: a state that does not fit."""
+        metadata = self.ledger.encode_metadata()
+        assert len(metadata) <= self.config.metadata_max_bytes
+        if squeeze is not None:
+            metadata = encode(self.ledger.commit_state(), squeeze) or ""
+        committed = self.ledger.committable_offset()
+        full = self.ledger.revoke()
+        assert full.base_offset == committed
+        restored = decode(metadata) if metadata else None
+        if restored is None:
+            restored = CommitState(committed)
+        assert restored.base_offset == committed
+        not_done = set(self.not_done())
+        for offset in not_done:
+            # Safety: a record that is not done must never be persisted as done.
+            assert not restored.is_done(offset), f"{offset} persisted as done"
+        if restored != full:
+            self.lossy = True
+        else:
+            for offset in self.fetched:
+                if offset >= committed and offset in self.done:
+                    assert restored.is_done(offset)
+            for offset in not_done:
+                assert restored.count(offset) == self.count.get(offset, 0)
+        for attempt_id in list(self.live):
+            self.retire(attempt_id)
+        # Ids of the old assignment are unknown to the new one (the epoch differs).
+        self.foreign = self.retired
+        self.retired = []
+        self.archiving.clear()
+        self.epoch += 1
+        self.ledger = PartitionLedger("t", 7, committed, self.config, restored, epoch=self.epoch)
+        self.start = committed
+        self.last_committable = committed
+        for offset in self.fetched:
+            if offset < committed:
+                continue
+            if offset not in not_done and not restored.is_done(offset):
+                self.done.discard(offset)  # dropped by truncation: it will be redelivered
+            added = self.ledger.add(offset, self.keys[offset], ("item", offset), self.now)
+            assert added == (not restored.is_done(offset))
+            if added:
+                self.count[offset] = restored.count(offset)
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def committable_is_the_lowest_not_done(self) -> None:
+        committable = self.ledger.committable_offset()
+        assert committable >= self.last_committable, "committable offset went back"
+        self.last_committable = committable
+        not_done = self.not_done()
+        if not_done:
+            assert committable == min(not_done)
+        else:
+            assert committable >= self.next_offset or committable >= self.start
+
+    @invariant()
+    def counters_match(self) -> None:
+        stats = self.ledger.statistics()
+        assert stats.in_flight == len(self.live)
+        assert stats.buffered == len(self.not_done())
+        assert stats.available >= 0
+
+    def teardown(self) -> None:
+        # Liveness: time moves on, every attempt is accepted, every DLQ write succeeds.
+        for _ in range(10 * len(self.fetched) + 20):
+            for attempt_id in list(self.live):
+                offset = self.retire(attempt_id)
+                self.ledger.answer(attempt_id, Ack.ACCEPT, self.now)
+                self.mark_done(offset)
+            for request in self.ledger.to_archive():
+                self.ledger.dlq_written(request.offset)
+                self.mark_done(request.offset)
+            if self.ledger.is_idle:
+                break
+            self.now += 100
+            for attempt in self.ledger.acquire(self.now, 100):
+                self.live[attempt.attempt_id] = (attempt.offset, attempt.lock_deadline_ms)
+        assert self.ledger.is_idle, self.ledger.statistics()
+        assert self.ledger.committable_offset() >= self.next_offset
+        assert not self.not_done()
+
+
+LedgerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_ledger_machine = LedgerMachine.TestCase
