@@ -772,6 +772,51 @@ def test_service_account(helm: str) -> None:
     assert pod_spec(mtls)["serviceAccountName"] == "default"
 
 
+NOTES_PROBE = """\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes
+data:
+  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}
+"""
+
+
+def render_notes(helm: str, tmp_path: Path, values: Path) -> str:
+    """NOTES.txt as `helm install` would print it. `helm template` skips NOTES.txt and a client
+    dry-run refuses our kubeVersion, so a copy of the chart renders it into a ConfigMap."""
+    chart = tmp_path / "chart"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.txt")
+        (chart / "templates" / "notes-probe.yaml").write_text(NOTES_PROBE)
+    proc = run_helm(
+        helm,
+        *["template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(values)],
+        *["--kube-version", KUBE_VERSIONS[0], "--show-only", "templates/notes-probe.yaml"],
+    )
+    assert proc.returncode == 0, proc.stderr
+    notes: str = yaml.safe_load(proc.stdout)["data"]["notes"]
+    return notes
+
+
+def test_notes_render_for_every_variant(helm: str, variant: Path, tmp_path: Path) -> None:
+    notes = render_notes(helm, tmp_path, variant)
+    grace = pod_spec(render(helm, variant))["terminationGracePeriodSeconds"]
+    assert f"Pod termination grace period: {grace}s" in notes
+    app = sidecar_config(render(helm, variant))["app"]
+    if "unix_socket" in app:
+        assert app["unix_socket"] in notes
+    else:
+        assert f"POST {app['url']}" in notes
+
+
+def test_notes_warn_about_an_unguarded_api(helm: str, tmp_path: Path) -> None:
+    assert "WARNING" in render_notes(helm, tmp_path, ci_file("unix-socket"))
+    assert "WARNING" not in render_notes(helm, tmp_path, ci_file("tcp"))  # NetworkPolicy on
+    assert "WARNING" not in render_notes(helm, tmp_path, ci_file("sasl"))  # loopback API
+
+
 # --- named templates for teams with their own charts ---------------------------------------------
 
 
