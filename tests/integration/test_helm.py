@@ -400,6 +400,14 @@ def test_keys_owned_by_the_chart_are_refused_in_free_form_config(helm: str) -> N
     assert config["app"]["url"] == "http://127.0.0.1:8080/records"
 
 
+def test_api_port_must_not_clash_with_an_app_port(helm: str) -> None:
+    tcp = ci_file("tcp")
+    assert "also an app port" in render_error(helm, tcp, sets=("app.port=8787",))
+    assert "also an app port" in render_error(helm, tcp, sets=("sidecar.api.port=8081",))
+    # A Unix-socket app has no push port to clash with.
+    render(helm, ci_file("unix-socket"), sets=("app.port=8787",))
+
+
 def test_large_integers_render_as_integers(helm: str) -> None:
     sets = (r"sidecar.config.errors\.deadletterqueue\.produce\.retries\.timeout\.ms=86400000",)
     config = sidecar_config(render(helm, ci_file("tcp"), sets=sets))

@@ -141,6 +141,18 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- if not (and (kindIs "map" $sourceCfg) (get $sourceCfg "topics")) }}
 {{- fail "sidecar.config.source.topics is required (the topics to consume)" }}
 {{- end }}
+{{- /* Containers of a pod share one network namespace: the API port must be free in the app. */}}
+{{- $apiPort := int64 .values.sidecar.api.port }}
+{{- $appPorts := list }}
+{{- if eq .values.app.transport "tcp" }}
+{{- $appPorts = append $appPorts (int64 .values.app.port) }}
+{{- end }}
+{{- range .values.app.ports }}
+{{- $appPorts = append $appPorts (int64 .containerPort) }}
+{{- end }}
+{{- if has $apiPort $appPorts }}
+{{- fail (printf "sidecar.api.port %d is also an app port: the containers share the pod's network namespace" $apiPort) }}
+{{- end }}
 {{- $owned := dict "api" (list "listen" "allow.non.loopback") "app" (list "url" "unix_socket") }}
 {{- range $section, $keys := $owned }}
 {{- $sub := get $cfg $section }}
