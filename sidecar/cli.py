@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file without connecting")
     check.add_argument("-c", "--config", required=True, help="path to the YAML config file")
     check.add_argument("--print", action="store_true", help="print the effective config as JSON")
+
+    from sidecar.demo import add_demo_parser
+
+    add_demo_parser(sub)
     return parser
 
 
@@ -92,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_run(args.config)
     if args.command == "check-config":
         return cmd_check_config(args.config, args.print)
+    if args.command == "demo":
+        from sidecar.demo import cmd_demo
+
+        return cmd_demo(args)
     parser.error(f"unknown command {args.command}")
     return EXIT_CONFIG
 

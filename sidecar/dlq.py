@@ -196,6 +196,9 @@ def producer_properties(
             # A write that cannot be confirmed within this time is reported to us and retried by us,
             # so the partition stays paused and nothing is committed past the record meanwhile.
             "message.timeout.ms": 30000,
+            # A deleted DLQ topic must surface in seconds (and stop the sidecar when auto-create
+            # is off), not after librdkafka's default 30 s of waiting for metadata.
+            "topic.metadata.propagation.max.ms": 5000,
         }
     )
     if transactional_id:
@@ -227,6 +230,7 @@ class DlqWriter:
         self.topic_replication_factor = topic_replication_factor
         self._producer: Producer | None = None
         self._partitions: dict[str, int] = {}
+        self._max_bytes: dict[str, int | None] = {}
         self._token: trio.lowlevel.TrioToken | None = None
         self._polling = False
         self.written = 0
@@ -269,7 +273,18 @@ class DlqWriter:
                     )
                 time.sleep(0.1)
         self._partitions.update(out)
+        for topic in out:
+            self._max_bytes[topic] = self._topic_max_message_bytes(admin, topic)
         return out
+
+    def _topic_max_message_bytes(self, admin: AdminClient, topic: str) -> int | None:
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            configs = admin.describe_configs([res])[res].result(timeout=15)
+            entry = configs.get("max.message.bytes")
+            return int(entry.value) if entry is not None and entry.value else None
+        except (KafkaException, ValueError, TypeError):
+            return None  # not allowed to describe: learn it from a MSG_SIZE_TOO_LARGE instead
 
     def _create_topic(self, admin: AdminClient, topic: str) -> None:
         attempts: list[dict[str, str]] = [{TOPIC_CONFIG_GROUP_DLQ: "true"}, {}]
@@ -331,6 +346,7 @@ class DlqWriter:
         started = time.monotonic()
         delay_s = 0.2
         drop_reason: str | None = None
+        too_large_seen = 0
         while True:
             if dlq_topic not in self._partitions:
                 await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
@@ -342,6 +358,13 @@ class DlqWriter:
                 self.stacktrace_max_bytes,
                 drop_copy_reason=drop_reason,
             )
+            limit = self._max_bytes.get(dlq_topic)
+            if drop_reason is None and limit is not None and _estimated_size(record) > limit:
+                drop_reason = (
+                    f"record too large for DLQ topic {dlq_topic} (about {_estimated_size(record)} bytes, "
+                    f"max.message.bytes={limit}); written with the error context headers only"
+                )
+                continue
             err = await self._produce(record)
             if err is None:
                 self.written += 1
@@ -351,6 +374,11 @@ class DlqWriter:
             self.failed += 1
             code = err.code()
             if code == KafkaError.MSG_SIZE_TOO_LARGE and drop_reason is None:
+                too_large_seen += 1
+                if too_large_seen == 1 and limit is not None:
+                    # The broker checks whole batches: a small record batched with a large one is
+                    # rejected with it. It fits on its own, so write it again unchanged.
+                    continue
                 drop_reason = (
                     f"record too large for DLQ topic {dlq_topic} ({err.str()}); "
                     "written with the error context headers only"
@@ -431,6 +459,14 @@ class DlqWriter:
                 )
         await pending.done.wait()
         return pending.error
+
+
+def _estimated_size(record: DlqRecord) -> int:
+    """Bytes the record takes in a batch of its own, generously rounded up (batch + record overhead)."""
+    size = 61 + 21 + len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += 10 + len(name.encode()) + len(value or b"")
+    return size
 
 
 _RETRIABLE_CODES = {

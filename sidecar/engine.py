@@ -154,6 +154,11 @@ class Engine:
         self._nursery: trio.Nursery | None = None
         self._archiving_offsets: set[tuple[str, int, int]] = set()
         self.dlq_ready = not config.errors.dlq.enabled
+        self._sending = 0  # attempts handed to workers and not yet answered over HTTP
+        self._send_capacity = app.max_in_flight * (
+            app.batch_max_records if app.mode == AppMode.BATCH else 1
+        )
+        self._rr = 0
         self.stop_event = trio.Event()
         self.drain_cancel = trio.CancelScope()
 
@@ -301,8 +306,19 @@ class Engine:
                     self._on_expired(slot, expired)
             acquired: list[tuple[_Slot, Any]] = []
             if self.app_reachable and not self.draining and self.dlq_ready:
-                budget = max_total - self.total_in_flight()
-                for slot in list(self.slots.values()):
+                # Acquire no more than the workers can send right away: an acquired record's
+                # attempt is counted (and persisted) before it is sent, so one that waited in a
+                # queue while the process crashed would be charged an attempt it never had.
+                budget = min(
+                    max_total - len(self._deliveries),
+                    self._send_capacity - self._sending,
+                )
+                slots = list(self.slots.values())
+                if slots:
+                    # Rotate the starting partition so a busy one cannot starve the others.
+                    self._rr = (self._rr + 1) % len(slots)
+                    slots = slots[self._rr :] + slots[: self._rr]
+                for slot in slots:
                     if budget <= 0:
                         break
                     got = slot.ledger.acquire(now, budget)
@@ -343,6 +359,7 @@ class Engine:
             delivery_id = attempt.attempt_id  # unique per assignment epoch (the ledger adds it)
             self._deliveries[delivery_id] = (slot, attempt.attempt_id)
             self.counters.attempts += 1
+            self._sending += 1
             self._work_send.send_nowait((slot, attempt, delivery_id))
 
     def _on_expired(self, slot: _Slot, expired: L.AnswerResult) -> None:
@@ -358,7 +375,11 @@ class Engine:
         while True:
             item = await self._work_recv.receive()
             if not batch:
-                await self._deliver_one(item, timeout_s)
+                try:
+                    await self._deliver_one(item, timeout_s)
+                finally:
+                    self._sending -= 1
+                    self.kick()
                 continue
             items = [item]
             if self.config.app.batch_linger_ms > 0:
@@ -371,7 +392,11 @@ class Engine:
                         items.append(self._work_recv.receive_nowait())
                     except trio.WouldBlock:
                         break
-            await self._deliver_batch(items, timeout_s)
+            try:
+                await self._deliver_batch(items, timeout_s)
+            finally:
+                self._sending -= len(items)
+                self.kick()
 
     def _record_view(self, attempt: Any, delivery_id: str) -> RecordView:
         msg = cast(Message, attempt.item)

@@ -129,6 +129,7 @@ def write_config(
     api_listen: str | None = None,
     extra: dict[str, Any] | None = None,
     app_extra: dict[str, Any] | None = None,
+    kafka_extra: dict[str, Any] | None = None,
 ) -> Path:
     cfg: dict[str, Any] = {
         "kafka": {
@@ -285,7 +286,7 @@ def _http_post_raw(
 async def sidecar(config_path: Path, *, wait_api: bool = True) -> AsyncIterator[Sidecar]:
     cfg = yaml.safe_load(config_path.read_text())
     log_path = config_path.with_suffix(".log")
-    log_file = open(log_path, "wb")  # noqa: SIM115 - closed below, after the process ends
+    log_file = open(log_path, "ab")  # noqa: SIM115 - closed below, after the process ends
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "sidecar", "run", "-c", str(config_path)],

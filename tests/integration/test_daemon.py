@@ -61,7 +61,11 @@ async def test_accept_all_5000_over_three_partitions(
     last: dict[tuple[int, bytes | None], int] = {}
     for d in app.deliveries:
         k = (d.partition, d.key)
-        assert d.offset > last.get(k, -1)
+        assert d.offset > last.get(k, -1), [
+            (x.offset, x.delivery_count, x.delivery_id, round(x.received_at, 3))
+            for x in app.deliveries
+            if (x.partition, x.key) == k
+        ]
         last[k] = d.offset
     assert all(d.delivery_count == 1 for d in app.deliveries)
     assert not broker.topic_exists(f"dlq.{topic}") or broker.count_records(f"dlq.{topic}") == 0

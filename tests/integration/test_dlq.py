@@ -1,0 +1,446 @@
+"""DLQ records exactly as KIP-1191 defines them, and failure handling that never loses or loops (real broker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from sidecar.httpserver import Response, json_response
+from tests.harness import (
+    Delivery,
+    RecordingApp,
+    free_port,
+    running_app,
+    sidecar,
+    wait_until,
+    write_config,
+)
+from tests.kafkatools import Broker, Rec
+
+
+async def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+async def _wait_thread(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    with trio.move_on_after(timeout_s):
+        while not await trio.to_thread.run_sync(predicate):
+            await trio.sleep(0.2)
+        return
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _by_value(d: Delivery) -> Response:
+    kind = (d.value or b"").split(b":")[0]
+    if kind == b"reject":
+        return json_response(
+            {
+                "ack": "reject",
+                "error": {
+                    "class": "com.example.Invalid",
+                    "message": f"bad order {d.offset}",
+                    "stacktrace": "at line 1",
+                },
+            }
+        )
+    if kind == b"release":
+        return json_response(
+            {"ack": "release", "error": {"class": "com.example.Flaky", "message": "try later"}}
+        )
+    return Response(200)
+
+
+def _headers(rec: Rec) -> dict[str, list[bytes | None]]:
+    out: dict[str, list[bytes | None]] = {}
+    for k, v in rec.headers:
+        out.setdefault(k, []).append(v)
+    return out
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copy", "headers-only"])
+async def test_dlq_holds_exactly_rejected_and_released_to_limit(
+    broker: Broker, unique: str, tmp_path: Path, copy: bool
+) -> None:
+    n = 3000 if copy else 600
+    limit = 3
+    topic = broker.create_topic(f"src-{unique}", partitions=3)
+    group = f"g-{unique}"
+    dlq = f"dlq.{topic}"
+    kinds = ["accept", "reject", "release"]
+    recs = []
+    for i in range(n):
+        kind = kinds[i % 3]
+        value: bytes | None = f"{kind}:{i}".encode()
+        key: bytes | None = f"k{i % 97}".encode()
+        if i % 30 == 1:
+            key = None
+        headers: tuple[tuple[str, bytes | None], ...] = (
+            ("seq", str(i).encode()),
+            ("bin", b"\xff\x00"),
+            ("rep", b"a"),
+            ("rep", b"b"),
+        )
+        if i % 30 == 4:
+            # Same-named as a context header: must be overwritten, not duplicated.
+            headers = (*headers, ("__dlq.errors.topic", b"spoofed"))
+        recs.append(Rec(key=key, value=value, headers=headers, partition=i % 3))
+    app = RecordingApp(policy=_by_value)
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={
+                "share.delivery.count.limit": limit,
+                "errors.deadletterqueue.copy.record.enable": copy,
+                "errors.retry.delay.initial.ms": 10,
+                "errors.retry.delay.max.ms": 20,
+            },
+        )
+        await _in_thread(broker.produce, topic, recs)
+        async with sidecar(cfg) as sc:
+            expected_dlq = sum(1 for i in range(n) if i % 3 != 0)
+            await _wait_thread(
+                lambda: broker.count_records(dlq) >= expected_dlq,
+                180,
+                f"{expected_dlq} DLQ records",
+            )
+            ends = broker.end_offsets(topic, [0, 1, 2])
+            await _wait_thread(
+                lambda: all(
+                    broker.committed(group, topic, [0, 1, 2])[p][0] == ends[p] for p in range(3)
+                ),
+                30,
+                "commits at the end",
+            )
+            st = await sc.status()
+            assert await sc.stop() == 0
+
+    dlq_recs = broker.read_topic(dlq, expected_dlq, timeout_s=60)
+    assert len(dlq_recs) == expected_dlq  # exactly once each
+    assert broker.count_records(dlq) == expected_dlq
+    seen_offsets: set[tuple[int, int]] = set()
+    by_seq = {int(dict(r.headers)["seq"] or b"-1"): r for r in recs}  # type: ignore[arg-type]
+    for d in dlq_recs:
+        h = _headers(d)
+        src_p = int(h["__dlq.errors.partition"][0] or b"")
+        src_o = int(h["__dlq.errors.offset"][0] or b"")
+        assert (src_p, src_o) not in seen_offsets
+        seen_offsets.add((src_p, src_o))
+        assert h["__dlq.errors.topic"] == [
+            topic.encode()
+        ]  # the spoofed original header was overwritten
+        assert h["__dlq.errors.group"] == [group.encode()]
+        # One partition in the DLQ topic: everything goes to partition 0 (source partition mod 1).
+        assert d.partition == 0
+        seq_val = d.value if copy else None
+        if copy:
+            seq = int(h["seq"][0] or b"")
+            orig = by_seq[seq]
+            assert d.key == orig.key
+            assert d.value == orig.value
+            assert h["bin"] == [b"\xff\x00"]
+            assert h["rep"] == [b"a", b"b"]
+            kind = (orig.value or b"").split(b":")[0]
+        else:
+            assert d.key is None and d.value is None and "seq" not in h
+            kind = (
+                b"reject"
+                if h["__dlq.errors.message"] == [b"Offset rejected by client."]
+                else b"release"
+            )
+        del seq_val
+        if kind == b"reject":
+            assert h["__dlq.errors.message"] == [b"Offset rejected by client."]
+            assert h["__dlq.errors.delivery.count"] == [b"1"]
+            assert h["__dlq.errors.exception.class.name"] == [b"com.example.Invalid"]
+            assert h["__dlq.errors.exception.message"] == [f"bad order {src_o}".encode()]
+            assert h["__dlq.errors.exception.stacktrace"] == [b"at line 1"]
+        else:
+            assert kind == b"release"
+            assert h["__dlq.errors.message"] == [b"Offset delivery count exceeded the threshold."]
+            assert h["__dlq.errors.delivery.count"] == [str(limit).encode()]
+            assert h["__dlq.errors.exception.class.name"] == [b"com.example.Flaky"]
+
+    # The app saw: accepted records once, rejected once, released exactly `limit` times; none accepted twice.
+    counts: dict[tuple[int, int], int] = {}
+    for dv in app.deliveries:
+        counts[(dv.partition, dv.offset)] = counts.get((dv.partition, dv.offset), 0) + 1
+    kinds_by_coord = {
+        (dv.partition, dv.offset): (dv.value or b"").split(b":")[0] for dv in app.deliveries
+    }
+    assert len(counts) == n
+    for coord, c in counts.items():
+        kind = kinds_by_coord[coord]
+        assert c == {b"accept": 1, b"reject": 1, b"release": limit}[kind], (coord, kind, c)
+        assert (coord in seen_offsets) == (kind != b"accept")
+    assert st["counters"]["dlq_written"] == expected_dlq
+
+
+async def test_topic_placeholder_and_partition_rule(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    a = broker.create_topic(f"a-{unique}", partitions=3)
+    b = broker.create_topic(f"b-{unique}", partitions=3)
+    group = f"g-{unique}"
+    app = RecordingApp(policy=lambda d: Response(400))  # 400 = reject
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[a, b],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={
+                "errors.deadletterqueue.topic.name": "dlq.{topic}",
+                "errors.deadletterqueue.topic.partitions": 2,
+            },
+        )
+        for t in (a, b):
+            await _in_thread(
+                broker.produce,
+                t,
+                [
+                    Rec(key=None, value=f"{t}-{p}".encode(), partition=p)
+                    for p in range(3)
+                    for _ in range(4)
+                ],
+            )
+        async with sidecar(cfg):
+            await _wait_thread(
+                lambda: (
+                    broker.count_records(f"dlq.{a}") >= 12
+                    and broker.count_records(f"dlq.{b}") >= 12
+                ),
+                60,
+                "DLQ records",
+            )
+    for t in (a, b):
+        got = broker.read_topic(f"dlq.{t}", 12)
+        assert len(got) == 12
+        for r in got:
+            h = _headers(r)
+            assert h["__dlq.errors.topic"] == [t.encode()]
+            src_p = int(h["__dlq.errors.partition"][0] or b"")
+            assert r.partition == src_p % 2  # source partition modulo the DLQ partition count
+            assert h["__dlq.errors.exception.class.name"] == [b"sidecar.HttpStatus400"]
+
+
+async def test_record_too_large_for_dlq_is_written_headers_only(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    topic = broker.create_topic(f"src-{unique}", partitions=1)
+    dlq = broker.create_topic(f"dlq.{topic}", partitions=1, config={"max.message.bytes": "2048"})
+    group = f"g-{unique}"
+    app = RecordingApp(policy=lambda d: Response(422))
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={
+                "errors.deadletterqueue.copy.record.enable": True,
+                "errors.deadletterqueue.auto.create.enable": False,
+            },
+        )
+        big = os.urandom(20000)
+        await _in_thread(
+            broker.produce, topic, [Rec(key=b"k", value=big), Rec(key=b"k2", value=b"small")]
+        )
+        async with sidecar(cfg) as sc:
+            await _wait_thread(lambda: broker.count_records(dlq) >= 2, 60, "2 DLQ records")
+            await _wait_thread(
+                lambda: broker.committed(group, topic, [0])[0][0] == 2, 30, "commit past both"
+            )
+            assert await sc.stop() == 0
+    got = sorted(
+        broker.read_topic(dlq, 2), key=lambda r: int(_headers(r)["__dlq.errors.offset"][0] or b"")
+    )
+    big_h = _headers(got[0])
+    assert got[0].value is None and got[0].key is None
+    assert b"too large" in (big_h["__dlq.errors.copy.dropped"][0] or b"")
+    assert big_h["__dlq.errors.offset"] == [b"0"]
+    assert got[1].value == b"small" and "__dlq.errors.copy.dropped" not in _headers(got[1])
+
+
+async def test_dlq_deleted_at_runtime_stops_sidecar_without_committing(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    topic = broker.create_topic(f"src-{unique}", partitions=1)
+    dlq = broker.create_topic(f"dlq.{topic}", partitions=1)
+    group = f"g-{unique}"
+    app = RecordingApp(policy=lambda d: Response(200) if d.value == b"ok" else Response(400))
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={"errors.deadletterqueue.auto.create.enable": False},
+        )
+        await _in_thread(
+            broker.produce, topic, [Rec(key=None, value=b"ok"), Rec(key=None, value=b"ok")]
+        )
+        async with sidecar(cfg) as sc:
+            await _wait_thread(
+                lambda: broker.committed(group, topic, [0])[0][0] == 2, 60, "first two committed"
+            )
+            await _in_thread(broker.delete_topic, dlq)
+            await _wait_thread(lambda: not broker.topic_exists(dlq), 30, "DLQ topic gone")
+            await _in_thread(
+                broker.produce, topic, [Rec(key=None, value=b"poison"), Rec(key=None, value=b"ok")]
+            )
+            code = await sc.wait_exit(90)
+            assert code == 1
+            assert "does not exist" in sc.log_text()
+        assert (
+            broker.committed(group, topic, [0])[0][0] == 2
+        )  # not past the unwritten record at offset 2
+
+        broker.create_topic(dlq, partitions=1)
+        async with sidecar(cfg) as sc2:
+            await _wait_thread(
+                lambda: broker.count_records(dlq) >= 1,
+                60,
+                "the record reaches the DLQ after restart",
+            )
+            await _wait_thread(
+                lambda: broker.committed(group, topic, [0])[0][0] == 4, 30, "commit past it"
+            )
+            assert await sc2.stop() == 0
+    got = broker.read_topic(dlq, 1)
+    assert _headers(got[0])["__dlq.errors.offset"] == [b"2"]
+
+
+async def test_tolerance_none_stops_at_first_archived_record(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    topic = broker.create_topic(f"src-{unique}", partitions=1)
+    group = f"g-{unique}"
+    app = RecordingApp(policy=lambda d: Response(200) if d.value != b"poison" else Response(400))
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={"errors.tolerance": "none"},
+            app_extra={"max.in.flight": 1},
+        )
+        await _in_thread(
+            broker.produce, topic, [Rec(key=None, value=v) for v in (b"a", b"b", b"poison", b"c")]
+        )
+        async with sidecar(cfg) as sc:
+            assert await sc.wait_exit(60) == 1
+            assert "errors.tolerance is none" in sc.log_text()
+    committed = broker.committed(group, topic, [0])[0][0]
+    assert committed <= 2  # never past the archived record at offset 2
+    assert not broker.topic_exists(f"dlq.{topic}") or broker.count_records(f"dlq.{topic}") == 0
+
+
+async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """The app kills the sidecar (SIGKILL) whenever it sees the poison record: no crash loop."""
+    topic = broker.create_topic(f"src-{unique}", partitions=1)
+    group = f"g-{unique}"
+    limit = 3
+    current: dict[str, int] = {}
+
+    def policy(d: Delivery) -> Response:
+        if d.value == b"kill":
+            os.kill(current["pid"], signal.SIGKILL)
+        return Response(200)
+
+    app = RecordingApp(policy=policy)
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={"share.delivery.count.limit": limit},
+            app_extra={"max.in.flight": 1},
+        )
+        await _in_thread(
+            broker.produce, topic, [Rec(key=None, value=v) for v in (b"a", b"kill", b"b")]
+        )
+        restarts = 0
+        dlq = f"dlq.{topic}"
+
+        def done() -> bool:
+            return broker.count_records(dlq) >= 1 and broker.committed(group, topic, [0])[0][0] == 3
+
+        for _ in range(limit + 3):
+            async with sidecar(cfg) as sc:
+                current["pid"] = sc.proc.pid
+                finished = False
+                with trio.move_on_after(90):
+                    while sc.proc.returncode is None:
+                        if await _in_thread(done):
+                            finished = True
+                            break
+                        await trio.sleep(0.2)
+                if finished:
+                    assert await sc.stop() == 0
+                    break
+                assert sc.proc.returncode == -signal.SIGKILL, sc.log_text()[-2000:]
+                restarts += 1
+        else:
+            raise AssertionError("the poison record kept killing the sidecar")
+    kills = [d for d in app.deliveries if d.value == b"kill"]
+    assert (
+        len(kills) == limit
+    )  # bounded: exactly `limit` attempts, each one counted before it was sent
+    assert restarts == limit
+    got = broker.read_topic(f"dlq.{topic}", 1)
+    assert len(got) == 1
+    h = _headers(got[0])
+    assert h["__dlq.errors.offset"] == [b"1"]
+    assert h["__dlq.errors.message"] == [b"Offset delivery count exceeded the threshold."]
+    assert h["__dlq.errors.delivery.count"] == [str(limit).encode()]
+    assert [d.value for d in app.deliveries if d.value != b"kill"].count(b"b") >= 1
+
+
+def test_forbidden_dlq_names_are_config_errors(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for name, why in (("__x", "__"), ("wrong.{topic}", "prefix"), ("dlq.src", "source")):
+        cfg = write_config(
+            tmp_path / "bad.yaml",
+            bootstrap="127.0.0.1:1",
+            group="g",
+            topics=["dlq.src"] if why == "source" else ["src"],
+            app_url="http://127.0.0.1:1/",
+            extra={
+                "errors.deadletterqueue.topic.name": name,
+                "errors.deadletterqueue.topic.name.prefix": "" if why != "prefix" else "dlq.",
+            },
+        )
+        res = subprocess.run(
+            [sys.executable, "-m", "sidecar", "run", "-c", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert res.returncode == 2, (name, res.stderr)
+        assert "errors.deadletterqueue.topic.name" in res.stderr, res.stderr
