@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -17,7 +16,6 @@ from tests.harness import (
     free_port,
     running_app,
     sidecar,
-    wait_until,
     write_config,
 )
 from tests.kafkatools import Broker, Rec
@@ -439,6 +437,7 @@ def test_forbidden_dlq_names_are_config_errors(tmp_path: Path) -> None:
         res = subprocess.run(
             [sys.executable, "-m", "sidecar", "run", "-c", str(cfg)],
             capture_output=True,
+            check=False,
             text=True,
             timeout=30,
         )
