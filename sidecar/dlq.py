@@ -37,6 +37,10 @@ H_MESSAGE = "__dlq.errors.message"
 # Ours, in the same namespace: set when the copy of the original record had to be dropped.
 H_COPY_DROPPED = "__dlq.errors.copy.dropped"
 DLQ_HEADER_PREFIX = "__dlq."
+# Markers `dlq-sidecar dlq replay` puts on a replayed record (sidecar/dlqtool.py). They are the record's
+# replay history: a DLQ record must keep them even when the original headers are not copied, so a record
+# that fails again after a replay is recognisable and never replayed in a loop.
+REPLAY_HEADER_PREFIX = "__dlq.replay."
 
 CAUSE_REJECTED = "Offset rejected by client."
 CAUSE_DELIVERY_COUNT = "Offset delivery count exceeded the threshold."
@@ -126,6 +130,13 @@ def build_dlq_record(
     if copy:
         # Original headers first, in order; same-named context headers overwrite (drop) them.
         headers.extend((n, v) for n, v in failed.headers if n not in overridden)
+    else:
+        # Headers only: still carry the replay history (see REPLAY_HEADER_PREFIX).
+        headers.extend(
+            (n, v)
+            for n, v in failed.headers
+            if n.startswith(REPLAY_HEADER_PREFIX) and n not in overridden
+        )
     headers.extend(app_headers)
     headers.extend(context)
 
