@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 
 import trio
 
@@ -21,6 +22,7 @@ from sidecar.dlq import DlqStartupError
 from sidecar.engine import Engine
 from sidecar.httpserver import serve_http
 from sidecar.source import SourceError
+from sidecar.tracing import Tracing
 
 log = logging.getLogger("sidecar.daemon")
 
@@ -28,8 +30,21 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 
 
-async def run_sidecar(config: Config, *, write_ahead: bool = True) -> int:
-    engine = Engine(config, write_ahead=write_ahead)
+async def run_sidecar(
+    config: Config,
+    *,
+    write_ahead: bool = True,
+    tracing: Tracing | None = None,
+    on_engine: Callable[[Engine], None] | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT or a fatal error; returns the exit code.
+
+    `tracing` and `on_engine` let an in-process caller (tests) bring its own span processor and get
+    hold of the engine (e.g. to call `request_stop()` instead of sending a signal).
+    """
+    engine = Engine(config, write_ahead=write_ahead, tracing=tracing)
+    if on_engine is not None:
+        on_engine(engine)
     if config.errors.dlq.enabled:
         dlq_topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
         try:
@@ -103,6 +118,7 @@ async def run_sidecar(config: Config, *, write_ahead: bool = True) -> int:
                 await engine.source.close()
             nursery.cancel_scope.cancel()
     await engine.app.aclose()
+    await trio.to_thread.run_sync(engine.tracing.shutdown)
     if engine.failure:
         log.error("dlq-sidecar stopped: %s", engine.failure)
         return EXIT_FAILURE

@@ -18,16 +18,18 @@ Invariants kept here (the ledger keeps the rest):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import trio
 from confluent_kafka import Message
+from opentelemetry import trace
 
 from sidecar import ledger as L
 from sidecar.appclient import AppClient, AppNotReachable, AppTarget
@@ -36,6 +38,7 @@ from sidecar.commitstate import decode as decode_state
 from sidecar.config import AppMode, Config, ErrorsTolerance
 from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, DlqWriter, FailedRecord
 from sidecar.source import AssignedPartition, KafkaSource, OffsetToCommit
+from sidecar.tracing import AttemptContext, Tracing
 from sidecar.wire import AckItem, Answer, RecordView
 
 log = logging.getLogger("sidecar.engine")
@@ -71,8 +74,11 @@ class Counters:
     commits: int = 0
     commit_failures: int = 0
     rebalances: int = 0
+    metadata_pauses: int = 0
 
-    def bump(self, table: dict[str, int], key: str, n: int = 1) -> None:
+    by_topic: dict[tuple[str, str], int] = field(default_factory=dict)  # (topic, outcome) -> count
+
+    def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
 
@@ -90,8 +96,19 @@ class _Slot:
 class Engine:
     """Everything between the Kafka source and the app. One per sidecar process."""
 
-    def __init__(self, config: Config, *, write_ahead: bool = True) -> None:
+    def __init__(
+        self, config: Config, *, write_ahead: bool = True, tracing: Tracing | None = None
+    ) -> None:
         self.config = config
+        self.tracing = tracing or Tracing(
+            config.tracing.service_name, config.group_id, config.tracing.exporter.value
+        )
+        # Last attempt span of records that may still be archived: the DLQ span links to it.
+        self._attempt_spans: dict[tuple[str, int, int], trace.SpanContext] = {}
+        # App request latencies (seconds) since the last scrape; the metrics module drains it.
+        # Latency observers (seconds); the metrics module plugs Prometheus histograms in.
+        self.observe_app_latency: Callable[[float], None] = _ignore
+        self.observe_dlq_latency: Callable[[float], None] = _ignore
         self.write_ahead = write_ahead
         d = config.delivery
         self.ledger_config = L.LedgerConfig(
@@ -284,6 +301,16 @@ class Engine:
                     to_pause.append(key)
             elif not paused and slot.ledger.should_pause():
                 to_pause.append(key)
+                st = slot.ledger.statistics()
+                lc = self.ledger_config
+                if st.buffered < lc.max_buffered_records and st.in_flight < lc.max_record_locks:
+                    # Neither record limit: the delivery state nears offset.metadata.max.bytes.
+                    self.counters.metadata_pauses += 1
+                    log.warning(
+                        "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
+                        key[0],
+                        key[1],
+                    )
             elif paused and slot.ledger.may_resume():
                 to_resume.append(key)
         if to_pause:
@@ -365,6 +392,7 @@ class Engine:
     def _on_expired(self, slot: _Slot, expired: L.AnswerResult) -> None:
         self._deliveries.pop(expired.attempt_id, None)
         self.counters.bump(self.counters.delivered, "lock_expired")
+        self.counters.bump(self.counters.by_topic, (slot.ledger.topic, "lock_expired"))
 
     # ----------------------------------------------------------------------------- workers
 
@@ -423,33 +451,97 @@ class Engine:
             tracestate=tracestate,
         )
 
+    def _start_span(self, record: RecordView) -> tuple[RecordView, AttemptContext | None]:
+        if not self.tracing.enabled:
+            return record, None
+        actx = self.tracing.start_attempt(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
+            value_size=len(record.value or b""),
+            delivery_count=record.delivery_count,
+            delivery_id=record.delivery_id,
+            traceparent=record.traceparent,
+            tracestate=record.tracestate,
+        )
+        # The app gets the attempt's context, so its own spans are children of this attempt.
+        record = dataclasses.replace(
+            record, traceparent=actx.traceparent, tracestate=actx.tracestate
+        )
+        return record, actx
+
+    def _end_span(
+        self, actx: AttemptContext | None, record: RecordView, answer: Answer | None
+    ) -> None:
+        if actx is None:
+            return
+        if answer is None:
+            Tracing.end_attempt(
+                actx, "not_attempted", "sidecar.AppNotReachable", "the app is not reachable"
+            )
+            return
+        err = answer.error
+        Tracing.end_attempt(
+            actx, answer.ack, err.class_name if err else None, err.message if err else None
+        )
+        if answer.ack in ("release", "reject", "deferred"):
+            self._attempt_spans[(record.topic, record.partition, record.offset)] = (
+                actx.span.get_span_context()
+            )
+        else:
+            self._attempt_spans.pop((record.topic, record.partition, record.offset), None)
+
     async def _deliver_one(self, item: tuple[_Slot, Any, str], timeout_s: float) -> None:
         slot, attempt, delivery_id = item
         if delivery_id not in self._deliveries:
             return  # fenced before it left
-        record = self._record_view(attempt, delivery_id)
+        record, actx = self._start_span(self._record_view(attempt, delivery_id))
+        started = time.perf_counter()
         try:
             answer = await self.app.deliver(record, timeout_s)
         except AppNotReachable as exc:
+            self._end_span(actx, record, None)
             self._not_attempted(slot, attempt, delivery_id, str(exc))
             return
+        except BaseException:
+            # Cancelled (shutdown) or a bug: the span still ends, the lock expiry handles the record.
+            if actx is not None:
+                Tracing.end_attempt(
+                    actx, "abandoned", "sidecar.Shutdown", "the sidecar stopped mid-attempt"
+                )
+            raise
+        self.observe_app_latency(time.perf_counter() - started)
+        self._end_span(actx, record, answer)
         self._apply_answer(delivery_id, answer)
 
     async def _deliver_batch(self, items: list[tuple[_Slot, Any, str]], timeout_s: float) -> None:
         live = [it for it in items if it[2] in self._deliveries]
         if not live:
             return
-        records = [self._record_view(a, d) for _s, a, d in live]
+        traced = [self._start_span(self._record_view(a, d)) for _s, a, d in live]
+        records = [r for r, _ in traced]
+        started = time.perf_counter()
         try:
             answers = await self.app.deliver_batch(records, timeout_s)
         except AppNotReachable as exc:
-            for slot, attempt, delivery_id in live:
+            for (record, actx), (slot, attempt, delivery_id) in zip(traced, live, strict=True):
+                self._end_span(actx, record, None)
                 self._not_attempted(slot, attempt, delivery_id, str(exc))
             return
-        for _slot, _attempt, delivery_id in live:
+        except BaseException:
+            for _record, actx in traced:
+                if actx is not None:
+                    Tracing.end_attempt(
+                        actx, "abandoned", "sidecar.Shutdown", "the sidecar stopped mid-attempt"
+                    )
+            raise
+        self.observe_app_latency(time.perf_counter() - started)
+        for (record, actx), (_slot, _attempt, delivery_id) in zip(traced, live, strict=True):
             answer = answers.get(delivery_id) or Answer(
                 "release", reason="missing from the batch answer"
             )
+            self._end_span(actx, record, answer)
             self._apply_answer(delivery_id, answer)
 
     def _not_attempted(self, slot: _Slot, attempt: Any, delivery_id: str, reason: str) -> None:
@@ -522,6 +614,7 @@ class Engine:
         if ack is not L.Ack.RENEW:
             self._deliveries.pop(delivery_id, None)
             self.counters.bump(self.counters.delivered, answer.ack)
+            self.counters.bump(self.counters.by_topic, (slot.ledger.topic, answer.ack))
             if ack is L.Ack.REJECT and (answer.dlq_headers or answer.dlq_value_set):
                 slot.dlq_extras[result.offset] = answer
         self.kick()
@@ -590,12 +683,46 @@ class Engine:
             replacement_value=extras.dlq_value if extras else None,
             replacement_value_set=extras.dlq_value_set if extras else False,
         )
+        span = None
+        last_attempt = self._attempt_spans.pop((topic, partition, req.offset), None)
+        if self.tracing.enabled:
+            headers = dict(failed.headers)
+            tp, ts = headers.get("traceparent"), headers.get("tracestate")
+            span, trace_headers = self.tracing.start_dlq_write(
+                source_topic=topic,
+                partition=partition,
+                offset=req.offset,
+                dlq_topic=dlq_topic,
+                reason=reason,
+                traceparent=tp.decode("latin-1") if tp else None,
+                tracestate=ts.decode("latin-1") if ts else None,
+                links=[trace.Link(last_attempt)] if last_attempt is not None else [],
+            )
+            # The DLQ record carries the write's context (overriding a copied traceparent).
+            failed = dataclasses.replace(
+                failed, extra_headers=(*failed.extra_headers, *trace_headers)
+            )
+        started = time.perf_counter()
         try:
             await self.dlq.write(failed, dlq_topic)
         except DlqFatalError as exc:
             self.counters.dlq_failed += 1
+            if span is not None:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                span.add_event(
+                    "exception",
+                    {"exception.type": "sidecar.DlqWriteFailed", "exception.message": str(exc)},
+                )
+                span.end()
             self.fail(str(exc))
             return
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        self.observe_dlq_latency(time.perf_counter() - started)
+        if span is not None:
+            span.end()
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason)
         if self._still_owned(slot):
@@ -621,6 +748,12 @@ class Engine:
         if errors.log_include_messages:
             extra["key"] = _printable(msg.key())
             extra["value"] = _printable(msg.value())
+        last = self._attempt_spans.get(
+            (cast(str, msg.topic()), cast(int, msg.partition()), cast(int, msg.offset()))
+        )
+        if last is not None and last.is_valid:
+            extra["trace_id"] = f"{last.trace_id:032x}"
+            extra["span_id"] = f"{last.span_id:016x}"
         log.error("record archived", extra={"fields": extra})
 
     def fail(self, reason: str) -> None:
@@ -775,6 +908,10 @@ async def _probe(target: AppTarget) -> None:
         else:
             stream = await trio.open_tcp_stream(target.host, target.port)
     await stream.aclose()
+
+
+def _ignore(_seconds: float) -> None:
+    return None
 
 
 def _looks_like_attempt_id(delivery_id: str) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -27,11 +27,11 @@ class EngineCollector(Collector):
         c = e.counters
         delivered = CounterMetricFamily(
             "dlq_sidecar_records_delivered",
-            "Answers applied to records, by outcome.",
-            labels=["outcome"],
+            "Answers applied to records (and lock expiries), by topic and outcome.",
+            labels=["topic", "outcome"],
         )
-        for outcome, n in sorted(c.delivered.items()):
-            delivered.add_metric([outcome], n)
+        for (topic, outcome), n in sorted(c.by_topic.items()):
+            delivered.add_metric([topic, outcome], n)
         yield delivered
         yield CounterMetricFamily(
             "dlq_sidecar_attempts", "Delivery attempts sent to the app.", value=c.attempts
@@ -90,12 +90,45 @@ class EngineCollector(Collector):
         for (topic, partition), n in sorted(e.source.lag().items()):
             lag.add_metric([topic, str(partition)], n)
         yield lag
+        meta = GaugeMetricFamily(
+            "dlq_sidecar_commit_metadata_bytes",
+            "Size of the delivery state last committed in the offset metadata, per partition.",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), slot in sorted(e.slots.items()):
+            if slot.last_commit is not None:
+                meta.add_metric([topic, str(partition)], len(slot.last_commit[1]))
+        yield meta
+        yield CounterMetricFamily(
+            "dlq_sidecar_commit_metadata_overflows",
+            "Times a partition paused because its delivery state neared offset.metadata.max.bytes.",
+            value=c.metadata_pauses,
+        )
+
+
+# Loopback HTTP answers take well under a millisecond to seconds; DLQ writes are broker round trips.
+_APP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_DLQ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
 
 class Metrics:
     def __init__(self, engine: Engine) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineCollector(engine))
+        self.app_latency = Histogram(
+            "dlq_sidecar_app_request_duration_seconds",
+            "Time from sending a delivery to the app until its answer was read.",
+            buckets=_APP_BUCKETS,
+            registry=self.registry,
+        )
+        self.dlq_latency = Histogram(
+            "dlq_sidecar_dlq_write_duration_seconds",
+            "Time from starting a DLQ write until the broker confirmed it (acks=all), retries included.",
+            buckets=_DLQ_BUCKETS,
+            registry=self.registry,
+        )
+        engine.observe_app_latency = self.app_latency.observe
+        engine.observe_dlq_latency = self.dlq_latency.observe
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
