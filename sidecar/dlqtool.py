@@ -770,7 +770,7 @@ class Replayer:
         self.options = options
         self.summary = ReplaySummary(dry_run=options.dry_run)
         self._props = client_properties(options.bootstrap, options.kafka)
-        self._on_progress = on_progress
+        self.on_progress = on_progress
         self._blocked: set[int] = set()
         self._target_partitions: dict[str, int | None] = {}
         self._bucket = TokenBucket(options.rate_per_s) if options.rate_per_s else None
@@ -902,8 +902,8 @@ class Replayer:
                 decided.setdefault(p, []).append((entry.dlq_offset, plan))
                 if plan is not None:
                     self._send(plan)
-            if self._on_progress is not None:
-                self._on_progress(s, 1)
+            if self.on_progress is not None:
+                self.on_progress(s, 1)
         if self._producer is not None:
             # A record still unconfirmed after this is treated as failed below: nothing is committed past it.
             self._producer.flush(60)
@@ -1388,7 +1388,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
                     description=f"{options.dlq_topic}: {s.replayed_total} sent",
                 )
 
-            replayer._on_progress = on_tty_progress
+            replayer.on_progress = on_tty_progress
             summary = replayer.run()
     else:
         last = [time.monotonic()]
@@ -1404,7 +1404,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
                     highlight=False,
                 )
 
-        replayer._on_progress = on_plain_progress
+        replayer.on_progress = on_plain_progress
         summary = replayer.run()
     render_replay_summary(console, summary, options)
     return EXIT_OK if summary.ok else EXIT_FAILURE
