@@ -227,6 +227,9 @@ _UNORDERED = object()
 # Metadata fill (fraction of metadata_max_bytes) at which a partition pauses / may resume.
 _PAUSE_FILL = 0.9
 _RESUME_FILL = 0.7
+# A count entry is at most 9 + 3 raw bytes (offset delta, count < 2**21): 18 characters with the
+# estimate's 1.5 factor (base64 is 4/3).
+_MAX_ENTRY_CHARS = 18
 _PARTITION = object()
 _MASK64 = (1 << 64) - 1
 
@@ -262,13 +265,21 @@ class _Record:
         "queue_key",
         "queued",
         "reason",
+        "seq",
         "state",
     )
 
     def __init__(
-        self, offset: int, key: bytes | None, item: object, count: int, queue_key: object
+        self,
+        offset: int,
+        key: bytes | None,
+        item: object,
+        count: int,
+        queue_key: object,
+        seq: int,
     ) -> None:
         self.offset = offset
+        self.seq = seq  # how many records were fetched before this one
         self.key = key
         self.item = item
         self.state = RecordState.AVAILABLE
@@ -420,16 +431,20 @@ class PartitionLedger:
         self._attempts_total = 0
         self._n_archiving = 0
 
-        # Metadata size tracking (see _metadata_over): an exact measurement, cached per version,
-        # plus an upper bound of how much the run-length payload can have grown since.
+        # Metadata size tracking (see _metadata_over): O(1) counters give a structural bound of
+        # the payload; an exact measurement is cached per version.
+        self._n_fetched = 0  # records added, restored-done ones included
+        self._n_counted = 0  # held records with a delivery count
+        self._held_seqs: set[int] = set()
+        self._n_ranges = 0  # done ranges above the base (exact, see _count_done_run)
+        self._max_done_seq = -1
+        self._restored_top = max(
+            [e - 1 for _, e in self._restored_done] + list(self._restored_counts) + [-1]
+        )
         self._version = 0
         self._measured_version = -1
         self._measured_chars = 0
-        self._measured_payload = 0
-        self._measured_base = start_offset
-        self._growth = 0
-        self._v = 1
-        self._v_limit = 0
+        self._measured_raw = 0
         self._measure()  # a restored state may start near the budget
 
     # -- intake ----------------------------------------------------------------------------------
@@ -449,14 +464,17 @@ class PartitionLedger:
         if now_ms > self._now:  # noqa: PLR1730 (max() is a call: slower on the hot path)
             self._now = now_ms
         self._last_added = offset
-        if offset >= self._v_limit:
-            self._refresh_vlen()
         self._version += 1
+        seq = self._n_fetched
+        self._n_fetched = seq + 1
         if self._restored_done and self._in_restored_done(offset):
             self._max_done = offset
-            self._growth += 2 * self._v + 1
+            front_seq = next(iter(self._records.values())).seq if self._records else seq
+            self._count_done_run(seq, front_seq, extends=True)
             return False
         count = self._restored_counts.pop(offset, 0) if self._restored_counts else 0
+        if count:
+            self._n_counted += 1
         ordering = self.config.ordering
         if ordering is Ordering.KEY:
             queue_key: object = _UNORDERED if key is None else key
@@ -464,8 +482,9 @@ class PartitionLedger:
             queue_key = _PARTITION
         else:
             queue_key = _UNORDERED
-        record = _Record(offset, key, item, count, queue_key)
+        record = _Record(offset, key, item, count, queue_key, seq)
         self._records[offset] = record
+        self._held_seqs.add(seq)
         if queue_key is _UNORDERED:
             self._make_ready(record)
         else:
@@ -523,6 +542,7 @@ class PartitionLedger:
         partition = self.partition
         out: list[Attempt] = []
         pause_chars = self.config.metadata_max_bytes * _PAUSE_FILL
+        allowance = 0
         while ready and len(out) < room:
             offset = ready[0]
             record = records.get(offset)
@@ -532,20 +552,22 @@ class PartitionLedger:
             if record.delivery_count == 0:
                 # A first attempt adds a delivery count to the commit metadata; near the budget
                 # only records already counted may go, and the lowest one (it frees the most).
-                if (
-                    self._metadata_estimate() > pause_chars
-                    and self._metadata_over(_PAUSE_FILL)
-                    and offset != next(iter(records))
-                ):
-                    break
-                self._growth += self._v + 2
+                if allowance <= 0:
+                    estimate = self._metadata_estimate()
+                    if estimate > pause_chars:
+                        if self._metadata_over(_PAUSE_FILL) and offset != next(iter(records)):
+                            break
+                    else:
+                        # A count entry adds at most _MAX_ENTRY_CHARS to either estimate:
+                        # that many first attempts need no new estimate.
+                        allowance = int(pause_chars - estimate) // _MAX_ENTRY_CHARS
+                allowance -= 1
+                self._n_counted += 1
                 self._version += 1
             heapq.heappop(ready)
             record.queued = False
             count = record.delivery_count + 1
             record.delivery_count = count
-            if count > 127:
-                self._growth += 1
             seq = self._next_seq
             self._next_seq = seq + 1
             attempt_id = f"{self._id_prefix}{offset}{self._id_epoch}{seq}"
@@ -680,8 +702,9 @@ class PartitionLedger:
         del self._live[attempt_id]
         record.attempt_id = None
         record.delivery_count -= 1
+        if not record.delivery_count:
+            self._n_counted -= 1
         self._attempts_total -= 1
-        self._growth += self._v
         record.state = _AVAILABLE
         record.not_before_ms = now + delay_ms
         if delay_ms == 0:
@@ -804,14 +827,15 @@ class PartitionLedger:
 
     def _finish(self, record: _Record) -> None:
         offset = record.offset
-        del self._records[offset]
+        records = self._records
+        front_seq = next(iter(records.values())).seq
+        del records[offset]
+        self._held_seqs.discard(record.seq)
         record.item = None
-        # Finishing the lowest record only moves the base (the fast, in-order case): the payload
-        # cannot grow.  Elsewhere a done mark can split a run (two varints), extend the done
-        # ranges (two more) and widen the next count's delta (one).
-        if self._records and next(iter(self._records)) < offset:
-            self._growth += 5 * self._v + 1
+        if record.delivery_count:
+            self._n_counted -= 1
         self._max_done = max(self._max_done, offset)
+        self._count_done_run(record.seq, front_seq, extends=record.seq > self._max_done_seq)
         queue_key = record.queue_key
         if queue_key is _UNORDERED:
             return
@@ -822,6 +846,28 @@ class PartitionLedger:
             self._make_ready(self._records[queue[0]])
         else:
             del self._queues[queue_key]
+
+    def _count_done_run(self, seq: int, front_seq: int, *, extends: bool) -> None:
+        """Keep ``_n_ranges`` (the done ranges commit_state emits) exact as ``seq`` becomes done.
+
+        Ranges are maximal runs, in fetch order, of done records between the lowest held record
+        (``front_seq``, before ``seq`` left) and the highest done one; every record fetched above
+        the front is either held or done, so the neighbours ``seq - 1`` and ``seq + 1`` decide.
+        """
+        held = self._held_seqs
+        top = self._max_done_seq
+        if not held:
+            self._n_ranges = 0  # everything fetched is done: the base moved past it all
+        elif seq == front_seq:
+            # The base moves up past the run that followed it, if there was one.
+            if seq + 1 <= top and seq + 1 not in held:
+                self._n_ranges -= 1
+        else:
+            left = seq - 1 > front_seq and seq - 1 <= top and seq - 1 not in held
+            right = not extends and seq + 1 <= top and seq + 1 not in held
+            self._n_ranges += 1 - left - right
+        if extends:
+            self._max_done_seq = seq
 
     def committable_offset(self) -> int:
         """The lowest offset that is not done: the offset to commit (next offset to read)."""
@@ -845,13 +891,17 @@ class PartitionLedger:
         done: list[tuple[int, int]] = []
         counts: dict[int, int] = {}
         previous = base
+        previous_seq = -1  # the first held record is the base itself
         for offset, record in self._records.items():
             if record.delivery_count:
                 counts[offset] = record.delivery_count
             if offset <= upper:
-                if offset > previous + 1:
+                # Only where records were fetched between two held ones: a range of compaction
+                # gaps alone would cost bytes and say nothing.
+                if previous_seq >= 0 and record.seq - previous_seq > 1:
                     done.append((previous + 1, offset))
                 previous = offset
+                previous_seq = record.seq
         if upper > previous:
             done.append((previous + 1, upper + 1))
         # What the restored state said about offsets not fetched again yet.
@@ -876,20 +926,38 @@ class PartitionLedger:
         encoded = encode(self.commit_state(), self.config.metadata_max_bytes)
         return encoded if encoded is not None else ""
 
-    def _refresh_vlen(self) -> None:
-        # Every varint of the payload is at most the span from the base at the last measurement
-        # (the base never decreases) to the highest offset added: _v bytes until an added offset
-        # reaches _v_limit.
-        self._v = _vlen(self._last_added - self._measured_base + 2)
-        self._v_limit = self._measured_base - 2 + (1 << (7 * self._v))
+    def _structural_raw(self) -> int:
+        """An upper bound of the run-length payload from O(1) counters.
+
+        The done ranges kept in memory are counted exactly (``_n_ranges``), the restored ones not
+        yet reached are bounded by their number; a range is two varints, a count entry an offset
+        delta and a count; every varint of an offset is at most the span from the base to the
+        highest offset known.
+        """
+        records = self._records
+        base = next(iter(records)) if records else self._last_added + 1
+        v = _vlen(max(self._last_added, self._restored_top) - base + 2)
+        ranges = self._n_ranges + len(self._restored_done) - self._restored_index
+        counts = self._n_counted + len(self._restored_counts)
+        # base (<= 9 bytes), done kind (1), two list lengths (<= 3 each); counts < 2**21.
+        return 16 + ranges * 2 * v + counts * (v + 3)
+
+    def _metadata_estimate(self) -> int:
+        """Encoded size estimate in characters, O(1).
+
+        The structural bound is a true upper bound, but a poor one for compressible states; past
+        it, the estimate is the last exact measurement plus the structural growth since.  That
+        assumes the chosen (perhaps zlib) form grows no faster than the structure: zlib gives no
+        such guarantee, but an underestimate only ever leads to a prefix encoding, which is safe
+        (see ``commitstate.encode``), and it keeps exact measurements (O(records held)) rare.
+        """
+        raw = self._structural_raw()
+        bound = chars_for_payload(raw)
+        growth = max(0, raw - self._measured_raw)
+        return min(bound, self._measured_chars + (growth * 3 + 1) // 2 + 8)
 
     def _metadata_over(self, fraction: float) -> bool:
-        """Would the metadata exceed ``fraction`` of the budget?
-
-        Exact, but cheap while far off: the run-length payload at the last measurement plus the
-        most each change since can have added is an upper bound of the encoded size, and only when
-        that bound crosses the line is the state walked (O(records held)) and measured again.
-        """
+        """Would the metadata exceed ``fraction`` of the budget?  Exact when it matters."""
         limit = self.config.metadata_max_bytes * fraction
         if self._metadata_estimate() <= limit:
             return False
@@ -897,29 +965,11 @@ class PartitionLedger:
             self._measure()
         return self._measured_chars > limit
 
-    def _metadata_estimate(self) -> int:
-        """Encoded size estimate: the last measurement plus the most the changes since can add.
-
-        The first term is a true upper bound (the uncompressed run-length form).  The second
-        assumes the chosen (perhaps zlib) form grows no faster than the raw payload, plus slack:
-        zlib gives no such guarantee, but an underestimate only ever leads to a prefix encoding,
-        which is safe (see ``commitstate.encode``), and it keeps re-measuring (O(records held))
-        rare when a compressible state sits close to the budget.
-        """
-        growth = self._growth
-        return min(
-            chars_for_payload(self._measured_payload + growth),
-            self._measured_chars + (growth * 3 + 1) // 2 + 8,
-        )
-
     def _measure(self) -> None:
         state = self.commit_state()
-        self._measured_payload = payload_bound(state)
-        self._measured_base = state.base_offset
+        self._measured_raw = self._structural_raw()
         self._measured_version = self._version
-        self._growth = 0
-        self._refresh_vlen()
-        bound = chars_for_payload(self._measured_payload)
+        bound = chars_for_payload(payload_bound(state))
         # Encoding (zlib included) is the expensive part: only when the bound is not conclusive.
         self._measured_chars = (
             encoded_length(state)

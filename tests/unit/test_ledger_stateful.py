@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 )
 
 from sidecar.backoff import RetryPolicy
-from sidecar.commitstate import MAX_OFFSET, CommitState, decode, encode
+from sidecar.commitstate import MAX_OFFSET, CommitState, decode, encode, payload_bound
 from sidecar.ledger import (
     Ack,
     ExpiredAttempt,
@@ -313,6 +313,16 @@ class LedgerMachine(RuleBasedStateMachine):
             assert committable == min(not_done)
         else:
             assert committable >= self.next_offset or committable >= self.start
+
+    @invariant()
+    def metadata_size_bound_holds(self) -> None:
+        # The O(1) structural bound the pause decision starts from must bound the real payload,
+        # and its exact done-range count must match what commit_state emits.
+        state = self.ledger.commit_state()
+        assert self.ledger._structural_raw() >= payload_bound(state)
+        pending = self.ledger._restored_done[self.ledger._restored_index :]
+        if not pending:
+            assert self.ledger._n_ranges == len(state.done)
 
     @invariant()
     def counters_match(self) -> None:
