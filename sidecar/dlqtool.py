@@ -777,7 +777,7 @@ class Replayer:
         self._fetcher: _SourceFetcher | None = None
         self._producer: Producer | None = None
         self.total = 0  # DLQ records this run will scan at most (for progress bars)
-        self._planned = 0  # records handed to the producer (or planned, in a dry run)
+        self.planned = 0  # records handed to the producer (or planned, in a dry run)
 
     # -- setup --------------------------------------------------------------------------------------
 
@@ -882,7 +882,7 @@ class Replayer:
 
     def _limit_reached(self) -> bool:
         limit = self.options.limit
-        return limit is not None and self._planned >= limit
+        return limit is not None and self.planned >= limit
 
     def _replay_batch(self, consumer: Consumer, msgs: list[Any]) -> None:
         o, s = self.options, self.summary
@@ -1028,7 +1028,7 @@ class Replayer:
         where = f"{plan.topic}[{plan.partition}]" if plan.partition is not None else plan.topic
         if plan.error is not None:
             return
-        self._planned += 1
+        self.planned += 1
         if o.dry_run:
             self.summary.planned.append(
                 f"would replay {plan.entry.coordinates()} ({_source_of(plan.entry)}, "
@@ -1385,7 +1385,8 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
                     task,
                     advance=n,
                     total=replayer.total or None,
-                    description=f"{options.dlq_topic}: {s.replayed_total} sent",
+                    description=f"{options.dlq_topic}: {replayer.planned} "
+                    + ("planned" if s.dry_run else "sent"),
                 )
 
             replayer.on_progress = on_tty_progress
@@ -1399,7 +1400,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
                 last[0] = now
                 console.print(
                     f"replay {options.dlq_topic}: {s.scanned}/{replayer.total} read, "
-                    f"{s.replayed_total} {'planned' if s.dry_run else 'sent'}",
+                    f"{replayer.planned} {'planned' if s.dry_run else 'sent'}",
                     markup=False,
                     highlight=False,
                 )
