@@ -558,6 +558,7 @@ class Options:
     seed: int
     timeout_s: float
     show_dlq: int
+    api_port: int | None = None
 
 
 class Demo:
@@ -590,7 +591,16 @@ class Demo:
         self.say(f"recreating topic {o.topic} ({PARTITIONS} partitions); {dlq_topic} is emptied")
         recreate_topic(bootstrap, o.topic, dlq_topic, PARTITIONS)
 
-        api_port = pick_port(DEFAULT_API_PORT)
+        if o.api_port is not None:
+            api_port = o.api_port
+            if not port_is_free(api_port):
+                raise DemoError(f"--api-port {api_port} is in use")
+        else:
+            api_port = pick_port(DEFAULT_API_PORT)
+            if api_port != DEFAULT_API_PORT:
+                self.say(
+                    f"port {DEFAULT_API_PORT} is busy: the sidecar's API is on 127.0.0.1:{api_port}"
+                )
         bundled = o.app_url is None
         if bundled:
             app_port = pick_port(DEFAULT_APP_PORT)
@@ -727,10 +737,10 @@ class Demo:
                     unreachable_since = None
                 elif unreachable_since is None:
                     unreachable_since = now
-                elif now - unreachable_since > 15:
+                elif now - unreachable_since > min(15.0, self.o.timeout_s / 2):
                     raise DemoError(
-                        f"the sidecar cannot reach the app at {self.o.app_url or 'the bundled app'} "
-                        "(connection refused or no socket) for 15 s"
+                        f"the sidecar cannot reach the app at {self.o.app_url or 'the bundled app'}: "
+                        f"connection refused for {now - unreachable_since:.0f} s"
                     )
                 if now - started > self.o.timeout_s:
                     raise DemoError(
@@ -955,6 +965,15 @@ def add_demo_parser(subparsers: Any) -> None:
         help="orders produced per second (default 0: as fast as the broker takes them)",
     )
     demo.add_argument(
+        "--api-port",
+        type=int,
+        metavar="PORT",
+        help=(
+            "port of the sidecar's local API (default 8787, or a free one when it is busy); "
+            "with --app-url, your app sends deferred acks there"
+        ),
+    )
+    demo.add_argument(
         "--topic", default=DEFAULT_TOPIC, help="source topic (default orders; recreated)"
     )
     demo.add_argument("--seed", type=int, default=7, help="seed of the order mix (default 7)")
@@ -994,6 +1013,7 @@ def cmd_demo(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         seed=args.seed,
         timeout_s=args.timeout,
         show_dlq=args.show_dlq,
+        api_port=args.api_port,
     )
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     demo: Demo | None = None
