@@ -79,6 +79,8 @@ async def run_sidecar(
         nursery.start_soon(poll)
         nursery.start_soon(engine.scheduler)
         nursery.start_soon(engine.committer)
+        if engine.transactional:
+            nursery.start_soon(engine.txn_loop)
         for _ in range(config.app.max_in_flight):
             nursery.start_soon(engine.worker)
 

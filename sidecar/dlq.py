@@ -11,6 +11,7 @@ Must not import the ledger, the source or the HTTP modules.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
@@ -240,6 +241,7 @@ class DlqWriter:
         self.topic_partitions = topic_partitions
         self.topic_replication_factor = topic_replication_factor
         self._producer: Producer | None = None
+        self.transactional_id: str | None = None  # set before run() for the transactional mode
         self._partitions: dict[str, int] = {}
         self._max_bytes: dict[str, int | None] = {}
         self._token: trio.lowlevel.TrioToken | None = None
@@ -336,8 +338,12 @@ class DlqWriter:
         """Own the producer: serve delivery reports until cancelled, then flush what is pending."""
         self._token = trio.lowlevel.current_trio_token()
         self._producer = Producer(
-            producer_properties(self._kafka), logger=logging.getLogger("sidecar.librdkafka")
+            producer_properties(self._kafka, self.transactional_id),
+            logger=logging.getLogger("sidecar.librdkafka"),
         )
+        if self.transactional_id:
+            # Fences an earlier incarnation with the same id and aborts its open transaction.
+            await trio.to_thread.run_sync(self._producer.init_transactions, 60)
         self._polling = True
         task_status.started()
         try:
@@ -347,6 +353,68 @@ class DlqWriter:
             self._polling = False
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._producer.flush, 10)
+
+    # -- transactional mode: DLQ records and the offset commit in one Kafka transaction -------------
+
+    async def txn_begin(self) -> None:
+        assert self._producer is not None
+        self._producer.begin_transaction()
+
+    async def txn_produce(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
+        """Produce inside the open transaction and wait for the broker's acknowledgement.
+
+        A record known to be too large goes headers-only up front: inside a transaction a failed
+        produce poisons the whole transaction, so there is no retry-and-fall-back as in `write`.
+        """
+        if dlq_topic not in self._partitions:
+            await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
+        record = build_dlq_record(
+            failed,
+            dlq_topic,
+            self._partitions[dlq_topic],
+            self.copy_record,
+            self.stacktrace_max_bytes,
+        )
+        limit = self._max_bytes.get(dlq_topic)
+        if limit is not None and _estimated_size(record) > limit:
+            record = build_dlq_record(
+                failed,
+                dlq_topic,
+                self._partitions[dlq_topic],
+                self.copy_record,
+                self.stacktrace_max_bytes,
+                drop_copy_reason=(
+                    f"record too large for DLQ topic {dlq_topic} (max.message.bytes={limit}); "
+                    "written with the error context headers only"
+                ),
+            )
+            self.copies_dropped += 1
+        err = await self._produce(record)
+        if err is not None:
+            self.failed += 1
+            raise DlqFatalError(
+                f"transactional DLQ write of {failed.topic}[{failed.partition}]@{failed.offset} to "
+                f"{dlq_topic} failed: {err.name()}: {err.str()}"
+            )
+        self.written += 1
+        return record
+
+    async def txn_commit(self, offsets: list[TopicPartition], group_metadata: object) -> None:
+        assert self._producer is not None
+        producer = self._producer
+
+        def commit() -> None:
+            if offsets:
+                producer.send_offsets_to_transaction(offsets, group_metadata, 30)
+            producer.commit_transaction(60)
+
+        await trio.to_thread.run_sync(commit)
+
+    async def txn_abort(self) -> None:
+        assert self._producer is not None
+        producer = self._producer
+        with contextlib.suppress(KafkaException):
+            await trio.to_thread.run_sync(producer.abort_transaction, 30)
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).

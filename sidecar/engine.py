@@ -22,13 +22,14 @@ import dataclasses
 import logging
 import math
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import trio
-from confluent_kafka import Message
+from confluent_kafka import Message, TopicPartition
 from opentelemetry import trace
 
 from sidecar import ledger as L
@@ -93,6 +94,16 @@ class _Slot:
     dlq_extras: dict[int, Answer | AckItem] = field(default_factory=dict)
 
 
+@dataclass(slots=True, eq=False)
+class _TxnItem:
+    slot: _Slot
+    offset: int
+    failed: FailedRecord
+    dlq_topic: str
+    done: trio.Event = field(default_factory=trio.Event)
+    error: str | None = None
+
+
 class Engine:
     """Everything between the Kafka source and the app. One per sidecar process."""
 
@@ -149,6 +160,15 @@ class Engine:
             topic_partitions=dlq.topic_partitions,
             topic_replication_factor=dlq.topic_replication_factor,
         )
+        self.transactional = dlq.transactional_enable and dlq.enabled
+        if self.transactional:
+            self.dlq.transactional_id = str(
+                config.kafka.get("transactional.id")
+                or f"dlq-sidecar.{config.group_id}.{socket.gethostname()}"
+            )
+        self._txn_items: list[_TxnItem] = []
+        self._txn_wake = trio.Event()
+        self._commit_guard = trio.Lock()
         self.source = KafkaSource(config.kafka, config.source.topics, self)
         self.slots: dict[PartitionKey, _Slot] = {}
         self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
@@ -704,7 +724,11 @@ class Engine:
             )
         started = time.perf_counter()
         try:
-            await self.dlq.write(failed, dlq_topic)
+            if self.transactional:
+                # The batcher marks the record done inside the transaction that commits its offset.
+                await self._txn_write(slot, req.offset, failed, dlq_topic)
+            else:
+                await self.dlq.write(failed, dlq_topic)
         except DlqFatalError as exc:
             self.counters.dlq_failed += 1
             if span is not None:
@@ -725,9 +749,59 @@ class Engine:
             span.end()
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason)
-        if self._still_owned(slot):
+        if not self.transactional and self._still_owned(slot):
             slot.ledger.dlq_written(req.offset)
         self.kick()
+
+    async def _txn_write(
+        self, slot: _Slot, offset: int, failed: FailedRecord, dlq_topic: str
+    ) -> None:
+        item = _TxnItem(slot, offset, failed, dlq_topic)
+        self._txn_items.append(item)
+        self._txn_wake.set()
+        await item.done.wait()
+        if item.error is not None:
+            raise DlqFatalError(item.error)
+
+    async def txn_loop(self) -> None:
+        """Transactional mode: batches of DLQ records and the offset commit, atomically.
+
+        Commits are serialised with the regular ones (`_commit_guard`): a plain commit may never
+        move an offset past a record whose DLQ write is in a transaction not yet committed.
+        """
+        while True:
+            await self._txn_wake.wait()
+            self._txn_wake = trio.Event()
+            items, self._txn_items = self._txn_items, []
+            if not items:
+                continue
+            error: str | None = None
+            async with self._commit_guard:
+                try:
+                    await self.dlq.txn_begin()
+                    for it in items:
+                        await self.dlq.txn_produce(it.failed, it.dlq_topic)
+                    touched: dict[int, _Slot] = {}
+                    for it in items:
+                        if self._still_owned(it.slot):
+                            it.slot.ledger.dlq_written(it.offset)
+                            touched[id(it.slot)] = it.slot
+                    pending = self._commit_offsets(list(touched.values()), force=True)
+                    tps = [
+                        TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
+                        for _, o in pending
+                    ]
+                    await self.dlq.txn_commit(tps, self.source.consumer.consumer_group_metadata())
+                    for sl, o in pending:
+                        sl.last_commit = (o.offset, o.metadata)
+                    self.counters.commits += 1
+                except Exception as exc:  # any failure: abort, nothing committed, stop
+                    error = f"DLQ transaction failed: {exc}"
+                    await self.dlq.txn_abort()
+            for it in items:
+                it.error = error
+                it.done.set()
+            self.kick()
 
     def _still_owned(self, slot: _Slot) -> bool:
         return self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot
@@ -783,6 +857,10 @@ class Engine:
         return out
 
     async def _commit_slots(self, slots: Sequence[_Slot], force: bool = False) -> bool:
+        async with self._commit_guard:
+            return await self._commit_slots_locked(slots, force)
+
+    async def _commit_slots_locked(self, slots: Sequence[_Slot], force: bool) -> bool:
         pending = self._commit_offsets(slots, force)
         if not pending:
             return True
