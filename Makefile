@@ -22,8 +22,10 @@ venv: $(STAMP)
 tools: venv
 	scripts/install-tools
 
+DEMO_ARGS ?=
+
 demo: venv
-	$(BIN)/dlq-sidecar demo
+	$(BIN)/dlq-sidecar demo $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
