@@ -993,8 +993,12 @@ def _ignore(_seconds: float) -> None:
 
 
 def _looks_like_attempt_id(delivery_id: str) -> bool:
+    # The ledger's ids are "topic/partition/offset/epoch.seq" (a topic name cannot hold "/").
     parts = delivery_id.split("/")
-    return len(parts) == 3 and parts[1].isdigit()
+    if len(parts) != 4 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return False
+    epoch, dot, seq = parts[3].partition(".")
+    return bool(dot) and epoch.isdigit() and seq.isdigit()
 
 
 __all__ = ["Engine", "EngineStopped", "now_ms"]
