@@ -1,0 +1,277 @@
+"""The daemon across restarts and rebalances: SIGTERM, kill -9, and two sidecars sharing one group.
+
+What must hold (SPEC §3): an accepted record is never delivered again after a clean stop, delivery counts
+continue where they were (write-ahead), nothing accepted-and-committed is lost after a crash, and every
+record ends accepted.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import trio
+
+from sidecar.commitstate import decode
+from sidecar.httpserver import Response
+from tests.harness import (
+    Delivery,
+    RecordingApp,
+    Sidecar,
+    free_port,
+    running_app,
+    sidecar,
+    wait_until,
+    write_config,
+)
+from tests.integration.test_daemon_answers import (
+    FAST,
+    counts_by_value,
+    json_answer,
+    produce,
+    wait_assigned,
+    wait_committed_at_end,
+)
+from tests.kafkatools import Broker, Rec
+
+
+def _config(
+    tmp_path: Path, name: str, broker: Broker, group: str, topic: str, port: int, **extra: object
+) -> Path:
+    kafka = {
+        "bootstrap.servers": broker.bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        # A killed member holds its partitions until its session times out: keep that short
+        # (the broker's minimum is 6 s) so the test sees the takeover quickly.
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+    }
+    return write_config(
+        tmp_path / f"{name}.yaml",
+        bootstrap=broker.bootstrap,
+        group=group,
+        topics=[topic],
+        app_url=f"http://127.0.0.1:{port}/records",
+        extra={**FAST, "kafka": kafka, **extra},
+    )
+
+
+async def test_sigterm_with_deferred_and_released_records_then_restart(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    group = f"g-{unique}"
+    kinds = ["acc", "def", "rel"]
+    recs = [Rec(key=f"k{i}".encode(), value=f"{kinds[i % 3]}-{i}".encode()) for i in range(30)]
+
+    def before(d: Delivery) -> Response:
+        assert d.value is not None
+        if d.value.startswith(b"def"):
+            return Response(202)  # deferred, never answered
+        if d.value.startswith(b"rel"):
+            # Once quickly, then parked far in the future: count 2 when the sidecar stops.
+            wait = 10 if d.delivery_count == 1 else 600_000
+            return json_answer({"ack": "release", "retry_after_ms": wait})
+        return Response(200)
+
+    app1 = RecordingApp(policy=before)
+    port = free_port()
+    await produce(broker, topic, recs)
+    settings = {
+        "share.delivery.count.limit": 5,
+        "share.record.lock.duration.ms": 20000,
+        "shutdown.drain.timeout.ms": 1000,
+    }
+    async with running_app(app1, ("tcp", "127.0.0.1", port)):
+        cfg = _config(tmp_path, "one", broker, group, topic, port, **settings)
+        async with sidecar(cfg) as sc:
+
+            def settled() -> bool:
+                counts = counts_by_value(app1.deliveries)
+                return (
+                    sum(1 for v, c in counts.items() if v and v.startswith(b"rel") and 2 in c) == 10
+                    and sum(1 for v in counts if v and v.startswith(b"def")) == 10
+                )
+
+            await wait_until(settled, 20, "deferred records seen and released ones at count 2")
+            with trio.fail_after(10):
+                while (await sc.status())["counters"]["delivered"].get("accept", 0) < 10:
+                    await trio.sleep(0.05)
+            assert await sc.stop(signal.SIGTERM) == 0
+    committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0])
+    offset, metadata = committed[0]
+    assert offset == 1, committed  # offset 0 is accepted; offset 1 is deferred, not done
+    assert metadata, "no delivery state in the commit metadata"
+    before_counts = counts_by_value(app1.deliveries)
+
+    app2 = RecordingApp()
+    async with running_app(app2, ("tcp", "127.0.0.1", port)):
+        cfg = _config(tmp_path, "two", broker, group, topic, port, **settings)
+        async with sidecar(cfg) as sc:
+            await wait_committed_at_end(broker, group, topic, 1)
+            assert await sc.stop() == 0
+
+    after = counts_by_value(app2.deliveries)
+    redelivered_accepted = [v for v in after if v and v.startswith(b"acc")]
+    assert not redelivered_accepted, f"accepted records delivered again: {redelivered_accepted}"
+    assert len(after) == 20
+    for value, counts in after.items():
+        assert counts == [max(before_counts[value]) + 1], (value, before_counts[value], counts)
+
+
+async def test_kill_9_mid_stream_loses_nothing(broker: Broker, unique: str, tmp_path: Path) -> None:
+    topic = await trio.to_thread.run_sync(
+        lambda: broker.create_topic(f"src-{unique}", partitions=2)
+    )
+    group = f"g-{unique}"
+    n = 200
+    recs = [
+        Rec(key=f"k{i % 40}".encode(), value=f"v{i}".encode(), partition=i % 2) for i in range(n)
+    ]
+    await produce(broker, topic, recs)
+    port = free_port()
+    app1 = RecordingApp(delay_s=0.02)
+    async with running_app(app1, ("tcp", "127.0.0.1", port)):
+        cfg = _config(tmp_path, "one", broker, group, topic, port)
+        async with sidecar(cfg) as sc:
+            await wait_until(lambda: len(app1.deliveries) >= 70, 20, "70 deliveries")
+            assert await sc.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert len(app1.deliveries) < n, "the kill came too late to be mid-stream"
+    committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0, 1])
+    done: dict[int, set[int]] = defaultdict(set)
+    for p, (offset, metadata) in committed.items():
+        done[p].update(range(max(offset, 0)))
+        state = decode(metadata) if metadata else None
+        if state is not None:
+            for start, end in state.done:
+                done[p].update(range(start, end))
+    assert sum(len(s) for s in done.values()) > 0, "nothing was committed before the kill"
+
+    app2 = RecordingApp()
+    async with running_app(app2, ("tcp", "127.0.0.1", port)):
+        cfg = _config(tmp_path, "two", broker, group, topic, port)
+        async with sidecar(cfg) as sc:
+            await wait_committed_at_end(broker, group, topic, 2, timeout_s=30)
+            st = await sc.status()
+            assert await sc.stop() == 0
+
+    again = {(d.partition, d.offset) for d in app2.deliveries}
+    for p, offsets in done.items():
+        assert not {(p, o) for o in offsets} & again, "a committed-done record was delivered again"
+    # Every record was delivered and, at the end, accepted (committed offsets at the ends).
+    assert app1.seen() | again == {(i % 2, i // 2) for i in range(n)}
+    assert st["counters"]["delivered"].get("accept", 0) == len(app2.deliveries)
+    # Delivery counts never go backwards across the crash (they are written ahead).
+    first = {(d.partition, d.offset): d.delivery_count for d in app1.deliveries}
+    for d in app2.deliveries:
+        if (d.partition, d.offset) in first:
+            assert d.delivery_count > first[(d.partition, d.offset)], d
+
+
+async def _partitions_of(sc: Sidecar) -> set[int]:
+    return {p["partition"] for p in (await sc.status())["partitions"]}
+
+
+async def test_two_sidecars_share_partitions_and_one_takes_over(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    topic = await trio.to_thread.run_sync(
+        lambda: broker.create_topic(f"src-{unique}", partitions=4)
+    )
+    group = f"g-{unique}"
+
+    def hold_first(d: Delivery) -> Response:
+        # One record per partition is held by sidecar A (deferred): after the rebalance, an
+        # answer for one whose partition moved must be refused as expired, and B redelivers it.
+        return Response(202) if d.value and d.value.startswith(b"hold") else Response(200)
+
+    app_a = RecordingApp(policy=hold_first)
+    app_b = RecordingApp()
+    port_a, port_b = free_port(), free_port()
+    wave = 0
+
+    async def produce_wave(n: int, prefix: str = "w") -> list[Rec]:
+        nonlocal wave
+        wave += 1
+        recs = [
+            # Keys unique per wave: a held record blocks only its own key.
+            Rec(
+                key=f"{prefix}{wave}-{i}".encode(),
+                value=f"{prefix}{wave}-{i}".encode(),
+                partition=i % 4,
+            )
+            for i in range(n)
+        ]
+        await produce(broker, topic, recs)
+        return recs
+
+    async with (
+        running_app(app_a, ("tcp", "127.0.0.1", port_a)),
+        running_app(app_b, ("tcp", "127.0.0.1", port_b)),
+    ):
+        produced = await produce_wave(4, "hold")
+        produced += await produce_wave(40)
+        cfg_a = _config(
+            tmp_path, "a", broker, group, topic, port_a, **{"share.record.lock.duration.ms": 30000}
+        )
+        cfg_b = _config(
+            tmp_path, "b", broker, group, topic, port_b, **{"share.record.lock.duration.ms": 30000}
+        )
+        async with sidecar(cfg_a) as a:
+            await wait_until(lambda: len(app_a.deliveries) >= 44, 20, "A to take the first waves")
+            held = {
+                d.partition: d.delivery_id
+                for d in app_a.deliveries
+                if d.value and d.value.startswith(b"hold")
+            }
+            assert set(held) == {0, 1, 2, 3}
+            async with sidecar(cfg_b) as b:
+                await wait_assigned(b, 1)
+
+                async def split() -> bool:
+                    pa, pb = await _partitions_of(a), await _partitions_of(b)
+                    return bool(pa) and bool(pb) and not (pa & pb) and len(pa | pb) == 4
+
+                with trio.fail_after(30):
+                    while not await split():
+                        await trio.sleep(0.2)
+                kept = await _partitions_of(a)
+                moved = {0, 1, 2, 3} - kept
+                code, body = await a.post_json(
+                    "/v1/acks", [{"id": held[p], "ack": "accept"} for p in sorted(held)]
+                )
+                assert code == 200, body
+                results = {int(r["id"].split("/")[1]): r["result"] for r in body["results"]}
+                assert results == {p: ("ok" if p in kept else "expired") for p in range(4)}, (
+                    results,
+                    kept,
+                )
+                n_a = len(app_a.deliveries)
+                produced += await produce_wave(80)
+                await wait_until(
+                    lambda: (
+                        len(app_a.deliveries) >= n_a + 40
+                        and len(app_b.deliveries) >= 40 + len(moved)
+                    ),
+                    20,
+                    "both sidecars to take the next wave",
+                )
+                # B redelivered the held records of the partitions it took, with count 2.
+                b_held = {
+                    d.partition: d.delivery_count
+                    for d in app_b.deliveries
+                    if d.value and d.value.startswith(b"hold")
+                }
+                assert b_held == dict.fromkeys(moved, 2), b_held
+                assert {d.partition for d in app_b.deliveries} == moved
+                assert await b.stop() == 0
+            # B left: A takes every partition back and consumes the last wave from all four.
+            produced += await produce_wave(40)
+            await wait_committed_at_end(broker, group, topic, 4, timeout_s=30)
+            assert await _partitions_of(a) == {0, 1, 2, 3}
+            assert await a.stop() == 0
+
+    delivered = {d.value for d in app_a.deliveries} | {d.value for d in app_b.deliveries}
+    assert delivered == {r.value for r in produced}, "a record was lost"
