@@ -1,0 +1,219 @@
+"""The `dlq-sidecar` command as users run it: the installed console script, exit codes, messages, signals."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import yaml
+
+from sidecar.httpserver import Response
+from tests.harness import (
+    ROOT,
+    RecordingApp,
+    Sidecar,
+    free_port,
+    running_app,
+    wait_until,
+    wait_until_thread,
+    write_config,
+)
+from tests.kafkatools import Broker, Rec
+
+
+def _script() -> str:
+    beside = Path(sys.executable).parent / "dlq-sidecar"
+    found = str(beside) if beside.exists() else shutil.which("dlq-sidecar")
+    assert found, "the dlq-sidecar console script is not installed"
+    return found
+
+
+def cli(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [_script(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=str(ROOT),
+        check=False,
+    )
+
+
+GOOD = {
+    "kafka": {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"},
+    "source": {"topics": ["orders"]},
+    "app": {"url": "http://127.0.0.1:8080/records"},
+}
+
+
+def _write(tmp_path: Path, doc: object, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return path
+
+
+def _with(path: list[str], value: object) -> dict[str, object]:
+    doc = yaml.safe_load(yaml.safe_dump(GOOD))
+    node = doc
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    return doc  # type: ignore[no-any-return]
+
+
+def test_help_lists_the_commands() -> None:
+    top = cli("--help")
+    assert top.returncode == 0, top.stderr
+    assert "run" in top.stdout and "check-config" in top.stdout
+    for command in ("run", "check-config"):
+        sub = cli(command, "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert "--config" in sub.stdout
+    bare = cli()
+    assert bare.returncode == 2
+
+
+def test_check_config_accepts_a_good_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD)
+    done = cli("check-config", "-c", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "ok" in done.stdout and "dlq.orders" in done.stdout
+    printed = cli("check-config", "-c", str(path), "--print")
+    assert printed.returncode == 0, printed.stderr
+    assert "orders" in printed.stdout
+
+
+@pytest.mark.parametrize(
+    ("doc", "named"),
+    [
+        (_with(["app", "urlx"], "http://127.0.0.1:1/"), "app.urlx"),
+        (_with(["share.delivery.count.limit"], "five"), "share.delivery.count.limit"),
+        (_with(["share.delivery.count.limit"], 0), "share.delivery.count.limit"),
+        (
+            _with(["errors.deadletterqueue.topic.name"], "__dlq"),
+            "errors.deadletterqueue.topic.name",
+        ),
+        (_with(["app", "url"], "http://10.1.2.3:80/records"), "app.url"),
+        ({k: v for k, v in GOOD.items() if k != "source"}, "source: required"),
+        ("kafka: [unclosed\n", "invalid yaml"),
+    ],
+    ids=["unknown-key", "bad-type", "bad-range", "dlq-name", "non-loopback", "missing", "syntax"],
+)
+def test_check_config_rejects_a_bad_file_naming_the_key(
+    tmp_path: Path, doc: object, named: str
+) -> None:
+    path = _write(tmp_path, doc)
+    done = cli("check-config", "-c", str(path))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert named.lower() in done.stderr.lower(), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_config_on_a_missing_file_exits_2(tmp_path: Path) -> None:
+    done = cli("check-config", "-c", str(tmp_path / "nope.yaml"))
+    assert done.returncode == 2
+    assert "nope.yaml" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_run_with_a_bad_config_exits_2_before_connecting(tmp_path: Path) -> None:
+    path = _write(tmp_path, _with(["app", "timeout.ms"], -1))
+    done = cli("run", "-c", str(path), timeout_s=20)
+    assert done.returncode == 2, done.stderr
+    assert "app.timeout.ms" in done.stderr
+
+
+# --------------------------------------------------------------------------------------------- signals
+
+
+@asynccontextmanager
+async def running_cli(config_path: Path) -> AsyncIterator[Sidecar]:
+    log_path = config_path.with_suffix(".log")
+    api = yaml.safe_load(config_path.read_text())["api"]["listen"]
+    with open(log_path, "wb") as log_file:
+        proc = await trio.lowlevel.open_process(
+            [_script(), "run", "-c", str(config_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=str(ROOT),
+        )
+        sc = Sidecar(proc, config_path, api, log_path)
+        try:
+            await sc.wait_api()
+            yield sc
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def _start(
+    broker: Broker, unique: str, tmp_path: Path, app: RecordingApp, n: int, **extra: object
+) -> tuple[str, str, int]:
+    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    await trio.to_thread.run_sync(
+        broker.produce, topic, [Rec(key=f"k{i}".encode(), value=b"v") for i in range(n)]
+    )
+    return topic, f"g-{unique}", free_port()
+
+
+async def test_sigterm_drains_commits_and_exits_0(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    app = RecordingApp()
+    topic, group, port = await _start(broker, unique, tmp_path, app, 20)
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/records",
+        )
+        async with running_cli(cfg) as sc:
+            await wait_until(lambda: len(app.deliveries) >= 20, 20, "20 deliveries")
+            start = trio.current_time()
+            assert await sc.stop(signal.SIGTERM, timeout_s=20) == 0, sc.log_text()[-2000:]
+            assert trio.current_time() - start < 10
+    assert "stopped cleanly" in sc.log_text()
+    end = (await trio.to_thread.run_sync(broker.end_offsets, topic, [0]))[0]
+    await wait_until_thread(
+        lambda: broker.committed(group, topic, [0])[0][0] == end, 10, "the final commit"
+    )
+
+
+async def test_second_sigterm_cuts_a_long_drain_short(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    # Every record is deferred and never answered: the drain would wait its full minute.
+    app = RecordingApp(policy=lambda _d: Response(202))
+    topic, group, port = await _start(broker, unique, tmp_path, app, 5)
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/records",
+            extra={"shutdown.drain.timeout.ms": 60000, "share.record.lock.duration.ms": 120000},
+        )
+        async with running_cli(cfg) as sc:
+            await wait_until(lambda: len(app.deliveries) >= 5, 20, "5 deliveries")
+            sc.proc.send_signal(signal.SIGTERM)
+            await trio.sleep(1.5)
+            assert sc.proc.returncode is None, "the first SIGTERM did not wait for the drain"
+            code, st = await sc.get("/v1/status")
+            assert code == 200 and st["draining"] is True, st
+            start = trio.current_time()
+            assert await sc.stop(signal.SIGTERM, timeout_s=15) == 0, sc.log_text()[-2000:]
+            assert trio.current_time() - start < 8, "the second SIGTERM did not cut the drain"
+    assert "again" in sc.log_text()
+    # Nothing was answered: the committed offset must not pass the deferred records.
+    committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0])
+    assert committed[0][0] in (0, -1001), committed
