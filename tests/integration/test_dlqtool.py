@@ -15,10 +15,13 @@ import pytest
 import trio
 from confluent_kafka import TopicPartition
 
+from sidecar.dlq import CAUSE_REJECTED, FailedRecord, build_dlq_record
 from sidecar.dlqtool import (
     H_REPLAY_COUNT,
     H_REPLAY_FROM,
     H_REPLAY_NAME,
+    DlqEntry,
+    Filters,
     TokenBucket,
     add_dlq_parser,
     cmd_dlq,
@@ -518,3 +521,54 @@ def test_token_bucket_paces_without_a_burst() -> None:
     assert fresh.take(0.0) == 0.0
     assert fresh.take(1.0) == 0.0  # refilled, but capped at one token
     assert fresh.take(1.0) == pytest.approx(0.1)
+
+
+def test_dlq_record_keeps_replay_history_when_the_copy_is_off() -> None:
+    failed = FailedRecord(
+        topic="orders",
+        partition=2,
+        offset=7,
+        key=b"k",
+        value=b"v",
+        headers=(("trace", b"t"), (H_REPLAY_NAME, b"fix"), (H_REPLAY_COUNT, b"1")),
+        group="g",
+        delivery_count=1,
+        cause=CAUSE_REJECTED,
+    )
+    headers_only = build_dlq_record(failed, "dlq.orders", 1, False, 100)
+    assert headers_only.key is None and headers_only.value is None
+    names = [n for n, _ in headers_only.headers]
+    assert "trace" not in names
+    assert (H_REPLAY_NAME, b"fix") in headers_only.headers
+    assert (H_REPLAY_COUNT, b"1") in headers_only.headers
+    dropped = build_dlq_record(failed, "dlq.orders", 1, True, 100, drop_copy_reason="too large")
+    assert (H_REPLAY_COUNT, b"1") in dropped.headers and "trace" not in dict(dropped.headers)
+
+
+def _entry(key: bytes | None, value: bytes | None, *headers: tuple[str, bytes | None]) -> DlqEntry:
+    return DlqEntry("dlq.t", 0, 5, 1_700_000_000_000, key, value, tuple(headers))
+
+
+def test_entry_decoding_and_filters() -> None:
+    context = (
+        ("__dlq.errors.topic", b"t"),
+        ("__dlq.errors.partition", b"1"),
+        ("__dlq.errors.offset", b"42"),
+        ("__dlq.errors.exception.class.name", b"X"),
+    )
+    copied = _entry(b"k", None, ("a", b"1"), ("__dlq.errors.topic", b"spoof"), *context)
+    assert copied.source_topic == "t"  # the writer's context header comes last and wins
+    assert not copied.headers_only and copied.original_headers() == [("a", b"1")]
+    assert _entry(None, None, *context).headers_only
+    assert _entry(b"k", b"v", *context, ("__dlq.errors.copy.dropped", b"big")).headers_only
+    now_ms = 1_700_000_000_000 + 60_000
+    assert (
+        Filters(exception_classes=("X",), source_partitions=(1,)).mismatch(copied, now_ms) is None
+    )
+    assert Filters(exception_classes=("Y",)).mismatch(copied, now_ms) == "exception-class"
+    assert Filters(offset_range=(0, 41)).mismatch(copied, now_ms) == "offset-range"
+    assert Filters(since=parse_time("30s")).mismatch(copied, now_ms) == "since"
+    assert Filters(since=parse_time("2m")).mismatch(copied, now_ms) is None
+    assert Filters(until=parse_time("30s")).mismatch(copied, now_ms) is None
+    assert Filters(until=parse_time("2m")).mismatch(copied, now_ms) == "until"
+    assert not _entry(b"k", b"v").is_dlq_record
