@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from typing import cast
 
 import trio
 
 from sidecar.api import LocalApi
 from sidecar.config import Config
+from sidecar.config import Engine as EngineKind
 from sidecar.dlq import DlqStartupError
 from sidecar.engine import Engine
 from sidecar.httpserver import serve_http
@@ -42,7 +44,13 @@ async def run_sidecar(
     `tracing` and `on_engine` let an in-process caller (tests) bring its own span processor and get
     hold of the engine (e.g. to call `request_stop()` instead of sending a signal).
     """
-    engine = Engine(config, write_ahead=write_ahead, tracing=tracing)
+    if config.engine is EngineKind.SHARE:
+        from sidecar.share_engine import ShareEngine
+
+        # ShareEngine has the surface this function, the local API and the metrics use.
+        engine = cast(Engine, ShareEngine(config, tracing=tracing))
+    else:
+        engine = Engine(config, write_ahead=write_ahead, tracing=tracing)
     if on_engine is not None:
         on_engine(engine)
     if config.errors.dlq.enabled:
