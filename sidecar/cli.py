@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.demo import add_demo_parser
 
     add_demo_parser(sub)
+
+    from sidecar.dlqtool import add_dlq_parser
+
+    add_dlq_parser(sub)
     return parser
 
 
@@ -96,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_run(args.config)
     if args.command == "check-config":
         return cmd_check_config(args.config, args.print)
+    if args.command == "dlq":
+        from sidecar.dlqtool import cmd_dlq
+
+        return cmd_dlq(args)
     if args.command == "demo":
         from sidecar.demo import cmd_demo
 
