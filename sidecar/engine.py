@@ -46,6 +46,9 @@ log = logging.getLogger("sidecar.engine")
 
 PartitionKey = tuple[str, int]
 
+# How long a revoke waits for the partition's DLQ writes under way (bounded: the rebalance waits too).
+REVOKE_DLQ_WAIT_S = 10.0
+
 _ACKS = {
     "accept": L.Ack.ACCEPT,
     "release": L.Ack.RELEASE,
@@ -92,6 +95,8 @@ class _Slot:
     last_commit: tuple[int, str] | None = None
     # KIP-1034 custom DLQ record parts from a reject, by offset, until the DLQ write.
     dlq_extras: dict[int, Answer | AckItem] = field(default_factory=dict)
+    dlq_writes: int = 0  # DLQ writes in progress for this partition
+    revoking: bool = False  # no new acquisitions: the partition is being handed over
 
 
 @dataclass(slots=True, eq=False)
@@ -169,6 +174,7 @@ class Engine:
         self._txn_items: list[_TxnItem] = []
         self._txn_wake = trio.Event()
         self._commit_guard = trio.Lock()
+        self._dlq_write_done = trio.Event()
         self.source = KafkaSource(config.kafka, config.source.topics, self)
         self.slots: dict[PartitionKey, _Slot] = {}
         self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
@@ -268,6 +274,15 @@ class Engine:
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
         self.counters.rebalances += 1
         out: list[OffsetToCommit] = []
+        # Let DLQ writes already under way finish (briefly), so the commit handed to the next
+        # owner includes them and it does not write the same DLQ records again.
+        revoking = [s for k in partitions if (s := self.slots.get(k)) is not None]
+        for revoked in revoking:
+            revoked.revoking = True
+        with trio.move_on_after(REVOKE_DLQ_WAIT_S):
+            while any(s.dlq_writes for s in revoking) and not self.stopping:
+                self._dlq_write_done = trio.Event()
+                await self._dlq_write_done.wait()
         for key in partitions:
             self._pending_assign.pop(key, None)
             slot = self.slots.pop(key, None)
@@ -368,6 +383,8 @@ class Engine:
                 for slot in slots:
                     if budget <= 0:
                         break
+                    if slot.revoking:
+                        continue
                     got = slot.ledger.acquire(now, budget)
                     budget -= len(got)
                     acquired.extend((slot, a) for a in got)
@@ -657,7 +674,15 @@ class Engine:
         assert self._nursery is not None
         for slot in list(self.slots.values()):
             for req in slot.ledger.to_archive():
-                self._nursery.start_soon(self._archive, slot, req)
+                slot.dlq_writes += 1
+                self._nursery.start_soon(self._archive_counted, slot, req)
+
+    async def _archive_counted(self, slot: _Slot, req: Any) -> None:
+        try:
+            await self._archive(slot, req)
+        finally:
+            slot.dlq_writes -= 1
+            self._dlq_write_done.set()
 
     async def _archive(self, slot: _Slot, req: Any) -> None:
         msg = cast(Message, req.item)
