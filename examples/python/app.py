@@ -12,20 +12,24 @@ Kafka-* headers. This app decides by the order's "kind":
 
     python3 app.py [--host 127.0.0.1] [--port 8080] [--unix PATH] [--quiet]
 
+SIDECAR_API is http://host:port (default http://127.0.0.1:8787) or unix:/path/to/api.sock.
+
 Each decision is logged as one line: order=<id> kind=<kind> delivery=<n> answer=<ack>.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
+import socket
 import socketserver
 import sys
 import threading
 import traceback
-import urllib.request
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -55,19 +59,41 @@ def validate(order: dict[str, Any]) -> None:
         raise OrderValidationError(f"order {order.get('id')}: quantity must be positive")
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP to the sidecar's API when it listens on a Unix socket (SIDECAR_API=unix:/path)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
+def post_acks(body: bytes) -> str:
+    """POST /v1/acks to the sidecar; the one result word (ok, unknown or expired)."""
+    conn: http.client.HTTPConnection
+    if SIDECAR_API.startswith("unix:"):
+        conn = UnixHTTPConnection(SIDECAR_API.removeprefix("unix:"), timeout=5)
+    else:
+        url = urllib.parse.urlsplit(SIDECAR_API)
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=5)
+    try:
+        conn.request("POST", "/v1/acks", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return str(json.loads(response.read())["results"][0]["result"])
+    finally:
+        conn.close()
+
+
 def ack_later(delivery_id: str, order_id: object) -> None:
     """Answer a deferred delivery through the sidecar's local API."""
     body = json.dumps({"acks": [{"id": delivery_id, "ack": "accept"}]}).encode()
-    request = urllib.request.Request(
-        SIDECAR_API + "/v1/acks",
-        data=body,
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
     try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            result = json.load(response)["results"][0]["result"]
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+        result = post_acks(body)
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError) as exc:
         # The record is not lost: the sidecar redelivers it when its lock expires.
         log(f"order={order_id} acked=accept error={exc!r}")
         return

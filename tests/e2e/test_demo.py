@@ -196,3 +196,35 @@ def test_demo_rejects_bad_arguments() -> None:
     )
     assert proc.returncode == 2
     assert "--records: must be at least 1" in proc.stderr
+
+
+def test_demo_stops_everything_on_sigterm_mid_run(
+    bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    out_path = tmp_path / "demo.out"
+    env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "COLUMNS": "120"}
+    with open(out_path, "wb") as out_file:
+        proc = subprocess.Popen(
+            [*demo_command(), "--records", "2000", "--topic", f"orders-{unique}"],
+            cwd=ROOT,
+            env=env,
+            stdout=out_file,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "] produced" not in out_path.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, out_path.read_text()
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out = out_path.read_text()
+    assert code == 130, out
+    assert "dlq-sidecar demo: interrupted" in out
+    workdir = workdir_of(out)
+    assert processes_mentioning(str(workdir)) == []
+    assert not workdir.exists()
