@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from tests.harness import ROOT, free_port
 
 
@@ -228,3 +230,49 @@ def test_demo_stops_everything_on_sigterm_mid_run(
     workdir = workdir_of(out)
     assert processes_mentioning(str(workdir)) == []
     assert not workdir.exists()
+
+
+def test_derived_config_is_the_example_with_this_runs_addresses(tmp_path: Path) -> None:
+    """The demo's config is config.example.yaml plus overrides, and the sidecar accepts it."""
+    from sidecar.config import load_config
+    from sidecar.demo import derive_config, find_layout
+
+    layout = find_layout()
+    out = tmp_path / "config.yaml"
+    derived = derive_config(
+        layout.example_config,
+        out,
+        bootstrap="127.0.0.1:19092",
+        group="g-demo",
+        topic="orders-x",
+        app_url="http://127.0.0.1:18080/records",
+        api_listen="127.0.0.1:18787",
+    )
+    config = load_config(out)
+    assert config.group_id == "g-demo"
+    assert list(config.source.topics) == ["orders-x"]
+    assert config.dlq_topic_for("orders-x") == "dlq.orders-x"
+    assert derived["kafka"]["bootstrap.servers"] == "127.0.0.1:19092"
+    assert derived["errors.retry.delay.initial.ms"] == 100
+    # Everything not overridden is the example's own value.
+    example = yaml.safe_load(layout.example_config.read_text())
+    overridden = {"kafka", "source", "app", "api"} | {
+        k for k in derived if k.startswith("errors.retry.delay") or k.endswith(".ms")
+    }
+    for key, value in example.items():
+        if key not in overridden:
+            assert derived[key] == value, key
+    assert derived["share.delivery.count.limit"] == example["share.delivery.count.limit"]
+
+
+def test_expected_outcomes_follow_the_apps_rule() -> None:
+    from sidecar.demo import expected_outcomes, plan_orders
+
+    orders = plan_orders(150, 7)
+    assert orders == plan_orders(150, 7)  # seeded: every run sees the same stream
+    exp = expected_outcomes(orders, 5)
+    assert (exp.accepted, exp.rejected, exp.exhausted) == (127 + 7 + 6, 5, 5)
+    assert exp.attempts == 127 + 7 + 5 + 3 * 6 + 5 * 5
+    # With a limit of 2, flaky orders cannot reach their accepting 3rd delivery.
+    low = expected_outcomes(orders, 2)
+    assert (low.accepted, low.exhausted) == (127 + 7, 5 + 6)
