@@ -28,7 +28,7 @@ def run_pipeline(n_records: int, batch: int = 500) -> float:
     now = 0
     offset = 0
     committed = 0
-    started = time.perf_counter()
+    started = time.process_time()
     while offset < n_records:
         end = min(offset + batch, n_records)
         for o in range(offset, end):
@@ -44,7 +44,7 @@ def run_pipeline(n_records: int, batch: int = 500) -> float:
             ledger.answer(attempt.attempt_id, accept, now)
         now += 1
     committed = ledger.committable_offset()
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert committed == n_records, committed
     return n_records / elapsed
 

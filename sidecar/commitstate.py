@@ -14,12 +14,13 @@ Wire format, version 1::
     done      = 0x00                                    (no done ranges)
               | 0x01 uvarint(n) n * (uvarint(gap) uvarint(length - 1))          (run-length)
               | 0x02 uvarint(nbits) bytes                                        (bitset)
-    counts    = uvarint(n) n * (uvarint(delta) uvarint(count - 1))
+    counts    = uvarint(n) n * (uvarint(gap) uvarint(length - 1) uvarint(count - 1))
 
 Done ranges are relative to ``base_offset + 1``; a run-length range starts ``gap`` offsets after the
 end of the previous one.  Bit ``i`` (little-endian within each byte) of a bitset means offset
-``base_offset + 1 + i`` is done.  Count offsets are deltas from ``base_offset`` for the first entry
-and from the previous entry minus one afterwards.  The encoder writes whichever of run-length or
+``base_offset + 1 + i`` is done.  Counts are runs of consecutive offsets with the same delivery
+count (records in flight together usually are), each starting ``gap`` offsets after the end of the
+previous run (the first after ``base_offset``).  The encoder writes whichever of run-length or
 bitset is smaller, then keeps the zlib form only when it is smaller still (Confluent Parallel
 Consumer makes the same choice between run-length, bitset and compression).
 
@@ -54,6 +55,9 @@ MAX_OFFSET = 2**63 - 1
 # A decoded payload larger than this is not ours (4096 characters of base64 inflate to far less);
 # the bound keeps a hostile or corrupt zlib stream from allocating gigabytes.
 _MAX_INFLATED = 1 << 20
+
+# A run of counts expands to one entry per offset; no ledger holds more records than this.
+_MAX_DECODED_COUNTS = 1 << 20
 
 _FLAG_RAW = 0
 _FLAG_ZLIB = 1
@@ -210,15 +214,24 @@ def _payload(state: CommitState) -> bytes:
         out += rle if bitset is None or len(bitset) >= len(rle) else bitset
     else:
         out.append(_DONE_NONE)
-    _put_uvarint(out, len(state.counts))
-    previous = state.base_offset
-    first = True
-    for offset, count in state.counts.items():  # sorted by construction
-        _put_uvarint(out, offset - previous if first else offset - previous - 1)
-        _put_uvarint(out, count - 1)
-        previous = offset
-        first = False
+    _put_counts(out, state)
     return bytes(out)
+
+
+def _put_counts(out: bytearray, state: CommitState) -> None:
+    runs: list[list[int]] = []  # [start, length, count]
+    for offset, count in state.counts.items():  # sorted by construction
+        if runs and runs[-1][0] + runs[-1][1] == offset and runs[-1][2] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([offset, 1, count])
+    _put_uvarint(out, len(runs))
+    previous_end = state.base_offset
+    for start, length, count in runs:
+        _put_uvarint(out, start - previous_end)
+        _put_uvarint(out, length - 1)
+        _put_uvarint(out, count - 1)
+        previous_end = start + length
 
 
 def _encode_full(state: CommitState) -> str:
@@ -238,12 +251,9 @@ def payload_bound(state: CommitState) -> int:
     metadata is still far from ``offset.metadata.max.bytes`` without encoding on every change.
     """
     rle = _rle(state.base_offset, state.done) if state.done else b"\x00"
-    size = _uvarint_len(state.base_offset) + len(rle) + _uvarint_len(len(state.counts))
-    previous = state.base_offset
-    for offset, count in state.counts.items():
-        size += _uvarint_len(offset - previous) + _uvarint_len(count - 1)
-        previous = offset
-    return size
+    counts = bytearray()
+    _put_counts(counts, state)
+    return _uvarint_len(state.base_offset) + len(rle) + len(counts)
 
 
 def chars_for_payload(payload_bytes: int) -> int:
@@ -368,12 +378,16 @@ def decode(metadata: str) -> CommitState | None:
         if n > len(payload):
             return None
         counts: dict[int, int] = {}
-        previous = base
-        for i in range(n):
-            delta = reader.uvarint()
-            offset = previous + delta if i == 0 else previous + delta + 1
-            counts[offset] = reader.uvarint() + 1
-            previous = offset
+        previous_end = base
+        for _ in range(n):
+            start = previous_end + reader.uvarint()
+            length = reader.uvarint() + 1
+            count = reader.uvarint() + 1
+            if len(counts) + length > _MAX_DECODED_COUNTS:
+                return None
+            for offset in range(start, start + length):
+                counts[offset] = count
+            previous_end = start + length
         if reader.pos != len(payload):
             return None
         return CommitState(base, done, counts)

@@ -227,9 +227,9 @@ _UNORDERED = object()
 # Metadata fill (fraction of metadata_max_bytes) at which a partition pauses / may resume.
 _PAUSE_FILL = 0.9
 _RESUME_FILL = 0.7
-# A count entry is at most 9 + 3 raw bytes (offset delta, count < 2**21): 18 characters with the
-# estimate's 1.5 factor (base64 is 4/3).
-_MAX_ENTRY_CHARS = 18
+# An acquisition changes one count: at most two more count runs of 9 + 9 + 3 raw bytes each (gap,
+# length, count < 2**21), 63 characters with the estimate's 1.5 factor (base64 is 4/3).
+_MAX_ENTRY_CHARS = 64
 _PARTITION = object()
 _MASK64 = (1 << 64) - 1
 
@@ -434,7 +434,7 @@ class PartitionLedger:
         # Metadata size tracking (see _metadata_over): O(1) counters give a structural bound of
         # the payload; an exact measurement is cached per version.
         self._n_fetched = 0  # records added, restored-done ones included
-        self._n_counted = 0  # held records with a delivery count
+        self._n_count_runs = 0  # runs of held records with equal counts (exact, see _recount)
         self._held_seqs: set[int] = set()
         self._n_ranges = 0  # done ranges above the base (exact, see _count_done_run)
         self._max_done_seq = -1
@@ -473,8 +473,6 @@ class PartitionLedger:
             self._count_done_run(seq, front_seq, extends=True)
             return False
         count = self._restored_counts.pop(offset, 0) if self._restored_counts else 0
-        if count:
-            self._n_counted += 1
         ordering = self.config.ordering
         if ordering is Ordering.KEY:
             queue_key: object = _UNORDERED if key is None else key
@@ -485,6 +483,8 @@ class PartitionLedger:
         record = _Record(offset, key, item, count, queue_key, seq)
         self._records[offset] = record
         self._held_seqs.add(seq)
+        if count:
+            self._recount(offset, 0, count)
         if queue_key is _UNORDERED:
             self._make_ready(record)
         else:
@@ -549,25 +549,28 @@ class PartitionLedger:
             if record is None or not record.queued:
                 heapq.heappop(ready)  # stale entry
                 continue
-            if record.delivery_count == 0:
-                # A first attempt adds a delivery count to the commit metadata; near the budget
-                # only records already counted may go, and the lowest one (it frees the most).
-                if allowance <= 0:
-                    estimate = self._metadata_estimate()
-                    if estimate > pause_chars:
-                        if self._metadata_over(_PAUSE_FILL) and offset != next(iter(records)):
-                            break
-                    else:
-                        # A count entry adds at most _MAX_ENTRY_CHARS to either estimate:
-                        # that many first attempts need no new estimate.
-                        allowance = int(pause_chars - estimate) // _MAX_ENTRY_CHARS
-                allowance -= 1
-                self._n_counted += 1
-                self._version += 1
+            if allowance <= 0:
+                # Near the metadata budget, a first attempt (a new count entry) may only go for
+                # the lowest record (it frees the most); records already counted always may.
+                estimate = self._metadata_estimate()
+                if estimate > pause_chars:
+                    if (
+                        record.delivery_count == 0
+                        and self._metadata_over(_PAUSE_FILL)
+                        and offset != next(iter(records))
+                    ):
+                        break
+                else:
+                    # An acquisition adds at most _MAX_ENTRY_CHARS to either estimate: that many
+                    # need no new estimate.
+                    allowance = int(pause_chars - estimate) // _MAX_ENTRY_CHARS
+            allowance -= 1
+            self._version += 1
             heapq.heappop(ready)
             record.queued = False
             count = record.delivery_count + 1
             record.delivery_count = count
+            self._recount(offset, count - 1, count)
             seq = self._next_seq
             self._next_seq = seq + 1
             attempt_id = f"{self._id_prefix}{offset}{self._id_epoch}{seq}"
@@ -702,8 +705,7 @@ class PartitionLedger:
         del self._live[attempt_id]
         record.attempt_id = None
         record.delivery_count -= 1
-        if not record.delivery_count:
-            self._n_counted -= 1
+        self._recount(record.offset, record.delivery_count + 1, record.delivery_count)
         self._attempts_total -= 1
         record.state = _AVAILABLE
         record.not_before_ms = now + delay_ms
@@ -832,8 +834,7 @@ class PartitionLedger:
         del records[offset]
         self._held_seqs.discard(record.seq)
         record.item = None
-        if record.delivery_count:
-            self._n_counted -= 1
+        self._recount(offset, record.delivery_count, 0)
         self._max_done = max(self._max_done, offset)
         self._count_done_run(record.seq, front_seq, extends=record.seq > self._max_done_seq)
         queue_key = record.queue_key
@@ -846,6 +847,26 @@ class PartitionLedger:
             self._make_ready(self._records[queue[0]])
         else:
             del self._queues[queue_key]
+
+    def _recount(self, offset: int, before: int, after: int) -> None:
+        """Keep ``_n_count_runs`` exact when the delivery count at ``offset`` changes.
+
+        Count runs are maximal runs of consecutive offsets with the same count (the codec's
+        counts section), so only the neighbours ``offset - 1`` and ``offset + 1`` matter.
+        """
+        if before == after:
+            return
+        records = self._records
+        neighbour = records.get(offset - 1)
+        left = neighbour.delivery_count if neighbour is not None else 0
+        neighbour = records.get(offset + 1)
+        right = neighbour.delivery_count if neighbour is not None else 0
+        delta = 0
+        if before:
+            delta -= 1 - (left == before) - (right == before)
+        if after:
+            delta += 1 - (left == after) - (right == after)
+        self._n_count_runs += delta
 
     def _count_done_run(self, seq: int, front_seq: int, *, extends: bool) -> None:
         """Keep ``_n_ranges`` (the done ranges commit_state emits) exact as ``seq`` becomes done.
@@ -929,18 +950,18 @@ class PartitionLedger:
     def _structural_raw(self) -> int:
         """An upper bound of the run-length payload from O(1) counters.
 
-        The done ranges kept in memory are counted exactly (``_n_ranges``), the restored ones not
-        yet reached are bounded by their number; a range is two varints, a count entry an offset
-        delta and a count; every varint of an offset is at most the span from the base to the
-        highest offset known.
+        The done ranges and count runs kept in memory are counted exactly (``_n_ranges``,
+        ``_n_count_runs``), the restored ones not yet reached are bounded by their number; a range
+        is two varints, a count run three; every varint of an offset is at most the span from the
+        base to the highest offset known.
         """
         records = self._records
         base = next(iter(records)) if records else self._last_added + 1
         v = _vlen(max(self._last_added, self._restored_top) - base + 2)
         ranges = self._n_ranges + len(self._restored_done) - self._restored_index
-        counts = self._n_counted + len(self._restored_counts)
+        runs = self._n_count_runs + len(self._restored_counts)
         # base (<= 9 bytes), done kind (1), two list lengths (<= 3 each); counts < 2**21.
-        return 16 + ranges * 2 * v + counts * (v + 3)
+        return 16 + ranges * 2 * v + runs * (2 * v + 3)
 
     def _metadata_estimate(self) -> int:
         """Encoded size estimate in characters, O(1).

@@ -134,6 +134,12 @@ def test_regular_state_is_compressed() -> None:
     assert len(text) < payload_bound(state)
 
 
+def test_records_in_flight_together_cost_one_count_run() -> None:
+    state = CommitState(10**12, (), {10**12 + i: 1 for i in range(2000)})
+    assert payload_bound(state) < 16
+    assert roundtrip(state) == state
+
+
 def test_payload_bound_bounds_the_encoding() -> None:
     state = CommitState(
         MAX_OFFSET - 10**6,
@@ -216,10 +222,13 @@ def test_checksummed_but_invalid_payloads_decode_to_none() -> None:
     assert decode(valid_body(b"\x05\x00\x00")) == CommitState(5)  # the control case
     assert decode(valid_body(b"\x05\x00\x00\x00")) is None  # trailing byte
     assert decode(valid_body(b"\x05\x09\x00")) is None  # unknown done kind
-    assert decode(valid_body(b"\x05\x01\x01\x00\x01\x01\x00\x00")) == CommitState(
+    rle = b"\x01\x01\x00\x01"  # one done range: (6, 8)
+    assert decode(valid_body(b"\x05" + rle + b"\x01\x00\x00\x00")) == CommitState(
         5, ((6, 8),), {5: 1}
     )
-    assert decode(valid_body(b"\x05\x01\x01\x00\x01\x01\x02\x00")) is None  # count on a done offset
+    assert decode(valid_body(b"\x05" + rle + b"\x01\x02\x00\x00")) is None  # count on done
+    # A run of 2**21 counts: a decompression bomb of another kind.
+    assert decode(valid_body(b"\x05\x00\x01\x00\x80\x80\x80\x01\x00")) is None
     # Offsets beyond int64: base 2**63 as a varint.
     varint = bytes([0x80] * 9 + [0x01])
     assert decode(valid_body(varint + b"\x00\x00")) is None

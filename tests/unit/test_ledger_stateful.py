@@ -323,6 +323,13 @@ class LedgerMachine(RuleBasedStateMachine):
         pending = self.ledger._restored_done[self.ledger._restored_index :]
         if not pending:
             assert self.ledger._n_ranges == len(state.done)
+        if not self.ledger._restored_counts:
+            runs = sum(
+                1
+                for o, c in state.counts.items()
+                if state.counts.get(o - 1) != c  # a run starts where the previous offset differs
+            )
+            assert self.ledger._n_count_runs == runs
 
     @invariant()
     def counters_match(self) -> None:
