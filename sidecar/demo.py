@@ -31,14 +31,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
+
+if TYPE_CHECKING:
+    # rich is imported where it is used: the CLI imports this module to build its parser, and
+    # `dlq-sidecar run` should not pay for rich's import.
+    from rich.console import Console, Group
+    from rich.live import Live
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -491,6 +492,8 @@ class Display:
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
+            from rich.live import Live
+
             self.live = Live(console=self.console, refresh_per_second=8, transient=False)
             self.live.__enter__()
         return self
@@ -521,6 +524,11 @@ class Display:
             )
 
     def _render(self, snap: Snapshot, produced: int, elapsed_s: float) -> Group:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column(justify="right")
@@ -754,6 +762,7 @@ class Demo:
         self, snap: Snapshot, elapsed_s: float, expected: Expected | None, limit: int
     ) -> bool:
         """Print the summary table; False when the bundled app's outcomes are not the expected ones."""
+        from rich.table import Table
 
         def want(attr: str) -> int | None:
             return None if expected is None else int(getattr(expected, attr))
@@ -806,6 +815,8 @@ class Demo:
         n = min(self.o.show_dlq, written)
         if n <= 0:
             return
+        from rich.table import Table
+
         records = pick_varied(read_dlq(bootstrap, dlq_topic, min(written, 1000)), n)
         self.console.print(
             f"\nFirst {len(records)} records of {dlq_topic}, one per kind of failure first "
@@ -1007,6 +1018,8 @@ def _raise_stop(_signum: int, _frame: object) -> None:
 
 def cmd_demo(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     """Run the demo; 0 on success, 1 with a message on failure, 130 when interrupted."""
+    from rich.console import Console
+
     console = Console(file=stdout or sys.stdout)
     options = Options(
         records=args.records,
