@@ -20,13 +20,7 @@ from tests.harness import ROOT, free_port
 
 
 def demo_command() -> list[str]:
-    """`python -m sidecar demo` once the CLI has the sub-command, else the module's own entry point."""
-    from sidecar.cli import build_parser
-
-    help_text = build_parser().format_help()
-    if re.search(r"\bdemo\b", help_text):
-        return [sys.executable, "-m", "sidecar", "demo"]
-    return [sys.executable, "-m", "sidecar.demo"]
+    return [sys.executable, "-m", "sidecar", "demo"]
 
 
 def run_demo(
