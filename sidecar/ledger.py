@@ -570,7 +570,15 @@ class PartitionLedger:
             record.queued = False
             count = record.delivery_count + 1
             record.delivery_count = count
-            self._recount(offset, count - 1, count)
+            # _recount(offset, count - 1, count), inlined: this is the hot path.
+            neighbour = records.get(offset - 1)
+            left = neighbour.delivery_count if neighbour is not None else 0
+            neighbour = records.get(offset + 1)
+            right = neighbour.delivery_count if neighbour is not None else 0
+            runs = 1 - (left == count) - (right == count)
+            if count > 1:
+                runs -= 1 - (left == count - 1) - (right == count - 1)
+            self._n_count_runs += runs
             seq = self._next_seq
             self._next_seq = seq + 1
             attempt_id = f"{self._id_prefix}{offset}{self._id_epoch}{seq}"
