@@ -388,6 +388,8 @@ class Engine:
                     got = slot.ledger.acquire(now, budget)
                     budget -= len(got)
                     acquired.extend((slot, a) for a in got)
+            if acquired or self._deliveries:
+                self.source.mark_busy()
             if acquired:
                 await self._hand_out(acquired)
             self._start_archiving()
@@ -816,7 +818,7 @@ class Engine:
                         TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
                         for _, o in pending
                     ]
-                    await self.dlq.txn_commit(tps, self.source.consumer.consumer_group_metadata())
+                    await self.dlq.txn_commit(tps, self.source.group_metadata())
                     for sl, o in pending:
                         sl.last_commit = (o.offset, o.metadata)
                     self.counters.commits += 1

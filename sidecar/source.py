@@ -10,7 +10,9 @@ partition events to a `SourceListener`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -95,6 +97,17 @@ class KafkaSource:
         self.fatal_error: str | None = None
         self.broker_ok = True
         self._stopped = trio.Event()
+        # Consumer calls queued for the poll thread: (fn, done-callback or None).
+        self._commands: deque[
+            tuple[Callable[[Consumer], Any], Callable[[Any, BaseException | None], None] | None]
+        ] = deque()
+        self._poll_thread_active = False
+        self._direct_lock = trio.Lock()
+        self._busy_until = 0.0
+        self._busy_poll_timeout_s = 0.005
+        self._next_lag_refresh = 0.0
+        self._lag: dict[tuple[str, int], int] = {}
+        self._group_metadata: Any = None
 
     @property
     def consumer(self) -> Consumer:
@@ -142,6 +155,7 @@ class KafkaSource:
         ]
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
+        self._group_metadata = consumer.consumer_group_metadata()
         self._to_trio(self._listener.on_assigned, assigned)
         log.info("assigned %s", _names(partitions))
 
@@ -186,26 +200,101 @@ class KafkaSource:
         await self._stopped.wait()
 
     async def _poll_loop(self, consumer: Consumer) -> None:
-        while not self._stop_polling:
-            messages: list[Message] = await trio.to_thread.run_sync(
-                consumer.consume, self._batch_size, self._poll_timeout_s
-            )
-            if messages:
-                self.broker_ok = True
-            good: list[Message] = []
-            for msg in messages:
-                err = msg.error()
-                if err is None:
-                    good.append(msg)
-                    continue
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    self.fatal_error = str(err)
-                    raise SourceError(f"fatal consumer error: {err}")
-                log.warning("consumer error: %s", err)
-            if good:
-                await self._listener.on_messages(good)
+        self._poll_thread_active = True
+        try:
+            while not self._stop_polling:
+                messages: list[Message] = await trio.to_thread.run_sync(self._poll_step, consumer)
+                if messages:
+                    self.broker_ok = True
+                good: list[Message] = []
+                for msg in messages:
+                    err = msg.error()
+                    if err is None:
+                        good.append(msg)
+                        continue
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.fatal():
+                        self.fatal_error = str(err)
+                        raise SourceError(f"fatal consumer error: {err}")
+                    log.warning("consumer error: %s", err)
+                if good:
+                    await self._listener.on_messages(good)
+        finally:
+            self._poll_thread_active = False
+            # Whatever is still queued runs in a worker thread, so no caller waits forever.
+            if self._commands:
+                await trio.to_thread.run_sync(self._run_commands, consumer)
+
+    def _poll_step(self, consumer: Consumer) -> list[Message]:
+        """One turn of the poll thread: queued consumer calls first, then one short consume().
+
+        Every call on the consumer handle happens here, on one thread. confluent-kafka serialises
+        calls on a handle, and a commit issued from another thread while consume() loops would wait
+        for consume() to let go — several poll timeouts, or much longer. Queued calls instead wait at
+        most one consume() timeout, which is kept short while calls are queued or records flow.
+        """
+        while True:
+            self._run_commands(consumer)
+            now = time.monotonic()
+            if now >= self._next_lag_refresh:
+                self._refresh_lag(consumer)
+                self._next_lag_refresh = now + 1.0
+            timeout = self._busy_poll_timeout_s if self._busy() else self._poll_timeout_s
+            messages = consumer.consume(self._batch_size, timeout)
+            if messages or self._stop_polling or self._commands:
+                return messages
+            if not self._busy() and not self._commands:
+                return messages  # hand control back to trio now and then (shutdown checks)
+
+    def _busy(self) -> bool:
+        return bool(self._commands) or time.monotonic() < self._busy_until
+
+    def mark_busy(self, seconds: float = 1.0) -> None:
+        """Records are flowing: keep consume() timeouts short so queued calls run promptly."""
+        self._busy_until = max(self._busy_until, time.monotonic() + seconds)
+
+    def _run_commands(self, consumer: Consumer) -> None:
+        while self._commands:
+            fn, done = self._commands.popleft()
+            try:
+                result: Any = fn(consumer)
+                error: BaseException | None = None
+            except Exception as exc:
+                result, error = None, exc
+            if done is not None:
+                done(result, error)
+
+    async def _call(self, fn: Callable[[Consumer], Any]) -> Any:
+        """Run `fn(consumer)` on the poll thread and return its result (or raise its error)."""
+        if not self._poll_thread_active:
+            async with self._direct_lock:
+                return await trio.to_thread.run_sync(fn, self.consumer)
+        finished = trio.Event()
+        outcome: list[Any] = []
+        token = self._token
+        assert token is not None
+
+        def done(result: Any, error: BaseException | None) -> None:
+            def wake() -> None:
+                outcome.append((result, error))
+                finished.set()
+
+            token.run_sync_soon(wake)
+
+        self._commands.append((fn, done))
+        await finished.wait()
+        result, error = outcome[0]
+        if error is not None:
+            raise error
+        return result
+
+    def _post(self, fn: Callable[[Consumer], Any]) -> None:
+        """Queue `fn(consumer)` for the poll thread without waiting (pause/resume)."""
+        if self._poll_thread_active:
+            self._commands.append((fn, None))
+        elif self._consumer is not None and not self._closed:
+            fn(self._consumer)
 
     def stop_polling(self) -> None:
         self._stop_polling = True
@@ -216,11 +305,11 @@ class KafkaSource:
             return
         tps = _to_tps(offsets)
         async with self._commit_lock:
-            await trio.to_thread.run_sync(self._commit_sync, tps)
+            await self._call(lambda c: self._commit_sync(c, tps))
 
-    def _commit_sync(self, tps: list[TopicPartition]) -> None:
+    def _commit_sync(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         try:
-            result = self.consumer.commit(offsets=tps, asynchronous=False)
+            result = consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError._NO_OFFSET:
@@ -231,16 +320,26 @@ class KafkaSource:
                 raise KafkaException(tp.error)
         self.broker_ok = True
 
+    def group_metadata(self) -> Any:
+        """The group metadata (generation, member id) for transactional offset commits.
+
+        Cached by the poll thread at each assignment change: fetching it through the command queue
+        could wait on a revoke callback that itself waits for a DLQ transaction.
+        """
+        return self._group_metadata
+
     def pause(self, keys: Sequence[tuple[str, int]]) -> None:
         keys = [k for k in keys if k in self.assigned and k not in self.paused]
         if keys:
-            self.consumer.pause([TopicPartition(t, p) for t, p in keys])
+            tps = [TopicPartition(t, p) for t, p in keys]
+            self._post(lambda c: c.pause(tps))
             self.paused.update(keys)
 
     def resume(self, keys: Sequence[tuple[str, int]]) -> None:
         keys = [k for k in keys if k in self.paused]
         if keys:
-            self.consumer.resume([TopicPartition(t, p) for t, p in keys])
+            tps = [TopicPartition(t, p) for t, p in keys]
+            self._post(lambda c: c.resume(tps))
             self.paused.difference_update(keys)
 
     async def close(self) -> None:
@@ -252,20 +351,21 @@ class KafkaSource:
         self._closed = True
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """High watermark minus position per assigned partition (from the local cache, no broker call)."""
+        """High watermark minus position per assigned partition, refreshed by the poll thread each second."""
+        return {k: v for k, v in self._lag.items() if k in self.assigned}
+
+    def _refresh_lag(self, consumer: Consumer) -> None:
         out: dict[tuple[str, int], int] = {}
-        if self._consumer is None or self._closed:
-            return out
         for topic, partition in list(self.assigned):
             tp = TopicPartition(topic, partition)
             try:
-                _lo, hi = self._consumer.get_watermark_offsets(tp, cached=True)
-                pos = self._consumer.position([tp])[0].offset
+                _lo, hi = consumer.get_watermark_offsets(tp, cached=True)
+                pos = consumer.position([tp])[0].offset
             except KafkaException:
                 continue
             if hi >= 0 and pos >= 0:
                 out[(topic, partition)] = max(0, hi - pos)
-        return out
+        self._lag = out
 
 
 def _to_tps(offsets: Sequence[OffsetToCommit]) -> list[TopicPartition]:
