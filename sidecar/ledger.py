@@ -837,14 +837,23 @@ class PartitionLedger:
 
     def _finish(self, record: _Record) -> None:
         offset = record.offset
+        seq = record.seq
         records = self._records
         front_seq = next(iter(records.values())).seq
         del records[offset]
-        self._held_seqs.discard(record.seq)
+        self._held_seqs.discard(seq)
         record.item = None
-        self._recount(offset, record.delivery_count, 0)
-        self._max_done = max(self._max_done, offset)
-        self._count_done_run(record.seq, front_seq, extends=record.seq > self._max_done_seq)
+        count = record.delivery_count
+        if count:
+            # _recount(offset, count, 0), inlined: this is the hot path.
+            neighbour = records.get(offset - 1)
+            left = neighbour.delivery_count if neighbour is not None else 0
+            neighbour = records.get(offset + 1)
+            right = neighbour.delivery_count if neighbour is not None else 0
+            self._n_count_runs -= 1 - (left == count) - (right == count)
+        if offset > self._max_done:  # noqa: PLR1730 (hot path)
+            self._max_done = offset
+        self._count_done_run(seq, front_seq, extends=seq > self._max_done_seq)
         queue_key = record.queue_key
         if queue_key is _UNORDERED:
             return
