@@ -1,0 +1,1 @@
+"""Fault injectors and the journaled workload for the reliability suite (tests/reliability)."""

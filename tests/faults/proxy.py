@@ -1,0 +1,160 @@
+"""A TCP fault proxy on loopback (no `tc netem` here): pass, latency, blackhole, reset.
+
+It runs its own trio loop in a background thread, so a test may block its own thread (confluent-kafka calls)
+without stalling the traffic it proxies. Modes apply to bytes in both directions:
+
+- ``pass``: forward as is;
+- ``latency``: hold every chunk `latency_s` before forwarding;
+- ``blackhole``: connections stay open but nothing moves (bytes are held, new connections are accepted and
+  stall) — what a dead peer behind a firewall looks like; when the mode ends, held bytes flow again;
+- ``reset``: close every connection with RST and refuse new ones until the mode changes.
+
+Clients learn broker addresses from metadata, so a proxy sees all of a client's traffic only when the broker
+advertises the proxy's port (tests/faults/broker.py does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from typing import Any
+
+import trio
+
+PASS, LATENCY, BLACKHOLE, RESET = "pass", "latency", "blackhole", "reset"
+
+
+class FaultProxy:
+    def __init__(self, upstream: tuple[str, int], listen_port: int = 0) -> None:
+        self.upstream = upstream
+        self.mode = PASS
+        self.latency_s = 0.0
+        self.port = listen_port
+        self.connections = 0
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: trio.Event | None = None
+        self._changed: trio.Event | None = None
+        self._streams: set[trio.SocketStream] = set()
+        self._error: BaseException | None = None
+
+    # -- control (any thread) ----------------------------------------------------------------------
+
+    def start(self) -> FaultProxy:
+        self._thread = threading.Thread(target=self._thread_main, name="fault-proxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"proxy did not start: {self._error}")
+        if self._error is not None:
+            raise RuntimeError(f"proxy did not start: {self._error}")
+        return self
+
+    def set_mode(self, mode: str, latency_s: float = 0.0) -> None:
+        assert mode in (PASS, LATENCY, BLACKHOLE, RESET), mode
+        assert self._token is not None
+        trio.from_thread.run_sync(self._apply, mode, latency_s, trio_token=self._token)
+
+    def close(self) -> None:
+        if self._token is not None and self._stop is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the proxy's own trio loop -----------------------------------------------------------------
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # reported to start(); the thread just ends
+            self._error = exc
+            self._ready.set()
+
+    def _apply(self, mode: str, latency_s: float) -> None:
+        self.mode, self.latency_s = mode, latency_s
+        if mode == RESET:
+            for stream in list(self._streams):
+                _abort(stream)
+            self._streams.clear()
+        assert self._changed is not None
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        self._changed = trio.Event()
+        listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _wait_flowing(self) -> None:
+        """Return when bytes may move; raise when the connection must die (reset)."""
+        while self.mode in (BLACKHOLE, RESET):
+            if self.mode == RESET:
+                raise trio.BrokenResourceError("reset by the fault proxy")
+            assert self._changed is not None
+            await self._changed.wait()
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        if self.mode == RESET:
+            _abort(client)
+            return
+        try:
+            upstream = await trio.open_tcp_stream(*self.upstream)
+        except OSError:
+            _abort(client)
+            return
+        self.connections += 1
+        self._streams.update((client, upstream))
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                    try:
+                        while True:
+                            data = await src.receive_some(65536)
+                            if not data:
+                                break
+                            await self._wait_flowing()
+                            if self.mode == LATENCY and self.latency_s > 0:
+                                await trio.sleep(self.latency_s)
+                            await self._wait_flowing()
+                            await dst.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
+                    # One side ended: end both, so the peer sees it.
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(pump, client, upstream)
+                nursery.start_soon(pump, upstream, client)
+        finally:
+            self._streams.difference_update((client, upstream))
+            for s in (client, upstream):
+                if self.mode == RESET:
+                    _abort(s)
+                else:
+                    with trio.CancelScope(shield=True):
+                        await s.aclose()
+
+
+def _abort(stream: trio.SocketStream) -> None:
+    """Close with RST (SO_LINGER 0), as a crashed peer or a firewall reject would."""
+    try:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stream.socket.close()
+    except OSError:
+        pass

@@ -1,0 +1,1 @@
+"""The reliability suite: faults injected while records flow, each run judged by sidecar.checker."""
