@@ -655,3 +655,99 @@ def test_real_broker_group_settings(broker: Broker) -> None:
     assert (s.delivery_count_limit, s.delivery_count_limit_source) == (4, "group config")
     assert (s.lock_duration_ms, s.lock_duration_source) == (20000, "group config")
     assert _group_config(broker, group, "share.auto.offset.reset") == "earliest"
+
+
+# ------------------------------------------------------------------------------- app down
+
+
+async def test_app_down_keeps_acquired_records_until_it_is_back(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """Connection refused is not an attempt: acquired records wait (within the lock) and go out once."""
+    topic = broker.create_topic(f"down-{unique}", partitions=1)
+    group = f"g-{unique}"
+    port = free_port()  # nothing listens here yet
+    cfg = write_config(
+        tmp_path / "sidecar.yaml",
+        bootstrap=broker.bootstrap,
+        group=group,
+        topics=[topic],
+        app_url=f"http://127.0.0.1:{port}/records",
+        extra={**SHARE, "share.delivery.count.limit": 2},
+        app_extra={"connect.backoff.initial.ms": 100, "connect.backoff.max.ms": 300},
+    )
+    await trio.to_thread.run_sync(
+        broker.produce, topic, [Rec(key=None, value=f"v{i}".encode()) for i in range(20)]
+    )
+    app = RecordingApp()
+    async with sidecar(cfg) as sc:
+        with trio.fail_after(60):
+            while (await sc.status())["counters"]["not_attempted"] == 0:
+                await trio.sleep(0.2)
+        await trio.sleep(3)  # many connection attempts: more than the delivery count limit
+        code, ready = await sc.get("/readyz")
+        assert code == 503 and ready["checks"]["app_reachable"] is False, ready
+        st = await sc.status()
+        assert st["counters"]["attempts"] == 0, st["counters"]
+        assert st["counters"]["dlq_written"] == 0
+        assert st["paused_partitions"], "intake is not paused while the app is down"
+        async with running_app(app, ("tcp", "127.0.0.1", port)):
+            await wait_until(lambda: len(app.deliveries) >= 20, 30, "20 deliveries")
+            await trio.sleep(1)
+            st = await sc.status()
+            assert await sc.stop() == 0
+    assert sorted(d.offset for d in app.deliveries) == list(range(20))
+    assert all(d.delivery_count == 1 for d in app.deliveries)
+    assert st["counters"]["attempts"] == 20
+    assert st["counters"]["archived"] == {}
+
+
+async def test_batch_mode_app(broker: Broker, unique: str, tmp_path: Path) -> None:
+    """app.mode: batch with engine: share: one result per record id; a reject ends in the DLQ."""
+    import base64
+    import json
+
+    topic = broker.create_topic(f"batch-{unique}", partitions=1)
+    group = f"g-{unique}"
+    seen: list[tuple[int, bytes]] = []
+
+    async def handler(request: Any) -> Response:
+        body = json.loads(request.body)
+        results = []
+        for rec in body["records"]:
+            value = base64.b64decode(rec["value"])
+            seen.append((rec["offset"], value))
+            ack = "reject" if value == b"bad" else "accept"
+            results.append({"id": rec["id"], "ack": ack})
+        return json_response({"results": results})
+
+    port = free_port()
+    async with running_app(handler, ("tcp", "127.0.0.1", port)):  # type: ignore[arg-type]
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/batch",
+            extra=SHARE,
+            app_extra={"mode": "batch", "batch.max.records": 10},
+        )
+        values = [b"bad" if i % 10 == 3 else f"v{i}".encode() for i in range(50)]
+        await trio.to_thread.run_sync(
+            broker.produce, topic, [Rec(key=None, value=v) for v in values]
+        )
+        async with sidecar(cfg) as sc:
+            dlq = f"dlq.{topic}"
+            await _wait_thread(lambda: broker.count_records(dlq) >= 5, 60, "five DLQ records")
+            await wait_until(lambda: len(seen) >= 50, 30, "every record")
+            await trio.sleep(1)
+            assert await sc.stop() == 0
+    assert sorted(o for o, _ in seen) == list(range(50))
+    dlq_recs = await trio.to_thread.run_sync(broker.read_topic, f"dlq.{topic}", 5, 30)
+    assert sorted(int(_headers(r)["__dlq.errors.offset"][0] or b"") for r in dlq_recs) == [
+        3,
+        13,
+        23,
+        33,
+        43,
+    ]
