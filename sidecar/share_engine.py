@@ -41,7 +41,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
-from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Message, ShareConsumer
+from confluent_kafka import (
+    AcknowledgeType,
+    IllegalStateException,
+    KafkaError,
+    KafkaException,
+    Message,
+    ShareConsumer,
+)
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 from opentelemetry import trace
@@ -541,7 +548,10 @@ class ShareEngine:
         props = share_consumer_properties(self.config.kafka)
         props["client.id"] = f"{props.get('client.id', 'dlq-sidecar')}-share-{index}"
         props["error_cb"] = self._on_client_error
-        consumer = ShareConsumer(props)
+        try:
+            consumer = ShareConsumer(props)
+        except KafkaException as exc:
+            raise SourceError(f"cannot create the share consumer: {exc}") from exc
         try:
             consumer.set_acknowledgement_commit_callback(
                 lambda offsets, exc: trio.from_thread.run_sync(
@@ -571,7 +581,20 @@ class ShareEngine:
                     continue
                 decisions = trio.from_thread.run(self._process_batch, index, good, trio_token=token)
                 for msg, ack_type in decisions:
-                    consumer.acknowledge(msg, ack_type)
+                    try:
+                        consumer.acknowledge(msg, ack_type)
+                    except (IllegalStateException, KafkaException) as exc:
+                        # The client no longer holds the record (its lock ran out first): the broker
+                        # redelivers it, at least once as always.
+                        topic, partition, offset = _coords(msg)
+                        log.warning(
+                            "cannot acknowledge %s[%d]@%d (%s): %s",
+                            topic,
+                            partition,
+                            offset,
+                            ack_type.name,
+                            exc,
+                        )
                 # The acknowledgements go to the broker with the next poll (or the close below).
         finally:
             try:
