@@ -751,3 +751,37 @@ async def test_batch_mode_app(broker: Broker, unique: str, tmp_path: Path) -> No
         33,
         43,
     ]
+
+
+async def test_sigterm_with_unanswered_records_releases_them(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """Draining stops at shutdown.drain.timeout.ms: unanswered records are released, exit 0, next one gets them."""
+    topic = broker.create_topic(f"term-{unique}", partitions=1)
+    group = f"g-{unique}"
+    app = RecordingApp(policy=lambda d: Response(202) if d.delivery_count == 1 else Response(200))
+    port = free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=group,
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/",
+            extra={**SHARE, "shutdown.drain.timeout.ms": 1000},
+        )
+        await trio.to_thread.run_sync(
+            broker.produce, topic, [Rec(key=None, value=f"v{i}".encode()) for i in range(5)]
+        )
+        async with sidecar(cfg) as sc:
+            await wait_until(lambda: len(app.deliveries) >= 5, 60, "five deliveries")
+            code, metrics = await sc.get("/metrics")
+            assert code == 200 and "dlq_sidecar_in_flight_records 5.0" in metrics, metrics
+            started = trio.current_time()
+            assert await sc.stop(timeout_s=20) == 0, sc.log_text()[-3000:]
+            stop_s = trio.current_time() - started
+        async with sidecar(cfg) as sc:
+            await wait_until(lambda: len(app.deliveries) >= 10, 60, "the redeliveries")
+            assert await sc.stop() == 0
+    assert stop_s < 10, stop_s
+    assert sorted(d.delivery_count for d in app.deliveries) == [1] * 5 + [2] * 5
