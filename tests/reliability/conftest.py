@@ -13,7 +13,10 @@ from tests.faults.proxy import PASS, FaultProxy
 @pytest.fixture(scope="session")
 def private_kafka() -> Iterator[tuple[PrivateBroker, FaultProxy]]:
     proxy_port = free_port()
-    with PrivateBroker(advertised_port=proxy_port) as broker, FaultProxy(broker.upstream, proxy_port) as proxy:
+    with (
+        PrivateBroker(advertised_port=proxy_port) as broker,
+        FaultProxy(broker.upstream, proxy_port) as proxy,
+    ):
         broker.start()
         yield broker, proxy
 
