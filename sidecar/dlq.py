@@ -198,6 +198,9 @@ def producer_properties(
         "queued.max.messages.kbytes",
         "auto.commit.interval.ms",
         "check.crcs",
+        "max.poll.records",
+        "share.acknowledgement.mode",
+        "transactional.id",
     }
     props = {k: v for k, v in kafka.items() if k not in consumer_only}
     props.update(

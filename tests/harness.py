@@ -136,6 +136,7 @@ def write_config(
             "bootstrap.servers": bootstrap,
             "group.id": group,
             "auto.offset.reset": "earliest",
+            **(kafka_extra or {}),
         },
         "source": {"topics": topics},
         "app": {

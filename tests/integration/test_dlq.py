@@ -377,6 +377,12 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
             app_url=f"http://127.0.0.1:{port}/",
             extra={"share.delivery.count.limit": limit},
             app_extra={"max.in.flight": 1},
+            kafka_extra={
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                # Static membership: a restarted sidecar takes over its dead incarnation at once.
+                "group.instance.id": f"sidecar-{unique}",
+            },
         )
         await _in_thread(
             broker.produce, topic, [Rec(key=None, value=v) for v in (b"a", b"kill", b"b")]

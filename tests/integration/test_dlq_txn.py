@@ -49,7 +49,12 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
                 "errors.deadletterqueue.copy.record.enable": True,
             },
             app_extra={"max.in.flight": 4},
-            kafka_extra={"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+            kafka_extra={
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                # Static membership: a restarted sidecar takes over its dead incarnation at once.
+                "group.instance.id": f"sidecar-{unique}",
+            },
         )
         recs = [
             Rec(
