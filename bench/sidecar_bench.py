@@ -69,6 +69,7 @@ ALL_SCENARIOS = [
     "e-txn",
     "f-off",
     "f-on",
+    "f-on-10pct",
 ]
 DESCRIPTIONS = {
     "a": "raw consumer (ceiling)",
@@ -82,7 +83,18 @@ DESCRIPTIONS = {
     "e-tcp-key": "sidecar 5% rej + 5% rel, DLQ",
     "e-txn": "... transactional DLQ",
     "f-off": "tracing off (exporter none)",
-    "f-on": "tracing on",
+    "f-on": "tracing on, all sampled",
+    "f-on-10pct": "tracing on, 10 % parent-based",
+}
+# Tracing scenarios: the console exporter (the sidecar's only exporter that needs no receiver)
+# writes every span as JSON to the sidecar's stdout, which goes to /dev/null; the sampler comes
+# from the standard OTEL_* variables the sidecar honours.
+SIDECAR_ENV = {
+    "f-on": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+    "f-on-10pct": {
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    },
 }
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key"]
 
@@ -351,7 +363,7 @@ def sidecar_config(
     transport, _, ordering = rest.partition("-")
     if kind in ("e", "f") and not ordering:
         transport, ordering = "tcp", "key"
-    if scenario in ("e-txn", "f-off", "f-on"):
+    if scenario in ("e-txn", "f-off", "f-on", "f-on-10pct"):
         transport, ordering = "tcp", "key"
     unix = transport == "unix"
     mode = "batch" if kind == "d" else "single"
@@ -378,7 +390,7 @@ def sidecar_config(
         lines.append("errors.retry.delay.initial.ms: 50")
     if scenario == "e-txn":
         lines.append("errors.deadletterqueue.transactional.enable: true")
-    if scenario == "f-on":
+    if scenario.startswith("f-on"):
         lines += ["tracing:", "  exporter: console"]
     return "\n".join(lines) + "\n"
 
@@ -392,22 +404,26 @@ def unavailable(scenario: str) -> str | None:
             return (
                 "errors.deadletterqueue.transactional.enable is parsed but not used by the engine"
             )
-    if scenario.startswith("f-") and not (ROOT / "sidecar" / "tracing.py").exists():
-        return "no sidecar/tracing.py: tracing.exporter is parsed but spans are not created"
+    if scenario.startswith("f-") and "tracing" not in (ROOT / "sidecar" / "engine.py").read_text():
+        return "the engine creates no spans: tracing.exporter is parsed but unused"
     return None
 
 
 @contextlib.contextmanager
 def running_sidecar(
-    config_text: str, directory: str, name: str
+    config_text: str, directory: str, name: str, env: dict[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     config_path = os.path.join(directory, f"{name}.yaml")
     Path(config_path).write_text(config_text)
     log_path = os.path.join(directory, f"{name}.log")
     with open(log_path, "wb") as log:
-        # stdout too goes to the log: the console span exporter writes there.
+        # Logs go to stderr; stdout carries only console-exported spans.
         proc = subprocess.Popen(
-            [PY, "-m", "sidecar", "run", "-c", config_path], cwd=ROOT, stdout=log, stderr=log
+            [PY, "-m", "sidecar", "run", "-c", config_path],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=dict(os.environ, **(env or {})),
         )
     try:
         yield proc
@@ -467,7 +483,8 @@ def run_sidecar_throughput(
     api_path = os.path.join(directory, f"api-{scenario}-{run}.sock")
     config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
     app.reset(fail=1 if scenario.startswith("e") else 0)
-    with running_sidecar(config, directory, f"{scenario}-{run}") as proc:
+    env = SIDECAR_ENV.get(scenario)
+    with running_sidecar(config, directory, f"{scenario}-{run}", env) as proc:
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
