@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.faults.broker import PrivateBroker
@@ -13,18 +14,27 @@ from tests.faults.workload import Run, assert_clean, env_seed, open_run, plan_re
 from tests.harness import sidecar, wait_until
 
 N = 2000
+MODES = pytest.mark.parametrize(
+    "transactional", [False, True], ids=["at-least-once", "transactional"]
+)
 
 
 async def _flowing(run: Run, seed: int) -> None:
     await run.produce(plan_records(N, seed=seed, poison_ratio=0.05))
 
 
+@MODES
 async def test_broker_paused_10_s(
-    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path
+    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
     broker, _proxy = kafka_behind_proxy
     async with open_run(
-        tmp_path, bootstrap=broker.external, direct=broker.direct, name="pause", app_delay_s=0.01
+        tmp_path,
+        bootstrap=broker.external,
+        direct=broker.direct,
+        name="pause",
+        app_delay_s=0.01,
+        transactional=transactional,
     ) as run:
         await _flowing(run, env_seed(404))
         async with sidecar(run.config()) as sc:
@@ -43,8 +53,9 @@ async def test_broker_paused_10_s(
     assert_clean(report, f"broker SIGSTOP 10 s ({run.elapsed_s():.0f}s)")
 
 
+@MODES
 async def test_blackholed_broker_connection_10_s(
-    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path
+    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
     broker, proxy = kafka_behind_proxy
     async with open_run(
@@ -53,6 +64,7 @@ async def test_blackholed_broker_connection_10_s(
         direct=broker.direct,
         name="blackhole",
         app_delay_s=0.01,
+        transactional=transactional,
     ) as run:
         await _flowing(run, env_seed(606))
         async with sidecar(run.config()) as sc:
@@ -70,12 +82,18 @@ async def test_blackholed_broker_connection_10_s(
     assert_clean(report, f"blackholed broker connection 10 s ({run.elapsed_s():.0f}s)")
 
 
+@MODES
 async def test_broker_killed_and_restarted_on_same_log_dir(
-    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path
+    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
     broker, _proxy = kafka_behind_proxy
     async with open_run(
-        tmp_path, bootstrap=broker.external, direct=broker.direct, name="bkill", app_delay_s=0.01
+        tmp_path,
+        bootstrap=broker.external,
+        direct=broker.direct,
+        name="bkill",
+        app_delay_s=0.01,
+        transactional=transactional,
     ) as run:
         await _flowing(run, env_seed(303))
         async with sidecar(run.config()) as sc:
