@@ -33,11 +33,21 @@ from confluent_kafka import Message, TopicPartition
 from opentelemetry import trace
 
 from sidecar import ledger as L
-from sidecar.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.appclient import AppNotReachable, AppTarget
 from sidecar.backoff import RetryPolicy
 from sidecar.commitstate import decode as decode_state
 from sidecar.config import AppMode, Config, ErrorsTolerance
-from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, DlqWriter, FailedRecord
+from sidecar.delivery import (
+    app_client_for,
+    dlq_writer_for,
+    end_attempt_span,
+    key_bytes,
+    message_headers,
+    record_view,
+    start_attempt_span,
+    value_bytes,
+)
+from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, FailedRecord
 from sidecar.source import AssignedPartition, KafkaSource, OffsetToCommit
 from sidecar.tracing import AttemptContext, Tracing
 from sidecar.wire import AckItem, Answer, RecordView
@@ -142,29 +152,9 @@ class Engine:
             metadata_max_bytes=config.offset_metadata_max_bytes,
         )
         app = config.app
-        self.app = AppClient(
-            AppTarget(
-                host=app.host,
-                port=app.port,
-                unix_path=app.unix_socket,
-                path=app.path,
-                extra_headers=tuple(app.headers.items()),
-                authority=app.authority if app.unix_socket is None else None,
-            ),
-            max_connections=app.max_in_flight,
-            status_mapping={k: str(v) for k, v in app.status_mapping.items()},
-        )
+        self.app = app_client_for(config)
+        self.dlq = dlq_writer_for(config)
         dlq = config.errors.dlq
-        self.dlq = DlqWriter(
-            config.kafka,
-            config.group_id,
-            copy_record=dlq.copy_record_enable,
-            stacktrace_max_bytes=dlq.stacktrace_max_bytes,
-            retries_timeout_ms=dlq.produce_retries_timeout_ms,
-            auto_create=dlq.auto_create_enable,
-            topic_partitions=dlq.topic_partitions,
-            topic_replication_factor=dlq.topic_replication_factor,
-        )
         self.transactional = dlq.transactional_enable and dlq.enabled
         if self.transactional:
             self.dlq.transactional_id = str(
@@ -320,7 +310,7 @@ class Engine:
                 if pending is None:
                     continue  # fetched just before a revoke: the next owner reads it again
                 slot = self._open_slot(key, offset, None)
-            slot.ledger.add(offset, _key_bytes(msg), msg, now)
+            slot.ledger.add(offset, key_bytes(msg), msg, now)
         self._apply_flow_control()
         self.kick()
 
@@ -466,70 +456,15 @@ class Engine:
                 self.kick()
 
     def _record_view(self, attempt: Any, delivery_id: str) -> RecordView:
-        msg = cast(Message, attempt.item)
-        ts_type, ts = msg.timestamp()
-        headers = _headers(msg)
-        traceparent = tracestate = None
-        for name, value in headers:
-            if name == "traceparent" and value is not None:
-                traceparent = value.decode("latin-1")
-            elif name == "tracestate" and value is not None:
-                tracestate = value.decode("latin-1")
-        return RecordView(
-            topic=cast(str, msg.topic()),
-            partition=cast(int, msg.partition()),
-            offset=cast(int, msg.offset()),
-            key=_key_bytes(msg),
-            value=_value_bytes(msg),
-            timestamp_ms=ts if ts_type != 0 else None,
-            timestamp_type={0: "none", 1: "create", 2: "log-append"}.get(ts_type, "none"),
-            headers=headers,
-            delivery_count=attempt.delivery_count,
-            delivery_id=delivery_id,
-            traceparent=traceparent,
-            tracestate=tracestate,
-        )
+        return record_view(cast(Message, attempt.item), attempt.delivery_count, delivery_id)
 
     def _start_span(self, record: RecordView) -> tuple[RecordView, AttemptContext | None]:
-        if not self.tracing.enabled:
-            return record, None
-        actx = self.tracing.start_attempt(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-            value_size=len(record.value or b""),
-            delivery_count=record.delivery_count,
-            delivery_id=record.delivery_id,
-            traceparent=record.traceparent,
-            tracestate=record.tracestate,
-        )
-        # The app gets the attempt's context, so its own spans are children of this attempt.
-        record = dataclasses.replace(
-            record, traceparent=actx.traceparent, tracestate=actx.tracestate
-        )
-        return record, actx
+        return start_attempt_span(self.tracing, record)
 
     def _end_span(
         self, actx: AttemptContext | None, record: RecordView, answer: Answer | None
     ) -> None:
-        if actx is None:
-            return
-        if answer is None:
-            Tracing.end_attempt(
-                actx, "not_attempted", "sidecar.AppNotReachable", "the app is not reachable"
-            )
-            return
-        err = answer.error
-        Tracing.end_attempt(
-            actx, answer.ack, err.class_name if err else None, err.message if err else None
-        )
-        if answer.ack in ("release", "reject", "deferred"):
-            self._attempt_spans[(record.topic, record.partition, record.offset)] = (
-                actx.span.get_span_context()
-            )
-        else:
-            self._attempt_spans.pop((record.topic, record.partition, record.offset), None)
+        end_attempt_span(actx, record, answer, self._attempt_spans)
 
     async def _deliver_one(self, item: tuple[_Slot, Any, str], timeout_s: float) -> None:
         slot, attempt, delivery_id = item
@@ -715,9 +650,9 @@ class Engine:
             topic=topic,
             partition=partition,
             offset=req.offset,
-            key=_key_bytes(msg),
-            value=_value_bytes(msg),
-            headers=_headers(msg),
+            key=key_bytes(msg),
+            value=value_bytes(msg),
+            headers=message_headers(msg),
             group=self.config.group_id,
             delivery_count=req.delivery_count,
             cause=CAUSE_REJECTED
@@ -975,27 +910,6 @@ class Engine:
                 "rebalances": c.rebalances,
             },
         }
-
-
-def _key_bytes(msg: Message) -> bytes | None:
-    key = msg.key()
-    return key.encode() if isinstance(key, str) else key
-
-
-def _value_bytes(msg: Message) -> bytes | None:
-    value = msg.value()
-    return value.encode() if isinstance(value, str) else value
-
-
-def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...]:
-    raw = msg.headers()
-    if not raw:
-        return ()
-    items = raw.items() if isinstance(raw, dict) else raw
-    out: list[tuple[str, bytes | None]] = []
-    for name, value in items:
-        out.append((str(name), value.encode() if isinstance(value, str) else value))
-    return tuple(out)
 
 
 def _printable(data: bytes | None) -> str | None:

@@ -53,9 +53,19 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 from opentelemetry import trace
 
-from sidecar.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.appclient import AppNotReachable, AppTarget
 from sidecar.config import AppMode, Config, ErrorsTolerance, Ordering
-from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, DlqWriter, FailedRecord
+from sidecar.delivery import (
+    app_client_for,
+    dlq_writer_for,
+    end_attempt_span,
+    key_bytes,
+    message_headers,
+    record_view,
+    start_attempt_span,
+    value_bytes,
+)
+from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, FailedRecord
 from sidecar.engine import Counters
 from sidecar.source import SourceError
 from sidecar.tracing import AttemptContext, Tracing
@@ -372,29 +382,9 @@ class ShareEngine:
         self.observe_app_latency: Callable[[float], None] = _ignore
         self.observe_dlq_latency: Callable[[float], None] = _ignore
         app = config.app
-        self.app = AppClient(
-            AppTarget(
-                host=app.host,
-                port=app.port,
-                unix_path=app.unix_socket,
-                path=app.path,
-                extra_headers=tuple(app.headers.items()),
-                authority=app.authority if app.unix_socket is None else None,
-            ),
-            max_connections=app.max_in_flight,
-            status_mapping={k: str(v) for k, v in app.status_mapping.items()},
-        )
+        self.app = app_client_for(config)
+        self.dlq = dlq_writer_for(config)
         dlq = config.errors.dlq
-        self.dlq = DlqWriter(
-            config.kafka,
-            config.group_id,
-            copy_record=dlq.copy_record_enable,
-            stacktrace_max_bytes=dlq.stacktrace_max_bytes,
-            retries_timeout_ms=dlq.produce_retries_timeout_ms,
-            auto_create=dlq.auto_create_enable,
-            topic_partitions=dlq.topic_partitions,
-            topic_replication_factor=dlq.topic_replication_factor,
-        )
         self.transactional = (
             False  # config validation refuses the transactional DLQ with share groups
         )
@@ -758,68 +748,15 @@ class ShareEngine:
             await self._deliver_batch(items, timeout_s)
 
     def _record_view(self, d: _Delivery) -> RecordView:
-        msg = d.msg
-        topic, partition, offset = _coords(msg)
-        ts_type, ts = msg.timestamp()
-        headers = _headers(msg)
-        traceparent = tracestate = None
-        for name, value in headers:
-            if name == "traceparent" and value is not None:
-                traceparent = value.decode("latin-1")
-            elif name == "tracestate" and value is not None:
-                tracestate = value.decode("latin-1")
-        return RecordView(
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            key=_bytes(msg.key()),
-            value=_bytes(msg.value()),
-            timestamp_ms=ts if ts_type != 0 else None,
-            timestamp_type={0: "none", 1: "create", 2: "log-append"}.get(ts_type, "none"),
-            headers=headers,
-            delivery_count=d.delivery_count,
-            delivery_id=d.delivery_id,
-            traceparent=traceparent,
-            tracestate=tracestate,
-        )
+        return record_view(d.msg, d.delivery_count, d.delivery_id)
 
     def _start_span(self, record: RecordView) -> tuple[RecordView, AttemptContext | None]:
-        if not self.tracing.enabled:
-            return record, None
-        actx = self.tracing.start_attempt(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-            value_size=len(record.value or b""),
-            delivery_count=record.delivery_count,
-            delivery_id=record.delivery_id,
-            traceparent=record.traceparent,
-            tracestate=record.tracestate,
-        )
-        return dataclasses.replace(
-            record, traceparent=actx.traceparent, tracestate=actx.tracestate
-        ), actx
+        return start_attempt_span(self.tracing, record)
 
     def _end_span(
         self, actx: AttemptContext | None, record: RecordView, answer: Answer | None
     ) -> None:
-        if actx is None:
-            return
-        if answer is None:
-            Tracing.end_attempt(
-                actx, "not_attempted", "sidecar.AppNotReachable", "the app is not reachable"
-            )
-            return
-        err = answer.error
-        Tracing.end_attempt(
-            actx, answer.ack, err.class_name if err else None, err.message if err else None
-        )
-        key = (record.topic, record.partition, record.offset)
-        if answer.ack in ("release", "reject", "deferred"):
-            self._attempt_spans[key] = actx.span.get_span_context()
-        else:
-            self._attempt_spans.pop(key, None)
+        end_attempt_span(actx, record, answer, self._attempt_spans)
 
     async def _deliver_one(self, d: _Delivery, timeout_s: float) -> None:
         while d.delivery_id in self._deliveries:
@@ -968,9 +905,9 @@ class ShareEngine:
             topic=topic,
             partition=partition,
             offset=offset,
-            key=_bytes(msg.key()),
-            value=_bytes(msg.value()),
-            headers=_headers(msg),
+            key=key_bytes(msg),
+            value=value_bytes(msg),
+            headers=message_headers(msg),
             group=self.config.group_id,
             delivery_count=d.delivery_count,
             cause=cause,
@@ -1048,8 +985,8 @@ class ShareEngine:
             "exception_message": err.message if err else None,
         }
         if errors.log_include_messages:
-            extra["key"] = _printable(_bytes(d.msg.key()))
-            extra["value"] = _printable(_bytes(d.msg.value()))
+            extra["key"] = _printable(key_bytes(d.msg))
+            extra["value"] = _printable(value_bytes(d.msg))
         log.error("record archived", extra={"fields": extra})
 
     # ----------------------------------------------------------------------------- status
@@ -1116,18 +1053,6 @@ def _deadline(batch: _Batch) -> float:
 
 def _coords(msg: Message) -> tuple[str, int, int]:
     return str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0)
-
-
-def _bytes(data: str | bytes | None) -> bytes | None:
-    return data.encode() if isinstance(data, str) else data
-
-
-def _headers(msg: Message) -> tuple[tuple[str, bytes | None], ...]:
-    raw = msg.headers()
-    if not raw:
-        return ()
-    items = raw.items() if isinstance(raw, dict) else raw
-    return tuple((str(name), _bytes(value)) for name, value in items)
 
 
 def _printable(data: bytes | None) -> str | None:
