@@ -32,6 +32,7 @@ are closed rather than reused, to keep that race rare.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -296,7 +297,7 @@ class AppClient:
         try:
             with trio.fail_after(self._connect_timeout_s):
                 if self.target.unix_path is not None:
-                    stream = await trio.open_unix_socket(self.target.unix_path)
+                    stream = await self._open_unix(self.target.unix_path)
                 else:
                     stream = await trio.open_tcp_stream(self.target.host, self.target.port)
         except trio.TooSlowError as exc:
@@ -310,6 +311,27 @@ class AppClient:
             ) from exc
         self.connections_opened += 1
         return stream
+
+    async def _open_unix(self, path: str) -> trio.abc.Stream:
+        """Connect to a Unix socket, waiting out a full listen backlog.
+
+        When the app's backlog is full, a non-blocking connect() on a Unix socket fails with EAGAIN
+        and trio hands back a socket that is not connected; the first send would then fail and be
+        counted as an attempt although nothing left. Check the peer and retry briefly instead.
+        """
+        delay_s = 0.001
+        while True:
+            stream = await trio.open_unix_socket(path)
+            try:
+                stream.socket.getpeername()
+            except OSError as exc:
+                await trio.aclose_forcefully(stream)
+                if exc.errno != errno.ENOTCONN:
+                    raise
+                await trio.sleep(delay_s)  # the outer fail_after bounds the whole wait
+                delay_s = min(delay_s * 2, 0.05)
+                continue
+            return stream
 
     async def _take_idle(self) -> trio.abc.Stream | None:
         oldest_usable = trio.current_time() - self._idle_timeout_s

@@ -602,3 +602,57 @@ async def test_deliver_batch_round_trip(transport: str) -> None:
         "d-2": "accept",
         "d-3": "release",
     }
+
+
+async def test_full_unix_backlog_is_waited_out_not_counted_as_an_attempt() -> None:
+    """A Unix listener with a tiny backlog that accepts late: every request still gets its answer.
+
+    A full backlog makes connect() fail with EAGAIN; the client must not send on the half-made
+    socket (that would fail after the request was "sent" and count as an attempt).
+    """
+    path = os.path.join(tempfile.mkdtemp(prefix="backlog-"), "app.sock")
+    listener_sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await listener_sock.bind(path)
+    listener_sock.listen(1)
+    listener = trio.SocketListener(listener_sock)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    async def serve(stream: trio.SocketStream) -> None:
+        async with stream:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                buf += data
+            head, _, body = buf.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            while len(body) < length:
+                body += await stream.receive_some(65536)
+            await stream.send_all(answer)
+
+    async with trio.open_nursery() as nursery:
+
+        async def accept_late() -> None:
+            await trio.sleep(0.3)  # let the backlog overflow first
+            await trio.serve_listeners(serve, [listener], handler_nursery=nursery)
+
+        nursery.start_soon(accept_late)
+        client = AppClient(
+            AppTarget(unix_path=path, path="/"), max_connections=16, connect_timeout_s=5
+        )
+        statuses: list[int] = []
+
+        async def one() -> None:
+            resp = await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx", 5)
+            statuses.append(resp.status)
+
+        async with trio.open_nursery() as senders:
+            for _ in range(16):
+                senders.start_soon(one)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert statuses == [200] * 16
