@@ -886,6 +886,21 @@ class Engine:
                     "lag": lag.get((topic, partition)),
                 }
             )
+        for topic, partition in sorted(self._pending_assign):
+            # Assigned with no committed offset and nothing fetched yet: no ledger so far.
+            partitions.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "committable_offset": None,
+                    "last_committed_offset": None,
+                    "in_flight": 0,
+                    "buffered": 0,
+                    "archiving": 0,
+                    "paused": (topic, partition) in self.source.paused,
+                    "lag": lag.get((topic, partition)),
+                }
+            )
         c = self.counters
         return {
             "group": self.config.group_id,
