@@ -7,7 +7,9 @@ without stalling the traffic it proxies. Modes apply to bytes in both directions
 - ``latency``: hold every chunk `latency_s` before forwarding;
 - ``blackhole``: connections stay open but nothing moves (bytes are held, new connections are accepted and
   stall) — what a dead peer behind a firewall looks like; when the mode ends, held bytes flow again;
-- ``reset``: close every connection with RST and refuse new ones until the mode changes.
+- ``reset``: close every connection with RST and refuse new ones until the mode changes;
+- ``blackhole-produce``: blackhole only connections on which a producer request was seen (the proxy frames
+  the client's Kafka requests), so a sidecar's DLQ producer stalls while its consumer carries on.
 
 Clients learn broker addresses from metadata, so a proxy sees all of a client's traffic only when the broker
 advertises the proxy's port (tests/faults/broker.py does).
@@ -24,6 +26,35 @@ from typing import Any
 import trio
 
 PASS, LATENCY, BLACKHOLE, RESET = "pass", "latency", "blackhole", "reset"
+# Blackhole only the connections of Kafka producers: the DLQ unavailable while the consumer carries on.
+BLACKHOLE_PRODUCE = "blackhole-produce"
+
+# Request API keys only a producer sends: Produce, InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
+# EndTxn, TxnOffsetCommit. A connection that sent one is a producer's (librdkafka never shares one).
+_PRODUCER_API_KEYS = frozenset({0, 22, 24, 25, 26, 28})
+
+
+class _Conn:
+    """Per connection: is it a producer's? Learnt by framing the client's requests (4-byte size, api key)."""
+
+    def __init__(self) -> None:
+        self.producer = False
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        if self.producer:
+            return
+        self._buf += data
+        while len(self._buf) >= 6:
+            size = int.from_bytes(self._buf[:4], "big", signed=True)
+            api_key = int.from_bytes(self._buf[4:6], "big", signed=True)
+            if api_key in _PRODUCER_API_KEYS:
+                self.producer = True
+                self._buf.clear()
+                return
+            if size < 2 or len(self._buf) < 4 + size:
+                return
+            del self._buf[: 4 + size]
 
 
 class FaultProxy:
@@ -53,7 +84,7 @@ class FaultProxy:
         return self
 
     def set_mode(self, mode: str, latency_s: float = 0.0) -> None:
-        assert mode in (PASS, LATENCY, BLACKHOLE, RESET), mode
+        assert mode in (PASS, LATENCY, BLACKHOLE, RESET, BLACKHOLE_PRODUCE), mode
         assert self._token is not None
         trio.from_thread.run_sync(self._apply, mode, latency_s, trio_token=self._token)
 
@@ -101,9 +132,12 @@ class FaultProxy:
             await self._stop.wait()
             nursery.cancel_scope.cancel()
 
-    async def _wait_flowing(self) -> None:
+    def _held(self, conn: _Conn) -> bool:
+        return self.mode in (BLACKHOLE, RESET) or (self.mode == BLACKHOLE_PRODUCE and conn.producer)
+
+    async def _wait_flowing(self, conn: _Conn) -> None:
         """Return when bytes may move; raise when the connection must die (reset)."""
-        while self.mode in (BLACKHOLE, RESET):
+        while self._held(conn):
             if self.mode == RESET:
                 raise trio.BrokenResourceError("reset by the fault proxy")
             assert self._changed is not None
@@ -119,6 +153,7 @@ class FaultProxy:
             _abort(client)
             return
         self.connections += 1
+        conn = _Conn()
         self._streams.update((client, upstream))
         try:
             async with trio.open_nursery() as nursery:
@@ -129,10 +164,12 @@ class FaultProxy:
                             data = await src.receive_some(65536)
                             if not data:
                                 break
-                            await self._wait_flowing()
+                            if src is client:
+                                conn.feed(data)
+                            await self._wait_flowing(conn)
                             if self.mode == LATENCY and self.latency_s > 0:
                                 await trio.sleep(self.latency_s)
-                            await self._wait_flowing()
+                            await self._wait_flowing(conn)
                             await dst.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
