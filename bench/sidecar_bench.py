@@ -796,7 +796,7 @@ def print_table(results: dict[str, Any]) -> None:
     latency = results.get("latency", {})
     print()
     print(
-        f"{'scenario':<12}{'':<31}{'rec/s':>8}{'min-max':>15}{'/a':>7}{'/b':>7}"
+        f"{'scenario':<12}{'':<31}{'rec/s':>9}{'min-max':>17}{'/a':>8}{'/b':>7}"
         f"{'CPU s/10k':>10}{'RSS MB':>8}{'app CPU':>8}{'p50 ms':>8}{'p99 ms':>8}"
     )
     for name in ALL_SCENARIOS:
@@ -808,7 +808,7 @@ def print_table(results: dict[str, Any]) -> None:
             print(f"{name:<12}{label:<31}  not available: {s['unavailable']}")
             continue
         rate = s["records_per_s"]
-        to_a = f"{rate / ceiling:.2f}" if ceiling else "-"
+        to_a = f"{rate / ceiling:.2g}" if ceiling else "-"
         to_b = f"{rate / baseline:.1f}" if baseline else "-"
         lat = latency.get(name)
         p50 = f"{lat['p50_ms']:.2f}" if lat else ""
@@ -816,8 +816,8 @@ def print_table(results: dict[str, Any]) -> None:
         app_cpu = f"{s['app_cpu_share'] * 100:.0f}%" if "app_cpu_share" in s else ""
         spread = f"{s['min']:,.0f}-{s['max']:,.0f}"
         print(
-            f"{name:<12}{label:<31}{rate:>8,.0f}{spread:>15}"
-            f"{to_a:>7}{to_b:>7}{s['cpu_s_per_10k']:>10.2f}{s['peak_rss_mb']:>8.0f}"
+            f"{name:<12}{label:<31}{rate:>9,.0f}{spread:>17}"
+            f"{to_a:>8}{to_b:>7}{s['cpu_s_per_10k']:>10.2f}{s['peak_rss_mb']:>8.0f}"
             f"{app_cpu:>8}{p50:>8}{p99:>8}"
         )
 
@@ -882,6 +882,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backlog-seconds", type=float, default=20.0)
     parser.add_argument("--app-seconds", type=float, default=2.0, help="app-alone run length")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
+    parser.add_argument("--show", metavar="JSON", help="print the tables of a saved run and exit")
     # Child roles.
     parser.add_argument("--child", choices=["ceiling", "bridge"], help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -893,6 +894,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         child_main(args)
+        return
+    if args.show:
+        print_report(json.loads(Path(args.show).read_text()))
         return
 
     wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
@@ -1006,6 +1010,13 @@ def main(argv: list[str] | None = None) -> None:
         broker.close()
     results["wall_s"] = round(time.monotonic() - started, 1)
     results["targets"] = check_targets(results)
+    print_report(results)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"written to {args.json}")
+
+
+def print_report(results: dict[str, Any]) -> None:
     print_table(results)
     print("\ntargets (this run's own ratios)")
     for t in results["targets"]:
@@ -1016,10 +1027,21 @@ def main(argv: list[str] | None = None) -> None:
             f"  latency {name}: produce->ack p50 {lat['produce_ack_p50_ms']:.2f} ms"
             f" p99 {lat['produce_ack_p99_ms']:.2f} ms (the broker's share)"
         )
-    print(f"\nwall time {results['wall_s']} s")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"written to {args.json}")
+    app = results.get("app_alone", {})
+    for transport, figures in app.items():
+        print(
+            f"  app alone over {transport}: {figures['requests_per_s']:,} req/s,"
+            f" app CPU {figures['app_cpu_us_per_request']} µs/req"
+        )
+    if "backlog" in results:
+        b = results["backlog"]
+        print(
+            f"  backlog {b['backlog_records']:,} records, app {b['app_delay_ms']} ms per answer:"
+            f" RSS first {b['rss_first_mb']:.0f} MB, max in the 2nd half"
+            f" {b['rss_second_half_max_mb']:.0f} MB, peak {b['peak_rss_mb']:.0f} MB,"
+            f" at most {b['held_in_sidecar_max']:,} records held"
+        )
+    print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
 
 
 if __name__ == "__main__":
