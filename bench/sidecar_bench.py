@@ -35,6 +35,7 @@ import http.client
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -200,6 +201,7 @@ class Broker:
         if self.own_state_dir:
             env = dict(os.environ, DLQ_KAFKA_STATE_DIR=self.own_state_dir)
             subprocess.run([PY, str(ROOT / "scripts" / "kafka"), "stop"], env=env, check=False)
+            shutil.rmtree(self.own_state_dir, ignore_errors=True)
 
     def create_topic(self, name: str, partitions: int = PARTITIONS) -> str:
         from confluent_kafka.admin import AdminClient
