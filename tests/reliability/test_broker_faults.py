@@ -23,13 +23,28 @@ N = 2000
 MODES = pytest.mark.parametrize(
     "transactional", [False, True], ids=["at-least-once", "transactional"]
 )
+TXN_DUPLICATE_AFTER_LOST = pytest.mark.xfail(
+    strict=False,  # nondeterministic: needs a partition lost while its DLQ transaction is pending
+    reason=(
+        "sidecar bug: Engine.txn_loop (sidecar/engine.py) produces every queued DLQ record into the "
+        "transaction but adds offsets only for partitions still owned; when the partition was lost "
+        "meanwhile (session timeout during the fault) the transaction commits the DLQ record without "
+        "the source offset, the record is redelivered and dead-lettered again: a DLQ duplicate in "
+        "transactional mode"
+    ),
+)
+TXN_MODES = pytest.mark.parametrize(
+    "transactional",
+    [False, pytest.param(True, marks=TXN_DUPLICATE_AFTER_LOST)],
+    ids=["at-least-once", "transactional"],
+)
 
 
 async def _flowing(run: Run, seed: int) -> None:
     await run.produce(plan_records(N, seed=seed, poison_ratio=0.05))
 
 
-@MODES
+@TXN_MODES
 async def test_broker_paused_10_s(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
@@ -59,7 +74,7 @@ async def test_broker_paused_10_s(
     assert_clean(report, f"broker SIGSTOP 10 s ({run.elapsed_s():.0f}s)")
 
 
-@MODES
+@TXN_MODES
 async def test_blackholed_broker_connection_10_s(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
@@ -169,8 +184,11 @@ async def test_dlq_unavailable_then_restored(
             rejects_before = run.app.answers.get("reject", 0)
             await trio.sleep(10.0)
             await run.check_midway()
-            # The outage bit: records were rejected meanwhile, and none reached the DLQ.
-            assert run.app.answers.get("reject", 0) > rejects_before
+            # The outage bit: nothing reached the DLQ; at-least-once, other keys kept flowing and more
+            # records were rejected meanwhile. (Transactional mode stalls every partition instead: the
+            # pending transaction holds the commit lock that the write-ahead commits need.)
+            if not transactional:
+                assert run.app.answers.get("reject", 0) > rejects_before
             assert await trio.to_thread.run_sync(direct.count_records, run.dlq_topic) == dlq_before
             await trio.to_thread.run_sync(proxy.set_mode, PASS)
             run.fault("dlq_restored")
