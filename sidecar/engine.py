@@ -192,6 +192,7 @@ class Engine:
             app.batch_max_records if app.mode == AppMode.BATCH else 1
         )
         self._rr = 0
+        self._batch_fill_lock = trio.Lock()
         self.stop_event = trio.Event()
         self.drain_cancel = trio.CancelScope()
 
@@ -439,16 +440,18 @@ class Engine:
                     self.kick()
                 continue
             items = [item]
-            if self.config.app.batch_linger_ms > 0:
-                with trio.move_on_after(self.config.app.batch_linger_ms / 1000):
-                    while len(items) < max_batch:
-                        items.append(await self._work_recv.receive())
-            else:
+            # One worker fills a batch at a time; idle workers each lingering with one record
+            # would otherwise send many nearly empty batches.
+            async with self._batch_fill_lock:
                 while len(items) < max_batch:
                     try:
                         items.append(self._work_recv.receive_nowait())
                     except trio.WouldBlock:
                         break
+                if len(items) < max_batch and self.config.app.batch_linger_ms > 0:
+                    with trio.move_on_after(self.config.app.batch_linger_ms / 1000):
+                        while len(items) < max_batch:
+                            items.append(await self._work_recv.receive())
             try:
                 await self._deliver_batch(items, timeout_s)
             finally:

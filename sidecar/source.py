@@ -241,7 +241,13 @@ class KafkaSource:
                 self._refresh_lag(consumer)
                 self._next_lag_refresh = now + 1.0
             timeout = self._busy_poll_timeout_s if self._busy() else self._poll_timeout_s
-            messages = consumer.consume(self._batch_size, timeout)
+            # consume(n, t) waits the whole timeout unless n records arrive; poll(t) returns with
+            # the first one. So: take what is there, else wait for one, then take the rest.
+            messages = consumer.consume(self._batch_size, 0)
+            if not messages:
+                first = consumer.poll(timeout)
+                if first is not None:
+                    messages = [first, *consumer.consume(self._batch_size - 1, 0)]
             if messages or self._stop_polling or self._commands:
                 return messages
             if not self._busy() and not self._commands:
