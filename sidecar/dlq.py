@@ -51,6 +51,9 @@ TOPIC_CONFIG_GROUP_DLQ = "errors.deadletterqueue.group.enable"
 
 Header = tuple[str, bytes | None]
 
+# How often a transactional call that failed with a retriable error is called again.
+TXN_CALL_ATTEMPTS = 10
+
 
 @dataclass(frozen=True, slots=True)
 class FailedRecord:
@@ -245,6 +248,7 @@ class DlqWriter:
         self.topic_replication_factor = topic_replication_factor
         self._producer: Producer | None = None
         self.transactional_id: str | None = None  # set before run() for the transactional mode
+        self._handle_lock = trio.Lock()  # one call on the producer handle at a time (FIFO)
         self._partitions: dict[str, int] = {}
         self._max_bytes: dict[str, int | None] = {}
         self._token: trio.lowlevel.TrioToken | None = None
@@ -351,7 +355,11 @@ class DlqWriter:
         task_status.started()
         try:
             while True:
-                await trio.to_thread.run_sync(self._producer.poll, 0.05)
+                # The handle is used by one thread at a time (confluent-kafka serialises calls,
+                # and a poll loop re-taking it could starve a transaction call for minutes).
+                async with self._handle_lock:
+                    await trio.to_thread.run_sync(self._producer.poll, 0.02)
+                await trio.lowlevel.checkpoint()
         finally:
             self._polling = False
             with trio.CancelScope(shield=True):
@@ -361,7 +369,9 @@ class DlqWriter:
 
     async def txn_begin(self) -> None:
         assert self._producer is not None
-        self._producer.begin_transaction()
+        producer = self._producer
+        async with self._handle_lock:
+            await trio.to_thread.run_sync(producer.begin_transaction)
 
     async def txn_produce(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Produce inside the open transaction and wait for the broker's acknowledgement.
@@ -407,17 +417,33 @@ class DlqWriter:
         producer = self._producer
 
         def commit() -> None:
-            if offsets:
-                producer.send_offsets_to_transaction(offsets, group_metadata, 30)
-            producer.commit_transaction(60)
+            # librdkafka: a retriable error from either call means "call it again"; one that
+            # requires an abort (or is fatal) is the caller's to handle.
+            sent = not offsets
+            for attempt in range(TXN_CALL_ATTEMPTS):
+                try:
+                    if not sent:
+                        producer.send_offsets_to_transaction(offsets, group_metadata, 30)
+                        sent = True
+                    producer.commit_transaction(60)
+                    return
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    retriable = isinstance(err, KafkaError) and err.retriable()
+                    if not retriable or attempt == TXN_CALL_ATTEMPTS - 1:
+                        raise
+                    log.warning("transactional commit: %s; calling again", err)
+                    time.sleep(min(2.0, 0.2 * (attempt + 1)))
 
-        await trio.to_thread.run_sync(commit)
+        async with self._handle_lock:
+            await trio.to_thread.run_sync(commit)
 
     async def txn_abort(self) -> None:
         assert self._producer is not None
         producer = self._producer
         with contextlib.suppress(KafkaException):
-            await trio.to_thread.run_sync(producer.abort_transaction, 30)
+            async with self._handle_lock:
+                await trio.to_thread.run_sync(producer.abort_transaction, 30)
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
@@ -521,16 +547,22 @@ class DlqWriter:
 
             token.run_sync_soon(finish)
 
+        producer = self._producer
         while True:
             try:
-                self._producer.produce(
-                    record.topic,
-                    value=record.value,
-                    key=record.key,
-                    partition=record.partition,
-                    headers=list(record.headers),
-                    on_delivery=on_delivery,
-                )
+                # produce() takes the handle too: take it from a worker thread under our lock, so
+                # the event loop never blocks behind a poll() in progress.
+                async with self._handle_lock:
+                    await trio.to_thread.run_sync(
+                        lambda: producer.produce(
+                            record.topic,
+                            value=record.value,
+                            key=record.key,
+                            partition=record.partition,
+                            headers=list(record.headers),
+                            on_delivery=on_delivery,
+                        )
+                    )
                 break
             except BufferError:
                 await trio.sleep(0.01)

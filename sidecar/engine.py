@@ -58,6 +58,8 @@ PartitionKey = tuple[str, int]
 
 # How long a revoke waits for the partition's DLQ writes under way (bounded: the rebalance waits too).
 REVOKE_DLQ_WAIT_S = 10.0
+# Transactions aborted for a retriable reason (a broker restart, a rebalance) are tried again.
+TXN_ATTEMPTS = 3
 
 _ACKS = {
     "accept": L.Ack.ACCEPT,
@@ -117,6 +119,7 @@ class _TxnItem:
     dlq_topic: str
     done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None
+    skipped: bool = False  # the partition went to another owner before the transaction
 
 
 class Engine:
@@ -691,7 +694,10 @@ class Engine:
         try:
             if self.transactional:
                 # The batcher marks the record done inside the transaction that commits its offset.
-                await self._txn_write(slot, req.offset, failed, dlq_topic)
+                if not await self._txn_write(slot, req.offset, failed, dlq_topic):
+                    if span is not None:
+                        span.end()
+                    return  # the new owner of the partition archives it
             else:
                 await self.dlq.write(failed, dlq_topic)
         except DlqFatalError as exc:
@@ -720,13 +726,15 @@ class Engine:
 
     async def _txn_write(
         self, slot: _Slot, offset: int, failed: FailedRecord, dlq_topic: str
-    ) -> None:
+    ) -> bool:
+        """True once written and committed; False when the partition went to another owner first."""
         item = _TxnItem(slot, offset, failed, dlq_topic)
         self._txn_items.append(item)
         self._txn_wake.set()
         await item.done.wait()
         if item.error is not None:
             raise DlqFatalError(item.error)
+        return not item.skipped
 
     async def txn_loop(self) -> None:
         """Transactional mode: batches of DLQ records and the offset commit, atomically.
@@ -741,32 +749,60 @@ class Engine:
             if not items:
                 continue
             error: str | None = None
-            async with self._commit_guard:
-                try:
-                    await self.dlq.txn_begin()
-                    for it in items:
-                        await self.dlq.txn_produce(it.failed, it.dlq_topic)
-                    touched: dict[int, _Slot] = {}
-                    for it in items:
-                        if self._still_owned(it.slot):
-                            it.slot.ledger.dlq_written(it.offset)
-                            touched[id(it.slot)] = it.slot
-                    pending = self._commit_offsets(list(touched.values()), force=True)
-                    tps = [
-                        TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
-                        for _, o in pending
-                    ]
-                    await self.dlq.txn_commit(tps, self.source.group_metadata())
-                    for sl, o in pending:
-                        sl.last_commit = (o.offset, o.metadata)
-                    self.counters.commits += 1
-                except Exception as exc:  # any failure: abort, nothing committed, stop
-                    error = f"DLQ transaction failed: {exc}"
-                    await self.dlq.txn_abort()
+            for attempt in range(TXN_ATTEMPTS):
+                # A partition lost meanwhile is the next owner's: writing its DLQ record without
+                # its offset would duplicate it there.
+                gone = [it for it in items if not self._still_owned(it.slot)]
+                for it in gone:
+                    it.skipped = True
+                items_now = [it for it in items if self._still_owned(it.slot)]
+                if not items_now:
+                    error = None
+                    break
+                error = await self._txn_once(items_now)
+                if error is None or error.startswith("fatal:"):
+                    break
+                log.warning("DLQ transaction aborted (%s); retry %d", error, attempt + 1)
+                await trio.sleep(0.5 * (attempt + 1))
             for it in items:
-                it.error = error
+                it.error = None if it.skipped else error
                 it.done.set()
             self.kick()
+
+    async def _txn_once(self, items: list[_TxnItem]) -> str | None:
+        """One transaction for `items`; None when committed, else why it was aborted."""
+        async with self._commit_guard:
+            marked: list[_TxnItem] = []
+            try:
+                await self.dlq.txn_begin()
+                for it in items:
+                    await self.dlq.txn_produce(it.failed, it.dlq_topic)
+                touched: dict[int, _Slot] = {}
+                for it in items:
+                    if self._still_owned(it.slot):
+                        it.slot.ledger.dlq_written(it.offset)
+                        marked.append(it)
+                        touched[id(it.slot)] = it.slot
+                pending = self._commit_offsets(list(touched.values()), force=True)
+                tps = [
+                    TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
+                    for _, o in pending
+                ]
+                await self.dlq.txn_commit(tps, self.source.group_metadata())
+            except DlqFatalError as exc:
+                await self.dlq.txn_abort()
+                return f"fatal: {exc}"
+            except Exception as exc:
+                await self.dlq.txn_abort()
+                if marked:
+                    # The ledger already counted them done; it cannot take that back, so the
+                    # only safe way on is to stop before anything commits past them.
+                    return f"fatal: DLQ transaction failed after marking records done: {exc}"
+                return f"DLQ transaction failed: {exc}"
+            for sl, o in pending:
+                sl.last_commit = (o.offset, o.metadata)
+            self.counters.commits += 1
+            return None
 
     def _still_owned(self, slot: _Slot) -> bool:
         return self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot
