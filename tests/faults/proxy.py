@@ -90,8 +90,9 @@ class FaultProxy:
 
     def close(self) -> None:
         if self._token is not None and self._stop is not None:
+            # run_sync_soon, not from_thread: close() may be called from another trio loop's thread.
             with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+                self._token.run_sync_soon(self._stop.set)
         if self._thread is not None:
             self._thread.join(10)
 
