@@ -97,7 +97,10 @@ def _set_min_isr(bootstrap: str, topic: str, value: str) -> None:
 
 
 async def soak(args: argparse.Namespace, workdir: Path) -> int:
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed)  # the fault schedule
+    load_rng = random.Random(
+        args.seed + 1
+    )  # record outcomes: its own stream, so the schedule replays
     proxy_port = free_port()
     samples: list[str] = []
     with (
@@ -125,7 +128,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
                 while time.monotonic() < deadline:
                     batch = plan_records(
                         args.rate,
-                        seed=rng.randrange(1 << 30),
+                        seed=load_rng.randrange(1 << 30),
                         poison_ratio=0.04,
                         release_ratio=0.01,
                         start=produced,
