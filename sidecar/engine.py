@@ -60,6 +60,8 @@ PartitionKey = tuple[str, int]
 REVOKE_DLQ_WAIT_S = 10.0
 # Transactions aborted for a retriable reason (a broker restart, a rebalance) are tried again.
 TXN_ATTEMPTS = 3
+# A transactional commit that takes longer than this stops the sidecar (exit 1) instead of wedging it.
+TXN_COMMIT_DEADLINE_S = 60.0
 
 _ACKS = {
     "accept": L.Ack.ACCEPT,
@@ -788,7 +790,12 @@ class Engine:
                     TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
                     for _, o in pending
                 ]
-                await self.dlq.txn_commit(tps, self.source.group_metadata())
+                with trio.move_on_after(TXN_COMMIT_DEADLINE_S) as deadline:
+                    await self.dlq.txn_commit(tps, self.source.group_metadata())
+                if deadline.cancelled_caught:
+                    # Stop rather than wedge: nothing past these records is committed, and the
+                    # next incarnation's init_transactions() aborts the open transaction.
+                    return f"fatal: the DLQ transaction did not commit within {TXN_COMMIT_DEADLINE_S:.0f} s"
             except DlqFatalError as exc:
                 await self.dlq.txn_abort()
                 return f"fatal: {exc}"
