@@ -35,7 +35,7 @@ typecheck: venv
 	$(BIN)/mypy --strict sidecar
 
 pytest: venv tools
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 test: lint typecheck pytest
 
