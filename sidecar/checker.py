@@ -569,13 +569,36 @@ def observe(bootstrap: str, run: RunInfo, timeout_s: float = 30.0) -> Observed:
                 if t in md.topics
                 for p in sorted(md.topics[t].partitions)
             ]
-            for tp in group_consumer.committed(tps, timeout=timeout_s) if tps else []:
+            for tp in _committed_stable(group_consumer, tps, timeout_s) if tps else []:
                 committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
         finally:
             group_consumer.close()
         return Observed(tuple(entries), committed)
     finally:
         consumer.close()
+
+
+def _committed_stable(
+    consumer: Any, tps: list[Any], timeout_s: float, attempts: int = 4
+) -> list[Any]:
+    """Committed offsets, waiting out a pending transaction.
+
+    While a transactional offset commit is pending (e.g. its producer was just killed), the broker
+    answers "unstable offset" until the transaction is aborted (by the producer's next incarnation or
+    at transaction.timeout.ms) and librdkafka reports a time-out: ask again.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    for attempt in range(attempts):
+        try:
+            return list(consumer.committed(tps, timeout=timeout_s))
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if attempt == attempts - 1 or not (
+                isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT
+            ):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
