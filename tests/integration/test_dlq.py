@@ -394,7 +394,8 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
             return broker.count_records(dlq) >= 1 and broker.committed(group, topic, [0])[0][0] == 3
 
         for _ in range(limit + 3):
-            async with sidecar(cfg) as sc:
+            # The pid is known before the sidecar can deliver anything (no wait for its API first).
+            async with sidecar(cfg, wait_api=False) as sc:
                 current["pid"] = sc.proc.pid
                 finished = False
                 with trio.move_on_after(90):
