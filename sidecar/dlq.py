@@ -332,13 +332,6 @@ class DlqWriter:
                 raise DlqStartupError(f"cannot create DLQ topic {topic}: {exc}") from exc
         raise DlqStartupError(f"cannot create DLQ topic {topic}: {last}")
 
-    def topic_has_group_dlq_config(self, topic: str) -> bool:
-        admin = self.admin()
-        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-        configs = admin.describe_configs([res])[res].result(timeout=15)
-        entry = configs.get(TOPIC_CONFIG_GROUP_DLQ)
-        return bool(entry is not None and entry.value == "true")
-
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -76,10 +76,6 @@ def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class EngineStopped(Exception):
-    """The engine stopped because of an error the sidecar cannot continue after."""
-
-
 @dataclass(slots=True)
 class Counters:
     delivered: dict[str, int] = field(default_factory=dict)  # outcome -> count
@@ -348,9 +344,6 @@ class Engine:
             self.source.pause(to_pause)
         if to_resume:
             self.source.resume(to_resume)
-
-    def total_in_flight(self) -> int:
-        return sum(s.ledger.statistics().in_flight for s in self.slots.values())
 
     # ----------------------------------------------------------------------------- scheduler
 
@@ -1003,4 +996,4 @@ def _looks_like_attempt_id(delivery_id: str) -> bool:
     return bool(dot) and epoch.isdigit() and seq.isdigit()
 
 
-__all__ = ["Engine", "EngineStopped", "now_ms"]
+__all__ = ["Engine", "now_ms"]

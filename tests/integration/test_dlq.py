@@ -222,6 +222,13 @@ async def test_topic_placeholder_and_partition_rule(
                 60,
                 "DLQ records",
             )
+    # Auto-created with the topic config Kafka 4.4 checks before a share group may write to it.
+    from confluent_kafka.admin import ConfigResource
+
+    for t in (a, b):
+        res = ConfigResource(ConfigResource.Type.TOPIC, f"dlq.{t}")
+        configs = broker.admin.describe_configs([res])[res].result(timeout=15)
+        assert configs["errors.deadletterqueue.group.enable"].value == "true"
     for t in (a, b):
         got = broker.read_topic(f"dlq.{t}", 12)
         assert len(got) == 12
