@@ -527,6 +527,23 @@ def observe(bootstrap: str, run: RunInfo, timeout_s: float = 30.0) -> Observed:
         entries: list[DlqEntry] = []
         dlq = run.dlq_topic
         md = consumer.list_topics(timeout=timeout_s)
+        # Committed offsets first, the DLQ second: a record's DLQ write is confirmed before any commit
+        # passes it, so every DLQ record behind an observed commit is in the DLQ read that follows.
+        # (The other order races a running sidecar: a DLQ write and a commit landing between the two
+        # reads would look like a commit ahead of a record that is not done.)
+        committed: dict[tuple[str, int], int | None] = {}
+        group_consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": run.group})
+        try:
+            tps = [
+                TopicPartition(t, p)
+                for t in run.topics
+                if t in md.topics
+                for p in sorted(md.topics[t].partitions)
+            ]
+            for tp in _committed_stable(group_consumer, tps, timeout_s) if tps else []:
+                committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
+        finally:
+            group_consumer.close()
         if dlq and dlq in md.topics:
             parts = sorted(md.topics[dlq].partitions)
             ends = {}
@@ -560,19 +577,6 @@ def observe(bootstrap: str, run: RunInfo, timeout_s: float = 30.0) -> Observed:
                     raise TimeoutError(
                         f"DLQ partitions {sorted(todo)} not read to the end in {timeout_s}s"
                     )
-        committed: dict[tuple[str, int], int | None] = {}
-        group_consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": run.group})
-        try:
-            tps = [
-                TopicPartition(t, p)
-                for t in run.topics
-                if t in md.topics
-                for p in sorted(md.topics[t].partitions)
-            ]
-            for tp in _committed_stable(group_consumer, tps, timeout_s) if tps else []:
-                committed[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
-        finally:
-            group_consumer.close()
         return Observed(tuple(entries), committed)
     finally:
         consumer.close()
