@@ -441,6 +441,17 @@ def running_sidecar(
             stderr=log,
             env=dict(os.environ, **(env or {})),
         )
+    spy = None
+    if os.environ.get("BENCH_PYSPY"):
+        # Profile the sidecar while it runs: BENCH_PYSPY=DIR writes DIR/<name>.txt (collapsed stacks,
+        # with thread names and idle frames) for flame graphs or grep.
+        out = os.path.join(os.environ["BENCH_PYSPY"], f"{name}.txt")
+        spy = subprocess.Popen(
+            [str(Path(PY).parent / "py-spy"), "record", "--pid", str(proc.pid), "--rate", "250",
+             "--format", "raw", "--threads", "--idle", "--output", out, "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
     try:
         yield proc
     finally:
@@ -451,6 +462,8 @@ def running_sidecar(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if spy is not None:
+            spy.wait(timeout=30)
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> Any:
