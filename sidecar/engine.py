@@ -189,6 +189,10 @@ class Engine:
         self._archiving_offsets: set[tuple[str, int, int]] = set()
         self.dlq_ready = not config.errors.dlq.enabled
         self._sending = 0  # attempts handed to workers and not yet answered over HTTP
+        # Acquired records whose new delivery counts are not yet committed (write-ahead): the
+        # hand-out task commits them as one group while the scheduler goes on acquiring.
+        self._awaiting: list[tuple[_Slot, Any]] = []
+        self._awaiting_wake = trio.Event()
         self._send_capacity = app.max_in_flight * (
             app.batch_max_records if app.mode == AppMode.BATCH else 1
         )
@@ -271,6 +275,11 @@ class Engine:
         revoking = [s for k in partitions if (s := self.slots.get(k)) is not None]
         for revoked in revoking:
             revoked.revoking = True
+        if self._awaiting and revoking:
+            # Not sent yet: they go back uncounted rather than into the commit for the next owner.
+            gone = {id(s) for s in revoking}
+            self._return_unsent([(s, a) for s, a in self._awaiting if id(s) in gone])
+            self._awaiting = [(s, a) for s, a in self._awaiting if id(s) not in gone]
         with trio.move_on_after(REVOKE_DLQ_WAIT_S):
             while any(s.dlq_writes for s in revoking) and not self.stopping:
                 self._dlq_write_done = trio.Event()
@@ -360,9 +369,14 @@ class Engine:
                 # Acquire no more than the workers can send right away: an acquired record's
                 # attempt is counted (and persisted) before it is sent, so one that waited in a
                 # queue while the process crashed would be charged an attempt it never had.
+                # Up to one more round is acquired while the write-ahead commit of the previous
+                # one is under way, so commit latency is not on every record's critical path.
+                # Like a share group's fetch, acquisition counts the delivery: a crash before
+                # those records are sent charges them an attempt (the bound still holds).
+                waiting = len(self._awaiting)
                 budget = min(
-                    max_total - len(self._deliveries),
-                    self._send_capacity - self._sending,
+                    max_total - len(self._deliveries) - waiting,
+                    self._send_capacity * 2 - self._sending - waiting,
                 )
                 slots = list(self.slots.values())
                 if slots:
@@ -380,7 +394,11 @@ class Engine:
             if acquired or self._deliveries:
                 self.source.mark_busy()
             if acquired:
-                await self._hand_out(acquired)
+                if self.write_ahead:
+                    self._awaiting.extend(acquired)
+                    self._awaiting_wake.set()
+                else:
+                    self._hand_out(acquired)
             self._start_archiving()
             self._apply_flow_control()
             wait_s = self._next_wait_s(now_ms())
@@ -394,20 +412,39 @@ class Engine:
             return 0.5
         return min(0.5, max(0.0, (min(deadlines) - now) / 1000))
 
-    async def _hand_out(self, acquired: list[tuple[_Slot, Any]]) -> None:
-        if self.write_ahead:
-            # Persist the new delivery counts before anything reaches the app: a record that
-            # crashes the sidecar (or the pod) on delivery still has its attempt counted.
-            touched = {id(s): s for s, _ in acquired}
+    async def hand_out_loop(self) -> None:
+        """Commit the delivery counts of acquired records, then hand them to the workers.
+
+        Group commit: everything acquired while one write-ahead commit is in flight goes out with
+        the next one, so records leave only after their count is stored (a record that crashes
+        the sidecar, or the pod, on delivery still has its attempt counted) while the commit's
+        round trip overlaps the app's work instead of stalling the scheduler.
+        """
+        while True:
+            await self._awaiting_wake.wait()
+            self._awaiting_wake = trio.Event()
+            batch, self._awaiting = self._awaiting, []
+            if not batch:
+                continue
+            touched = {id(s): s for s, _ in batch}
             ok = await self._commit_slots(list(touched.values()), force=True)
             if not ok:
-                now = now_ms()
-                for slot, attempt in acquired:
-                    if self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot:
-                        with contextlib.suppress(L.LedgerError):
-                            slot.ledger.not_attempted(attempt.attempt_id, now)
+                self._return_unsent(batch)
+                self.kick()
                 await trio.sleep(0.1)
-                return
+                continue
+            self._hand_out(batch)
+            self.kick()
+
+    def _return_unsent(self, batch: list[tuple[_Slot, Any]]) -> None:
+        """Acquired records that will not be sent go back without counting the attempt."""
+        now = now_ms()
+        for slot, attempt in batch:
+            if self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot:
+                with contextlib.suppress(L.LedgerError):
+                    slot.ledger.not_attempted(attempt.attempt_id, now)
+
+    def _hand_out(self, acquired: list[tuple[_Slot, Any]]) -> None:
         for slot, attempt in acquired:
             if self.slots.get((slot.ledger.topic, slot.ledger.partition)) is not slot:
                 continue  # revoked while the commit was in flight: fenced
@@ -885,6 +922,10 @@ class Engine:
             await self._commit_slots(list(self.slots.values()))
 
     async def commit_all(self) -> None:
+        if self.stopping and self._awaiting:
+            # Stopping: records still waiting for their write-ahead commit were never sent.
+            batch, self._awaiting = self._awaiting, []
+            self._return_unsent(batch)
         await self._commit_slots(list(self.slots.values()))
 
     # ----------------------------------------------------------------------------- lifecycle

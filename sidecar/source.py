@@ -104,7 +104,7 @@ class KafkaSource:
         self._poll_thread_active = False
         self._direct_lock = trio.Lock()
         self._busy_until = 0.0
-        self._busy_poll_timeout_s = 0.005
+        self._busy_poll_timeout_s = 0.001
         self._next_lag_refresh = 0.0
         self._lag: dict[tuple[str, int], int] = {}
         self._group_metadata: Any = None
