@@ -411,6 +411,9 @@ class PartitionLedger:
         self._next_seq = 0
         self._last_added = start_offset - 1
         self._max_done = start_offset - 1
+        # Highest offset that ever had a delivery count: commit_state() stops scanning past it
+        # (and past _max_done), so a deep buffer of untouched records costs nothing per commit.
+        self._max_counted = start_offset - 1
         self._now = 0
         self._revoked = False
         self._paused = False
@@ -485,6 +488,7 @@ class PartitionLedger:
         self._held_seqs.add(seq)
         if count:
             self._recount(offset, 0, count)
+            self._max_counted = offset
         if queue_key is _UNORDERED:
             self._make_ready(record)
         else:
@@ -570,6 +574,8 @@ class PartitionLedger:
             record.queued = False
             count = record.delivery_count + 1
             record.delivery_count = count
+            if offset > self._max_counted:  # noqa: PLR1730 (hot path: no max() call)
+                self._max_counted = offset
             # _recount(offset, count - 1, count), inlined: this is the hot path.
             neighbour = records.get(offset - 1)
             left = neighbour.delivery_count if neighbour is not None else 0
@@ -930,7 +936,10 @@ class PartitionLedger:
         counts: dict[int, int] = {}
         previous = base
         previous_seq = -1  # the first held record is the base itself
+        last = upper if upper > self._max_counted else self._max_counted
         for offset, record in self._records.items():
+            if offset > last:
+                break  # nothing further is done or counted: see _max_counted
             if record.delivery_count:
                 counts[offset] = record.delivery_count
             if offset <= upper:
