@@ -72,6 +72,9 @@ async def test_two_sidecars_share_partitions_with_either_group_protocol(
                 90,
                 "all partitions committed to the end",
             )
+            # b's graceful leave commits what it finished, so the end offsets can be committed
+            # before the rebalance hands its partitions to a: wait for the take-over itself.
+            await a.wait_assigned(4, timeout_s=60)
             st = await a.status()
             assert len(st["partitions"]) == 4
             assert await a.stop() == 0
