@@ -893,7 +893,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-rate", type=float, default=1000.0, help="records/s offered")
     parser.add_argument("--latency-seconds", type=float, default=5.0)
     parser.add_argument("--no-latency", action="store_true")
-    parser.add_argument("--backlog", type=int, default=200_000, help="0 skips the backlog test")
+    parser.add_argument("--backlog", type=int, default=2_000_000, help="0 skips the backlog test")
     parser.add_argument("--backlog-seconds", type=float, default=20.0)
     parser.add_argument("--app-seconds", type=float, default=2.0, help="app-alone run length")
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "latest.json"))

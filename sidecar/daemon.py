@@ -86,7 +86,6 @@ async def run_sidecar(
 
         nursery.start_soon(poll)
         nursery.start_soon(engine.scheduler)
-        nursery.start_soon(engine.hand_out_loop)
         nursery.start_soon(engine.committer)
         if engine.transactional:
             nursery.start_soon(engine.txn_loop)

@@ -357,7 +357,14 @@ class Engine:
     # ----------------------------------------------------------------------------- scheduler
 
     async def scheduler(self) -> None:
-        """Expire locks, hand out records, start DLQ writes, pause/resume — whenever something changed."""
+        """Expire locks, acquire records, start DLQ writes, pause/resume — whenever something
+        changed; and the hand-out task that commits acquired records' counts and sends them."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.hand_out_loop)
+            await self._schedule_loop()
+            nursery.cancel_scope.cancel()
+
+    async def _schedule_loop(self) -> None:
         max_total = self.config.delivery.max_in_flight_records
         while not self.stopping:
             now = now_ms()

@@ -147,28 +147,33 @@ class Tracing:
         tracestate: str | None,
     ) -> AttemptContext:
         parent = self.parent_context(traceparent, tracestate)
-        attributes: dict[str, Any] = {
-            A_SYSTEM: "kafka",
-            A_OPERATION_TYPE: "process",
-            A_OPERATION_NAME: "process",
-            A_DESTINATION: topic,
-            A_PARTITION: str(partition),
-            A_OFFSET: offset,
-            A_GROUP: self.group,
-            A_BODY_SIZE: value_size,
-            A_DELIVERY_COUNT: delivery_count,
-            A_DELIVERY_ID: delivery_id,
-        }
-        if key is not None:
-            # Binary keys are not attributes (semantic conventions: UTF-8 strings only).
-            with contextlib.suppress(UnicodeDecodeError):
-                attributes[A_KEY] = key.decode("utf-8")
-        span = self.tracer.start_span(
-            f"process {topic}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
-        )
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        return AttemptContext(span, carrier.get("traceparent", ""), carrier.get("tracestate"))
+        span = self.tracer.start_span(f"process {topic}", context=parent, kind=SpanKind.CONSUMER)
+        # Attributes only for spans that are recorded: with a ratio sampler most spans are not,
+        # and building the dict was most of their cost. (The SDK's samplers decide on the trace
+        # id and the parent, not on these attributes.)
+        if span.is_recording():
+            attributes: dict[str, Any] = {
+                A_SYSTEM: "kafka",
+                A_OPERATION_TYPE: "process",
+                A_OPERATION_NAME: "process",
+                A_DESTINATION: topic,
+                A_PARTITION: str(partition),
+                A_OFFSET: offset,
+                A_GROUP: self.group,
+                A_BODY_SIZE: value_size,
+                A_DELIVERY_COUNT: delivery_count,
+                A_DELIVERY_ID: delivery_id,
+            }
+            if key is not None:
+                # Binary keys are not attributes (semantic conventions: UTF-8 strings only).
+                with contextlib.suppress(UnicodeDecodeError):
+                    attributes[A_KEY] = key.decode("utf-8")
+            span.set_attributes(attributes)
+        # The W3C trace context for the app, formatted directly: the propagator's inject() goes
+        # through a Context and a carrier for the same two strings.
+        sc = span.get_span_context()
+        header = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
+        return AttemptContext(span, header, sc.trace_state.to_header() or None)
 
     @staticmethod
     def end_attempt(
