@@ -376,14 +376,15 @@ class Engine:
                 # Acquire no more than the workers can send right away: an acquired record's
                 # attempt is counted (and persisted) before it is sent, so one that waited in a
                 # queue while the process crashed would be charged an attempt it never had.
-                # Up to one more round is acquired while the write-ahead commit of the previous
-                # one is under way, so commit latency is not on every record's critical path.
-                # Like a share group's fetch, acquisition counts the delivery: a crash before
-                # those records are sent charges them an attempt (the bound still holds).
+                # Records acquired while the write-ahead commit of the previous round is under
+                # way wait for the next one (group commit), within the same capacity: a record
+                # never waits in a queue after its count is stored, and with one in flight an
+                # answer is committed before the next record leaves (a crash on that record
+                # does not charge the one before it).
                 waiting = len(self._awaiting)
                 budget = min(
                     max_total - len(self._deliveries) - waiting,
-                    self._send_capacity * 2 - self._sending - waiting,
+                    self._send_capacity - self._sending - waiting,
                 )
                 slots = list(self.slots.values())
                 if slots:

@@ -424,7 +424,7 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
     )  # bounded: exactly `limit` attempts, each one counted before it was sent
     assert restarts == limit
     got = broker.read_topic(f"dlq.{topic}", 1)
-    assert len(got) == 1
+    assert len(got) == 1, [(g.headers, g.timestamp_ms) for g in got]
     h = _headers(got[0])
     assert h["__dlq.errors.offset"] == [b"1"]
     assert h["__dlq.errors.message"] == [b"Offset delivery count exceeded the threshold."]
