@@ -52,6 +52,7 @@ class Stats:
         self.last_ns = 0
         self.rejected = 0
         self.released = 0
+        self.span_exports = 0
         self.latency = query.get("latency", ["0"])[0] == "1"
         self.fail = query.get("fail", ["0"])[0] == "1"
         self.delay_s = int(query.get("delay_ms", ["0"])[0]) / 1000
@@ -66,6 +67,7 @@ class Stats:
                 "last_ns": self.last_ns,
                 "rejected": self.rejected,
                 "released": self.released,
+                "span_exports": self.span_exports,
                 "latencies_ns": self.latencies_ns,
             }
         ).encode()
@@ -150,6 +152,14 @@ class Connection(asyncio.Protocol):
         if path == b"/reset":
             STATS.reset(parse_qs(query.decode()))
             self.reply(OK)
+            return
+        if path == b"/v1/traces":
+            # The OTLP/HTTP receiver of the tracing scenarios: spans are accepted and dropped
+            # (an empty body is an empty ExportTraceServiceResponse).
+            STATS.span_exports += 1
+            self.reply(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+            )
             return
         if method != b"POST":
             self.reply(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")

@@ -87,9 +87,9 @@ DESCRIPTIONS = {
     "f-on": "tracing on, all sampled",
     "f-on-10pct": "tracing on, 10 % parent-based",
 }
-# Tracing scenarios: the console exporter (the sidecar's only exporter that needs no receiver)
-# writes every span as JSON to the sidecar's stdout, which goes to /dev/null; the sampler comes
-# from the standard OTEL_* variables the sidecar honours.
+# Tracing scenarios: OTLP over HTTP to the bench app, which accepts and drops the spans (its
+# /v1/traces route); the sampler and the endpoint come from the standard OTEL_* variables the
+# sidecar honours (the endpoint is added per run: the app's port).
 SIDECAR_ENV = {
     "f-on": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
     "f-on-10pct": {
@@ -407,7 +407,7 @@ def sidecar_config(
     if scenario == "e-txn":
         lines.append("errors.deadletterqueue.transactional.enable: true")
     if scenario.startswith("f-on"):
-        lines += ["tracing:", "  exporter: console"]
+        lines += ["tracing:", "  exporter: otlp-http"]
     return "\n".join(lines) + "\n"
 
 
@@ -512,7 +512,9 @@ def run_sidecar_throughput(
     api_path = os.path.join(directory, f"api-{scenario}-{run}.sock")
     config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
     app.reset(fail=1 if scenario.startswith("e") else 0)
-    env = SIDECAR_ENV.get(scenario)
+    env = dict(SIDECAR_ENV.get(scenario, {}))
+    if scenario.startswith("f-on"):
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{app.port}/v1/traces"
     with running_sidecar(config, directory, f"{scenario}-{run}", env) as proc:
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
@@ -530,6 +532,7 @@ def run_sidecar_throughput(
         "peak_rss_mb": rss_peak_kb / 1024,
         "app_cpu_share": (app_cpu1 - app_cpu0) / elapsed,
         "app_requests": stats["requests"],
+        "span_exports": stats.get("span_exports", 0),
         "rejected": stats["rejected"],
         "released": stats["released"],
         "counters": status["counters"] if status else None,
