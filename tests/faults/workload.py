@@ -455,12 +455,14 @@ class Run:
         consumer = Consumer({"bootstrap.servers": self.direct, "group.id": self.group})
         try:
             last: tuple[int, int] = (0, 0)
+            errors: list[str] = []
             with trio.move_on_after(timeout_s):
                 while True:
                     try:
                         last = await trio.to_thread.run_sync(self._progress, consumer)
-                    except KafkaException:
+                    except KafkaException as exc:
                         # NOT_COORDINATOR and friends while a broker starts or restarts: ask again.
+                        errors.append(f"{time.monotonic() - started:.1f}s: {exc}")
                         await trio.sleep(0.5)
                         continue
                     if last[1] > 0 and last[0] == last[1]:
@@ -468,7 +470,10 @@ class Run:
                     if alive is not None:
                         alive()
                     await trio.sleep(0.5)
-            raise AssertionError(f"not done after {timeout_s}s: {last[0]} of {last[1]} committed")
+            raise AssertionError(
+                f"not done after {timeout_s}s: {last[0]} of {last[1]} committed; "
+                f"{len(errors)} failed reads, first and last: {errors[:1] + errors[-1:]}"
+            )
         finally:
             await trio.to_thread.run_sync(consumer.close)
 
