@@ -142,7 +142,7 @@ async def test_app_slow_then_hangs_then_recovers(bootstrap: str, tmp_path: Path)
             run.app.delay_s = 0.0
             server.mode = HANG
             run.fault("app_hang")
-            await trio.sleep(5.0)
+            await trio.sleep(6.0)
             await run.check_midway()
             hung = await sc.status()
             server.mode = HEALTHY
@@ -151,15 +151,15 @@ async def test_app_slow_then_hangs_then_recovers(bootstrap: str, tmp_path: Path)
             st = await sc.status()
             assert await sc.stop() == 0
         report = await run.check()
-    assert_clean(report, f"app slow 2 s, hung 5 s ({run.elapsed_s():.0f}s)")
+    assert_clean(report, f"app slow 2 s, hung 6 s ({run.elapsed_s():.0f}s)")
     assert st["failure"] is None
     # Connections were accepted throughout: a hung app is reachable, unlike a stopped one.
     assert hung["app_reachable"]
     assert run.app.answers.get(HANG_ANSWER, 0) > 0
     archived = await _assert_dlq_is_exactly_what_the_answers_make(run)
     print(f"archived: {archived}, answers: {run.app.answers}")
-    # Attempts started 1.5 s apart (timeout plus a short backoff) within the 5 s hang: the first records
-    # in flight reached the limit on timeouts alone and went to the DLQ as sidecar.AppTimeout.
+    # Attempts of a record start about 1.6 s apart (the timeout plus a short backoff), so the records that
+    # hung first reached the limit within the 6 s hang, on timeouts alone: in the DLQ as sidecar.AppTimeout.
     assert archived.get("sidecar.AppTimeout", 0) > 0, archived
     assert report.redelivered_after_accept == 0
     assert report.max_delivery_count <= run.info.limit
