@@ -23,7 +23,18 @@ from typing import Any
 import trio
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from sidecar.checker import Report, RunInfo, check, digest, observe, read_journal
+from sidecar.checker import (
+    H_OFFSET,
+    H_PARTITION,
+    H_TOPIC,
+    DlqEntry,
+    Report,
+    RunInfo,
+    check,
+    digest,
+    observe,
+    read_journal,
+)
 from sidecar.httpserver import Request, Response, json_response, serve_http
 from tests.harness import free_port, write_config
 from tests.kafkatools import Broker
@@ -186,12 +197,60 @@ def produce(bootstrap: str, topic: str, plans: Iterable[RecordPlan], journal: Jo
 # ------------------------------------------------------------------------------------------ the app
 
 
+@dataclass(frozen=True)
+class Seen:
+    """One request the app got, in arrival order (kept in memory for assertions; the journal is separate)."""
+
+    rid: str
+    kind: str
+    topic: str
+    partition: int
+    offset: int
+    count: int
+    delivery_id: str
+    value_sha: str | None
+
+    @property
+    def coord(self) -> tuple[str, int, int]:
+        return (self.topic, self.partition, self.offset)
+
+
+def answer_for(kind: str, rid: str) -> tuple[str, Response, dict[str, Any]]:
+    """What the app answers a record of `kind`: (journal word, HTTP answer, `/v1/acks` item fields)."""
+    if kind == "poison":
+        error = {"class": "test.Poison", "message": f"record {rid} is poison"}
+        return (
+            "reject",
+            json_response({"ack": "reject", "error": error}),
+            {
+                "ack": "reject",
+                "error": error,
+            },
+        )
+    if kind == "release":
+        error = {"class": "test.Flaky", "message": "later"}
+        return (
+            "release",
+            json_response({"ack": "release", "error": error}),
+            {
+                "ack": "release",
+                "error": error,
+            },
+        )
+    return "accept", Response(200), {"ack": "accept"}
+
+
 @dataclass
 class JournalApp:
     """The test app: answers by the record's kind and journals every request it saw.
 
     ok -> 200 (accept); poison -> JSON reject with an error; release -> JSON release. `delay_s` keeps records
     in flight so faults land mid-attempt. `up` is False while the app is "down" (its listener closed).
+
+    With `defer` set, the app answers 202 (deferred, SPEC §5) and parks the record in `pending`; the test
+    answers later through the sidecar's `POST /v1/acks` (`ack_items()` and `journal_answer()`), in whatever
+    order it likes. A deferred delivery is journaled when it is answered, with that answer, or — if the
+    sidecar dies first — by `journal_unanswered()`, so the journal still has one line per delivery.
     """
 
     journal: JournalWriter
@@ -199,48 +258,85 @@ class JournalApp:
     seen: int = 0
     answers: dict[str, int] = field(default_factory=dict)
     up: bool = False
+    defer: bool = False
+    pending: dict[str, Seen] = field(default_factory=dict)  # delivery id -> deferred, unanswered
+    keep_history: bool = (
+        False  # off by default: the soak's app sees hundreds of thousands of requests
+    )
+    history: list[Seen] = field(default_factory=list)
     _changed: trio.Event = field(default_factory=trio.Event)
 
-    async def __call__(self, request: Request) -> Response:
+    def parse(self, request: Request) -> tuple[Seen, bytes | None]:
+        """The request's record as the app sees it (and its value, for the digest)."""
         value = None if request.header("kafka-value-null") == "true" else request.body
         rid, kind = "?", "ok"
         if value:
             parts = value.split(b":", 2)
             if len(parts) == 3:
                 rid, kind = parts[0].decode("ascii", "replace"), parts[1].decode("ascii", "replace")
-        if self.delay_s:
-            await trio.sleep(self.delay_s)
-        if kind == "poison":
-            answer = "reject"
-            resp = json_response(
-                {
-                    "ack": "reject",
-                    "error": {"class": "test.Poison", "message": f"record {rid} is poison"},
-                }
-            )
-        elif kind == "release":
-            answer = "release"
-            resp = json_response(
-                {"ack": "release", "error": {"class": "test.Flaky", "message": "later"}}
-            )
-        else:
-            answer = "accept"
-            resp = Response(200)
+        seen = Seen(
+            rid=rid,
+            kind=kind,
+            topic=request.header("kafka-topic") or "",
+            partition=int(request.header("kafka-partition") or -1),
+            offset=int(request.header("kafka-offset") or -1),
+            count=int(request.header("kafka-delivery-count") or 0),
+            delivery_id=request.header("kafka-delivery-id") or "",
+            value_sha=digest(value),
+        )
+        if self.keep_history:
+            self.history.append(seen)
+        return seen, value
+
+    def note(self, seen: Seen, answer: str) -> None:
+        """Journal one delivery and the answer it got (before the answer reaches the sidecar)."""
         self.journal.write(
             {
                 "ev": "delivery",
-                "id": rid,
-                "topic": request.header("kafka-topic"),
-                "partition": int(request.header("kafka-partition") or -1),
-                "offset": int(request.header("kafka-offset") or -1),
-                "count": int(request.header("kafka-delivery-count") or 0),
+                "id": seen.rid,
+                "topic": seen.topic,
+                "partition": seen.partition,
+                "offset": seen.offset,
+                "count": seen.count,
                 "answer": answer,
-                "value_sha": digest(value),
+                "value_sha": seen.value_sha,
             }
         )
         self.seen += 1
         self.answers[answer] = self.answers.get(answer, 0) + 1
+
+    async def __call__(self, request: Request) -> Response:
+        seen, _value = self.parse(request)
+        return await self.respond(seen)
+
+    async def respond(self, seen: Seen) -> Response:
+        """The healthy answer to a parsed request (deferred, delayed or at once); journals it."""
+        if self.defer:
+            self.pending[seen.delivery_id] = seen
+            return Response(202)
+        if self.delay_s:
+            await trio.sleep(self.delay_s)
+        answer, resp, _ack = answer_for(seen.kind, seen.rid)
+        self.note(seen, answer)
         return resp
+
+    def ack_items(self, deliveries: Iterable[Seen]) -> list[dict[str, Any]]:
+        """Journal each deferred delivery's answer and return the `/v1/acks` items that give it."""
+        items = []
+        for d in deliveries:
+            answer, _resp, fields = answer_for(d.kind, d.rid)
+            self.pending.pop(d.delivery_id, None)
+            self.note(d, answer)
+            items.append({"id": d.delivery_id, **fields})
+        return items
+
+    def journal_unanswered(self) -> list[Seen]:
+        """Journal every deferred delivery that never got an answer (its sidecar is gone); returns them."""
+        left = list(self.pending.values())
+        for d in left:
+            self.note(d, "unanswered")
+        self.pending.clear()
+        return left
 
 
 class AppServer:
@@ -359,12 +455,14 @@ class Run:
         consumer = Consumer({"bootstrap.servers": self.direct, "group.id": self.group})
         try:
             last: tuple[int, int] = (0, 0)
+            errors: list[str] = []
             with trio.move_on_after(timeout_s):
                 while True:
                     try:
                         last = await trio.to_thread.run_sync(self._progress, consumer)
-                    except KafkaException:
+                    except KafkaException as exc:
                         # NOT_COORDINATOR and friends while a broker starts or restarts: ask again.
+                        errors.append(f"{time.monotonic() - started:.1f}s: {exc}")
                         await trio.sleep(0.5)
                         continue
                     if last[1] > 0 and last[0] == last[1]:
@@ -372,7 +470,10 @@ class Run:
                     if alive is not None:
                         alive()
                     await trio.sleep(0.5)
-            raise AssertionError(f"not done after {timeout_s}s: {last[0]} of {last[1]} committed")
+            raise AssertionError(
+                f"not done after {timeout_s}s: {last[0]} of {last[1]} committed; "
+                f"{len(errors)} failed reads, first and last: {errors[:1] + errors[-1:]}"
+            )
         finally:
             await trio.to_thread.run_sync(consumer.close)
 
@@ -384,6 +485,21 @@ class Run:
         report = check(journal, observed, extra_allowance=extra_allowance)
         (self.workdir / f"{name}.json").write_text(json.dumps(report.to_dict(), indent=2))
         return report
+
+    async def dlq_by_source(self) -> dict[tuple[str, int, int], list[DlqEntry]]:
+        """The DLQ records (read_committed), by the source coordinates their headers name."""
+        observed = await trio.to_thread.run_sync(observe, self.direct, self.info)
+        out: dict[tuple[str, int, int], list[DlqEntry]] = {}
+        for e in observed.dlq:
+            topic, part, off = e.header(H_TOPIC), e.header(H_PARTITION), e.header(H_OFFSET)
+            if topic is not None and part is not None and off is not None:
+                out.setdefault((topic, int(part), int(off)), []).append(e)
+        return out
+
+    async def committed(self) -> dict[int, int | None]:
+        """The group's committed offset per partition of the source topic (None: nothing committed)."""
+        observed = await trio.to_thread.run_sync(observe, self.direct, self.info)
+        return {p: off for (t, p), off in observed.committed.items() if t == self.topic}
 
     async def check_midway(self, extra_allowance: int = 0) -> Report:
         """The invariants that hold at every moment, not only at the end: no commit ahead of a record
@@ -417,8 +533,13 @@ async def open_run(
     transactional: bool = False,
     dlq_config: dict[str, str] | None = None,
     app_delay_s: float = 0.0,
+    server_class: type[AppServer] | None = None,
+    keep_history: bool = False,
 ) -> AsyncIterator[Run]:
-    """Create the topics, start the app, and yield the run; the app stops when the block ends."""
+    """Create the topics, start the app, and yield the run; the app stops when the block ends.
+
+    `server_class` serves the app some other way (tests/faults/appfaults.py: an app that can answer
+    garbage or hang); `keep_history` keeps every request the app saw in `run.app.history`."""
     direct = direct or bootstrap
     tag = f"{name}-{uuid.uuid4().hex[:8]}"
     broker = Broker(direct)
@@ -437,8 +558,8 @@ async def open_run(
     workdir.mkdir(parents=True, exist_ok=True)
     journal = JournalWriter(workdir / "journal.jsonl")
     journal.run(info)
-    app = JournalApp(journal, delay_s=app_delay_s)
-    server = AppServer(app, free_port())
+    app = JournalApp(journal, delay_s=app_delay_s, keep_history=keep_history)
+    server = (server_class or AppServer)(app, free_port())
     try:
         async with trio.open_nursery() as nursery:
             await server.start(nursery)

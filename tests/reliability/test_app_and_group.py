@@ -11,7 +11,7 @@ from tests.faults.workload import assert_clean, env_seed, open_run, plan_records
 from tests.harness import sidecar, wait_until
 
 
-async def test_app_down_for_10_s_counts_and_archives_nothing(
+async def test_app_down_for_30_s_counts_and_archives_nothing(
     bootstrap: str, tmp_path: Path
 ) -> None:
     seed = env_seed(202)
@@ -25,7 +25,7 @@ async def test_app_down_for_10_s_counts_and_archives_nothing(
             # them a moment to settle, then nothing may be counted or archived while it stays down.
             await trio.sleep(1.5)
             before = (await sc.status())["counters"]
-            await trio.sleep(9.0)
+            await trio.sleep(28.5)  # 30 s down in all, as issue 10 asks
             during = await sc.status()
             code, _ = await sc.get("/readyz")
             after = during["counters"]
@@ -40,7 +40,7 @@ async def test_app_down_for_10_s_counts_and_archives_nothing(
             await run.wait_done(120)
             assert await sc.stop() == 0
         report = await run.check()
-    assert_clean(report, f"app down 10 s ({run.elapsed_s():.0f}s)")
+    assert_clean(report, f"app down 30 s ({run.elapsed_s():.0f}s)")
     # Refused connections are not attempts: no record needed more than the one cut attempt plus one.
     assert report.max_delivery_count <= 2
     assert report.by_kind("unexpected_dlq") == []

@@ -1,5 +1,5 @@
 """Broker and network faults on a private broker behind the fault proxy: SIGKILL and restart on the same log
-dir, SIGSTOP for 10 s, a blackholed connection for 10 s, and the DLQ unavailable for 10 s (only the
+dir, SIGSTOP for 15 s, a blackholed connection for 10 s, and the DLQ unavailable for 10 s (only the
 sidecar's producer connections blackholed)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ async def _flowing(run: Run, seed: int) -> None:
 
 
 @TXN_MODES
-async def test_broker_paused_10_s(
+async def test_broker_paused_15_s(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
     broker, _proxy = kafka_behind_proxy
@@ -63,7 +63,7 @@ async def test_broker_paused_10_s(
             broker.pause()
             run.fault("broker_sigstop")
             try:
-                await trio.sleep(10.0)
+                await trio.sleep(15.0)
             finally:
                 broker.resume()
             run.fault("broker_sigcont")
@@ -71,7 +71,7 @@ async def test_broker_paused_10_s(
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
             assert await sc.stop() == 0
         report = await run.check()
-    assert_clean(report, f"broker SIGSTOP 10 s ({run.elapsed_s():.0f}s)")
+    assert_clean(report, f"broker SIGSTOP 15 s ({run.elapsed_s():.0f}s)")
 
 
 @TXN_MODES
