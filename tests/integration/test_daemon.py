@@ -12,6 +12,7 @@ from tests.harness import (
     running_app,
     sidecar,
     wait_until,
+    wait_until_thread,
     write_config,
 )
 from tests.kafkatools import Broker, Rec
@@ -69,11 +70,3 @@ async def test_accept_all_5000_over_three_partitions(
         last[k] = d.offset
     assert all(d.delivery_count == 1 for d in app.deliveries)
     assert not broker.topic_exists(f"dlq.{topic}") or broker.count_records(f"dlq.{topic}") == 0
-
-
-async def wait_until_thread(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

@@ -10,15 +10,8 @@ import trio
 
 from sidecar.httpserver import Response
 from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
-
-
-async def _wait_thread(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])

@@ -18,19 +18,12 @@ from tests.harness import (
     sidecar,
     write_config,
 )
+from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
 
 async def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
     return await trio.to_thread.run_sync(fn, *args)
-
-
-async def _wait_thread(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _by_value(d: Delivery) -> Response:

@@ -7,7 +7,6 @@ import io
 import json
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from sidecar.dlqtool import (
 )
 from sidecar.httpserver import Response, json_response
 from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
 
@@ -45,14 +45,6 @@ async def dlq_cli(broker: Broker, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     rc = await trio.to_thread.run_sync(cmd_dlq, args, out, err)
     return rc, out.getvalue(), err.getvalue()
-
-
-async def _wait_thread(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:

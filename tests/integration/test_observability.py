@@ -17,19 +17,12 @@ from sidecar.engine import Engine
 from sidecar.httpserver import Request, Response, json_response, serve_http
 from sidecar.tracing import Tracing
 from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
-
-
-async def _wait_thread(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _release_twice_then_reject(d: Delivery) -> Response:

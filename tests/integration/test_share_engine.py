@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -44,17 +43,10 @@ from tests.harness import (
     wait_until,
     write_config,
 )
+from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
 SHARE = {"engine": "share", "ordering": "none"}
-
-
-async def _wait_thread(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _by_value(d: Delivery) -> Response:
