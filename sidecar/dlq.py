@@ -265,6 +265,7 @@ class DlqWriter:
         self.transactional_id: str | None = None  # set before run() for the transactional mode
         self._handle_lock = trio.Lock()  # one call on the producer handle at a time (FIFO)
         self._stuck = False  # a transaction call on the producer overstayed its watchdog
+        self._in_txn = False  # begun and not yet committed or aborted
         self._abandoned: list[Producer] = []  # fenced producers a thread may still be blocked in
         self._partitions: dict[str, int] = {}
         self._max_bytes: dict[str, int | None] = {}
@@ -400,6 +401,7 @@ class DlqWriter:
         except KafkaException as exc:
             # Begin fails only on a producer in the wrong state (an earlier transaction not ended).
             raise DlqFatalError(f"cannot begin a DLQ transaction: {_kafka_error(exc)}") from exc
+        self._in_txn = True
 
     async def txn_produce(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Produce inside the open transaction and wait for the broker's acknowledgement.
@@ -486,6 +488,7 @@ class DlqWriter:
                 await self._txn_call(
                     "commit_transaction", lambda p: p.commit_transaction(TXN_CALL_TIMEOUT_S)
                 )
+                self._in_txn = False
                 return
             except DlqTxnStuck as exc:
                 # commit_transaction() keeps to its timeout; if it did not, the commit may have
@@ -515,12 +518,15 @@ class DlqWriter:
         abort_transaction() answer "conflicting call in progress") is done by fencing instead: a new
         producer with the same transactional.id; its init_transactions() aborts the transaction.
         """
+        if not self._in_txn and not self._stuck:
+            return
         started = trio.current_time()
         while not self._stuck:
             try:
                 await self._txn_call(
                     "abort_transaction", lambda p: p.abort_transaction(TXN_CALL_TIMEOUT_S)
                 )
+                self._in_txn = False
                 return
             except DlqTxnStuck:
                 break
@@ -555,6 +561,7 @@ class DlqWriter:
         async with self._handle_lock:
             self._producer = producer
             self._stuck = False
+            self._in_txn = False
         if old is not None:
             # A thread may still be blocked in the old handle: it is left to librdkafka (fenced,
             # its transaction aborted), never called again by us.

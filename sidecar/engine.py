@@ -778,11 +778,15 @@ class Engine:
                     try:
                         await self.dlq.txn_abort()
                     except DlqFatalError as abort_exc:
-                        return self._txn_fatal(items, marked, str(abort_exc))
+                        return await self._txn_fatal(items, marked, str(abort_exc))
                 except DlqFatalError as exc:
-                    return self._txn_fatal(items, marked, str(exc))
+                    return await self._txn_fatal(items, marked, str(exc))
+                except (
+                    Exception
+                ) as exc:  # the batch's dispatch boundary: stop, never crash the loop
+                    return await self._txn_fatal(items, marked, f"DLQ transaction failed: {exc!r}")
                 if trio.current_time() + delay_s > give_up_at:
-                    return self._txn_fatal(
+                    return await self._txn_fatal(
                         items,
                         marked,
                         f"the DLQ transaction did not commit within {TXN_COMMIT_DEADLINE_S:.0f} s "
@@ -822,15 +826,22 @@ class Engine:
             sl.last_commit = (o.offset, o.metadata)
         self.counters.commits += 1
 
-    def _txn_fatal(self, items: list[_TxnItem], marked: set[int], reason: str) -> str:
+    async def _txn_fatal(self, items: list[_TxnItem], marked: set[int], reason: str) -> str:
         """Stop: drop the partitions whose ledger counts records of an uncommitted transaction done,
-        so no commit (the final one, the revoke's) passes them; the next owner reads them again."""
+        so no commit (the final one, the revoke's) passes them; the next owner reads them again.
+
+        The open transaction is ended first if it can be (an abort, or fencing by a new producer),
+        so its offsets do not stay pending (unreadable to read_committed offset fetches) until the
+        transaction times out or the next incarnation starts.
+        """
         for it in items:
             if id(it) in marked and self._still_owned(it.slot):
                 key = (it.slot.ledger.topic, it.slot.ledger.partition)
                 self.slots.pop(key, None)
                 it.slot.ledger.revoke()
                 self._forget_deliveries(it.slot)
+        with contextlib.suppress(DlqFatalError):
+            await self.dlq.txn_abort()
         return f"fatal: {reason}"
 
     def _still_owned(self, slot: _Slot) -> bool:
