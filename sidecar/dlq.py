@@ -11,10 +11,9 @@ Must not import the ledger, the source or the HTTP modules.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,8 +50,16 @@ TOPIC_CONFIG_GROUP_DLQ = "errors.deadletterqueue.group.enable"
 
 Header = tuple[str, bytes | None]
 
-# How often a transactional call that failed with a retriable error is called again.
-TXN_CALL_ATTEMPTS = 3
+# Transactional mode. Every librdkafka transaction call gets TXN_CALL_TIMEOUT_S and is called again on a
+# retriable error for up to TXN_RETRY_BUDGET_S. A call still blocked TXN_CALL_WATCHDOG_S after it began is
+# given up on: send_offsets_to_transaction() waits for its result with no time limit, and its coordinator
+# request never times out (librdkafka issues #5456, #5511: after a broker restart the group coordinator
+# can stay cached as a decommissioned broker, and nothing wakes the request up). Such a producer is
+# replaced by a new one with the same transactional.id, which fences it and aborts its transaction.
+TXN_CALL_TIMEOUT_S = 10.0
+TXN_RETRY_BUDGET_S = 30.0
+TXN_CALL_WATCHDOG_S = 25.0
+TXN_INIT_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +172,14 @@ class DlqFatalError(Exception):
     """A DLQ record could not be written and retrying cannot help: the sidecar must stop."""
 
 
+class DlqTxnAbortable(Exception):
+    """Transactional mode: the open transaction cannot commit. After `txn_abort()` it may be redone."""
+
+
+class DlqTxnStuck(DlqTxnAbortable):
+    """A transaction call overstayed its watchdog; `txn_abort()` replaces the producer."""
+
+
 class DlqStartupError(Exception):
     """A DLQ topic is missing, cannot be created, or cannot be described at start-up."""
 
@@ -249,6 +264,9 @@ class DlqWriter:
         self._producer: Producer | None = None
         self.transactional_id: str | None = None  # set before run() for the transactional mode
         self._handle_lock = trio.Lock()  # one call on the producer handle at a time (FIFO)
+        self._stuck = False  # a transaction call on the producer overstayed its watchdog
+        self._in_txn = False  # begun and not yet committed or aborted
+        self._abandoned: list[Producer] = []  # fenced producers a thread may still be blocked in
         self._partitions: dict[str, int] = {}
         self._max_bytes: dict[str, int | None] = {}
         self._token: trio.lowlevel.TrioToken | None = None
@@ -359,18 +377,39 @@ class DlqWriter:
                 await trio.to_thread.run_sync(self._producer.flush, 10, abandon_on_cancel=True)
 
     # -- transactional mode: DLQ records and the offset commit in one Kafka transaction -------------
+    #
+    # librdkafka's rules (rdkafka.h): an error from a transaction call is fatal (the producer is
+    # unusable: stop), requires an abort (abort_transaction(), then the transaction may be redone), or
+    # is retriable (call the same function again; a timed-out commit_transaction() resumes where it
+    # was). Anything else leaves the transaction in an unknown state, and only aborting it is safe.
 
-    async def txn_begin(self) -> None:
+    async def _txn_call(self, what: str, fn: Callable[[Producer], Any]) -> Any:
+        """Run `fn(producer)` in a thread; DlqTxnStuck when it is still blocked after the watchdog."""
         assert self._producer is not None
         producer = self._producer
-        async with self._handle_lock:
-            await trio.to_thread.run_sync(producer.begin_transaction)
+        with trio.move_on_after(TXN_CALL_WATCHDOG_S):
+            async with self._handle_lock:
+                # Abandoned, not waited for, past the watchdog: the thread stays blocked in the old
+                # producer until librdkafka lets go, and txn_abort() replaces that producer.
+                return await trio.to_thread.run_sync(fn, producer, abandon_on_cancel=True)
+        self._stuck = True
+        raise DlqTxnStuck(f"{what} still blocked after {TXN_CALL_WATCHDOG_S:.0f} s")
+
+    async def txn_begin(self) -> None:
+        try:
+            await self._txn_call("begin_transaction", lambda p: p.begin_transaction())
+        except KafkaException as exc:
+            # Begin fails only on a producer in the wrong state (an earlier transaction not ended).
+            raise DlqFatalError(f"cannot begin a DLQ transaction: {_kafka_error(exc)}") from exc
+        self._in_txn = True
 
     async def txn_produce(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Produce inside the open transaction and wait for the broker's acknowledgement.
 
         A record known to be too large goes headers-only up front: inside a transaction a failed
         produce poisons the whole transaction, so there is no retry-and-fall-back as in `write`.
+        A retriable failure (a broker restart, a timeout) raises DlqTxnAbortable: the transaction is
+        aborted and redone; anything else is fatal.
         """
         if dlq_topic not in self._partitions:
             await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
@@ -382,6 +421,7 @@ class DlqWriter:
             self.stacktrace_max_bytes,
         )
         limit = self._max_bytes.get(dlq_topic)
+        dropped = False
         if limit is not None and _estimated_size(record) > limit:
             record = build_dlq_record(
                 failed,
@@ -394,51 +434,138 @@ class DlqWriter:
                     "written with the error context headers only"
                 ),
             )
-            self.copies_dropped += 1
+            dropped = True
         err = await self._produce(record)
         if err is not None:
             self.failed += 1
-            raise DlqFatalError(
+            what = (
                 f"transactional DLQ write of {failed.topic}[{failed.partition}]@{failed.offset} to "
                 f"{dlq_topic} failed: {err.name()}: {err.str()}"
             )
+            if not err.fatal() and (
+                err.retriable()
+                or err.txn_requires_abort()
+                or err.code() in _RETRIABLE_CODES
+                or err.code() in _TXN_PURGED
+            ):
+                raise DlqTxnAbortable(what)
+            raise DlqFatalError(what)
         self.written += 1
+        if dropped:
+            self.copies_dropped += 1
         return record
 
     async def txn_commit(self, offsets: list[TopicPartition], group_metadata: object) -> None:
-        assert self._producer is not None
-        producer = self._producer
+        """Add `offsets` to the open transaction and commit it.
 
-        def commit() -> None:
-            # librdkafka: a retriable error from either call means "call it again"; one that
-            # requires an abort (or is fatal) is the caller's to handle.
-            sent = not offsets
-            for attempt in range(TXN_CALL_ATTEMPTS):
-                try:
-                    if not sent:
-                        producer.send_offsets_to_transaction(offsets, group_metadata, 30)
-                        sent = True
-                    producer.commit_transaction(30)
-                    return
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    retriable = isinstance(err, KafkaError) and err.retriable()
-                    if not retriable or attempt == TXN_CALL_ATTEMPTS - 1:
-                        raise
-                    log.warning("transactional commit: %s; calling again", err)
-                    time.sleep(min(2.0, 0.2 * (attempt + 1)))
-
-        async with self._handle_lock:
-            # Abandoned (not waited for) if the caller's deadline passes: librdkafka has been seen
-            # to overstay its own timeout here after a broker restart (tests/reliability).
-            await trio.to_thread.run_sync(commit, abandon_on_cancel=True)
+        DlqTxnAbortable: not committed, abort it (then it may be redone). DlqFatalError: the producer is
+        unusable or the outcome is unknown (a commit that kept timing out): stop.
+        """
+        started = trio.current_time()
+        while offsets:
+            try:
+                await self._txn_call(
+                    "send_offsets_to_transaction",
+                    lambda p: p.send_offsets_to_transaction(
+                        offsets, group_metadata, TXN_CALL_TIMEOUT_S
+                    ),
+                )
+                break
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err.fatal():
+                    raise DlqFatalError(f"send_offsets_to_transaction: {err}") from exc
+                if (
+                    not err.retriable()
+                    or err.txn_requires_abort()
+                    or trio.current_time() - started > TXN_RETRY_BUDGET_S
+                ):
+                    raise DlqTxnAbortable(f"send_offsets_to_transaction: {err}") from exc
+                log.warning("send_offsets_to_transaction: %s; calling it again", err)
+                await trio.sleep(0.5)
+        while True:
+            try:
+                await self._txn_call(
+                    "commit_transaction", lambda p: p.commit_transaction(TXN_CALL_TIMEOUT_S)
+                )
+                self._in_txn = False
+                return
+            except DlqTxnStuck as exc:
+                # commit_transaction() keeps to its timeout; if it did not, the commit may have
+                # reached the coordinator: neither redo nor abort is known to be safe.
+                raise DlqFatalError(
+                    f"the DLQ transaction commit's outcome is unknown: {exc}"
+                ) from exc
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err.txn_requires_abort() and not err.fatal():
+                    raise DlqTxnAbortable(f"commit_transaction: {err}") from exc
+                if err.fatal() or not err.retriable():
+                    raise DlqFatalError(f"commit_transaction: {err}") from exc
+                if trio.current_time() - started > TXN_RETRY_BUDGET_S:
+                    raise DlqFatalError(
+                        f"commit_transaction kept failing for {TXN_RETRY_BUDGET_S:.0f} s: {err}"
+                    ) from exc
+                # Retriable (a timeout): the commit goes on in the background; calling the function
+                # again resumes it.
+                log.warning("commit_transaction: %s; calling it again", err)
+                await trio.sleep(0.5)
 
     async def txn_abort(self) -> None:
-        assert self._producer is not None
-        producer = self._producer
-        with contextlib.suppress(KafkaException):
-            async with self._handle_lock:
-                await trio.to_thread.run_sync(producer.abort_transaction, 30)
+        """End the open transaction without committing it. DlqFatalError when that cannot be done.
+
+        An abort that fails or overstays (or a producer stuck in an earlier call, which makes
+        abort_transaction() answer "conflicting call in progress") is done by fencing instead: a new
+        producer with the same transactional.id; its init_transactions() aborts the transaction.
+        """
+        if not self._in_txn and not self._stuck:
+            return
+        started = trio.current_time()
+        while not self._stuck:
+            try:
+                await self._txn_call(
+                    "abort_transaction", lambda p: p.abort_transaction(TXN_CALL_TIMEOUT_S)
+                )
+                self._in_txn = False
+                return
+            except DlqTxnStuck:
+                break
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err.fatal():
+                    raise DlqFatalError(f"abort_transaction: {err}") from exc
+                if not err.retriable() or trio.current_time() - started > TXN_RETRY_BUDGET_S:
+                    log.warning("abort_transaction: %s; replacing the producer", err)
+                    break
+                log.warning("abort_transaction: %s; calling it again", err)
+                await trio.sleep(0.5)
+        await self._replace_producer()
+
+    async def _replace_producer(self) -> None:
+        old = self._producer
+        producer = Producer(
+            producer_properties(self._kafka, self.transactional_id),
+            logger=logging.getLogger("sidecar.librdkafka"),
+        )
+        log.warning(
+            "replacing the transactional DLQ producer (transactional.id %s): the new one fences "
+            "the old and aborts its open transaction",
+            self.transactional_id,
+        )
+        try:
+            await trio.to_thread.run_sync(producer.init_transactions, TXN_INIT_TIMEOUT_S)
+        except KafkaException as exc:
+            raise DlqFatalError(
+                f"cannot start a new transactional DLQ producer: {_kafka_error(exc)}"
+            ) from exc
+        async with self._handle_lock:
+            self._producer = producer
+            self._stuck = False
+            self._in_txn = False
+        if old is not None:
+            # A thread may still be blocked in the old handle: it is left to librdkafka (fenced,
+            # its transaction aborted), never called again by us.
+            self._abandoned.append(old)
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
@@ -577,6 +704,14 @@ def _estimated_size(record: DlqRecord) -> int:
         size += 10 + len(name.encode()) + len(value or b"")
     return size
 
+
+def _kafka_error(exc: KafkaException) -> KafkaError:
+    err = exc.args[0] if exc.args else None
+    return err if isinstance(err, KafkaError) else KafkaError(KafkaError._FAIL, str(exc))
+
+
+# Delivery reports of records purged by an abort: the transaction they were in is gone.
+_TXN_PURGED = {KafkaError._PURGE_INFLIGHT, KafkaError._PURGE_QUEUE}
 
 _RETRIABLE_CODES = {
     KafkaError._MSG_TIMED_OUT,

@@ -47,7 +47,13 @@ from sidecar.delivery import (
     start_attempt_span,
     value_bytes,
 )
-from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, FailedRecord
+from sidecar.dlq import (
+    CAUSE_DELIVERY_COUNT,
+    CAUSE_REJECTED,
+    DlqFatalError,
+    DlqTxnAbortable,
+    FailedRecord,
+)
 from sidecar.source import AssignedPartition, KafkaSource, OffsetToCommit
 from sidecar.tracing import AttemptContext, Tracing
 from sidecar.wire import AckItem, Answer, RecordView
@@ -58,10 +64,10 @@ PartitionKey = tuple[str, int]
 
 # How long a revoke waits for the partition's DLQ writes under way (bounded: the rebalance waits too).
 REVOKE_DLQ_WAIT_S = 10.0
-# Transactions aborted for a retriable reason (a broker restart, a rebalance) are tried again.
-TXN_ATTEMPTS = 3
-# A transactional commit that takes longer than this stops the sidecar (exit 1) instead of wedging it.
-TXN_COMMIT_DEADLINE_S = 60.0
+# A batch of DLQ records whose transaction is aborted for a retriable reason (a broker restart, a
+# rebalance, a stuck producer replaced) is redone; one not committed within this time stops the sidecar
+# (exit 1) instead of wedging it.
+TXN_COMMIT_DEADLINE_S = 120.0
 
 _ACKS = {
     "accept": L.Ack.ACCEPT,
@@ -788,66 +794,100 @@ class Engine:
             items, self._txn_items = self._txn_items, []
             if not items:
                 continue
-            error: str | None = None
-            for attempt in range(TXN_ATTEMPTS):
-                # A partition lost meanwhile is the next owner's: writing its DLQ record without
-                # its offset would duplicate it there.
-                gone = [it for it in items if not self._still_owned(it.slot)]
-                for it in gone:
-                    it.skipped = True
-                items_now = [it for it in items if self._still_owned(it.slot)]
-                if not items_now:
-                    error = None
-                    break
-                error = await self._txn_once(items_now)
-                if error is None or error.startswith("fatal:"):
-                    break
-                log.warning("DLQ transaction aborted (%s); retry %d", error, attempt + 1)
-                await trio.sleep(0.5 * (attempt + 1))
+            error = await self._txn_once(items)
             for it in items:
                 it.error = None if it.skipped else error
                 it.done.set()
             self.kick()
 
     async def _txn_once(self, items: list[_TxnItem]) -> str | None:
-        """One transaction for `items`; None when committed, else why it was aborted."""
+        """Commit `items` in one transaction, redoing it until it commits; None, or why it cannot.
+
+        Sets `skipped` on the items left out because their partition went to another owner: the
+        next owner archives those (writing their DLQ record here too would duplicate it there).
+        """
         async with self._commit_guard:
-            marked: list[_TxnItem] = []
-            try:
-                await self.dlq.txn_begin()
-                for it in items:
-                    await self.dlq.txn_produce(it.failed, it.dlq_topic)
-                touched: dict[int, _Slot] = {}
-                for it in items:
-                    if self._still_owned(it.slot):
-                        it.slot.ledger.dlq_written(it.offset)
-                        marked.append(it)
-                        touched[id(it.slot)] = it.slot
-                pending = self._commit_offsets(list(touched.values()), force=True)
-                tps = [
-                    TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
-                    for _, o in pending
-                ]
-                with trio.move_on_after(TXN_COMMIT_DEADLINE_S) as deadline:
-                    await self.dlq.txn_commit(tps, self.source.group_metadata())
-                if deadline.cancelled_caught:
-                    # Stop rather than wedge: nothing past these records is committed, and the
-                    # next incarnation's init_transactions() aborts the open transaction.
-                    return f"fatal: the DLQ transaction did not commit within {TXN_COMMIT_DEADLINE_S:.0f} s"
-            except DlqFatalError as exc:
-                await self.dlq.txn_abort()
-                return f"fatal: {exc}"
-            except Exception as exc:
-                await self.dlq.txn_abort()
-                if marked:
-                    # The ledger already counted them done; it cannot take that back, so the
-                    # only safe way on is to stop before anything commits past them.
-                    return f"fatal: DLQ transaction failed after marking records done: {exc}"
-                return f"DLQ transaction failed: {exc}"
-            for sl, o in pending:
-                sl.last_commit = (o.offset, o.metadata)
-            self.counters.commits += 1
-            return None
+            give_up_at = trio.current_time() + TXN_COMMIT_DEADLINE_S
+            marked: set[int] = set()  # ids of the items the ledger already counts as done
+            delay_s = 0.5
+            while True:
+                batch = [it for it in items if self._still_owned(it.slot)]
+                try:
+                    if batch:
+                        await self._txn_attempt(batch, marked)
+                    for it in items:
+                        it.skipped = it not in batch
+                    return None
+                except DlqTxnAbortable as exc:
+                    reason = str(exc)
+                    try:
+                        await self.dlq.txn_abort()
+                    except DlqFatalError as abort_exc:
+                        return await self._txn_fatal(items, marked, str(abort_exc))
+                except DlqFatalError as exc:
+                    return await self._txn_fatal(items, marked, str(exc))
+                except (
+                    Exception
+                ) as exc:  # the batch's dispatch boundary: stop, never crash the loop
+                    return await self._txn_fatal(items, marked, f"DLQ transaction failed: {exc!r}")
+                if trio.current_time() + delay_s > give_up_at:
+                    return await self._txn_fatal(
+                        items,
+                        marked,
+                        f"the DLQ transaction did not commit within {TXN_COMMIT_DEADLINE_S:.0f} s "
+                        f"(last: {reason})",
+                    )
+                log.warning("DLQ transaction aborted (%s); redoing it in %.1f s", reason, delay_s)
+                await trio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+
+    async def _txn_attempt(self, batch: list[_TxnItem], marked: set[int]) -> None:
+        """One transaction: the DLQ records of `batch`, then the offsets of their partitions.
+
+        The ledger must count a record done before its offset can be committed, and cannot take that
+        back: an aborted attempt is redone (under the commit guard, so no plain commit passes the
+        records meanwhile) with the same records, so the redone transaction commits what the ledger
+        already says.
+        """
+        await self.dlq.txn_begin()
+        for it in batch:
+            await self.dlq.txn_produce(it.failed, it.dlq_topic)
+        if not all(self._still_owned(it.slot) for it in batch):
+            # Revoked or lost while the records were written: without the partition's offset in the
+            # transaction, its DLQ record would be committed and written again by the next owner.
+            raise DlqTxnAbortable("a partition went to another owner during the transaction")
+        slots: dict[int, _Slot] = {}
+        for it in batch:
+            if id(it) not in marked:
+                it.slot.ledger.dlq_written(it.offset)
+                marked.add(id(it))
+            slots[id(it.slot)] = it.slot
+        pending = self._commit_offsets(list(slots.values()), force=True)
+        tps = [
+            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata) for _, o in pending
+        ]
+        await self.dlq.txn_commit(tps, self.source.group_metadata())
+        for sl, o in pending:
+            sl.last_commit = (o.offset, o.metadata)
+        self.counters.commits += 1
+
+    async def _txn_fatal(self, items: list[_TxnItem], marked: set[int], reason: str) -> str:
+        """Stop: drop the partitions whose ledger counts records of an uncommitted transaction done,
+        so no commit (the final one, the revoke's) passes them; the next owner reads them again.
+
+        The open transaction is ended first if it can be (an abort, or fencing by a new producer),
+        so its offsets do not stay pending (unreadable to read_committed offset fetches) until the
+        transaction times out or the next incarnation starts.
+        """
+        for it in items:
+            if id(it) in marked and self._still_owned(it.slot):
+                key = (it.slot.ledger.topic, it.slot.ledger.partition)
+                self.slots.pop(key, None)
+                it.slot.ledger.revoke()
+                self._forget_deliveries(it.slot)
+        with contextlib.suppress(DlqFatalError):
+            await self.dlq.txn_abort()
+        return f"fatal: {reason}"
 
     def _still_owned(self, slot: _Slot) -> bool:
         return self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot

@@ -6,8 +6,12 @@ import random
 import signal
 from pathlib import Path
 
+import pytest
 import trio
+from confluent_kafka import Consumer, TopicPartition
 
+from sidecar import dlq as dlq_module
+from sidecar.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
 from sidecar.httpserver import Response
 from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
 from tests.kafkatools import Broker, Rec
@@ -96,3 +100,66 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
         if (d.value or b"").startswith(b"ok")
     }
     assert accepted == set(range(n)) - poison
+
+
+def _failed(topic: str, offset: int, group: str) -> FailedRecord:
+    return FailedRecord(
+        topic=topic,
+        partition=0,
+        offset=offset,
+        key=None,
+        value=f"v{offset}".encode(),
+        headers=(),
+        group=group,
+        delivery_count=1,
+        cause=CAUSE_REJECTED,
+    )
+
+
+async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
+    broker: Broker, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer stuck in send_offsets_to_transaction (librdkafka #5456/#5511 after a broker restart) is
+    replaced; the new producer's init_transactions() aborts the old transaction, so neither its DLQ record
+    nor its offsets (no pending transactional offset commit left behind) become visible, and the redone
+    transaction commits both."""
+    src = broker.create_topic(f"src-{unique}", partitions=1)
+    dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
+    group = f"g-{unique}"
+    writer = DlqWriter(
+        {"bootstrap.servers": broker.bootstrap},
+        group,
+        copy_record=True,
+        stacktrace_max_bytes=1024,
+        retries_timeout_ms=10_000,
+        auto_create=False,
+        topic_partitions=1,
+        topic_replication_factor=1,
+    )
+    writer.transactional_id = f"txn-{unique}"
+    await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+    # A group member's metadata is not needed: generation -1 commits for a group with no members.
+    member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    group_metadata = member.consumer_group_metadata()
+    member.close()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 3, group), dlq_topic)
+        # Every transaction call now "overstays" at once, as a stuck one does after the watchdog.
+        monkeypatch.setattr(dlq_module, "TXN_CALL_WATCHDOG_S", 0.0)
+        with pytest.raises(DlqTxnStuck):
+            await writer.txn_commit([TopicPartition(src, 0, 4, metadata="old")], group_metadata)
+        monkeypatch.undo()
+        await writer.txn_abort()  # replaces the producer
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 7, group), dlq_topic)
+        await writer.txn_commit([TopicPartition(src, 0, 8, metadata="new")], group_metadata)
+        nursery.cancel_scope.cancel()
+    got = await trio.to_thread.run_sync(lambda: broker.read_topic(dlq_topic, 2, timeout_s=10))
+    assert [r.value for r in got] == [
+        b"v7"
+    ]  # read_committed: the fenced transaction's record is gone
+    # read_committed OffsetFetch (require_stable): fails while a transactional offset commit is pending.
+    committed = await trio.to_thread.run_sync(broker.committed, group, src, [0])
+    assert committed[0] == (8, "new")

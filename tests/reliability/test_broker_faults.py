@@ -23,28 +23,41 @@ N = 2000
 MODES = pytest.mark.parametrize(
     "transactional", [False, True], ids=["at-least-once", "transactional"]
 )
-TXN_OFFSETS_PENDING = pytest.mark.xfail(
-    strict=False,  # passed in some runs (XPASS in CI), failed in others
-    reason=(
-        "open bug, transactional mode: after a broker pause or blackhole, the sidecar finishes every "
-        "record (its /v1/status shows the end offsets committed, lag 0), but the test's committed() "
-        "keeps timing out for minutes, as if a transactional offset commit of the group stayed pending. "
-        "(The earlier duplicate-after-lost-partition bug is fixed: Engine.txn_loop skips records of "
-        "partitions it no longer owns.)"
-    ),
-)
-TXN_MODES = pytest.mark.parametrize(
-    "transactional",
-    [False, pytest.param(True, marks=TXN_OFFSETS_PENDING)],
-    ids=["at-least-once", "transactional"],
-)
 
 
 async def _flowing(run: Run, seed: int) -> None:
     await run.produce(plan_records(N, seed=seed, poison_ratio=0.05))
 
 
-@TXN_MODES
+async def _dump_stuck(run: Run, sc: Sidecar, broker: PrivateBroker) -> None:
+    """Evidence for a stuck run, next to the journal: the sidecar's status, every thread's stack, and
+    the broker's group and transaction logs (read them with kafka.tools.DumpLogSegments
+    --offsets-decoder / --transaction-log-decoder: a pending transactional offset commit shows there)."""
+    with contextlib.suppress(Exception):
+        (run.workdir / "stuck-status.json").write_text(json.dumps(await sc.status(), indent=2))
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if Path(spy).exists():
+        res = await trio.run_process(
+            [spy, "dump", "--pid", str(sc.proc.pid)], capture_stdout=True, check=False
+        )
+        (run.workdir / "stuck-stacks.txt").write_bytes(res.stdout)
+    for log_dir in [
+        *broker.data_dir.glob("__consumer_offsets-*"),
+        *broker.data_dir.glob("__transaction_state-*"),
+    ]:
+        with contextlib.suppress(OSError):
+            shutil.copytree(log_dir, run.workdir / "broker-logs" / log_dir.name)
+
+
+async def _wait_done(run: Run, sc: Sidecar, broker: PrivateBroker, timeout_s: float) -> None:
+    try:
+        await run.wait_done(timeout_s)
+    except AssertionError:
+        await _dump_stuck(run, sc, broker)
+        raise
+
+
+@MODES
 async def test_broker_paused_15_s(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
@@ -67,14 +80,14 @@ async def test_broker_paused_15_s(
             finally:
                 broker.resume()
             run.fault("broker_sigcont")
-            await run.wait_done(120)
+            await _wait_done(run, sc, broker, 120)
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
             assert await sc.stop() == 0
         report = await run.check()
     assert_clean(report, f"broker SIGSTOP 15 s ({run.elapsed_s():.0f}s)")
 
 
-@TXN_MODES
+@MODES
 async def test_blackholed_broker_connection_10_s(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
@@ -96,41 +109,14 @@ async def test_blackholed_broker_connection_10_s(
             await run.check_midway()
             await trio.to_thread.run_sync(proxy.set_mode, PASS)
             run.fault("heal")
-            await run.wait_done(120)
+            await _wait_done(run, sc, broker, 120)
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
             assert await sc.stop() == 0
         report = await run.check()
     assert_clean(report, f"blackholed broker connection 10 s ({run.elapsed_s():.0f}s)")
 
 
-async def _dump_stuck(run: Run, sc: Sidecar) -> None:
-    """Evidence for a stuck sidecar: its status and every thread's stack, next to the journal."""
-    with contextlib.suppress(Exception):
-        (run.workdir / "stuck-status.json").write_text(json.dumps(await sc.status(), indent=2))
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if Path(spy).exists():
-        res = await trio.run_process(
-            [spy, "dump", "--pid", str(sc.proc.pid)], capture_stdout=True, check=False
-        )
-        (run.workdir / "stuck-stacks.txt").write_bytes(res.stdout)
-
-
-STUCK_TXN_COMMIT = pytest.mark.xfail(
-    strict=False,  # nondeterministic: seen in 3 of 4 runs before the deadline was added
-    reason=(
-        "librdkafka: after a broker SIGKILL+restart, send_offsets_to_transaction can overstay its own "
-        "timeout for minutes. The sidecar no longer wedges (Engine._txn_once gives the commit 60 s, then "
-        "stops with exit 1 and nothing committed past its records), but this test expects it to ride "
-        "the restart out without exiting"
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    "transactional",
-    [False, pytest.param(True, marks=STUCK_TXN_COMMIT)],
-    ids=["at-least-once", "transactional"],
-)
+@MODES
 async def test_broker_killed_and_restarted_on_same_log_dir(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
@@ -152,7 +138,7 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
             try:
                 await run.wait_done(90)
             except AssertionError:
-                await _dump_stuck(run, sc)
+                await _dump_stuck(run, sc, broker)
                 sc.proc.kill()  # wedged: a SIGTERM would wait for the same lock
                 raise
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
