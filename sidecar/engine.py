@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import math
 import random
@@ -75,6 +76,24 @@ _ACKS = {
     "reject": L.Ack.REJECT,
     "renew": L.Ack.RENEW,
 }
+
+
+def default_transactional_id(config: Config) -> str:
+    """`kafka.transactional.id`, else one that is stable across restarts and unique per instance.
+
+    Stable, so a restarted sidecar fences its dead incarnation and aborts its open transaction;
+    unique, because two producers with one id fence each other. `group.instance.id` (static
+    membership) names the instance when set; otherwise the host name plus the local API's address,
+    which no two sidecars on one host can share.
+    """
+    explicit = config.kafka.get("transactional.id")
+    if explicit:
+        return str(explicit)
+    instance = config.kafka.get("group.instance.id")
+    if instance:
+        return f"dlq-sidecar.{config.group_id}.{instance}"
+    api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
+    return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
 
 
 def now_ms() -> int:
@@ -164,10 +183,7 @@ class Engine:
         dlq = config.errors.dlq
         self.transactional = dlq.transactional_enable and dlq.enabled
         if self.transactional:
-            self.dlq.transactional_id = str(
-                config.kafka.get("transactional.id")
-                or f"dlq-sidecar.{config.group_id}.{socket.gethostname()}"
-            )
+            self.dlq.transactional_id = default_transactional_id(config)
         self._txn_items: list[_TxnItem] = []
         self._txn_wake = trio.Event()
         self._commit_guard = trio.Lock()

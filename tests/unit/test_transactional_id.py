@@ -1,0 +1,38 @@
+"""The default transactional.id of the transactional DLQ mode: stable per instance, unique per sidecar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sidecar.config import parse_config
+from sidecar.engine import default_transactional_id
+
+
+def _config(kafka: dict[str, Any] | None = None, listen: str = "127.0.0.1:8787") -> Any:
+    return parse_config(
+        {
+            "kafka": {"bootstrap.servers": "b:9092", "group.id": "orders", **(kafka or {})},
+            "source": {"topics": ["src"]},
+            "app": {"url": "http://127.0.0.1:8080/"},
+            "api": {"listen": listen},
+            "errors.deadletterqueue.topic.name": "dlq.src",
+            "errors.deadletterqueue.transactional.enable": True,
+        },
+        env={},
+    )
+
+
+def test_two_sidecars_on_one_host_get_different_ids_and_each_keeps_its_own() -> None:
+    a = default_transactional_id(_config(listen="127.0.0.1:8787"))
+    b = default_transactional_id(_config(listen="127.0.0.1:8788"))
+    assert a != b
+    assert a == default_transactional_id(_config(listen="127.0.0.1:8787"))  # stable across restarts
+    assert a.startswith("dlq-sidecar.orders.")
+
+
+def test_static_membership_and_an_explicit_id_name_the_instance() -> None:
+    assert (
+        default_transactional_id(_config({"group.instance.id": "pod-3"}))
+        == "dlq-sidecar.orders.pod-3"
+    )
+    assert default_transactional_id(_config({"transactional.id": "mine"})) == "mine"
