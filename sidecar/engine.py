@@ -132,6 +132,9 @@ class _Slot:
     dlq_extras: dict[int, Answer | AckItem] = field(default_factory=dict)
     dlq_writes: int = 0  # DLQ writes in progress for this partition
     revoking: bool = False  # no new acquisitions: the partition is being handed over
+    # Transactional mode: the ledger counts records of a DLQ transaction that has not committed
+    # (yet) as done, so its state must not be committed outside that transaction.
+    txn_uncommitted: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -312,9 +315,20 @@ class Engine:
             if slot is None:
                 continue
             slot.ledger.revoke()
+            self._forget_deliveries(slot)
+            if slot.txn_uncommitted:
+                # Its DLQ transaction is still open (a stuck call): committing this state could
+                # pass records whose DLQ write then aborts. The transaction cannot commit them any
+                # more either (it is redone without partitions this sidecar no longer owns), so
+                # the next owner reads them again from the last commit.
+                log.warning(
+                    "revoking %s[%d] without a commit: its DLQ transaction has not committed",
+                    key[0],
+                    key[1],
+                )
+                continue
             offset = slot.ledger.committable_offset()
             out.append(OffsetToCommit(key[0], key[1], offset, slot.ledger.encode_metadata()))
-            self._forget_deliveries(slot)
         self.kick()
         return out
 
@@ -876,6 +890,7 @@ class Engine:
         for it in batch:
             if id(it) not in marked:
                 it.slot.ledger.dlq_written(it.offset)
+                it.slot.txn_uncommitted = True
                 marked.add(id(it))
             slots[id(it.slot)] = it.slot
         pending = self._commit_offsets(list(slots.values()), force=True)
@@ -883,6 +898,8 @@ class Engine:
             TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata) for _, o in pending
         ]
         await self.dlq.txn_commit(tps, self.source.group_metadata())
+        for sl in slots.values():
+            sl.txn_uncommitted = False
         for sl, o in pending:
             sl.last_commit = (o.offset, o.metadata)
         self.counters.commits += 1
