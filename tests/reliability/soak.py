@@ -122,8 +122,16 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
                 await s.start()
             deadline = time.monotonic() + args.minutes * 60
             produced = 0
+            producing_done = trio.Event()
 
             async def producer() -> None:
+                nonlocal produced
+                try:
+                    await _produce_until_deadline()
+                finally:
+                    producing_done.set()
+
+            async def _produce_until_deadline() -> None:
                 nonlocal produced
                 while time.monotonic() < deadline:
                     batch = plan_records(
@@ -180,6 +188,9 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
                         break
                     kind = rng.choices(names, weights)[0]
                     await _inject(kind, rng, run, slots, broker, proxy)
+                # The last batch may still be on its way: drain only once it is in the topic, or
+                # the drain could end before it lands and the checker would call it lost.
+                await producing_done.wait()
                 print("load and faults over; draining", flush=True)
                 await run.wait_done(600)
                 nursery.cancel_scope.cancel()
