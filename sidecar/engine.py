@@ -408,6 +408,7 @@ class Engine:
                 for expired in slot.ledger.expire(now):
                     self._on_expired(slot, expired)
             acquired: list[tuple[_Slot, Any]] = []
+            may_acquire = False  # every partition was offered room: no retry time is pending
             if self.app_reachable and not self.draining and self.dlq_ready:
                 # Acquire no more than the workers can send right away: an acquired record's
                 # attempt is counted (and persisted) before it is sent, so one that waited in a
@@ -435,6 +436,7 @@ class Engine:
                     got = slot.ledger.acquire(now, budget)
                     budget -= len(got)
                     acquired.extend((slot, a) for a in got)
+                may_acquire = budget > 0
             if acquired or self._deliveries:
                 self.source.mark_busy()
             if acquired:
@@ -445,12 +447,25 @@ class Engine:
                     self._hand_out(acquired)
             self._start_archiving()
             self._apply_flow_control()
-            wait_s = self._next_wait_s(now_ms())
+            wait_s = self._next_wait_s(now_ms(), may_acquire)
             await self._wait_kick(wait_s)
 
-    def _next_wait_s(self, now: int) -> float:
+    def _next_wait_s(self, now: int, may_acquire: bool) -> float:
+        # A retry time that has come only matters when a record could be acquired now: with no
+        # room (every send slot taken or waiting for its commit), intake paused (app down,
+        # draining) or the partition being revoked, waking for it would spin until that changes,
+        # and every change of that kind kicks the scheduler anyway. Lock expiry always matters.
         deadlines = [
-            d for s in self.slots.values() if (d := s.ledger.next_deadline_ms()) is not None
+            d
+            for s in self.slots.values()
+            if (
+                d := (
+                    s.ledger.next_deadline_ms()
+                    if may_acquire and not s.revoking
+                    else s.ledger.next_lock_deadline_ms()
+                )
+            )
+            is not None
         ]
         if not deadlines:
             return 0.5

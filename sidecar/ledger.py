@@ -1050,6 +1050,12 @@ class PartitionLedger:
             self._paused = self.should_pause()
         return self._paused
 
+    def next_lock_deadline_ms(self) -> int | None:
+        """The earliest lock deadline of a live attempt, or None (retry times not included)."""
+        if self._live:
+            return next(iter(self._live.values())).lock_deadline_ms
+        return None
+
     def next_deadline_ms(self) -> int | None:
         """The earliest time at which something changes by time alone, or None."""
         best: int | None = None
