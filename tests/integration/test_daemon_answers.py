@@ -8,6 +8,7 @@ committed offsets.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections import defaultdict
@@ -605,3 +606,46 @@ async def test_malformed_answers_are_never_accepts_and_end_in_the_dlq(
         assert header(d, "__dlq.errors.message") == "Offset delivery count exceeded the threshold."
         assert header(d, "__dlq.errors.delivery.count") == "2"
         assert header(d, "__dlq.errors.topic") == r.topic
+
+
+# --------------------------------------------------------------------------------------------- idle CPU
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_a_due_retry_with_no_room_to_acquire_does_not_spin(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """A released record's retry time comes while the only in-flight place is held (a deferred
+    answer): the scheduler must wait for room, not wake over and over (it once burnt a core)."""
+
+    def policy(d: Delivery) -> Response:
+        if d.value == b"rel" and d.delivery_count == 1:
+            return json_answer({"ack": "release", "retry_after_ms": 100})
+        if d.value == b"defer":
+            return Response(202)
+        return Response(200)
+
+    app = RecordingApp(policy=policy)
+    async with rig(broker, unique, tmp_path, app, extra={"max.in.flight.records": 1}) as r:
+        await r.produce([Rec(key=b"r", value=b"rel"), Rec(key=b"d", value=b"defer")])
+        await wait_until(lambda: any(d.value == b"defer" for d in app.deliveries), 15, "defer")
+        pid = r.sc.proc.pid
+        await trio.sleep(0.5)  # the retry time has come; no room until the deferred answer
+        before = _cpu_s(pid)
+        await trio.sleep(3.0)
+        used = _cpu_s(pid) - before
+        assert [d.value for d in app.deliveries].count(b"rel") == 1
+        # Idle, the sidecar wakes a few times a second (polls, commits): well under a tenth of a core.
+        assert used < 0.6, f"the sidecar used {used:.2f} CPU s in 3 s while it had nothing to do"
+        deferred = next(d for d in app.deliveries if d.value == b"defer")
+        code, body = await r.sc.post_json(
+            "/v1/acks", [{"id": deferred.delivery_id, "ack": "accept"}]
+        )
+        assert code == 200, body
+        await wait_until(
+            lambda: [d.value for d in app.deliveries].count(b"rel") == 2, 15, "the retry"
+        )
