@@ -895,8 +895,7 @@ class Engine:
         already says.
         """
         await self.dlq.txn_begin()
-        for it in batch:
-            await self.dlq.txn_produce(it.failed, it.dlq_topic)
+        await self._txn_produce_all(batch)
         if not all(self._still_owned(it.slot) for it in batch):
             # Revoked or lost while the records were written: without the partition's offset in the
             # transaction, its DLQ record would be committed and written again by the next owner.
@@ -918,6 +917,28 @@ class Engine:
         for sl, o in pending:
             sl.last_commit = (o.offset, o.metadata)
         self.counters.commits += 1
+
+    async def _txn_produce_all(self, batch: list[_TxnItem]) -> None:
+        """Produce the batch's DLQ records at once and wait for every acknowledgement.
+
+        One at a time, each record waited out the producer's linger and a round trip, and the
+        transaction (which holds the commit guard, so every write-ahead commit waits) with it.
+        The first fatal error wins over an abortable one.
+        """
+        errors: list[DlqFatalError | DlqTxnAbortable] = []
+
+        async def one(it: _TxnItem) -> None:
+            try:
+                await self.dlq.txn_produce(it.failed, it.dlq_topic)
+            except (DlqFatalError, DlqTxnAbortable) as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for it in batch:
+                nursery.start_soon(one, it)
+        fatal = [e for e in errors if isinstance(e, DlqFatalError)]
+        if fatal or errors:
+            raise (fatal or errors)[0]
 
     async def _txn_fatal(self, items: list[_TxnItem], marked: set[int], reason: str) -> str:
         """Stop: drop the partitions whose ledger counts records of an uncommitted transaction done,
