@@ -65,6 +65,8 @@ PartitionKey = tuple[str, int]
 
 # How long a revoke waits for the partition's DLQ writes under way (bounded: the rebalance waits too).
 REVOKE_DLQ_WAIT_S = 10.0
+# Readiness reports `commits_ok: false` once every commit has failed for this long.
+COMMITS_FAILING_NOT_READY_S = 30.0
 # A batch of DLQ records whose transaction is aborted for a retriable reason (a broker restart, a
 # rebalance, a stuck producer replaced) is redone; one not committed within this time stops the sidecar
 # (exit 1) instead of wedging it.
@@ -213,6 +215,9 @@ class Engine:
         self._nursery: trio.Nursery | None = None
         self._archiving_offsets: set[tuple[str, int, int]] = set()
         self.dlq_ready = not config.errors.dlq.enabled
+        # Since when every commit has failed (None: the last one succeeded). No commit means no
+        # hand-out: write-ahead delivery counts must be stored first.
+        self.commit_failing_since: float | None = None
         self._sending = 0  # attempts handed to workers and not yet answered over HTTP
         # Acquired records whose new delivery counts are not yet committed (write-ahead): the
         # hand-out task commits them as one group while the scheduler goes on acquiring.
@@ -240,6 +245,8 @@ class Engine:
             "broker_reachable": self.source.broker_ok,
             "app_reachable": self.app_reachable,
             "dlq_writable": self.dlq_ready and self.failure is None,
+            "commits_ok": self.commit_failing_since is None
+            or time.monotonic() - self.commit_failing_since < COMMITS_FAILING_NOT_READY_S,
         }
 
     # ----------------------------------------------------------------------------- wake-ups
@@ -1025,9 +1032,12 @@ class Engine:
             Exception
         ) as exc:  # a failed commit is retried by the next one: redelivery, never loss
             self.counters.commit_failures += 1
+            if self.commit_failing_since is None:
+                self.commit_failing_since = time.monotonic()
             log.warning("commit failed: %s", exc)
             return False
         self.counters.commits += 1
+        self.commit_failing_since = None
         for slot, o in pending:
             slot.last_commit = (o.offset, o.metadata)
         return True
@@ -1106,6 +1116,10 @@ class Engine:
             "draining": self.draining,
             "failure": self.failure,
             "uptime_s": round(time.time() - self.started_at, 3),
+            # Seconds every commit has been failing (null: the last one succeeded).
+            "commits_failing_s": None
+            if self.commit_failing_since is None
+            else round(time.monotonic() - self.commit_failing_since, 3),
             "in_flight": self.in_flight_records(),
             "paused_partitions": [f"{t}[{p}]" for t, p in sorted(self.source.paused)],
             "partitions": partitions,

@@ -9,7 +9,9 @@ partition events to a `SourceListener`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +25,16 @@ log = logging.getLogger("sidecar.source")
 
 # Offsets librdkafka uses for "no committed offset".
 OFFSET_INVALID = -1001
+OFFSET_BEGINNING = -2
+OFFSET_END = -1
+
+# How long a commit may take before the caller gives up on it. librdkafka defers a commit while it
+# has no group coordinator and retries it without a time limit (librdkafka #3740, #3847); a caller
+# that waited for it would stall every hand-out behind it. A commit given up on may still land later,
+# in order with the ones after it: its state is older, never ahead of what is done.
+COMMIT_TIMEOUT_S = 15.0
+# How long closing the consumer (final revoke commit, leaving the group) may take at shutdown.
+CLOSE_TIMEOUT_S = 10.0
 
 # Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
 OWNED_PROPERTIES = {
@@ -61,6 +73,19 @@ class SourceListener(Protocol):
 
 class SourceError(Exception):
     """A consumer error the sidecar cannot continue after."""
+
+
+class CommitTimeout(Exception):
+    """A commit did not complete in time (it may still land later)."""
+
+
+# A commit's identity: what it commits. Two commits of the same offsets and metadata are
+# interchangeable, so a result can go to either of their callers.
+CommitKey = tuple[tuple[str, int, int, str], ...]
+
+
+def _commit_key(tps: Sequence[TopicPartition]) -> CommitKey:
+    return tuple(sorted((tp.topic, tp.partition, tp.offset, tp.metadata or "") for tp in tps))
 
 
 def consumer_properties(kafka: Mapping[str, Any]) -> dict[str, Any]:
@@ -111,6 +136,18 @@ class KafkaSource:
         self._next_lag_refresh = 0.0
         self._lag: dict[tuple[str, int], int] = {}
         self._group_metadata: Any = None
+        # Callers waiting for an asynchronous commit's result, by what it commits. The result
+        # arrives in librdkafka's offset-commit callback, on the poll thread.
+        self._commit_waiters: dict[CommitKey, deque[Callable[[BaseException | None], None]]] = {}
+        self._commit_waiters_lock = threading.Lock()
+        self.commit_timeout_s = COMMIT_TIMEOUT_S
+        self.close_timeout_s = CLOSE_TIMEOUT_S
+        self._incremental = str(
+            self._props.get("group.protocol", "classic")
+        ) == "consumer" or "cooperative" in str(
+            self._props.get("partition.assignment.strategy", "")
+        )
+        self._reset_offset = _reset_offset(str(self._props.get("auto.offset.reset", "largest")))
 
     @property
     def consumer(self) -> Consumer:
@@ -121,6 +158,7 @@ class KafkaSource:
         self._token = trio.lowlevel.current_trio_token()
         props = dict(self._props)
         props["error_cb"] = self._on_error
+        props["on_commit"] = self._on_commit
         self._consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
         self._consumer.subscribe(
             self._topics,
@@ -139,14 +177,16 @@ class KafkaSource:
 
     def _cb_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
-            committed = consumer.committed(partitions, timeout=30) if partitions else []
+            committed = self._read_committed(consumer, partitions)
+            read = True
         except KafkaException as exc:
-            # Without the committed state we cannot know what is done; librdkafka will retry
-            # the assignment's fetch from the committed offset anyway, so start with no metadata.
+            # Without the committed state we cannot know what is done; librdkafka reads the
+            # committed offsets itself when the assignment starts, so start with no metadata.
             log.warning(
                 "reading committed offsets failed: %s; starting without delivery state", exc
             )
             committed = [TopicPartition(p.topic, p.partition, OFFSET_INVALID) for p in partitions]
+            read = False
         assigned = [
             AssignedPartition(
                 tp.topic,
@@ -156,11 +196,58 @@ class KafkaSource:
             )
             for tp in committed
         ]
+        if read:
+            # Start fetching exactly where the ledger starts: the offsets just read, or the reset
+            # policy where there are none. librdkafka would otherwise read the committed offsets a
+            # second time, which can disagree with ours if a commit lands in between, and a failed
+            # read there can leave a partition that never starts fetching (librdkafka #5586).
+            start = [
+                TopicPartition(
+                    ap.topic,
+                    ap.partition,
+                    ap.committed_offset if ap.committed_offset is not None else self._reset_offset,
+                )
+                for ap in assigned
+            ]
+            if self._incremental:
+                consumer.incremental_assign(start)
+            else:
+                consumer.assign(start)
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
         self._group_metadata = consumer.consumer_group_metadata()
         self._to_trio(self._listener.on_assigned, assigned)
         log.info("assigned %s", _names(partitions))
+
+    @staticmethod
+    def _read_committed(
+        consumer: Consumer, partitions: list[TopicPartition]
+    ) -> list[TopicPartition]:
+        """The group's committed offsets and metadata, retried while the coordinator moves or loads
+        (a broker that was away answers NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS a while)."""
+        if not partitions:
+            return []
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return list(consumer.committed(partitions, timeout=10))
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                retriable = isinstance(err, KafkaError) and (
+                    err.retriable()
+                    or err.code()
+                    in (
+                        KafkaError.NOT_COORDINATOR,
+                        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                        KafkaError.COORDINATOR_NOT_AVAILABLE,
+                        KafkaError._TIMED_OUT,
+                        KafkaError._WAIT_COORD,
+                    )
+                )
+                if not retriable or time.monotonic() + 1 > deadline:
+                    raise
+                log.info("reading committed offsets: %s; retrying", exc)
+                time.sleep(0.5)
 
     def _cb_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
@@ -187,7 +274,10 @@ class KafkaSource:
     def _to_trio(self, fn: Any, arg: Any) -> Any:
         if self._closed and self._token is None:
             return None
-        return trio.from_thread.run(fn, arg, trio_token=self._token)
+        try:
+            return trio.from_thread.run(fn, arg, trio_token=self._token)
+        except trio.RunFinishedError:
+            return None  # a close() abandoned at shutdown, finishing after trio did
 
     # -- the poll loop ---------------------------------------------------------------------------
 
@@ -205,7 +295,9 @@ class KafkaSource:
     async def _poll_loop(self, consumer: Consumer) -> None:
         self._poll_thread_active = True
         try:
-            while not self._stop_polling:
+            # After stop_polling(), keep serving until the commits issued so far have their
+            # results: only consume()/poll() delivers them.
+            while not self._stop_polling or self._commit_waiters:
                 messages: list[Message] = await trio.to_thread.run_sync(self._poll_step, consumer)
                 if messages:
                     self.broker_ok = True
@@ -257,7 +349,12 @@ class KafkaSource:
                 return messages  # hand control back to trio now and then (shutdown checks)
 
     def _busy(self) -> bool:
-        return bool(self._commands) or time.monotonic() < self._busy_until
+        # Commit results are served by consume()/poll(): keep their timeouts short while any is due.
+        return (
+            bool(self._commands)
+            or bool(self._commit_waiters)
+            or time.monotonic() < self._busy_until
+        )
 
     def mark_busy(self, seconds: float = 1.0) -> None:
         """Records are flowing: keep consume() timeouts short so queued calls run promptly."""
@@ -309,12 +406,89 @@ class KafkaSource:
         self._stop_polling = True
 
     async def commit(self, offsets: Sequence[OffsetToCommit]) -> None:
-        """Commit offsets with their metadata, synchronously (the broker has them when this returns)."""
+        """Commit offsets with their metadata; returns once the broker has them.
+
+        Raises `CommitTimeout` after `commit_timeout_s` (the commit may still land later), or the
+        commit's error. The poll thread never waits for a commit: it issues it asynchronously and
+        the result comes back through the offset-commit callback, so a commit stuck on a lost group
+        coordinator cannot hold consumption, rebalances or the other consumer calls behind it.
+        """
         if not offsets:
             return
         tps = _to_tps(offsets)
         async with self._commit_lock:
-            await self._call(lambda c: self._commit_sync(c, tps))
+            if not self._poll_thread_active:
+                # No poll loop serves the callbacks (before `run()` or after it stopped): a
+                # synchronous commit in a worker thread, abandoned if it outlives the timeout.
+                with trio.move_on_after(self.commit_timeout_s) as scope:
+                    async with self._direct_lock:
+                        await trio.to_thread.run_sync(
+                            self._commit_sync, self.consumer, tps, abandon_on_cancel=True
+                        )
+                if scope.cancelled_caught:
+                    raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
+                return
+            await self._commit_async(tps)
+
+    async def _commit_async(self, tps: list[TopicPartition]) -> None:
+        key = _commit_key(tps)
+        finished = trio.Event()
+        outcome: list[BaseException | None] = []
+        token = self._token
+        assert token is not None
+
+        def done(error: BaseException | None) -> None:
+            def wake() -> None:
+                outcome.append(error)
+                finished.set()
+
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(wake)
+
+        with self._commit_waiters_lock:
+            self._commit_waiters.setdefault(key, deque()).append(done)
+        try:
+            await self._call(lambda c: c.commit(offsets=tps, asynchronous=True))
+            with trio.move_on_after(self.commit_timeout_s):
+                await finished.wait()
+        except BaseException:
+            self._forget_commit_waiter(key, done)
+            raise
+        if not outcome:
+            self._forget_commit_waiter(key, done)
+            raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
+        if outcome[0] is not None:
+            raise outcome[0]
+        self.broker_ok = True
+
+    def _forget_commit_waiter(
+        self, key: CommitKey, done: Callable[[BaseException | None], None]
+    ) -> None:
+        with self._commit_waiters_lock:
+            waiters = self._commit_waiters.get(key)
+            if waiters is not None and done in waiters:
+                waiters.remove(done)
+                if not waiters:
+                    del self._commit_waiters[key]
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's offset-commit callback (poll thread): hand the result to its caller."""
+        key = _commit_key(partitions)
+        with self._commit_waiters_lock:
+            waiters = self._commit_waiters.get(key)
+            if not waiters:
+                return  # a commit whose caller gave up waiting
+            done = waiters.popleft()
+            if not waiters:
+                del self._commit_waiters[key]
+        error: BaseException | None = None
+        if err is not None and err.code() != KafkaError._NO_OFFSET:
+            error = KafkaException(err)
+        else:
+            bad = next((tp.error for tp in partitions if tp.error is not None), None)
+            if bad is not None:
+                error = KafkaException(bad)
+        done(error)
 
     def _commit_sync(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         try:
@@ -356,8 +530,18 @@ class KafkaSource:
         if self._consumer is None or self._closed:
             return
         consumer = self._consumer
-        await trio.to_thread.run_sync(consumer.close)
+        # close() runs the revoke callback's final commit and leaves the group. With the group
+        # coordinator unreachable librdkafka retries that without a time limit (librdkafka #3740):
+        # give up after `close_timeout_s` rather than hang the shutdown. Every commit so far
+        # stands, and the group drops this member when its session times out.
+        with trio.move_on_after(self.close_timeout_s) as scope:
+            await trio.to_thread.run_sync(consumer.close, abandon_on_cancel=True)
         self._closed = True
+        if scope.cancelled_caught:
+            log.warning(
+                "closing the consumer took longer than %gs; leaving without it",
+                self.close_timeout_s,
+            )
 
     def lag(self) -> dict[tuple[str, int], int]:
         """High watermark minus position per assigned partition, refreshed by the poll thread each second."""
@@ -375,6 +559,15 @@ class KafkaSource:
             if hi >= 0 and pos >= 0:
                 out[(topic, partition)] = max(0, hi - pos)
         self._lag = out
+
+
+def _reset_offset(policy: str) -> int:
+    """The logical start offset for a partition with no committed offset under `auto.offset.reset`."""
+    if policy in ("smallest", "earliest", "beginning"):
+        return OFFSET_BEGINNING
+    if policy in ("largest", "latest", "end"):
+        return OFFSET_END
+    return OFFSET_INVALID  # "error": librdkafka applies it
 
 
 def _to_tps(offsets: Sequence[OffsetToCommit]) -> list[TopicPartition]:

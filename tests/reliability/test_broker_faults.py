@@ -57,24 +57,7 @@ async def _wait_done(run: Run, sc: Sidecar, broker: PrivateBroker, timeout_s: fl
         raise
 
 
-PAUSE_STALL = pytest.mark.xfail(
-    strict=False,  # passed 3 of 3 locally and in the earlier CI runs; failed once in CI
-    reason=(
-        "open bug (issue 10): after a 15 s SIGSTOP (longer than the broker's own session timeout, so the "
-        "broker is fenced and its group coordinator reloads) the sidecar once lost its partitions, got "
-        "them back at once, and then neither delivered nor committed for 2 minutes (in_flight 0, 470 "
-        "records buffered, app reachable): most likely a synchronous commit whose coordinator request "
-        "never completes (the librdkafka coordinator issues #5456/#5511 that the transactional mode now "
-        "works around), which holds the poll thread and every hand-out behind it"
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    "transactional",
-    [pytest.param(False, marks=PAUSE_STALL), True],
-    ids=["at-least-once", "transactional"],
-)
+@MODES
 async def test_broker_paused_15_s(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
