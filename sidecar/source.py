@@ -230,7 +230,13 @@ class KafkaSource:
         deadline = time.monotonic() + 30
         while True:
             try:
-                return list(consumer.committed(partitions, timeout=10))
+                result = list(consumer.committed(partitions, timeout=10))
+                bad = next((tp.error for tp in result if tp.error is not None), None)
+                if bad is not None:
+                    # A partition's offset unknown (UNSTABLE_OFFSET_COMMIT while a transaction
+                    # holds it, ...) is not "no committed offset": never start it at the reset.
+                    raise KafkaException(bad)
+                return result
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 retriable = isinstance(err, KafkaError) and (
@@ -240,6 +246,7 @@ class KafkaSource:
                         KafkaError.NOT_COORDINATOR,
                         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
                         KafkaError.COORDINATOR_NOT_AVAILABLE,
+                        KafkaError.UNSTABLE_OFFSET_COMMIT,
                         KafkaError._TIMED_OUT,
                         KafkaError._WAIT_COORD,
                     )
