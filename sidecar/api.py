@@ -46,6 +46,9 @@ class LocalApi:
     async def healthz(self, _request: Request) -> Response:
         if self.engine.failure:
             return json_response({"status": "failed", "reason": self.engine.failure}, 503)
+        stalled = self.engine.stalled()
+        if stalled:
+            return json_response({"status": "stalled", "reason": stalled}, 503)
         return json_response({"status": "ok"})
 
     async def readyz(self, _request: Request) -> Response:

@@ -428,6 +428,7 @@ class Config:
     offset_metadata_max_bytes: int = 4096
     commit_interval_ms: int = 1000
     shutdown_drain_timeout_ms: int = 20000
+    commit_stall_timeout_ms: int = 300000
     api: ApiConfig = field(default_factory=ApiConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
@@ -961,6 +962,7 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key("offset.metadata.max.bytes", _Int(128, 1_048_576), Config, "offset_metadata_max_bytes"),
     _Key("commit.interval.ms", _Int(1, _MS_HOUR), Config, "commit_interval_ms"),
     _Key("shutdown.drain.timeout.ms", _Int(0, _MS_HOUR), Config, "shutdown_drain_timeout_ms"),
+    _Key("commit.stall.timeout.ms", _Int(0, _MS_DAY), Config, "commit_stall_timeout_ms"),
     _Key("api", _Section(ApiConfig, _API_KEYS), Config, "api"),
     _Key("logging", _Section(LoggingConfig, _LOGGING_KEYS), Config, "logging"),
     _Key("tracing", _Section(TracingConfig, _TRACING_KEYS), Config, "tracing"),

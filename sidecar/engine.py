@@ -239,6 +239,23 @@ class Engine:
         self.stop_event.set()
         self.kick()
 
+    def stalled(self) -> str | None:
+        """Why the sidecar cannot make progress and should be restarted (None: it can).
+
+        Every commit failing for `commit.stall.timeout.ms` means nothing is handed out (delivery
+        counts are committed first) and nothing is marked done. A broker that is down recovers by
+        itself; a consumer whose group coordinator lookup is wedged inside librdkafka does not,
+        and a new process with a new consumer does. /healthz reports it so a liveness probe acts.
+        """
+        limit_ms = self.config.commit_stall_timeout_ms
+        since = self.commit_failing_since
+        if limit_ms <= 0 or since is None or self.stopping:
+            return None
+        failing_s = time.monotonic() - since
+        if failing_s * 1000 < limit_ms:
+            return None
+        return f"every offset commit has failed for {failing_s:.0f}s (commit.stall.timeout.ms)"
+
     def readiness(self) -> dict[str, bool]:
         return {
             "assigned": bool(self.source.assigned),

@@ -435,6 +435,10 @@ class ShareEngine:
     async def commit_all(self) -> None:
         """See `committer`: the consumer threads send what is pending when they close."""
 
+    def stalled(self) -> str | None:
+        """Never: a share group's acknowledgements carry no write-ahead state that blocks delivery."""
+        return None
+
     def readiness(self) -> dict[str, bool]:
         return {
             "assigned": self.source.subscribed and self.source.fatal_error is None,

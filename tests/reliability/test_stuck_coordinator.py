@@ -131,7 +131,11 @@ async def test_sigterm_with_the_broker_unreachable_exits_in_bounded_time(
         app_delay_s=0.01,
     ) as run:
         await run.produce(plan_records(400, seed=11, poison_ratio=0.05))
-        async with sidecar(run.config(extra={"shutdown.drain.timeout.ms": 2000})) as sc:
+        first = run.config(
+            extra={"shutdown.drain.timeout.ms": 2000, "commit.stall.timeout.ms": 1000}
+        )
+        async with sidecar(first) as sc:
+            assert (await sc.get("/healthz"))[0] == 200
             await wait_until(lambda: run.app.seen >= 100, 60, "100 deliveries")
             await trio.to_thread.run_sync(proxy.set_mode, BLACKHOLE)
             run.fault("blackhole")
@@ -149,6 +153,10 @@ async def test_sigterm_with_the_broker_unreachable_exits_in_bounded_time(
                 while not await commits_failing():
                     assert trio.current_time() < deadline, "no commit failed in 40 s"
                     await trio.sleep(0.5)
+                # Failing for longer than commit.stall.timeout.ms: the liveness check says so.
+                await trio.sleep(1.2)
+                code, health = await sc.get("/healthz")
+                assert code == 503 and health["status"] == "stalled", health
                 t0 = time.monotonic()
                 # drain (2 s) + final commit (15 s) + close (10 s), with room for a slow machine
                 code = await sc.stop(timeout_s=45)
