@@ -369,7 +369,15 @@ class DlqWriter:
                 # The handle is used by one thread at a time (confluent-kafka serialises calls,
                 # and a poll loop re-taking it could starve a transaction call for minutes).
                 async with self._handle_lock:
-                    await trio.to_thread.run_sync(self._producer.poll, 0.02, abandon_on_cancel=True)
+                    producer = self._producer
+                    try:
+                        await trio.to_thread.run_sync(producer.poll, 0.02, abandon_on_cancel=True)
+                    except KafkaException:
+                        if producer is self._producer:
+                            raise
+                        # A replaced (fenced) transactional producer reporting its own fencing:
+                        # it is abandoned, and its successor carries on.
+                        log.info("the replaced DLQ producer reported its fencing; ignored")
                 await trio.lowlevel.checkpoint()
         finally:
             self._polling = False
