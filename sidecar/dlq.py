@@ -372,12 +372,16 @@ class DlqWriter:
                     producer = self._producer
                     try:
                         await trio.to_thread.run_sync(producer.poll, 0.02, abandon_on_cancel=True)
-                    except KafkaException:
-                        if producer is self._producer:
+                    except KafkaException as exc:
+                        if not self._is_abandoned(producer):
                             raise
-                        # A replaced (fenced) transactional producer reporting its own fencing:
-                        # it is abandoned, and its successor carries on.
-                        log.info("the replaced DLQ producer reported its fencing; ignored")
+                        # A producer being replaced (or already replaced) reports its own
+                        # fencing: the successor's init_transactions() fenced it, possibly before
+                        # the swap below could take this lock. It is never used again.
+                        log.info(
+                            "the replaced DLQ producer reported its fencing (%s); ignored",
+                            _kafka_error(exc),
+                        )
                 await trio.lowlevel.checkpoint()
         finally:
             self._polling = False
@@ -549,8 +553,17 @@ class DlqWriter:
                 await trio.sleep(0.5)
         await self._replace_producer()
 
+    def _is_abandoned(self, producer: Producer) -> bool:
+        return any(producer is p for p in self._abandoned)
+
     async def _replace_producer(self) -> None:
         old = self._producer
+        if old is not None and not self._is_abandoned(old):
+            # Marked before the successor fences it: the old handle may report its fencing from a
+            # poll that is under way while this still waits for the handle lock to swap them.
+            # A thread may also still be blocked in it: it is left to librdkafka (fenced, its
+            # transaction aborted), never called by us again once swapped.
+            self._abandoned.append(old)
         producer = Producer(
             producer_properties(self._kafka, self.transactional_id),
             logger=logging.getLogger("sidecar.librdkafka"),
@@ -570,10 +583,6 @@ class DlqWriter:
             self._producer = producer
             self._stuck = False
             self._in_txn = False
-        if old is not None:
-            # A thread may still be blocked in the old handle: it is left to librdkafka (fenced,
-            # its transaction aborted), never called again by us.
-            self._abandoned.append(old)
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
