@@ -396,7 +396,15 @@ def check(journal: Journal, observed: Observed, *, extra_allowance: int = 0) -> 
         if len(entries) > 1:
             report.dlq_duplicates += len(entries) - 1
             report.findings.append(
-                Finding("dlq_duplicate", coord, f"{len(entries)} DLQ records for one source record")
+                Finding(
+                    "dlq_duplicate",
+                    coord,
+                    f"{len(entries)} DLQ records for one source record: "
+                    + ", ".join(
+                        f"p{e.partition}@{e.offset} (delivery count {e.header(H_DELIVERY_COUNT)})"
+                        for e in entries
+                    ),
+                )
             )
         src = produced.get(coord)
         if src is None:

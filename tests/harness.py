@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +22,38 @@ from typing import Any
 
 import trio
 import yaml
+from confluent_kafka import Message
 
 from sidecar.httpserver import Request, Response, serve_http
+from sidecar.source import AssignedPartition, OffsetToCommit
 from sidecar.wire import decode_kafka_header, decode_key
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class RecordingListener:
+    """A KafkaSource listener that records what it is given; on revoke it commits `revoke_commit`
+    (offset, metadata) for each partition, or nothing when that is None."""
+
+    def __init__(self, revoke_commit: tuple[int, str] | None = None) -> None:
+        self.revoke_commit = revoke_commit
+        self.assigned: list[AssignedPartition] = []
+        self.messages: list[Message] = []
+
+    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
+        self.assigned.extend(partitions)
+
+    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        if self.revoke_commit is None:
+            return []
+        offset, metadata = self.revoke_commit
+        return [OffsetToCommit(t, p, offset, metadata) for t, p in partitions]
+
+    async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None:
+        pass
+
+    async def on_messages(self, messages: Sequence[Message]) -> None:
+        self.messages.extend(messages)
 
 
 def free_port() -> int:

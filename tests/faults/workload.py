@@ -408,6 +408,11 @@ class Run:
             "heartbeat.interval.ms": 1000,
             **(kafka_extra or {}),
         }
+        # RELIABILITY_DEBUG=eos,cgrp: librdkafka debug contexts, and the sidecar's log at debug level
+        # to carry them (for chasing a failure; the logs grow large).
+        debug = os.environ.get("RELIABILITY_DEBUG")
+        if debug:
+            kafka["debug"] = debug
         settings: dict[str, Any] = {
             "kafka": kafka,
             "share.delivery.count.limit": self.info.limit,
@@ -417,7 +422,7 @@ class Run:
             "errors.retry.delay.initial.ms": 20,
             "errors.retry.delay.max.ms": 100,
             "commit.interval.ms": 200,
-            "logging": {"level": "info", "format": "json"},
+            "logging": {"level": "debug" if debug else "info", "format": "json"},
             **(extra or {}),
         }
         return write_config(

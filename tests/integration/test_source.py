@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 import trio
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from sidecar.source import AssignedPartition, KafkaSource, OffsetToCommit
-from tests.harness import wait_until
+from sidecar.source import KafkaSource, OffsetToCommit
+from tests.harness import RecordingListener, wait_until
 from tests.kafkatools import Broker, Rec
 
 pytestmark = pytest.mark.broker
-
-
-class Listener:
-    def __init__(self) -> None:
-        self.assigned: list[AssignedPartition] = []
-        self.messages: list[Message] = []
-
-    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
-        self.assigned.extend(partitions)
-
-    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
-        return []
-
-    async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None:
-        pass
-
-    async def on_messages(self, messages: Sequence[Message]) -> None:
-        self.messages.extend(messages)
 
 
 def _commit_directly(bootstrap: str, group: str, topic: str, offset: int, metadata: str) -> None:
@@ -51,7 +31,7 @@ async def test_fetching_starts_at_the_committed_offset_the_ledger_starts_at(
     broker.produce(topic, [Rec(key=b"k", value=str(i).encode(), partition=0) for i in range(10)])
     await trio.to_thread.run_sync(_commit_directly, bootstrap, group, topic, 4, "state-at-4")
 
-    listener = Listener()
+    listener = RecordingListener()
     source = KafkaSource({"bootstrap.servers": bootstrap, "group.id": group}, [topic], listener)
     async with trio.open_nursery() as nursery:
         source.start()
@@ -89,7 +69,7 @@ async def test_no_committed_offset_starts_at_the_reset_policy(
     topic, group = f"src-{unique}", f"g-{unique}"
     broker.create_topic(topic, 1)
     broker.produce(topic, [Rec(key=None, value=b"old", partition=0) for _ in range(3)])
-    listener = Listener()
+    listener = RecordingListener()
     source = KafkaSource(
         {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "latest"},
         [topic],

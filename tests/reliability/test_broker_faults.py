@@ -29,10 +29,29 @@ async def _flowing(run: Run, seed: int) -> None:
     await run.produce(plan_records(N, seed=seed, poison_ratio=0.05))
 
 
+def _copy_broker_logs(run: Run, broker: PrivateBroker) -> None:
+    """The broker's group, transaction and DLQ logs next to the journal. Read them with
+    kafka.tools.DumpLogSegments (--offsets-decoder, --transaction-log-decoder; --print-data-log shows a
+    DLQ record's transaction markers, producer id and epoch)."""
+    for log_dir in [
+        *broker.data_dir.glob("__consumer_offsets-*"),
+        *broker.data_dir.glob("__transaction_state-*"),
+        *broker.data_dir.glob(f"{run.dlq_topic}-*"),
+    ]:
+        with contextlib.suppress(OSError):
+            shutil.copytree(log_dir, run.workdir / "broker-logs" / log_dir.name, dirs_exist_ok=True)
+
+
+async def _check(run: Run, broker: PrivateBroker, what: str) -> None:
+    report = await run.check()
+    if not report.ok:
+        _copy_broker_logs(run, broker)
+    assert_clean(report, what)
+
+
 async def _dump_stuck(run: Run, sc: Sidecar, broker: PrivateBroker) -> None:
     """Evidence for a stuck run, next to the journal: the sidecar's status, every thread's stack, and
-    the broker's group and transaction logs (read them with kafka.tools.DumpLogSegments
-    --offsets-decoder / --transaction-log-decoder: a pending transactional offset commit shows there)."""
+    the broker's logs (a pending transactional offset commit shows in the group log)."""
     with contextlib.suppress(Exception):
         (run.workdir / "stuck-status.json").write_text(json.dumps(await sc.status(), indent=2))
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -41,12 +60,7 @@ async def _dump_stuck(run: Run, sc: Sidecar, broker: PrivateBroker) -> None:
             [spy, "dump", "--pid", str(sc.proc.pid)], capture_stdout=True, check=False
         )
         (run.workdir / "stuck-stacks.txt").write_bytes(res.stdout)
-    for log_dir in [
-        *broker.data_dir.glob("__consumer_offsets-*"),
-        *broker.data_dir.glob("__transaction_state-*"),
-    ]:
-        with contextlib.suppress(OSError):
-            shutil.copytree(log_dir, run.workdir / "broker-logs" / log_dir.name)
+    _copy_broker_logs(run, broker)
 
 
 async def _wait_done(run: Run, sc: Sidecar, broker: PrivateBroker, timeout_s: float) -> None:
@@ -83,8 +97,7 @@ async def test_broker_paused_15_s(
             await _wait_done(run, sc, broker, 120)
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
             assert await sc.stop() == 0
-        report = await run.check()
-    assert_clean(report, f"broker SIGSTOP 15 s ({run.elapsed_s():.0f}s)")
+        await _check(run, broker, f"broker SIGSTOP 15 s ({run.elapsed_s():.0f}s)")
 
 
 @MODES
@@ -112,8 +125,7 @@ async def test_blackholed_broker_connection_10_s(
             await _wait_done(run, sc, broker, 120)
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
             assert await sc.stop() == 0
-        report = await run.check()
-    assert_clean(report, f"blackholed broker connection 10 s ({run.elapsed_s():.0f}s)")
+        await _check(run, broker, f"blackholed broker connection 10 s ({run.elapsed_s():.0f}s)")
 
 
 @MODES
@@ -143,8 +155,9 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
                 raise
             assert sc.proc.returncode is None, sc.log_text()[-3000:]
             assert await sc.stop() == 0
-        report = await run.check()
-    assert_clean(report, f"broker SIGKILL + restart ({run.elapsed_s():.0f}s, restart {took:.0f}s)")
+        await _check(
+            run, broker, f"broker SIGKILL + restart ({run.elapsed_s():.0f}s, restart {took:.0f}s)"
+        )
 
 
 @MODES
@@ -181,6 +194,5 @@ async def test_dlq_unavailable_then_restored(
             await run.wait_done(120)
             st = await sc.status()
             assert await sc.stop() == 0
-        report = await run.check()
-    assert_clean(report, f"DLQ unavailable 10 s ({run.elapsed_s():.0f}s)")
+        await _check(run, broker, f"DLQ unavailable 10 s ({run.elapsed_s():.0f}s)")
     assert st["failure"] is None

@@ -9,36 +9,16 @@ and a SIGTERM never finished.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import trio
-from confluent_kafka import Message
 
-from sidecar.source import AssignedPartition, CommitTimeout, KafkaSource, OffsetToCommit
+from sidecar.source import CommitTimeout, KafkaSource, OffsetToCommit
 from tests.faults.broker import PrivateBroker
 from tests.faults.proxy import BLACKHOLE, PASS, FaultProxy
 from tests.faults.workload import assert_clean, open_run, plan_records
-from tests.harness import sidecar, wait_until
+from tests.harness import RecordingListener, sidecar, wait_until
 from tests.kafkatools import Broker, Rec
-
-
-class Listener:
-    def __init__(self) -> None:
-        self.assigned: list[AssignedPartition] = []
-        self.messages: list[Message] = []
-
-    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
-        self.assigned.extend(partitions)
-
-    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
-        return [OffsetToCommit(t, p, 1, "final") for t, p in partitions]
-
-    async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None:
-        pass
-
-    async def on_messages(self, messages: Sequence[Message]) -> None:
-        self.messages.extend(messages)
 
 
 async def test_a_commit_nobody_answers_times_out_and_holds_nothing(
@@ -51,7 +31,7 @@ async def test_a_commit_nobody_answers_times_out_and_holds_nothing(
     await trio.to_thread.run_sync(
         direct.produce, topic, [Rec(key=None, value=b"x", partition=0) for _ in range(5)]
     )
-    listener = Listener()
+    listener = RecordingListener(revoke_commit=(1, "final"))
     source = KafkaSource(
         {"bootstrap.servers": broker.external, "group.id": group}, [topic], listener
     )
