@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 log = logging.getLogger("sidecar.dlq")
@@ -60,6 +61,18 @@ TXN_CALL_TIMEOUT_S = 10.0
 TXN_RETRY_BUDGET_S = 30.0
 TXN_CALL_WATCHDOG_S = 25.0
 TXN_INIT_TIMEOUT_S = 60.0
+
+# After an abort, the DLQ partitions the transaction wrote to are checked for its ABORT marker: their last
+# stable offset must pass the end of the log as it was right after the abort. A Kafka 4.x broker can skip
+# the marker when the partition has no leader at that moment (KAFKA-20734: the transaction coordinator
+# takes the partition for deleted), which leaves the aborted DLQ records in an open transaction that the
+# producer's next commit to that partition would commit: a DLQ record written twice. Other producers'
+# transactions may hold the stable offset back for ABORT_SETTLE_S; past that, an abort-only transaction
+# (one probe record per partition, then abort) writes the missing marker, at most ABORT_REPAIR_ROUNDS times.
+ABORT_SETTLE_S = 3.0
+ABORT_REPAIR_ROUNDS = 2
+ABORT_CHECK_BUDGET_S = 30.0
+PROBE_HEADER = "__dlq.sidecar.abort.probe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +280,9 @@ class DlqWriter:
         self._stuck = False  # a transaction call on the producer overstayed its watchdog
         self._in_txn = False  # begun and not yet committed or aborted
         self._abandoned: list[Producer] = []  # fenced producers a thread may still be blocked in
+        # DLQ partitions the open transaction has written to (or tried to), checked after an abort.
+        self._txn_touched: set[tuple[str, int]] = set()
+        self.abort_markers_repaired = 0
         self._partitions: dict[str, int] = {}
         self._max_bytes: dict[str, int | None] = {}
         self._token: trio.lowlevel.TrioToken | None = None
@@ -414,6 +430,7 @@ class DlqWriter:
             # Begin fails only on a producer in the wrong state (an earlier transaction not ended).
             raise DlqFatalError(f"cannot begin a DLQ transaction: {_kafka_error(exc)}") from exc
         self._in_txn = True
+        self._txn_touched = set()
 
     async def txn_produce(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Produce inside the open transaction and wait for the broker's acknowledgement.
@@ -447,6 +464,7 @@ class DlqWriter:
                 ),
             )
             dropped = True
+        self._txn_touched.add((record.topic, record.partition))
         err = await self._produce(record)
         if err is not None:
             self.failed += 1
@@ -501,6 +519,7 @@ class DlqWriter:
                     "commit_transaction", lambda p: p.commit_transaction(TXN_CALL_TIMEOUT_S)
                 )
                 self._in_txn = False
+                self._txn_touched = set()
                 return
             except DlqTxnStuck as exc:
                 # commit_transaction() keeps to its timeout; if it did not, the commit may have
@@ -532,6 +551,12 @@ class DlqWriter:
         """
         if not self._in_txn and not self._stuck:
             return
+        touched, self._txn_touched = self._txn_touched, set()
+        await self._end_open_txn()
+        if touched:
+            await self._check_abort_markers(touched)
+
+    async def _end_open_txn(self) -> None:
         started = trio.current_time()
         while not self._stuck:
             try:
@@ -552,6 +577,96 @@ class DlqWriter:
                 log.warning("abort_transaction: %s; calling it again", err)
                 await trio.sleep(0.5)
         await self._replace_producer()
+
+    # -- KAFKA-20734: an ABORT marker the broker skipped ------------------------------------------
+
+    async def _check_abort_markers(self, touched: set[tuple[str, int]]) -> None:
+        """Make sure the aborted transaction's DLQ records are really aborted (see ABORT_SETTLE_S)."""
+        parts = sorted(touched)
+        deadline = trio.current_time() + ABORT_CHECK_BUDGET_S
+        targets = await self._log_ends(parts, committed=False, deadline=deadline)
+        if targets is None:
+            log.warning(
+                "could not read the end of DLQ partitions %s after an abort; its markers are unchecked",
+                _names(parts),
+            )
+            return
+        for rnd in range(ABORT_REPAIR_ROUNDS + 1):
+            hanging = await self._unsettled(targets, deadline)
+            if not hanging:
+                return
+            if rnd == ABORT_REPAIR_ROUNDS or trio.current_time() > deadline:
+                log.error(
+                    "DLQ partitions %s still hold an open transaction after the abort and %d "
+                    "abort-only transactions; if it is this producer's, its next commit to them "
+                    "makes the aborted DLQ records visible (a DLQ record written twice)",
+                    _names(hanging),
+                    rnd,
+                )
+                return
+            log.warning(
+                "the broker did not write the ABORT marker to DLQ partitions %s (Kafka "
+                "KAFKA-20734: no partition leader at that moment); ending the aborted records with "
+                "an abort-only transaction",
+                _names(hanging),
+            )
+            self.abort_markers_repaired += 1
+            await self._abort_only(hanging)
+
+    async def _unsettled(
+        self, targets: dict[tuple[str, int], int], deadline: float
+    ) -> list[tuple[str, int]]:
+        """The partitions whose last stable offset stays short of its target for ABORT_SETTLE_S."""
+        settle_at = min(trio.current_time() + ABORT_SETTLE_S, deadline)
+        while True:
+            stable = await self._log_ends(list(targets), committed=True, deadline=settle_at)
+            short = [tp for tp in targets if stable is None or stable.get(tp, -1) < targets[tp]]
+            if not short or trio.current_time() >= settle_at:
+                return short
+            await trio.sleep(0.2)
+
+    async def _log_ends(
+        self, parts: list[tuple[str, int]], *, committed: bool, deadline: float
+    ) -> dict[tuple[str, int], int] | None:
+        """Each partition's end offset (the last stable offset when `committed`), retried until
+        `deadline` while a partition has no leader; None when it could not be read in time."""
+        while True:
+            try:
+                return await trio.to_thread.run_sync(self._list_ends_sync, parts, committed)
+            except (KafkaException, TimeoutError) as exc:
+                if trio.current_time() + 0.5 > deadline:
+                    log.debug("list_offsets on %s: %s", _names(parts), exc)
+                    return None
+            await trio.sleep(0.5)
+
+    def _list_ends_sync(
+        self, parts: list[tuple[str, int]], committed: bool
+    ) -> dict[tuple[str, int], int]:
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        futures = self.admin().list_offsets(
+            {TopicPartition(t, p): OffsetSpec.latest() for t, p in parts},  # type: ignore[no-untyped-call]
+            isolation_level=level,
+            request_timeout=5,
+        )
+        return {
+            (tp.topic, tp.partition): int(f.result(timeout=10).offset) for tp, f in futures.items()
+        }
+
+    async def _abort_only(self, parts: list[tuple[str, int]]) -> None:
+        """A transaction with one probe record (no key or value, header PROBE_HEADER) per partition,
+        aborted: its ABORT marker also ends the earlier records left open on those partitions."""
+        try:
+            await self._txn_call("begin_transaction", lambda p: p.begin_transaction())
+            self._in_txn = True
+            for topic, partition in parts:
+                probe = DlqRecord(topic, partition, None, None, ((PROBE_HEADER, b"abort-only"),))
+                err = await self._produce(probe)
+                if err is not None:
+                    log.warning("abort-only probe to %s[%d]: %s", topic, partition, err.str())
+        except (KafkaException, DlqTxnStuck) as exc:
+            log.warning("abort-only transaction: %s", exc)
+        if self._in_txn or self._stuck:
+            await self._end_open_txn()
 
     def _is_abandoned(self, producer: Producer) -> bool:
         return any(producer is p for p in self._abandoned)
@@ -720,6 +835,10 @@ def _estimated_size(record: DlqRecord) -> int:
     for name, value in record.headers:
         size += 10 + len(name.encode()) + len(value or b"")
     return size
+
+
+def _names(parts: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"{t}[{p}]" for t, p in parts)
 
 
 def _kafka_error(exc: KafkaException) -> KafkaError:

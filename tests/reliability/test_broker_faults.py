@@ -30,7 +30,7 @@ async def _flowing(run: Run, seed: int) -> None:
 
 
 def _copy_broker_logs(run: Run, broker: PrivateBroker) -> None:
-    """The broker's group, transaction and DLQ logs next to the journal. Read them with
+    """The broker's own log and its group, transaction and DLQ logs next to the journal. Read them with
     kafka.tools.DumpLogSegments (--offsets-decoder, --transaction-log-decoder; --print-data-log shows a
     DLQ record's transaction markers, producer id and epoch)."""
     for log_dir in [
@@ -40,6 +40,8 @@ def _copy_broker_logs(run: Run, broker: PrivateBroker) -> None:
     ]:
         with contextlib.suppress(OSError):
             shutil.copytree(log_dir, run.workdir / "broker-logs" / log_dir.name, dirs_exist_ok=True)
+    with contextlib.suppress(OSError):
+        shutil.copy(broker.log_path, run.workdir / "broker-logs" / "server.log")
 
 
 async def _check(run: Run, broker: PrivateBroker, what: str) -> None:
