@@ -643,7 +643,8 @@ class DlqWriter:
         self, parts: list[tuple[str, int]], committed: bool
     ) -> dict[tuple[str, int], int]:
         level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self.admin().list_offsets(
+        admin = self.admin()  # referenced until the results are in: a dropped client never answers
+        futures = admin.list_offsets(
             {TopicPartition(t, p): OffsetSpec.latest() for t, p in parts},  # type: ignore[no-untyped-call]
             isolation_level=level,
             request_timeout=5,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sidecar import dlq as dlq_module
 from sidecar.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
@@ -163,3 +163,87 @@ async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
     # read_committed OffsetFetch (require_stable): fails while a transactional offset commit is pending.
     committed = await trio.to_thread.run_sync(broker.committed, group, src, [0])
     assert committed[0] == (8, "new")
+
+
+def _read_uncommitted(
+    bootstrap: str, topic: str
+) -> list[tuple[int, tuple[tuple[str, bytes], ...]]]:
+    """(offset, headers) of every data record in partition 0, aborted ones included."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"ru-{topic}",
+            "isolation.level": "read_uncommitted",
+            "enable.partition.eof": True,
+        }
+    )
+    out: list[tuple[int, tuple[tuple[str, bytes], ...]]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        while True:
+            msgs = consumer.consume(100, 5)
+            assert msgs, "no end of partition within 5 s"
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    assert err.code() == KafkaError._PARTITION_EOF, err
+                    return out
+                out.append((int(msg.offset() or 0), tuple(msg.headers() or ())))
+    finally:
+        consumer.close()
+
+
+async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_stays_invisible(
+    broker: Broker, unique: str
+) -> None:
+    """After an abort the writer reads its DLQ partitions' last stable offset (the KAFKA-20734 check):
+    on a healthy broker the marker is there, so nothing more is written. The abort-only transaction
+    that writes a skipped marker leaves one aborted probe record, which read_committed readers (the
+    DLQ's) never see, and the partition's stable offset reaches its end."""
+    src = broker.create_topic(f"src-{unique}", partitions=1)
+    dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
+    group = f"g-{unique}"
+    writer = DlqWriter(
+        {"bootstrap.servers": broker.bootstrap},
+        group,
+        copy_record=True,
+        stacktrace_max_bytes=1024,
+        retries_timeout_ms=10_000,
+        auto_create=False,
+        topic_partitions=1,
+        topic_replication_factor=1,
+    )
+    writer.transactional_id = f"txn-{unique}"
+    await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+    member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    group_metadata = member.consumer_group_metadata()
+    member.close()
+    tp = (dlq_topic, 0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 3, group), dlq_topic)
+        t0 = trio.current_time()
+        await writer.txn_abort()
+        took = trio.current_time() - t0
+        assert writer.abort_markers_repaired == 0
+        assert took < dlq_module.ABORT_SETTLE_S, f"a settled partition was waited on ({took:.1f}s)"
+        deadline = trio.current_time() + 10
+        ends = await writer._log_ends([tp], committed=False, deadline=deadline)
+        stable = await writer._log_ends([tp], committed=True, deadline=deadline)
+        assert ends == stable == {tp: 2}  # the aborted record and its ABORT marker
+
+        await writer._abort_only([tp])
+        ends = await writer._log_ends([tp], committed=False, deadline=deadline)
+        stable = await writer._log_ends([tp], committed=True, deadline=deadline)
+        assert ends == stable == {tp: 4}  # the probe and its ABORT marker
+
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 7, group), dlq_topic)
+        await writer.txn_commit([TopicPartition(src, 0, 8, metadata="m")], group_metadata)
+        nursery.cancel_scope.cancel()
+    got = await trio.to_thread.run_sync(lambda: broker.read_topic(dlq_topic, 2, timeout_s=5))
+    assert [r.value for r in got] == [b"v7"]
+    raw = await trio.to_thread.run_sync(_read_uncommitted, broker.bootstrap, dlq_topic)
+    assert [off for off, _ in raw] == [0, 2, 4]
+    assert (dlq_module.PROBE_HEADER, b"abort-only") in raw[1][1]

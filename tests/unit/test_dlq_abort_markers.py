@@ -1,0 +1,131 @@
+"""After an abort, the DLQ partitions' last stable offset must pass the log end seen right after it; a
+partition that stays short (an ABORT marker the broker skipped, KAFKA-20734) gets an abort-only
+transaction. The decision logic, with the broker's offsets played by a fake; the real path is in
+tests/integration/test_dlq_txn.py and the broker-pause scenario."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from sidecar import dlq
+
+TP0, TP1 = ("dlq.t", 0), ("dlq.t", 1)
+
+
+class FakeOffsets:
+    """Log ends and last stable offsets of DLQ partitions; an abort-only transaction may fix some."""
+
+    def __init__(self, ends: dict[tuple[str, int], int], stable: dict[tuple[str, int], int]):
+        self.ends = ends
+        self.stable = stable
+        self.abort_only_calls: list[list[tuple[str, int]]] = []
+        self.repairs = True  # whether an abort-only transaction writes the missing marker
+        self.unreadable = False
+
+    async def log_ends(
+        self, parts: list[tuple[str, int]], *, committed: bool, deadline: float
+    ) -> dict[tuple[str, int], int] | None:
+        if self.unreadable:
+            return None
+        source = self.stable if committed else self.ends
+        return {tp: source[tp] for tp in parts}
+
+    async def abort_only(self, parts: list[tuple[str, int]]) -> None:
+        self.abort_only_calls.append(list(parts))
+        if self.repairs:
+            for tp in parts:
+                # The probe and the marker: the log grows by two, the stable offset passes both.
+                self.ends[tp] += 2
+                self.stable[tp] = self.ends[tp]
+
+
+@pytest.fixture
+def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
+    monkeypatch.setattr(dlq, "ABORT_SETTLE_S", 0.3)
+    return dlq.DlqWriter(
+        {"bootstrap.servers": "127.0.0.1:9"},
+        group="g",
+        copy_record=False,
+        stacktrace_max_bytes=0,
+        retries_timeout_ms=1000,
+        auto_create=False,
+        topic_partitions=2,
+        topic_replication_factor=1,
+    )
+
+
+def _wire(writer: dlq.DlqWriter, fake: FakeOffsets, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer, "_log_ends", fake.log_ends)
+    monkeypatch.setattr(writer, "_abort_only", fake.abort_only)
+
+
+async def test_settled_partitions_need_nothing(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeOffsets({TP0: 10, TP1: 4}, {TP0: 10, TP1: 4})
+    _wire(writer, fake, monkeypatch)
+    t0 = trio.current_time()
+    await writer._check_abort_markers({TP0, TP1})
+    assert fake.abort_only_calls == []
+    assert writer.abort_markers_repaired == 0
+    assert trio.current_time() - t0 < 0.2, "a settled partition is not waited on"
+
+
+async def test_a_skipped_marker_is_written_by_an_abort_only_transaction(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # TP1's ABORT marker is missing: its stable offset stays at the aborted record (7 < end 9).
+    fake = FakeOffsets({TP0: 10, TP1: 9}, {TP0: 10, TP1: 7})
+    _wire(writer, fake, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="sidecar.dlq"):
+        await writer._check_abort_markers({TP0, TP1})
+    assert fake.abort_only_calls == [[TP1]]
+    assert writer.abort_markers_repaired == 1
+    assert "KAFKA-20734" in caplog.text
+    assert fake.stable[TP1] >= 9
+
+
+async def test_another_producers_transaction_that_ends_is_waited_out(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeOffsets({TP0: 10}, {TP0: 6})
+
+    async def other_producer_commits() -> None:
+        await trio.sleep(0.1)
+        fake.stable[TP0] = 12
+
+    _wire(writer, fake, monkeypatch)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other_producer_commits)
+        await writer._check_abort_markers({TP0})
+    assert fake.abort_only_calls == []
+
+
+async def test_a_partition_that_never_settles_is_reported_and_given_up(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeOffsets({TP0: 10}, {TP0: 3})
+    fake.repairs = False
+    _wire(writer, fake, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="sidecar.dlq"):
+        await writer._check_abort_markers({TP0})
+    assert len(fake.abort_only_calls) == dlq.ABORT_REPAIR_ROUNDS
+    assert any(
+        r.levelno == logging.ERROR and "still hold an open transaction" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_unreadable_offsets_leave_the_check_undone_and_say_so(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeOffsets({TP0: 10}, {TP0: 3})
+    fake.unreadable = True
+    _wire(writer, fake, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="sidecar.dlq"):
+        await writer._check_abort_markers({TP0})
+    assert fake.abort_only_calls == []
+    assert "unchecked" in caplog.text
