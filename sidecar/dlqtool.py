@@ -351,6 +351,9 @@ def _reader(props: Mapping[str, Any], group: str | None = None) -> Consumer:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
+            # Whatever the configuration says: aborted transactional DLQ writes (and the abort-only
+            # probes of the marker check) are not DLQ records.
+            "isolation.level": "read_committed",
         }
     )
 
