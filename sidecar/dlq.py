@@ -71,7 +71,7 @@ TXN_INIT_TIMEOUT_S = 60.0
 # (one probe record per partition, then abort) writes the missing marker, at most ABORT_REPAIR_ROUNDS times.
 ABORT_SETTLE_S = 3.0
 ABORT_REPAIR_ROUNDS = 2
-ABORT_CHECK_BUDGET_S = 30.0
+ABORT_CHECK_BUDGET_S = 20.0
 PROBE_HEADER = "__dlq.sidecar.abort.probe"
 
 

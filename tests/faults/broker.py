@@ -42,12 +42,31 @@ free_port = KS.free_port
 
 
 class PrivateBroker:
-    def __init__(self, advertised_port: int | None = None, heap: str = "384m") -> None:
+    """A combined broker and controller (node 1); or, given `controller`, a broker-only node that
+    joins that one's cluster (same cluster id, its controller quorum). `extra` overrides settings."""
+
+    def __init__(
+        self,
+        advertised_port: int | None = None,
+        heap: str = "384m",
+        *,
+        node_id: int = 1,
+        controller: PrivateBroker | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="kafka-private-"))
         self.data_dir = self.run_dir / "data"
         self.external_port = free_port()
         self.internal_port = free_port()
-        self.controller_port = free_port()
+        self.node_id = node_id
+        self.controller = controller
+        self.controller_port = controller.controller_port if controller else free_port()
+        self.cluster_id = (
+            controller.cluster_id
+            if controller
+            else base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        )
+        self.extra = dict(extra or {})
         self.advertised_port = advertised_port or self.external_port
         self.heap = heap
         self.proc: subprocess.Popen[bytes] | None = None
@@ -72,14 +91,17 @@ class PrivateBroker:
         return ("127.0.0.1", self.external_port)
 
     def _write_config(self) -> None:
+        controller_id = self.controller.node_id if self.controller else self.node_id
+        listeners = (
+            f"EXTERNAL://127.0.0.1:{self.external_port},INTERNAL://127.0.0.1:{self.internal_port}"
+        )
+        if self.controller is None:
+            listeners += f",CONTROLLER://127.0.0.1:{self.controller_port}"
         props = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": (
-                f"EXTERNAL://127.0.0.1:{self.external_port},INTERNAL://127.0.0.1:{self.internal_port},"
-                f"CONTROLLER://127.0.0.1:{self.controller_port}"
-            ),
+            "process.roles": "broker" if self.controller else "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": f"{controller_id}@127.0.0.1:{self.controller_port}",
+            "listeners": listeners,
             "advertised.listeners": (
                 f"EXTERNAL://127.0.0.1:{self.advertised_port},INTERNAL://127.0.0.1:{self.internal_port}"
             ),
@@ -101,17 +123,17 @@ class PrivateBroker:
             "group.initial.rebalance.delay.ms": "0",
             "log.segment.bytes": str(16 * 1024 * 1024),
         }
+        props.update(self.extra)
         self.config_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 
     def _format(self) -> None:
         libs = KS.fetch_jars()
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = KS.java_cmd(
             libs,
             "kafka.tools.StorageTool",
             "format",
             "--cluster-id",
-            cluster_id,
+            self.cluster_id,
             "--config",
             str(self.config_path),
             "--ignore-formatted",
@@ -146,6 +168,9 @@ class PrivateBroker:
                 return time.monotonic() - started
             time.sleep(0.2)
         raise RuntimeError(f"private broker did not answer in {timeout_s}s:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def log_tail(self, n: int = 40) -> str:
         return str(KS.log_tail(self.log_path, n))

@@ -1,0 +1,172 @@
+"""An ABORT marker the broker skips (Kafka KAFKA-20734), reproduced on purpose, and repaired.
+
+Kafka 4.x's transaction coordinator takes a partition without a leader for a deleted one and completes
+the abort without writing that partition's marker. The aborted DLQ records then stay in an open
+transaction, and the producer's next commit to the partition would make them visible: a DLQ record
+written twice. Two nodes: node 1 is the controller and the transaction coordinator; node 2 is a broker
+that leads the DLQ partition (one replica). Pausing node 2 past its session gets it fenced, which leaves
+the partition without a leader while the transaction is aborted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import trio
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sidecar import dlq as dlq_module
+from sidecar.dlq import CAUSE_REJECTED, DlqWriter, FailedRecord
+from tests.faults.broker import PrivateBroker
+
+# Fence a silent broker within seconds instead of the default 9.
+FAST_FENCE = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[tuple[PrivateBroker, PrivateBroker]]:
+    node1 = PrivateBroker(extra=FAST_FENCE, heap="320m")
+    node2 = PrivateBroker(node_id=2, controller=node1, extra=FAST_FENCE, heap="320m")
+    try:
+        node1.start()
+        yield node1, node2
+    finally:
+        node2.close()
+        node1.close()
+
+
+def _leader(admin: AdminClient, topic: str) -> int:
+    md = admin.list_topics(topic, timeout=5)
+    return int(md.topics[topic].partitions[0].leader)
+
+
+def _wait(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:  # the cluster is changing: ask again
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _read_committed(bootstrap: str, topic: str) -> list[bytes | None]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"rc-{topic}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    out: list[bytes | None] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        while True:
+            msgs = consumer.consume(100, 10)
+            assert msgs, "no end of partition within 10 s (a hanging transaction holds it?)"
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    assert err.code() == KafkaError._PARTITION_EOF, err
+                    return out
+                out.append(msg.value())
+    finally:
+        consumer.close()
+
+
+def _failed(offset: int) -> FailedRecord:
+    return FailedRecord(
+        topic="src",
+        partition=0,
+        offset=offset,
+        key=None,
+        value=f"v{offset}".encode(),
+        headers=(),
+        group="g",
+        delivery_count=1,
+        cause=CAUSE_REJECTED,
+    )
+
+
+async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_again(
+    two_nodes: tuple[PrivateBroker, PrivateBroker],
+) -> None:
+    node1, node2 = two_nodes
+    bootstrap = node1.direct
+    writer = DlqWriter(
+        {"bootstrap.servers": bootstrap},
+        "g",
+        copy_record=True,
+        stacktrace_max_bytes=1024,
+        retries_timeout_ms=10_000,
+        auto_create=False,
+        topic_partitions=1,
+        topic_replication_factor=1,
+    )
+    writer.transactional_id = "txn-markers"
+    dlq_topic = "dlq.markers"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    async with trio.open_nursery() as nursery:
+        # The writer's init_transactions() creates __transaction_state while node 1 is the only broker,
+        # so the coordinator stays up when node 2 is paused.
+        await nursery.start(writer.run)
+        await trio.to_thread.run_sync(node2.start)
+        await trio.to_thread.run_sync(
+            lambda: _wait(lambda: len(admin.list_topics(timeout=5).brokers) == 2, 60, "node 2")
+        )
+        futures = admin.create_topics(
+            [NewTopic(dlq_topic, num_partitions=1, replication_factor=-1, replica_assignment=[[2]])]
+        )
+        await trio.to_thread.run_sync(lambda: futures[dlq_topic].result(30))
+        await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(1), dlq_topic)  # acknowledged by node 2
+        fenced_before = node1.log_text().count("handleBrokerFenced")
+        node2.pause()
+        resumed = False
+        try:
+            # The controller's log, not metadata: a client may ask the paused node and wait.
+            await trio.to_thread.run_sync(
+                lambda: _wait(
+                    lambda: node1.log_text().count("handleBrokerFenced") > fenced_before,
+                    30,
+                    "node 2 fenced",
+                )
+            )
+
+            async def resume_soon() -> None:
+                nonlocal resumed
+                await trio.sleep(1.5)
+                node2.resume()
+                resumed = True
+
+            nursery.start_soon(resume_soon)
+            # The abort completes at once: the coordinator skips the leaderless partition's marker.
+            # Then the check waits for the partition to have a leader again, finds the aborted
+            # record still in an open transaction, and ends it with an abort-only transaction.
+            with trio.fail_after(dlq_module.ABORT_CHECK_BUDGET_S + dlq_module.TXN_CALL_TIMEOUT_S):
+                await writer.txn_abort()
+        finally:
+            if not resumed:
+                node2.resume()
+        # The coordinator writes markers after answering EndTxn: its log line may come a bit later.
+        await trio.to_thread.run_sync(
+            lambda: _wait(lambda: "likely deleted" in node1.log_text(), 10, "the skipped marker")
+        )
+        assert writer.abort_markers_repaired == 1
+
+        # The next transaction commits only its own record; without the repair its COMMIT marker
+        # would have committed the aborted one too.
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(2), dlq_topic)
+        await writer.txn_commit([], None)
+        nursery.cancel_scope.cancel()
+    got = await trio.to_thread.run_sync(_read_committed, bootstrap, dlq_topic)
+    assert got == [b"v2"]
