@@ -548,6 +548,7 @@ class DlqWriter:
         An abort that fails or overstays (or a producer stuck in an earlier call, which makes
         abort_transaction() answer "conflicting call in progress") is done by fencing instead: a new
         producer with the same transactional.id; its init_transactions() aborts the transaction.
+        Then the DLQ partitions it wrote to are checked for the ABORT marker (KAFKA-20734).
         """
         if not self._in_txn and not self._stuck:
             return
