@@ -8,7 +8,6 @@ checker and for the broker's inter-broker traffic (transaction markers), which m
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import importlib.machinery
 import importlib.util
@@ -18,7 +17,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,11 +59,7 @@ class PrivateBroker:
         self.node_id = node_id
         self.controller = controller
         self.controller_port = controller.controller_port if controller else free_port()
-        self.cluster_id = (
-            controller.cluster_id
-            if controller
-            else base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        )
+        self.cluster_id = controller.cluster_id if controller else str(KS.new_cluster_id())
         self.extra = dict(extra or {})
         self.advertised_port = advertised_port or self.external_port
         self.heap = heap
