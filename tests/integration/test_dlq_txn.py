@@ -102,6 +102,21 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
     assert accepted == set(range(n)) - poison
 
 
+def _txn_writer(bootstrap: str, group: str, transactional_id: str) -> DlqWriter:
+    writer = DlqWriter(
+        {"bootstrap.servers": bootstrap},
+        group,
+        copy_record=True,
+        stacktrace_max_bytes=1024,
+        retries_timeout_ms=10_000,
+        auto_create=False,
+        topic_partitions=1,
+        topic_replication_factor=1,
+    )
+    writer.transactional_id = transactional_id
+    return writer
+
+
 def _failed(topic: str, offset: int, group: str) -> FailedRecord:
     return FailedRecord(
         topic=topic,
@@ -126,17 +141,7 @@ async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
     src = broker.create_topic(f"src-{unique}", partitions=1)
     dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
     group = f"g-{unique}"
-    writer = DlqWriter(
-        {"bootstrap.servers": broker.bootstrap},
-        group,
-        copy_record=True,
-        stacktrace_max_bytes=1024,
-        retries_timeout_ms=10_000,
-        auto_create=False,
-        topic_partitions=1,
-        topic_replication_factor=1,
-    )
-    writer.transactional_id = f"txn-{unique}"
+    writer = _txn_writer(broker.bootstrap, group, f"txn-{unique}")
     await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
     # A group member's metadata is not needed: generation -1 commits for a group with no members.
     member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
@@ -203,17 +208,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
     src = broker.create_topic(f"src-{unique}", partitions=1)
     dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
     group = f"g-{unique}"
-    writer = DlqWriter(
-        {"bootstrap.servers": broker.bootstrap},
-        group,
-        copy_record=True,
-        stacktrace_max_bytes=1024,
-        retries_timeout_ms=10_000,
-        auto_create=False,
-        topic_partitions=1,
-        topic_replication_factor=1,
-    )
-    writer.transactional_id = f"txn-{unique}"
+    writer = _txn_writer(broker.bootstrap, group, f"txn-{unique}")
     await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
     member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
     group_metadata = member.consumer_group_metadata()
