@@ -68,6 +68,8 @@ __all__ = [
     "TracingConfig",
     "TracingExporter",
     "is_loopback_host",
+    "is_secret_header",
+    "is_secret_kafka_property",
     "load_config",
     "parse_config",
     "parse_listen",
@@ -471,9 +473,10 @@ class Config:
     def to_dict(self, *, mask_secrets: bool = True) -> dict[str, Any]:
         """The effective configuration in the YAML file's own shape and key names (JSON-safe).
 
-        Secrets are masked: `kafka` values whose key mentions password, secret, sasl.jaas or key,
-        and credential-like `app.headers`. Unmasked, the result parses back to an equal Config
-        (unless a value holds a literal ``${``, which would be substituted again).
+        Secrets are masked by name (`is_secret_kafka_property`, `is_secret_header`), and the
+        userinfo of any URL in a `kafka` value (``https://***@host``). Unmasked, the result
+        parses back to an equal Config (unless a value holds a literal ``${``, which would be
+        substituted again).
         """
         return _dump(self, mask_secrets=mask_secrets)
 
@@ -1325,9 +1328,73 @@ _add_core_schema(_Loader)
 # --------------------------------------------------------------------------------------------
 # Dumping the effective configuration
 
-_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "key")
-_SECRET_HEADERS = ("authorization", "cookie", "token", "secret", "password", "key")
+# Secret masking (/v1/status, check-config --print) goes by the name, case-insensitively.
+# librdkafka property names are dot-separated words: a word that starts with one of these marks a
+# secret (sasl.password, ssl.key.pem, ssl.keystore.location, sasl.jaas.config, ...). "session" is
+# not one of them: session.timeout.ms is a timeout.
+_SECRET_KAFKA_WORDS = (
+    "auth",
+    "token",
+    "secret",
+    "key",
+    "pass",
+    "pwd",
+    "credential",
+    "signature",
+    "cookie",
+    "jaas",
+    "private",
+)
+# Secrets whose name says nothing of it: the principal/extension key=value lists of OAUTHBEARER.
+_SECRET_KAFKA_NAMES = frozenset({"sasl.oauthbearer.config", "sasl.oauthbearer.extensions"})
+# A header name that contains one of these anywhere (X-Auth, X-MyToken, X-Api-Key, Set-Cookie).
+_SECRET_HEADER_PARTS = (
+    "auth",
+    "token",
+    "secret",
+    "key",
+    "pass",
+    "pwd",
+    "credential",
+    "signature",
+    "cookie",
+    "session",
+    "csrf",
+    "xsrf",
+    "jwt",
+    "private",
+)
 _MASK = "***"
+# The userinfo of any URL in a value (https://user:pass@host): between '://' and the first '@'
+# of the authority.
+_URL_USERINFO = re.compile(r"(://)[^/?#\s]*@")
+
+
+def is_secret_kafka_property(name: str) -> bool:
+    """True when the librdkafka property `name` holds a secret (its value is masked)."""
+    lowered = name.lower()
+    if lowered in _SECRET_KAFKA_NAMES:
+        return True
+    return any(word.startswith(_SECRET_KAFKA_WORDS) for word in re.split(r"[._-]", lowered))
+
+
+def is_secret_header(name: str) -> bool:
+    """True when the `app.headers` entry `name` holds a secret (its value is masked)."""
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_HEADER_PARTS)
+
+
+def _mask_userinfo(text: str) -> str:
+    return _URL_USERINFO.sub(rf"\g<1>{_MASK}@", text)
+
+
+def _masked_kafka(name: str, value: object) -> object:
+    if isinstance(value, str) and name.lower().endswith(".url"):
+        # An endpoint is worth seeing; only its credentials are secret (token.endpoint.url).
+        return _mask_userinfo(value)
+    if is_secret_kafka_property(name):
+        return _MASK
+    return _mask_userinfo(value) if isinstance(value, str) else value
 
 
 def _plain(value: object) -> Any:
@@ -1367,12 +1434,9 @@ def _dump(config: Config, *, mask_secrets: bool) -> dict[str, Any]:
         else:
             out[key.name] = _plain(getattr(owners[key.owner], key.attr))
     if mask_secrets:
-        out["kafka"] = {
-            name: _MASK if any(m in name.lower() for m in _SECRET_MARKERS) else value
-            for name, value in out["kafka"].items()
-        }
+        out["kafka"] = {name: _masked_kafka(name, value) for name, value in out["kafka"].items()}
         out["app"]["headers"] = {
-            name: _MASK if any(m in name.lower() for m in _SECRET_HEADERS) else value
+            name: _MASK if is_secret_header(name) else value
             for name, value in out["app"]["headers"].items()
         }
     return out

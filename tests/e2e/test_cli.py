@@ -159,6 +159,17 @@ def test_check_config_rejects_inputs_that_used_to_crash(
     assert len(done.stderr) < 1000
 
 
+def test_check_config_print_masks_secrets(tmp_path: Path) -> None:
+    doc = _with(["app", "headers"], {"X-Auth": "hunter2", "X-Tenant": "acme"})
+    doc["kafka"]["sasl.oauthbearer.config"] = "principal=p secret=s3cr3t"
+    doc["kafka"]["sasl.oauthbearer.token.endpoint.url"] = "https://id:pw0rd@idp.example/token"
+    done = cli("check-config", "-c", str(_write(tmp_path, doc)), "--print")
+    assert done.returncode == 0, done.stderr
+    for secret in ("hunter2", "s3cr3t", "pw0rd"):
+        assert secret not in done.stdout, secret
+    assert "https://***@idp.example/token" in done.stdout and "acme" in done.stdout
+
+
 def test_check_config_on_a_missing_file_exits_2(tmp_path: Path) -> None:
     done = cli("check-config", "-c", str(tmp_path / "nope.yaml"))
     assert done.returncode == 2

@@ -1156,3 +1156,91 @@ def test_unix_socket_url_path_is_checked_the_same_way(path: str) -> None:
 def test_valid_request_targets_are_accepted_and_sendable(url: str) -> None:
     config = parse_config(patched({"app": {"url": url}}), env={})
     ParsedRequest(format_single_request(make_record(), config.app.authority, config.app.path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Secret masking goes by the name
+
+
+def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
+    config = parse_config(
+        patched(
+            {
+                "kafka": {
+                    "sasl.oauthbearer.config": "principal=alice secret=s1",
+                    "sasl.oauthbearer.extensions": "traceId=1,logicalCluster=lkc-s2",
+                    "sasl.oauthbearer.token.endpoint.url": "https://client:s3@idp.example/token",
+                    "sasl.oauthbearer.method": "oidc",
+                    "sasl.oauthbearer.client.id": "client",
+                    "sasl.oauthbearer.scope": "kafka",
+                    "ssl.keystore.password": "s4",
+                    "ssl.key.pem": "s5",
+                    "sasl.kerberos.keytab": "/etc/s6.keytab",
+                    "Sasl.OAuthBearer.Config": "s7",
+                    "session.timeout.ms": 45000,
+                    "client.id": "c",
+                }
+            }
+        ),
+        env={},
+    )
+    kafka = config.to_dict()["kafka"]
+    assert kafka["sasl.oauthbearer.config"] == "***"
+    assert kafka["sasl.oauthbearer.extensions"] == "***"
+    assert kafka["Sasl.OAuthBearer.Config"] == "***"
+    assert kafka["sasl.oauthbearer.token.endpoint.url"] == "https://***@idp.example/token"
+    for name in ("ssl.keystore.password", "ssl.key.pem", "sasl.kerberos.keytab"):
+        assert kafka[name] == "***", name
+    # Not secrets: still shown, so the effective configuration can be debugged.
+    assert kafka["sasl.oauthbearer.method"] == "oidc"
+    assert kafka["sasl.oauthbearer.client.id"] == "client"
+    assert kafka["sasl.oauthbearer.scope"] == "kafka"
+    assert kafka["session.timeout.ms"] == 45000
+    assert kafka["client.id"] == "c"
+    shown = repr(config.to_dict())
+    for secret in ("s1", "lkc-s2", "s3", "s4", "s5", "s6", "s7"):
+        assert secret not in shown, secret
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("https://user:pass@idp/t", "https://***@idp/t"),
+        ("https://user@idp/t", "https://***@idp/t"),
+        ("https://user:p@ss@idp/t", "https://***@idp/t"),
+        ("https://idp/t", "https://idp/t"),
+        ("https://idp/a@b?c=d@e", "https://idp/a@b?c=d@e"),
+    ],
+)
+def test_url_userinfo_is_masked_and_nothing_else(url: str, masked: str) -> None:
+    config = parse_config(patched({"kafka": {"sasl.oauthbearer.token.endpoint.url": url}}), env={})
+    assert config.to_dict()["kafka"]["sasl.oauthbearer.token.endpoint.url"] == masked
+    assert config.kafka["sasl.oauthbearer.token.endpoint.url"] == url
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "X-Auth",
+        "X-Credentials",
+        "X-Signature",
+        "x-hub-signature-256",
+        "Proxy-Authorization",
+        "X-MyToken",
+        "X-Amz-Security-Token",
+        "Cookie",
+        "X-Session-Id",
+        "X-CSRF",
+        "X-Password",
+        "X-Jwt",
+        "X-Private",
+        "X-API-KEY",
+    ],
+)
+def test_credential_like_app_headers_are_masked(name: str) -> None:
+    config = parse_config(
+        patched({"app": {"headers": {name: "hunter2", "X-Tenant": "acme"}}}), env={}
+    )
+    headers = config.to_dict()["app"]["headers"]
+    assert headers == {name: "***", "X-Tenant": "acme"}
+    assert config.app.headers[name] == "hunter2"
