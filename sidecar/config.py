@@ -1329,9 +1329,10 @@ _add_core_schema(_Loader)
 # Dumping the effective configuration
 
 # Secret masking (/v1/status, check-config --print) goes by the name, case-insensitively.
-# librdkafka property names are dot-separated words: a word that starts with one of these marks a
-# secret (sasl.password, ssl.key.pem, ssl.keystore.location, sasl.jaas.config, ...). "session" is
-# not one of them: session.timeout.ms is a timeout.
+# librdkafka property names are dot-separated words: a word that contains one of these marks a
+# secret (sasl.password, ssl.key.pem, ssl.keystore.location, sasl.jaas.config, x.apikey, ...).
+# The word "oauthbearer" is a mechanism's name and does not count, so sasl.oauthbearer.method and
+# .scope stay visible; "session" is not a marker here: session.timeout.ms is a timeout.
 _SECRET_KAFKA_WORDS = (
     "auth",
     "token",
@@ -1365,8 +1366,8 @@ _SECRET_HEADER_PARTS = (
     "private",
 )
 _MASK = "***"
-# The userinfo of any URL in a value (https://user:pass@host): between '://' and the first '@'
-# of the authority.
+# The userinfo of any URL in a value (https://user:pass@host): from '://' to the authority's last
+# '@' (a password may hold an unescaped '@').
 _URL_USERINFO = re.compile(r"(://)[^/?#\s]*@")
 
 
@@ -1375,7 +1376,12 @@ def is_secret_kafka_property(name: str) -> bool:
     lowered = name.lower()
     if lowered in _SECRET_KAFKA_NAMES:
         return True
-    return any(word.startswith(_SECRET_KAFKA_WORDS) for word in re.split(r"[._-]", lowered))
+    return any(
+        marker in word
+        for word in re.split(r"[._-]", lowered)
+        if word != "oauthbearer"
+        for marker in _SECRET_KAFKA_WORDS
+    )
 
 
 def is_secret_header(name: str) -> bool:

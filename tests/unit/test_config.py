@@ -1178,6 +1178,8 @@ def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
                     "sasl.kerberos.keytab": "/etc/s6.keytab",
                     "Sasl.OAuthBearer.Config": "s7",
                     "session.timeout.ms": 45000,
+                    "socket.keepalive.enable": True,
+                    "plugin.apikey": "s8",
                     "client.id": "c",
                 }
             }
@@ -1189,16 +1191,17 @@ def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
     assert kafka["sasl.oauthbearer.extensions"] == "***"
     assert kafka["Sasl.OAuthBearer.Config"] == "***"
     assert kafka["sasl.oauthbearer.token.endpoint.url"] == "https://***@idp.example/token"
-    for name in ("ssl.keystore.password", "ssl.key.pem", "sasl.kerberos.keytab"):
+    for name in ("ssl.keystore.password", "ssl.key.pem", "sasl.kerberos.keytab", "plugin.apikey"):
         assert kafka[name] == "***", name
     # Not secrets: still shown, so the effective configuration can be debugged.
     assert kafka["sasl.oauthbearer.method"] == "oidc"
     assert kafka["sasl.oauthbearer.client.id"] == "client"
     assert kafka["sasl.oauthbearer.scope"] == "kafka"
     assert kafka["session.timeout.ms"] == 45000
+    assert kafka["socket.keepalive.enable"] is True
     assert kafka["client.id"] == "c"
     shown = repr(config.to_dict())
-    for secret in ("s1", "lkc-s2", "s3", "s4", "s5", "s6", "s7"):
+    for secret in ("s1", "lkc-s2", "s3", "s4", "s5", "s6", "s7", "s8"):
         assert secret not in shown, secret
 
 
