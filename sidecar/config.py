@@ -19,6 +19,10 @@ YAML is read with YAML 1.2 core-schema scalars, a little stricter: only ``true``
 booleans, integers are decimal without leading zeros (``0123`` stays the string ``"0123"``), and
 there are no sexagesimal numbers or timestamps; duplicate keys are rejected. YAML 1.1 would silently
 turn ``0123`` into 83 or ``no`` into ``False``, which is how passwords and topic names get corrupted.
+The loader has hard limits, so no file ends in a traceback: nesting at most `_MAX_DEPTH` levels,
+integers of at most `_MAX_INT_DIGITS` digits, only the core schema's tags (``!!str``, ``!!int``,
+``!!float``, ``!!bool``, ``!!null``, ``!!seq``, ``!!map``), and text that has a UTF-8 encoding
+(YAML's ``"\ud800"`` escape and a non-UTF-8 environment variable give lone surrogates).
 
 Imports: the standard library and PyYAML only. Nothing else in ``sidecar`` may be imported here;
 every other module imports this one.
@@ -64,6 +68,8 @@ __all__ = [
     "TracingConfig",
     "TracingExporter",
     "is_loopback_host",
+    "is_secret_header",
+    "is_secret_kafka_property",
     "load_config",
     "parse_config",
     "parse_listen",
@@ -299,15 +305,37 @@ class AppConfig:
         object.__setattr__(self, "path", path)
 
 
+# RFC 3986 origin-form: an absolute path and an optional query, of unreserved characters,
+# sub-delims, ':', '@' (and '/', '?' in the query) and %XX escapes. Anything else (a space, a
+# quote, '|', non-ASCII) would be refused by the request formatter or by the app's HTTP parser.
+_PCHAR = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"
+_REQUEST_TARGET = re.compile(rf"/(?:{_PCHAR}|/)*(?:\?(?:{_PCHAR}|[/?])*)?")
+
+
+def _check_request_target(target: str) -> str:
+    if not _REQUEST_TARGET.fullmatch(target):
+        raise ValueError(
+            f"{target!r} is not a valid HTTP request target: use visible ASCII without spaces, "
+            "and percent-encode anything else (a space is %20)"
+        )
+    return target
+
+
 def _split_app_url(url: str, unix_socket: str | None) -> tuple[str, int, str]:
     """(host, port, request target) of the app URL, or ValueError with the reason."""
+    if not (url.isascii() and url.isprintable()) or " " in url:
+        # Checked before urlsplit, which silently deletes TAB, CR and LF from a URL.
+        raise ValueError(
+            f"the URL must be visible ASCII without spaces, got {url!r}: an HTTP request target "
+            "cannot carry anything else; percent-encode it (a space is %20)"
+        )
     if unix_socket is not None and url.startswith("/"):
         if url.startswith("//"):
             raise ValueError(f"a request path must not start with '//', got {url!r}")
         target, _, fragment = url.partition("#")
         if fragment:
             raise ValueError("the URL must not have a #fragment")
-        return "localhost", 80, target
+        return "localhost", 80, _check_request_target(target)
     parts = urlsplit(url)
     if parts.scheme == "https":
         raise ValueError(
@@ -335,7 +363,7 @@ def _split_app_url(url: str, unix_socket: str | None) -> tuple[str, int, str]:
     target = parts.path or "/"
     if parts.query:
         target = f"{target}?{parts.query}"
-    return host, 80 if port is None else port, target
+    return host, 80 if port is None else port, _check_request_target(target)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -445,15 +473,38 @@ class Config:
     def to_dict(self, *, mask_secrets: bool = True) -> dict[str, Any]:
         """The effective configuration in the YAML file's own shape and key names (JSON-safe).
 
-        Secrets are masked: `kafka` values whose key mentions password, secret, sasl.jaas or key,
-        and credential-like `app.headers`. Unmasked, the result parses back to an equal Config
-        (unless a value holds a literal ``${``, which would be substituted again).
+        Secrets are masked by name (`is_secret_kafka_property`, `is_secret_header`), and the
+        userinfo of any URL in a `kafka` value (``https://***@host``). Unmasked, the result
+        parses back to an equal Config (unless a value holds a literal ``${``, which would be
+        substituted again).
         """
         return _dump(self, mask_secrets=mask_secrets)
 
 
 # --------------------------------------------------------------------------------------------
 # Environment substitution
+
+
+def _has_utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _encodable(text: str, path: str) -> str:
+    """`text`, if it has a UTF-8 encoding: every value ends up in librdkafka, a header or a log line."""
+    if not _has_utf8(text):
+        raise _Invalid(
+            path,
+            "has no UTF-8 encoding: it holds a lone surrogate (from a YAML '\\uD800' escape or a "
+            "non-UTF-8 environment variable)",
+        )
+    return text
+
 
 # `$${` is the escape for a literal `${`; a `${` without its `}` is an error, not literal text.
 _REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
@@ -469,7 +520,7 @@ class _Context:
         """`text` with `${NAME}` / `${NAME:-default}` substituted, and whether `text` was exactly
         one reference (then a typed key may convert it)."""
         if "$" not in text:
-            return text, False
+            return _encodable(text, path), False
         pieces: list[str] = []
         pos = 0
         for match in _REFERENCE.finditer(text):
@@ -484,7 +535,7 @@ class _Context:
                 raise _Invalid(path, "unterminated '${' (write '$${' for a literal '${')")
             pieces.append(self._resolve(body, path))
         pieces.append(text[pos:])
-        return "".join(pieces), _WHOLE_REFERENCE.fullmatch(text) is not None
+        return _encodable("".join(pieces), path), _WHOLE_REFERENCE.fullmatch(text) is not None
 
     def _resolve(self, body: str, path: str) -> str:
         match = _REFERENCE_BODY.fullmatch(body)
@@ -509,13 +560,18 @@ class _Context:
 # Value kinds: each reads one raw YAML value at `path`, or raises _Invalid.
 
 
+def _int_text(value: int) -> str:
+    # str() of an int past 4,300 digits raises; no setting is near 20 digits anyway.
+    return str(value) if -(10**20) < value < 10**20 else "an integer of more than 20 digits"
+
+
 def _describe(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return f"a boolean ({str(value).lower()})"
     if isinstance(value, int):
-        return f"an integer ({value})"
+        return f"an integer ({_int_text(value)})"
     if isinstance(value, float):
         return f"a number ({value})"
     if isinstance(value, str):
@@ -553,13 +609,16 @@ class _Int(_Kind):
                 raise _Invalid(
                     path, f"expected an integer, got {_describe(raw)}; write numbers without quotes"
                 )
-            if not re.fullmatch(r"[-+]?[0-9]+", text.strip()):
+            digits = text.strip()
+            if not re.fullmatch(r"[-+]?[0-9]+", digits):
                 raise _Invalid(path, f"expected an integer from the environment, got {text!r}")
-            value = int(text)
+            if len(digits) > 20:
+                raise _Invalid(path, f"must be {self.describe()}, got {len(digits)} digits")
+            value = int(digits)
         if isinstance(value, bool) or not isinstance(value, int):
             raise _Invalid(path, f"expected an integer, got {_describe(value)}")
         if not (self.lo <= value <= self.hi or value in self.also):
-            raise _Invalid(path, f"must be {self.describe()}, got {value}")
+            raise _Invalid(path, f"must be {self.describe()}, got {_int_text(value)}")
         return value
 
     def describe(self) -> str:
@@ -588,9 +647,13 @@ class _Float(_Kind):
                 ) from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _Invalid(path, f"expected a number, got {_describe(value)}")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = math.inf
         if not math.isfinite(number) or not self.lo <= number <= self.hi:
-            raise _Invalid(path, f"must be {self.describe()}, got {value}")
+            shown = _int_text(value) if isinstance(value, int) else value
+            raise _Invalid(path, f"must be {self.describe()}, got {shown}")
         return number
 
     def describe(self) -> str:
@@ -700,8 +763,15 @@ def _mapping(raw: object, path: str) -> dict[str, object]:
         raise _Invalid(path, f"expected a mapping, got {_describe(raw)}")
     for key in raw:
         if not isinstance(key, str):
-            raise _Invalid(_join(path, str(key)), f"keys must be strings, got {_describe(key)}")
+            raise _Invalid(
+                _join(path, _describe_key(key)), f"keys must be strings, got {_describe(key)}"
+            )
+        _encodable(key, _join(path, key))
     return raw
+
+
+def _describe_key(key: object) -> str:
+    return _int_text(key) if isinstance(key, int) and not isinstance(key, bool) else str(key)
 
 
 def _required(owner: type, attr: str) -> bool:
@@ -778,7 +848,11 @@ def _read_kafka(raw: object, path: str, ctx: _Context) -> Mapping[str, str | int
             )
         if isinstance(value, str):
             out[name] = ctx.expand(value, key_path)[0]
-        elif isinstance(value, bool | int):
+        elif isinstance(value, bool):
+            out[name] = value
+        elif isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                raise _Invalid(key_path, f"expected a 64-bit integer, got {_describe(value)}")
             out[name] = value
         else:
             raise _Invalid(
@@ -822,15 +896,19 @@ def _read_status_mapping(raw: object, path: str, ctx: _Context) -> Mapping[int, 
         raise _Invalid(path, f"expected a mapping of status code to ack, got {_describe(data)}")
     out: dict[int, StatusAck] = {}
     for key, value in data.items():
-        key_path = _join(path, str(key))
+        key_path = _join(path, _describe_key(key))
         if isinstance(key, str) and key.isascii() and key.isdigit():
+            if len(key) > 3:
+                raise _Invalid(
+                    key_path, f"an HTTP status code is in 100..599, got {len(key)} digits"
+                )
             code = int(key)
         elif isinstance(key, int) and not isinstance(key, bool):
             code = key
         else:
             raise _Invalid(key_path, f"expected an HTTP status code as key, got {_describe(key)}")
         if not 100 <= code <= 599:
-            raise _Invalid(key_path, f"an HTTP status code is in 100..599, got {code}")
+            raise _Invalid(key_path, f"an HTTP status code is in 100..599, got {_int_text(code)}")
         if code in out:
             raise _Invalid(key_path, f"status {code} is mapped twice")
         out[code] = StatusAck(_Choice(StatusAck).read(value, key_path, ctx))
@@ -859,8 +937,15 @@ def _read_headers(raw: object, path: str, ctx: _Context) -> Mapping[str, str]:
             raise _Invalid(key_path, "header is listed twice (names are case-insensitive)")
         seen.add(name.lower())
         text = _Str().read(value, key_path, ctx)
-        if any(ch in text for ch in "\r\n\x00"):
-            raise _Invalid(key_path, "a header value must not contain CR, LF or NUL")
+        # The rule of the request formatter (sidecar/wire.py), checked here so a bad value is a
+        # start-up error, not a failure at the first delivery. The value is never echoed: it may
+        # be a secret.
+        if not (text.isascii() and text.isprintable()):
+            raise _Invalid(
+                key_path,
+                "a header value must be visible ASCII and spaces: no TAB, CR, LF or other control "
+                "characters, no non-ASCII text",
+            )
         out[name] = text
     return MappingProxyType(out)
 
@@ -1088,6 +1173,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError("", f"invalid YAML: {exc}", file=file) from None
+    except RecursionError:  # _MAX_DEPTH should make this unreachable; never a traceback
+        raise ConfigError("", "invalid YAML: nested too deeply", file=file) from None
     return parse_config(data, env, file=file)
 
 
@@ -1095,10 +1182,36 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
 # YAML loading with core-schema scalars and duplicate-key detection
 
 
+# A configuration is four levels deep; PyYAML's composer recurses once per level and would end in a
+# RecursionError (a traceback) near a thousand.
+_MAX_DEPTH = 64
+# CPython's limit for int <-> str conversion (sys.get_int_max_str_digits); fixed here so the error
+# does not depend on the interpreter's setting.
+_MAX_INT_DIGITS = 4300
+_INT_TEXT = re.compile(r"[-+]?[0-9]+")
+
+
 class _Loader(yaml.SafeLoader):
     yaml_implicit_resolvers: dict[Any, Any] = {}
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > _MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {_MAX_DEPTH} levels deep", mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expected a mapping, found a {_node_kind(node)}", node.start_mark
+            )
         seen: set[object] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -1119,9 +1232,61 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _node_kind(node: yaml.Node) -> str:
+    return str(getattr(node, "id", "node"))
+
+
+def _scalar_node(node: yaml.Node, tag: str) -> yaml.ScalarNode:
+    if not isinstance(node, yaml.ScalarNode):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{tag} needs a scalar, found a {_node_kind(node)}", node.start_mark
+        )
+    return node
+
+
+def _scalar_text(loader: yaml.SafeLoader, node: yaml.Node, tag: str) -> str:
+    return str(loader.construct_scalar(_scalar_node(node, tag)))
+
+
+def _bad_scalar(node: yaml.Node, reason: str) -> yaml.constructor.ConstructorError:
+    return yaml.constructor.ConstructorError(None, None, reason, node.start_mark)
+
+
 def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
-    assert isinstance(node, yaml.ScalarNode)
-    return int(loader.construct_scalar(node))
+    text = _scalar_text(loader, node, "!!int")
+    if not _INT_TEXT.fullmatch(text):
+        raise _bad_scalar(node, f"!!int needs a decimal integer, got {text[:40]!r}")
+    digits = len(text.lstrip("+-"))
+    try:
+        if digits <= _MAX_INT_DIGITS:
+            return int(text)
+    except ValueError:  # the interpreter's own limit is lower
+        pass
+    raise _bad_scalar(node, f"an integer of {digits} digits is too large for any setting")
+
+
+def _construct_float(loader: yaml.SafeLoader, node: yaml.Node) -> float:
+    scalar = _scalar_node(node, "!!float")
+    text = str(loader.construct_scalar(scalar))
+    try:
+        return float(loader.construct_yaml_float(scalar))
+    except ValueError:
+        raise _bad_scalar(node, f"!!float needs a number, got {text[:40]!r}") from None
+
+
+def _construct_bool(loader: yaml.SafeLoader, node: yaml.Node) -> bool:
+    text = _scalar_text(loader, node, "!!bool")
+    if text.lower() not in ("true", "false"):
+        raise _bad_scalar(node, f"!!bool needs true or false, got {text[:40]!r}")
+    return text.lower() == "true"
+
+
+# The core schema's tags only: no !!binary, !!timestamp, !!set, !!omap or !!pairs (a configuration
+# has no use for them, and PyYAML's constructors for them raise plain Python errors on bad input).
+# A tag without a constructor falls to the `None` entry: a ConstructorError naming the tag.
+_CORE_TAGS = tuple(
+    f"tag:yaml.org,2002:{name}" for name in ("null", "str", "seq", "map", "bool", "int", "float")
+)
 
 
 def _add_core_schema(loader: type[yaml.SafeLoader]) -> None:
@@ -1146,8 +1311,15 @@ def _add_core_schema(loader: type[yaml.SafeLoader]) -> None:
         list("-+.0123456789"),
     )
     loader.add_implicit_resolver("tag:yaml.org,2002:merge", re.compile(r"^<<$"), ["<"])
+    loader.yaml_constructors = {
+        tag: fn
+        for tag, fn in yaml.SafeLoader.yaml_constructors.items()
+        if tag is None or tag in _CORE_TAGS
+    }
     # PyYAML's own int constructor reads a leading 0 as octal and accepts 0x/0b/1_000/1:30.
     loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+    loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+    loader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
 
 
 _add_core_schema(_Loader)
@@ -1156,9 +1328,79 @@ _add_core_schema(_Loader)
 # --------------------------------------------------------------------------------------------
 # Dumping the effective configuration
 
-_SECRET_MARKERS = ("password", "secret", "sasl.jaas", "key")
-_SECRET_HEADERS = ("authorization", "cookie", "token", "secret", "password", "key")
+# Secret masking (/v1/status, check-config --print) goes by the name, case-insensitively.
+# librdkafka property names are dot-separated words: a word that contains one of these marks a
+# secret (sasl.password, ssl.key.pem, ssl.keystore.location, sasl.jaas.config, x.apikey, ...).
+# The word "oauthbearer" is a mechanism's name and does not count, so sasl.oauthbearer.method and
+# .scope stay visible; "session" is not a marker here: session.timeout.ms is a timeout.
+_SECRET_KAFKA_WORDS = (
+    "auth",
+    "token",
+    "secret",
+    "key",
+    "pass",
+    "pwd",
+    "credential",
+    "signature",
+    "cookie",
+    "jaas",
+    "private",
+)
+# Secrets whose name says nothing of it: the principal/extension key=value lists of OAUTHBEARER.
+_SECRET_KAFKA_NAMES = frozenset({"sasl.oauthbearer.config", "sasl.oauthbearer.extensions"})
+# A header name that contains one of these anywhere (X-Auth, X-MyToken, X-Api-Key, Set-Cookie).
+_SECRET_HEADER_PARTS = (
+    "auth",
+    "token",
+    "secret",
+    "key",
+    "pass",
+    "pwd",
+    "credential",
+    "signature",
+    "cookie",
+    "session",
+    "csrf",
+    "xsrf",
+    "jwt",
+    "private",
+)
 _MASK = "***"
+# The userinfo of any URL in a value (https://user:pass@host): from '://' to the authority's last
+# '@' (a password may hold an unescaped '@').
+_URL_USERINFO = re.compile(r"(://)[^/?#\s]*@")
+
+
+def is_secret_kafka_property(name: str) -> bool:
+    """True when the librdkafka property `name` holds a secret (its value is masked)."""
+    lowered = name.lower()
+    if lowered in _SECRET_KAFKA_NAMES:
+        return True
+    return any(
+        marker in word
+        for word in re.split(r"[._-]", lowered)
+        if word != "oauthbearer"
+        for marker in _SECRET_KAFKA_WORDS
+    )
+
+
+def is_secret_header(name: str) -> bool:
+    """True when the `app.headers` entry `name` holds a secret (its value is masked)."""
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_HEADER_PARTS)
+
+
+def _mask_userinfo(text: str) -> str:
+    return _URL_USERINFO.sub(rf"\g<1>{_MASK}@", text)
+
+
+def _masked_kafka(name: str, value: object) -> object:
+    if isinstance(value, str) and name.lower().endswith(".url"):
+        # An endpoint is worth seeing; only its credentials are secret (token.endpoint.url).
+        return _mask_userinfo(value)
+    if is_secret_kafka_property(name):
+        return _MASK
+    return _mask_userinfo(value) if isinstance(value, str) else value
 
 
 def _plain(value: object) -> Any:
@@ -1198,12 +1440,9 @@ def _dump(config: Config, *, mask_secrets: bool) -> dict[str, Any]:
         else:
             out[key.name] = _plain(getattr(owners[key.owner], key.attr))
     if mask_secrets:
-        out["kafka"] = {
-            name: _MASK if any(m in name.lower() for m in _SECRET_MARKERS) else value
-            for name, value in out["kafka"].items()
-        }
+        out["kafka"] = {name: _masked_kafka(name, value) for name, value in out["kafka"].items()}
         out["app"]["headers"] = {
-            name: _MASK if any(m in name.lower() for m in _SECRET_HEADERS) else value
+            name: _MASK if is_secret_header(name) else value
             for name, value in out["app"]["headers"].items()
         }
     return out

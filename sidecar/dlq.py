@@ -100,15 +100,46 @@ class FailedRecord:
 
 @dataclass(frozen=True, slots=True)
 class DlqRecord:
+    """What `DlqWriter` hands to produce(): every header name has a UTF-8 encoding.
+
+    `dropped_headers` names the app's extra headers that were left out because they would have set
+    one of ours (`is_reserved_header`); the writer counts and logs them.
+    """
+
     topic: str
     partition: int
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...]
+    dropped_headers: tuple[str, ...] = ()
+
+
+def is_reserved_header(name: str) -> bool:
+    """True for a header name in the sidecar's own namespace (`__dlq.`, in any case).
+
+    The app may add headers to its DLQ record (KIP-1034), never set ours: a `__dlq.replay.count` from
+    the app would reset the replay loop guard, a `__dlq.errors.topic` would misdirect a replay.
+    """
+    return name[: len(DLQ_HEADER_PREFIX)].lower() == DLQ_HEADER_PREFIX
+
+
+def _encodable_name(name: str) -> str:
+    # confluent-kafka encodes header names as UTF-8 in C and crashes (a segfault, not an exception) on a
+    # lone surrogate. The wire refuses those from the app; anything else that carries one (a source
+    # header name, a future caller) has it replaced here, so produce() is never handed one.
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return name
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", errors="replace")
 
 
 def _cap_utf8(text: str, max_bytes: int) -> bytes:
-    data = text.encode("utf-8", errors="replace")
+    data = _utf8(text)
     if len(data) <= max_bytes:
         return data
     marker = b"... [truncated]"
@@ -126,17 +157,24 @@ def build_dlq_record(
     *,
     drop_copy_reason: str | None = None,
 ) -> DlqRecord:
-    """The DLQ record for `failed`. Pure: the same input always gives the same record."""
+    """The DLQ record for `failed`. Pure: the same input always gives the same record.
+
+    Header rules, in one place: the context headers (`H_*`) are ours; the app's extra headers are added
+    unless `is_reserved_header` (then they are dropped and named in `dropped_headers`) and overwrite
+    same-named original headers; original headers are copied only with `copy_record` (the replay
+    history always). Every name is made encodable and every text value is UTF-8 (unencodable code points
+    replaced), so nothing reaches produce() that it cannot encode.
+    """
     context: list[tuple[str, bytes]] = [
-        (H_TOPIC, failed.topic.encode()),
+        (H_TOPIC, _utf8(failed.topic)),
         (H_PARTITION, str(failed.partition).encode()),
         (H_OFFSET, str(failed.offset).encode()),
-        (H_GROUP, failed.group.encode()),
+        (H_GROUP, _utf8(failed.group)),
         (H_DELIVERY_COUNT, str(failed.delivery_count).encode()),
-        (H_MESSAGE, failed.cause.encode()),
+        (H_MESSAGE, _utf8(failed.cause)),
     ]
     if failed.exception_class:
-        context.append((H_EXC_CLASS, failed.exception_class.encode("utf-8", errors="replace")))
+        context.append((H_EXC_CLASS, _utf8(failed.exception_class)))
     if failed.exception_message is not None and (
         failed.exception_class or failed.exception_message
     ):
@@ -145,20 +183,27 @@ def build_dlq_record(
         context.append((H_EXC_STACKTRACE, _cap_utf8(failed.stacktrace, stacktrace_max_bytes)))
     copy = copy_record and drop_copy_reason is None
     if drop_copy_reason is not None:
-        context.append((H_COPY_DROPPED, drop_copy_reason.encode()))
-    context_names = {name for name, _ in context}
-    app_headers = [(n, v) for n, v in failed.extra_headers if n not in context_names]
-    overridden = context_names | {n for n, _ in app_headers}
+        context.append((H_COPY_DROPPED, _utf8(drop_copy_reason)))
+    app_headers: list[tuple[str, bytes]] = []
+    dropped: list[str] = []
+    for raw_name, header_value in failed.extra_headers:
+        name = _encodable_name(raw_name)
+        if is_reserved_header(name):
+            dropped.append(name)
+        else:
+            app_headers.append((name, header_value))
+    overridden = {name for name, _ in context} | {n for n, _ in app_headers}
 
+    originals = ((_encodable_name(n), v) for n, v in failed.headers)
     headers: list[Header] = []
     if copy:
-        # Original headers first, in order; same-named context headers overwrite (drop) them.
-        headers.extend((n, v) for n, v in failed.headers if n not in overridden)
+        # Original headers first, in order; same-named context and app headers overwrite (drop) them.
+        headers.extend((n, v) for n, v in originals if n not in overridden)
     else:
         # Headers only: still carry the replay history (see REPLAY_HEADER_PREFIX).
         headers.extend(
             (n, v)
-            for n, v in failed.headers
+            for n, v in originals
             if n.startswith(REPLAY_HEADER_PREFIX) and n not in overridden
         )
     headers.extend(app_headers)
@@ -175,6 +220,7 @@ def build_dlq_record(
         key=key,
         value=value,
         headers=tuple(headers),
+        dropped_headers=tuple(dropped),
     )
 
 
@@ -290,6 +336,9 @@ class DlqWriter:
         self.written = 0
         self.failed = 0
         self.copies_dropped = 0
+        # App-supplied `__dlq.*` headers left out of written DLQ records (see is_reserved_header).
+        self.reserved_headers_dropped = 0
+        self._reserved_drop_logged = False
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -483,6 +532,7 @@ class DlqWriter:
         self.written += 1
         if dropped:
             self.copies_dropped += 1
+        self._count_dropped_headers(record, failed)
         return record
 
     async def txn_commit(self, offsets: list[TopicPartition], group_metadata: object) -> None:
@@ -734,6 +784,7 @@ class DlqWriter:
                 self.written += 1
                 if drop_reason is not None:
                     self.copies_dropped += 1
+                self._count_dropped_headers(record, failed)
                 return record
             self.failed += 1
             code = err.code()
@@ -782,6 +833,28 @@ class DlqWriter:
             )
             await trio.sleep(delay_s)
             delay_s = min(delay_s * 2, 5.0)
+
+    def _count_dropped_headers(self, record: DlqRecord, failed: FailedRecord) -> None:
+        """Count the app's `__dlq.*` headers left out of a written record; warn the first time only
+        (a misbehaving app would otherwise write one warning per record), later ones at debug."""
+        if not record.dropped_headers:
+            return
+        self.reserved_headers_dropped += len(record.dropped_headers)
+        level = logging.DEBUG if self._reserved_drop_logged else logging.WARNING
+        self._reserved_drop_logged = True
+        shown = ", ".join(repr(name[:64]) for name in record.dropped_headers[:5])
+        log.log(
+            level,
+            "the app's DLQ headers for %s[%d]@%d tried to set the sidecar's own %s* headers; dropped %d "
+            "(%s)%s",
+            failed.topic,
+            failed.partition,
+            failed.offset,
+            DLQ_HEADER_PREFIX,
+            len(record.dropped_headers),
+            shown,
+            "" if level == logging.DEBUG else "; further drops are logged at debug level",
+        )
 
     def _topic_exists(self, topic: str) -> bool:
         try:

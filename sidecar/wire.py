@@ -15,6 +15,11 @@ Errors::
                             value handed to a formatter); the app's *answers* never raise —
                             a malformed answer is a release carrying a
                             ``sidecar.MalformedAnswer`` error.
+
+Every string a parser returns that will become bytes later (a DLQ header name or value, an
+error's class, message or stack trace, a delivery id) is checked here to have a UTF-8 encoding:
+JSON's ``\ud800`` escape is valid JSON but a lone surrogate, which no encoder accepts, and the
+DLQ producer must never be handed one.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import email.utils
 import functools
 import json
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -149,6 +155,10 @@ def _is_header_safe(text: str) -> bool:
     return text.isascii() and text.isprintable()
 
 
+# RFC 9110 token: the only characters a header field name may have.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 _UNRESERVED = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
 
@@ -205,7 +215,7 @@ def _request_prefix(
         raise WireError(f"Host header value is not visible ASCII: {host!r}")
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Type: {content_type}"]
     for name, value in extra_headers:
-        if not name or not _is_header_safe(name) or ":" in name or " " in name:
+        if not _TOKEN.fullmatch(name):
             raise WireError(f"extra header name is not a valid token: {name!r}")
         if not _is_header_safe(value):
             raise WireError(f"extra header {name!r} has a value that is not visible ASCII")
@@ -378,7 +388,8 @@ def parse_retry_after_ms(value: bytes | None, now_epoch_s: float | None = None) 
     if value is None:
         return None
     text = value.decode("latin-1").strip()
-    if text.isdigit():
+    # Only ASCII digits: str.isdigit() is also true for '²', which int() refuses.
+    if text.isascii() and text.isdigit():
         delay_ms = int(text) * 1000 if len(text) < 10 else MAX_RETRY_AFTER_MS
     else:
         try:
@@ -386,7 +397,12 @@ def parse_retry_after_ms(value: bytes | None, now_epoch_s: float | None = None) 
         except (TypeError, ValueError, IndexError):
             return None
         now = time.time() if now_epoch_s is None else now_epoch_s
-        delay_ms = max(0, math.ceil((when.timestamp() - now) * 1000))
+        try:
+            # A naive datetime (zone "-0000") is read as local time, which can overflow.
+            delay_s = when.timestamp() - now
+        except (OverflowError, OSError, ValueError):
+            return None
+        delay_ms = max(0, math.ceil(delay_s * 1000))
     return min(delay_ms, MAX_RETRY_AFTER_MS)
 
 
@@ -423,6 +439,23 @@ def _malformed_answer(reason: str) -> Answer:
     return Answer("release", AppError(MALFORMED_ANSWER, reason), reason=reason)
 
 
+def _is_encodable(text: str) -> bool:
+    """True when `text` has a UTF-8 encoding (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _checked_text(text: str, where: str) -> str:
+    if not _is_encodable(text):
+        raise _Malformed(f"{where} is not valid Unicode text (a lone surrogate)")
+    return text
+
+
 def _parse_error(obj: object, where: str) -> AppError | None:
     if obj is None:
         return None
@@ -433,10 +466,12 @@ def _parse_error(obj: object, where: str) -> AppError | None:
         text = obj.get(field, "")
         if not isinstance(text, str):
             raise _Malformed(f"{where}.error.{field} must be a string")
-        fields.append(text)
+        fields.append(_checked_text(text, f"{where}.error.{field}"))
     stacktrace = obj.get("stacktrace")
-    if stacktrace is not None and not isinstance(stacktrace, str):
-        raise _Malformed(f"{where}.error.stacktrace must be a string or null")
+    if stacktrace is not None:
+        if not isinstance(stacktrace, str):
+            raise _Malformed(f"{where}.error.stacktrace must be a string or null")
+        _checked_text(stacktrace, f"{where}.error.stacktrace")
     return AppError(fields[0], fields[1], stacktrace)
 
 
@@ -460,9 +495,15 @@ def _parse_dlq(obj: object, where: str) -> tuple[tuple[tuple[str, bytes], ...], 
         raise _Malformed(f"{where}.dlq.headers must be an object of strings")
     headers: list[tuple[str, bytes]] = []
     for name, value in raw_headers.items():
+        # repr() escapes a lone surrogate, so the reason itself stays encodable.
+        field = f"{where}.dlq.headers[{name!r}]"
         if not isinstance(value, str):
-            raise _Malformed(f"{where}.dlq.headers[{name!r}] must be a string")
-        headers.append((name, value.encode("utf-8")))
+            raise _Malformed(f"{field} must be a string")
+        _checked_text(name, f"{field} (the name)")
+        try:
+            headers.append((name, value.encode("utf-8")))
+        except UnicodeEncodeError:
+            raise _Malformed(f"{field} is not valid Unicode text (a lone surrogate)") from None
     if "value_b64" not in obj:
         return tuple(headers), None, False
     encoded = obj["value_b64"]
@@ -651,6 +692,8 @@ def parse_ack_request(body: bytes) -> list[AckItem]:
         delivery_id = entry.get("id")
         if not isinstance(delivery_id, str) or not delivery_id:
             raise WireError(f"{where}.id must be a non-empty string")
+        if not _is_encodable(delivery_id):
+            raise WireError(f"{where}.id is not valid Unicode text (a lone surrogate)")
         ack = entry.get("ack")
         if not isinstance(ack, str) or ack not in ACK_REQUEST_WORDS:
             raise WireError(

@@ -116,6 +116,60 @@ def test_check_config_rejects_a_bad_file_naming_the_key(
     assert "Traceback" not in done.stderr
 
 
+_GOOD_TEXT = yaml.safe_dump(GOOD)
+
+
+@pytest.mark.parametrize(
+    ("doc", "named"),
+    [
+        (_GOOD_TEXT + "commit.interval.ms: " + "9" * 5000 + "\n", "5000 digits"),
+        (_GOOD_TEXT + "x: " + "[" * 5000 + "\n", "nested more than 64 levels"),
+        (_GOOD_TEXT + "x: !!timestamp never\n", "timestamp"),
+        (_with(["app", "headers"], {"X-A": "a\tb"}), "app.headers.X-A"),
+        (_with(["app", "headers"], {"X-A": "caf\u00e9"}), "app.headers.X-A"),
+        (_with(["app", "headers"], {"X-A": "a\rb"}), "app.headers.X-A"),
+        (_with(["app", "headers"], {"X(A)": "v"}), "app.headers.X(A)"),
+        (_with(["app", "url"], "http://127.0.0.1:8080/a b"), "app.url"),
+        (_with(["app", "url"], "http://127.0.0.1:8080/a|b"), "app.url"),
+        (_with(["kafka", "group.id"], "g\ud800"), "kafka.group.id"),
+    ],
+    ids=[
+        "huge-int",
+        "deep-nesting",
+        "tag",
+        "header-tab",
+        "header-non-ascii",
+        "header-cr",
+        "header-name",
+        "url-space",
+        "url-pipe",
+        "surrogate",
+    ],
+)
+def test_check_config_rejects_inputs_that_used_to_crash(
+    tmp_path: Path, doc: object, named: str
+) -> None:
+    # Before: a traceback and exit 1 (huge integer, deep nesting, a tag), or "ok" and then an
+    # uncaught WireError at the first delivery (headers, URL).
+    path = _write(tmp_path, doc)
+    done = cli("check-config", "-c", str(path))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "config error" in done.stderr and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr) < 1000
+
+
+def test_check_config_print_masks_secrets(tmp_path: Path) -> None:
+    doc = _with(["app", "headers"], {"X-Auth": "hunter2", "X-Tenant": "acme"})
+    doc["kafka"]["sasl.oauthbearer.config"] = "principal=p secret=s3cr3t"
+    doc["kafka"]["sasl.oauthbearer.token.endpoint.url"] = "https://id:pw0rd@idp.example/token"
+    done = cli("check-config", "-c", str(_write(tmp_path, doc)), "--print")
+    assert done.returncode == 0, done.stderr
+    for secret in ("hunter2", "s3cr3t", "pw0rd"):
+        assert secret not in done.stdout, secret
+    assert "https://***@idp.example/token" in done.stdout and "acme" in done.stdout
+
+
 def test_check_config_on_a_missing_file_exits_2(tmp_path: Path) -> None:
     done = cli("check-config", "-c", str(tmp_path / "nope.yaml"))
     assert done.returncode == 2

@@ -35,6 +35,8 @@ from sidecar.config import (
     parse_listen,
     topic_name_error,
 )
+from sidecar.wire import format_single_request
+from tests.unit.test_wire import ParsedRequest, make_record
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.yaml"
 
@@ -44,6 +46,7 @@ MINIMAL: dict[str, Any] = {
     "app": {"url": "http://127.0.0.1:8080/records"},
 }
 DELETE = object()
+_DLQ_PREFIX_KEY = "errors.deadletterqueue.topic.name.prefix"
 
 
 def patched(patch: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -960,9 +963,287 @@ def test_arbitrary_values_fail_only_with_config_error(
         config = parse_config(data, env=env)
     except ConfigError as error:
         assert error.reason
-        # The path names a key that is in the data (or a required one under it).
-        assert any(
+        # The path names a key that is in the data (or a required one under it), or, for a
+        # cross-key rule, the schema key whose default the edit made invalid.
+        known = {".".join(part for part in key_path if part) for key_path in _KEY_PATHS}
+        assert error.path in known or any(
             error.path == key or error.path.startswith((f"{key}.", f"{key}[")) for key in data
         ), error.path
     else:
         assert parse_config(config.to_dict(mask_secrets=False), env={}) == config
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs that ended in a traceback, or passed check-config and then failed at the first delivery
+
+_HEAD = 'kafka: {bootstrap.servers: x, group.id: g}\nsource: {topics: [a]}\napp: {url: "http://127.0.0.1:1/"}\n'
+
+
+@pytest.mark.parametrize(
+    ("tail", "reason"),
+    [
+        ("commit.interval.ms: " + "9" * 5000 + "\n", "5000 digits"),
+        ("kafka2: " + "-" + "1" * 4301 + "\n", "4301 digits"),
+        ("app2:\n  ? " + "5" * 5000 + "\n  : accept\n", "5000 digits"),
+        ("x: " + "[" * 5000 + "\n", "nested"),
+        ("x: " + "{a: " * 3000 + "\n", "nested"),
+        ("x:\n" + "".join("  " * i + "- \n" for i in range(1, 400)), "nested"),
+        ("x: !!float abc\n", "!!float"),
+        ("x: !!int abc\n", "!!int"),
+        ("x: !!int 0x10\n", "!!int"),
+        ("x: !!bool maybe\n", "!!bool"),
+        ("x: !!timestamp x\n", "timestamp"),
+        ("x: !!timestamp 2001-01-01\n", "timestamp"),
+        ("x: !!binary aGk=\n", "binary"),
+        ("x: !!set {a: null}\n", "set"),
+        ("x: !!set [1]\n", "set"),
+        ("x: !!omap [1]\n", "omap"),
+        ("x: !!map x\n", "mapping"),
+        ("x: !!seq x\n", "sequence"),
+    ],
+)
+def test_yaml_that_crashed_the_loader_is_a_config_error(
+    tmp_path: Path, tail: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, _HEAD + tail), env={})
+    assert info.value.path.startswith("line "), info.value
+    assert reason in info.value.reason
+    assert info.value.line is not None and info.value.line >= 4
+
+
+def test_an_integer_just_below_the_limit_still_reaches_the_range_check(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, _HEAD + "commit.interval.ms: " + "9" * 4300 + "\n"), env={})
+    assert info.value.path == "commit.interval.ms"
+    assert "more than 20 digits" in info.value.reason
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("patch", "env", "path"),
+    [
+        ({"commit.interval.ms": "${N}"}, {"N": "9" * 5000}, "commit.interval.ms"),
+        (
+            {"app": {"status.mapping": {"5" * 5000: "accept"}}},
+            {},
+            "app.status.mapping." + "5" * 5000,
+        ),
+        ({"commit.interval.ms": 10**5000}, {}, "commit.interval.ms"),
+        ({"errors.retry.delay.jitter": 10**5000}, {}, "errors.retry.delay.jitter"),
+        ({"kafka": {"linger.ms": 10**5000}}, {}, "kafka.linger.ms"),
+    ],
+    ids=["env", "status-key", "int", "float", "kafka"],
+)
+def test_huge_integers_from_anywhere_are_config_errors(
+    patch: dict[str, Any], env: dict[str, str], path: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched(patch), env=env)
+    assert info.value.path == path
+    assert len(info.value.reason) < 200
+
+
+@pytest.mark.parametrize(
+    ("patch", "env", "path"),
+    [
+        ({"kafka": {"group.id": "g\ud800"}}, {}, "kafka.group.id"),
+        ({"kafka": {"client.id": "${X}"}}, {"X": "a\udc80"}, "kafka.client.id"),
+        ({"kafka": {"x\ud800": "1"}}, {}, "kafka.x\ud800"),
+        ({"tracing": {"service.name": "s\udfff"}}, {}, "tracing.service.name"),
+        ({"errors.deadletterqueue.topic.name.prefix": "\ud800"}, {}, _DLQ_PREFIX_KEY),
+    ],
+    ids=["kafka-value", "env", "kafka-name", "section", "top"],
+)
+def test_text_without_a_utf8_encoding_is_a_config_error(
+    patch: dict[str, Any], env: dict[str, str], path: str
+) -> None:
+    # YAML's "\ud800" escape and a non-UTF-8 environment variable both give a lone surrogate.
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched(patch), env=env)
+    assert info.value.path == path
+    assert "UTF-8" in info.value.reason
+    str(info.value).encode("utf-8", "backslashreplace")
+
+
+def test_a_lone_surrogate_escape_in_the_yaml_file_is_a_config_error(tmp_path: Path) -> None:
+    text = _HEAD.replace("group.id: g", 'group.id: "g\\ud800"')
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), env={})
+    assert info.value.path == "kafka.group.id"
+
+
+@pytest.mark.parametrize(
+    "value", ["caf\u00e9", "a\tb", "a\rb", "a\nb", "a\x00b", "a\x7fb", "a\x1bb", "\u2028", "\ud800"]
+)
+def test_app_header_values_must_be_visible_ascii(value: str) -> None:
+    # Before: only CR, LF and NUL were refused here; the rest failed at the first delivery with
+    # an uncaught WireError from the request formatter.
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched({"app": {"headers": {"X-A": value}}}), env={})
+    assert info.value.path == "app.headers.X-A"
+    assert value not in str(info.value)  # a header value may be a secret: never echoed
+
+
+def test_app_header_values_from_the_environment_are_checked_too() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched({"app": {"headers": {"X-A": "${V}"}}}), env={"V": "a\tb"})
+    assert info.value.path == "app.headers.X-A"
+
+
+@pytest.mark.parametrize("name", ["X(A)", "X@A", "X\u00e9", 'X"A', "X/A", "X A", "X:A", ""])
+def test_app_header_names_must_be_tokens(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched({"app": {"headers": {name: "v"}}}), env={})
+    assert info.value.path == f"app.headers.{name}"
+
+
+def test_accepted_app_headers_are_what_the_wire_sends() -> None:
+    config = parse_config(
+        patched({"app": {"headers": {"X-A": "visible ascii !~ ok", "X-B": "", "x_c.d~": "1"}}}),
+        env={},
+    )
+    format_single_request(
+        make_record(), config.app.authority, config.app.path, config.app.headers.items()
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1/a b",
+        "http://127.0.0.1:1/a\tb",
+        "http://127.0.0.1:1/a\nb",
+        "http://127.0.0.1:1/\u00e4",
+        "http://127.0.0.1:1/r?q=\u00e4",
+        "http://127.0.0.1:1/a%zz",
+        "http://127.0.0.1:1/a%2",
+        'http://127.0.0.1:1/a"b',
+        "http://127.0.0.1:1/a<b>",
+        "http://127.0.0.1:1/a\\b",
+        "http://127.0.0.1:1/a{b}",
+        "http://127.0.0.1:1/a|b",
+        "http://127.0.0.1:1/a^b",
+        "http://127.0.0.1:1/a`b",
+        "http://127.0.0.1:1/a\x7f",
+        " http://127.0.0.1:1/a",
+    ],
+)
+def test_app_url_with_characters_invalid_in_a_request_target_is_refused(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched({"app": {"url": url}}), env={})
+    assert info.value.path == "app.url"
+    assert "request target" in info.value.reason or "visible ASCII" in info.value.reason
+
+
+@pytest.mark.parametrize("path", ["/a b", "/r?x=\u00e4", "/a%zz", "/a\tb", "/a|b"])
+def test_unix_socket_url_path_is_checked_the_same_way(path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(patched({"app": {"url": path, "unix_socket": "/run/app.sock"}}), env={})
+    assert info.value.path == "app.url"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:1/a%20b",
+        "http://127.0.0.1:1/r?x=1&y=%C3%A4",
+        "http://localhost:1/a:b@c!$&'()*+,;=-._~/",
+        "http://127.0.0.1:1/r?a/b?c",
+        "http://127.0.0.1:1?x",
+    ],
+)
+def test_valid_request_targets_are_accepted_and_sendable(url: str) -> None:
+    config = parse_config(patched({"app": {"url": url}}), env={})
+    ParsedRequest(format_single_request(make_record(), config.app.authority, config.app.path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Secret masking goes by the name
+
+
+def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
+    config = parse_config(
+        patched(
+            {
+                "kafka": {
+                    "sasl.oauthbearer.config": "principal=alice secret=s1",
+                    "sasl.oauthbearer.extensions": "traceId=1,logicalCluster=lkc-s2",
+                    "sasl.oauthbearer.token.endpoint.url": "https://client:s3@idp.example/token",
+                    "sasl.oauthbearer.method": "oidc",
+                    "sasl.oauthbearer.client.id": "client",
+                    "sasl.oauthbearer.scope": "kafka",
+                    "ssl.keystore.password": "s4",
+                    "ssl.key.pem": "s5",
+                    "sasl.kerberos.keytab": "/etc/s6.keytab",
+                    "Sasl.OAuthBearer.Config": "s7",
+                    "session.timeout.ms": 45000,
+                    "socket.keepalive.enable": True,
+                    "plugin.apikey": "s8",
+                    "client.id": "c",
+                }
+            }
+        ),
+        env={},
+    )
+    kafka = config.to_dict()["kafka"]
+    assert kafka["sasl.oauthbearer.config"] == "***"
+    assert kafka["sasl.oauthbearer.extensions"] == "***"
+    assert kafka["Sasl.OAuthBearer.Config"] == "***"
+    assert kafka["sasl.oauthbearer.token.endpoint.url"] == "https://***@idp.example/token"
+    for name in ("ssl.keystore.password", "ssl.key.pem", "sasl.kerberos.keytab", "plugin.apikey"):
+        assert kafka[name] == "***", name
+    # Not secrets: still shown, so the effective configuration can be debugged.
+    assert kafka["sasl.oauthbearer.method"] == "oidc"
+    assert kafka["sasl.oauthbearer.client.id"] == "client"
+    assert kafka["sasl.oauthbearer.scope"] == "kafka"
+    assert kafka["session.timeout.ms"] == 45000
+    assert kafka["socket.keepalive.enable"] is True
+    assert kafka["client.id"] == "c"
+    shown = repr(config.to_dict())
+    for secret in ("s1", "lkc-s2", "s3", "s4", "s5", "s6", "s7", "s8"):
+        assert secret not in shown, secret
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("https://user:pass@idp/t", "https://***@idp/t"),
+        ("https://user@idp/t", "https://***@idp/t"),
+        ("https://user:p@ss@idp/t", "https://***@idp/t"),
+        ("https://idp/t", "https://idp/t"),
+        ("https://idp/a@b?c=d@e", "https://idp/a@b?c=d@e"),
+    ],
+)
+def test_url_userinfo_is_masked_and_nothing_else(url: str, masked: str) -> None:
+    config = parse_config(patched({"kafka": {"sasl.oauthbearer.token.endpoint.url": url}}), env={})
+    assert config.to_dict()["kafka"]["sasl.oauthbearer.token.endpoint.url"] == masked
+    assert config.kafka["sasl.oauthbearer.token.endpoint.url"] == url
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "X-Auth",
+        "X-Credentials",
+        "X-Signature",
+        "x-hub-signature-256",
+        "Proxy-Authorization",
+        "X-MyToken",
+        "X-Amz-Security-Token",
+        "Cookie",
+        "X-Session-Id",
+        "X-CSRF",
+        "X-Password",
+        "X-Jwt",
+        "X-Private",
+        "X-API-KEY",
+    ],
+)
+def test_credential_like_app_headers_are_masked(name: str) -> None:
+    config = parse_config(
+        patched({"app": {"headers": {name: "hunter2", "X-Tenant": "acme"}}}), env={}
+    )
+    headers = config.to_dict()["app"]["headers"]
+    assert headers == {name: "***", "X-Tenant": "acme"}
+    assert config.app.headers[name] == "hunter2"

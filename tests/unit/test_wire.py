@@ -34,6 +34,7 @@ from sidecar.wire import (
     interpret_batch,
     interpret_single,
     parse_ack_request,
+    parse_retry_after_ms,
     validate_status_mapping,
 )
 
@@ -671,6 +672,111 @@ def test_format_ack_response() -> None:
     assert json.loads(body) == {
         "results": [{"id": "a", "result": "ok"}, {"id": "b", "result": "expired"}]
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs that must not crash the parsers: every string that becomes bytes is checked here
+
+# JSON text (what json.dumps writes for these strings) carrying a lone surrogate: valid JSON,
+# but no UTF-8 encoding exists, so it can never become a Kafka header or a header value.
+_LONE = "\ud800"
+_UNENCODABLE_ANSWERS = [
+    pytest.param({"dlq": {"headers": {_LONE: "v"}}}, "dlq.headers", id="header-name"),
+    pytest.param({"dlq": {"headers": {"x-a": "a" + _LONE}}}, "dlq.headers", id="header-value"),
+    pytest.param({"error": {"class": _LONE, "message": "m"}}, "error.class", id="class"),
+    pytest.param({"error": {"class": "E", "message": _LONE}}, "error.message", id="message"),
+    pytest.param({"error": {"class": "E", "stacktrace": "\udfff"}}, "stacktrace", id="stack"),
+]
+
+
+@pytest.mark.parametrize(("fields", "where"), _UNENCODABLE_ANSWERS)
+def test_single_answer_with_a_lone_surrogate_is_malformed(
+    fields: dict[str, object], where: str
+) -> None:
+    body = json.dumps({"ack": "reject", **fields}).encode()
+    result = answer(200, body, JSON)
+    assert result.ack == "release"
+    assert error_class(result) == "sidecar.MalformedAnswer"
+    assert result.error is not None and where in result.error.message
+    assert result.error.message.encode("utf-8")  # the reason itself is encodable
+    assert result.dlq_headers == ()
+
+
+def test_raw_utf8_encoded_surrogate_bytes_are_malformed_too() -> None:
+    # json.loads decodes bytes with 'surrogatepass': ED A0 80 becomes a lone surrogate.
+    body = b'{"ack": "reject", "dlq": {"headers": {"\xed\xa0\x80": "v"}}}'
+    assert error_class(answer(200, body, JSON)) == "sidecar.MalformedAnswer"
+
+
+@pytest.mark.parametrize(("fields", "where"), _UNENCODABLE_ANSWERS)
+def test_batch_entry_with_a_lone_surrogate_releases_only_that_record(
+    fields: dict[str, object], where: str
+) -> None:
+    body = json.dumps(
+        {"results": [{"id": "a", "ack": "reject", **fields}, {"id": "b", "ack": "accept"}]}
+    ).encode()
+    result = batch(200, body, ["a", "b"])
+    assert result["a"].ack == "release"
+    assert error_class(result["a"]) == "sidecar.MalformedAnswer"
+    assert result["a"].error is not None and where in result["a"].error.message
+    assert result["b"].ack == "accept"
+
+
+@pytest.mark.parametrize(("fields", "where"), _UNENCODABLE_ANSWERS)
+def test_ack_request_with_a_lone_surrogate_is_a_wire_error(
+    fields: dict[str, object], where: str
+) -> None:
+    body = json.dumps({"acks": [{"id": "d1", "ack": "reject", **fields}]}).encode()
+    with pytest.raises(WireError) as caught:
+        parse_ack_request(body)
+    assert "acks[0]" in str(caught.value) and where in str(caught.value)
+    str(caught.value).encode("utf-8")
+
+
+def test_ack_request_with_an_unencodable_id_is_a_wire_error() -> None:
+    with pytest.raises(WireError, match=r"acks\[0\]\.id"):
+        parse_ack_request(json.dumps({"acks": [{"id": "d" + _LONE, "ack": "accept"}]}).encode())
+
+
+def test_valid_non_ascii_text_is_still_accepted() -> None:
+    # Paired surrogates in JSON are one real character, and stay allowed.
+    body = b'{"ack": "reject", "error": {"class": "\\ud83d\\ude00", "message": "\xc3\xa9"},'
+    body += b' "dlq": {"headers": {"\\u00e9": "\\ud83d\\ude00"}}}'
+    result = answer(200, body, JSON)
+    assert result.ack == "reject"
+    assert result.error == AppError("\U0001f600", "\u00e9")
+    assert result.dlq_headers == (("\u00e9", "\U0001f600".encode()),)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["\u00b2".encode("latin-1"), "\u00b9\u00b3".encode("latin-1"), b"1\xb2", "²".encode()],
+)
+def test_retry_after_with_non_ascii_digits_is_ignored(value: bytes) -> None:
+    # str.isdigit() is true for '²', but int('²') raises: only ASCII digits are delay-seconds.
+    for status in (429, 503):
+        assert answer(status, extra=((b"Retry-After", value),)).retry_after_ms is None
+        result = batch(status, b"", ["a"], extra=((b"Retry-After", value),))
+        assert result["a"].retry_after_ms is None
+    assert parse_retry_after_ms(value) is None
+
+
+@pytest.mark.parametrize(
+    "value", [b"Mon, 99 Jan 1970 13:47:10 GMT", b"Mon, 12 Jan 99999 13:47:10 GMT", b"\xff\xfe"]
+)
+def test_retry_after_with_a_bad_date_is_ignored(value: bytes) -> None:
+    assert parse_retry_after_ms(value, now_epoch_s=0.0) is None
+
+
+def test_extra_header_names_must_be_tokens() -> None:
+    for name in ("X(A)", "X@A", "X\u00e9", 'X"A', "X/A", "X,A"):
+        with pytest.raises(WireError):
+            format_single_request(make_record(), "h", "/", ((name, "v"),))
+        with pytest.raises(WireError):
+            format_batch_request([make_record()], "h", "/", ((name, "v"),))
+    for value in ("a\tb", "caf\u00e9", "a\x7fb"):
+        with pytest.raises(WireError):
+            format_single_request(make_record(), "h", "/", (("X-A", value),))
 
 
 # ---------------------------------------------------------------------------------------------
