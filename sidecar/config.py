@@ -1265,13 +1265,19 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
     raise _bad_scalar(node, f"an integer of {digits} digits is too large for any setting")
 
 
+# YAML 1.2 core-schema floats (and integers, which a `!!float` tag may carry).
+_FLOAT_TEXT = re.compile(
+    r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+)
+
+
 def _construct_float(loader: yaml.SafeLoader, node: yaml.Node) -> float:
     scalar = _scalar_node(node, "!!float")
     text = str(loader.construct_scalar(scalar))
-    try:
-        return float(loader.construct_yaml_float(scalar))
-    except ValueError:
-        raise _bad_scalar(node, f"!!float needs a number, got {text[:40]!r}") from None
+    # Checked before PyYAML's constructor, which raises IndexError on an empty `!!float`.
+    if not _FLOAT_TEXT.fullmatch(text):
+        raise _bad_scalar(node, f"!!float needs a number, got {text[:40]!r}")
+    return float(loader.construct_yaml_float(scalar))
 
 
 def _construct_bool(loader: yaml.SafeLoader, node: yaml.Node) -> bool:

@@ -989,6 +989,7 @@ _HEAD = 'kafka: {bootstrap.servers: x, group.id: g}\nsource: {topics: [a]}\napp:
         ("x: " + "{a: " * 3000 + "\n", "nested"),
         ("x:\n" + "".join("  " * i + "- \n" for i in range(1, 400)), "nested"),
         ("x: !!float abc\n", "!!float"),
+        ("x: !!float \n", "!!float"),  # empty: PyYAML itself raised IndexError
         ("x: !!int abc\n", "!!int"),
         ("x: !!int 0x10\n", "!!int"),
         ("x: !!bool maybe\n", "!!bool"),
