@@ -57,7 +57,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +67,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.report import (
+    ALL_SCENARIOS,
+    check_targets,
+    median_of,
+    print_report,
+    summarise,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 PARTITIONS = 6
@@ -76,38 +83,6 @@ VALUE_BYTES = 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POLL_S = 0.02
 
-ALL_SCENARIOS = [
-    "a",
-    "b",
-    "c-tcp-key",
-    "c-tcp-none",
-    "c-unix-key",
-    "c-unix-none",
-    "d-tcp-key",
-    "d-unix-none",
-    "e-tcp-key",
-    "e-txn",
-    "f-off",
-    "f-on",
-    "f-on-10pct",
-    "g-share",
-]
-DESCRIPTIONS = {
-    "a": "raw consumer (ceiling)",
-    "b": "hand-written bridge",
-    "c-tcp-key": "sidecar single, TCP, key",
-    "c-tcp-none": "sidecar single, TCP, none",
-    "c-unix-key": "sidecar single, unix, key",
-    "c-unix-none": "sidecar single, unix, none",
-    "d-tcp-key": "sidecar batch, TCP, key",
-    "d-unix-none": "sidecar batch, unix, none",
-    "e-tcp-key": "sidecar 5% rej + 5% rel, DLQ",
-    "e-txn": "... transactional DLQ",
-    "f-off": "tracing off (exporter none)",
-    "f-on": "tracing on, all sampled",
-    "f-on-10pct": "tracing on, 10 % parent-based",
-    "g-share": "engine share, single, TCP, none",
-}
 # Tracing scenarios: OTLP over HTTP to the bench app, which accepts and drops the spans (its
 # /v1/traces route); the sampler and the endpoint come from the standard OTEL_* variables the
 # sidecar honours (the endpoint is added per run: the app's port).
@@ -656,7 +631,8 @@ def status_done(api_path: str, topic: str, ends: dict[int, int]) -> bool:
     seen = {
         p["partition"]: p["committable_offset"] for p in status["partitions"] if p["topic"] == topic
     }
-    return all(seen.get(p, -1) >= end for p, end in ends.items() if end > 0)
+    # None: nothing committable yet (older sidecars say so before their first record is done).
+    return all((seen.get(p) or -1) >= end for p, end in ends.items() if end > 0)
 
 
 def share_idle(api_path: str) -> bool:
@@ -1123,9 +1099,11 @@ def run_killer(
                 if engine == "consumer":
                     survived = status_done(api_path, topic, ends) and killer_dead_lettered()
                 else:
+                    # Records a dead consumer held come back when their locks expire: quiet for
+                    # longer than that, with everything delivered, means nothing else will come.
                     survived = (
                         stats["distinct_seen"] >= spec.records
-                        and time.monotonic() - quiet_since > 5.0
+                        and time.monotonic() - quiet_since > spec.group_lock_ms / 1000 + 5
                         and share_idle(api_path)
                     )
                 if survived:
@@ -1184,284 +1162,7 @@ def run_killer(
     }
 
 
-# ------------------------------------------------------------------------------------- report
-
-
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    rates = [r["records_per_s"] for r in runs]
-    out: dict[str, Any] = {
-        "records_per_s": statistics.median(rates),
-        "min": min(rates),
-        "max": max(rates),
-        "cpu_s_per_10k": statistics.median(r["cpu_s_per_10k"] for r in runs),
-        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-        "runs": runs,
-    }
-    if "app_cpu_share" in runs[0]:
-        out["app_cpu_share"] = statistics.median(r["app_cpu_share"] for r in runs)
-    return out
-
-
-def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One dict of the medians of every number the runs share; the runs themselves under "runs"."""
-    out: dict[str, Any] = dict(runs[0])
-    for key, value in runs[0].items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = statistics.median(r[key] for r in runs)
-    if len(runs) > 1:
-        out["runs"] = runs
-    return out
-
-
-def print_table(figures: dict[str, Any], reference: dict[str, Any] | None = None) -> None:
-    """The throughput table; ``reference`` gives a and b when ``figures`` has none (baseline)."""
-    scenarios = figures["scenarios"]
-    ref = (reference or figures)["scenarios"]
-    ceiling = scenarios.get("a", ref.get("a", {})).get("records_per_s")
-    baseline = scenarios.get("b", ref.get("b", {})).get("records_per_s")
-    latency = figures.get("latency", {})
-    print(
-        f"{'scenario':<12}{'':<31}{'rec/s':>9}{'min-max':>17}{'/a':>8}{'/b':>7}"
-        f"{'CPU s/10k':>10}{'RSS MB':>8}{'app CPU':>8}{'p50 ms':>8}{'p99 ms':>8}"
-    )
-    for name in ALL_SCENARIOS:
-        if name not in scenarios:
-            continue
-        s = scenarios[name]
-        label = DESCRIPTIONS[name]
-        if "unavailable" in s:
-            print(f"{name:<12}{label:<31}  not available: {s['unavailable']}")
-            continue
-        rate = s["records_per_s"]
-        to_a = f"{rate / ceiling:.2g}" if ceiling else "-"
-        to_b = f"{rate / baseline:.1f}" if baseline else "-"
-        lat = latency.get(name)
-        p50 = f"{lat['p50_ms']:.2f}" if lat else ""
-        p99 = f"{lat['p99_ms']:.2f}" if lat else ""
-        app_cpu = f"{s['app_cpu_share'] * 100:.0f}%" if "app_cpu_share" in s else ""
-        spread = f"{s['min']:,.0f}-{s['max']:,.0f}"
-        print(
-            f"{name:<12}{label:<31}{rate:>9,.0f}{spread:>17}"
-            f"{to_a:>8}{to_b:>7}{s['cpu_s_per_10k']:>10.2f}{s['peak_rss_mb']:>8.0f}"
-            f"{app_cpu:>8}{p50:>8}{p99:>8}"
-        )
-
-
-def saturation_us(figures: dict[str, Any], reference: dict[str, Any] | None = None) -> float | None:
-    """Sidecar CPU per record at saturation: the c-tcp-key throughput run."""
-    for source in (figures, reference or {}):
-        s = source.get("scenarios", {}).get("c-tcp-key", {})
-        if "cpu_s_per_10k" in s:
-            value: float = s["cpu_s_per_10k"] * 100  # CPU s per 10k records -> µs per record
-            return value
-    return None
-
-
-def backlogs_of(figures: dict[str, Any]) -> dict[str, Any]:
-    if "backlogs" in figures:
-        found: dict[str, Any] = figures["backlogs"]
-        return found
-    # A run saved before session 5 had one backlog, of 100 B records.
-    return {"100B": figures["backlog"]} if "backlog" in figures else {}
-
-
-def check_targets(
-    figures: dict[str, Any], reference: dict[str, Any] | None = None, linger_ms: float = 5.0
-) -> list[dict[str, Any]]:
-    """The issues' targets, as ratios of this run's own figures (issue 19's where it set one).
-
-    ``reference`` is the other side of a baseline comparison, for figures only one side has
-    (a and b run once: they do not depend on the sidecar's code).
-    """
-    ref = reference or {}
-    rate = {
-        name: s["records_per_s"]
-        for source in (ref, figures)
-        for name, s in source.get("scenarios", {}).items()
-        if "records_per_s" in s
-    }
-    out: list[dict[str, Any]] = []
-
-    def add(what: str, value: float, op: str, target: float) -> None:
-        met = value >= target if op == ">=" else value <= target if op == "<=" else value == target
-        out.append({"target": what, "value": value, "wanted": f"{op} {target:g}", "met": met})
-
-    ratios: list[tuple[str, str, str, float]] = [
-        ("single mode / bridge", "c-tcp-key", "b", 10.0),
-        ("batch mode / raw consumer (stretch 0.25)", "d-tcp-key", "a", 0.1),
-        ("DLQ path (10 % failing) / clean", "e-tcp-key", "c-tcp-key", 0.8),
-        ("transactional DLQ (5 % rejects) / clean", "e-txn", "c-tcp-key", 0.5),
-        ("tracing, all sampled / off", "f-on", "f-off", 0.5),
-        ("tracing, 10 % sampled / off", "f-on-10pct", "f-off", 0.85),
-    ]
-    for what, num, den, target in ratios:
-        if num in figures.get("scenarios", {}) and num in rate and den in rate:
-            add(what, rate[num] / rate[den], ">=", target)
-    saturation = saturation_us(figures, reference)
-    at_1000 = figures.get("rates", {}).get("1000")
-    if at_1000 and saturation:
-        add(
-            "CPU/record at 1,000/s / at saturation",
-            at_1000["sidecar_cpu_us_per_record"] / saturation,
-            "<=",
-            1.5,
-        )
-    if "idle" in figures:
-        add("idle CPU, % of a core", figures["idle"]["cpu_share"] * 100, "<=", 0.5)
-    latency = figures.get("latency", {})
-    raw = latency.get("a", ref.get("latency", {}).get("a"))
-    if raw and "c-tcp-key" in latency:
-        add("added p50 ms at 1,000/s (c-tcp-key - a)", latency["c-tcp-key"]["p50_ms"] - raw["p50_ms"], "<=", 0.5)  # fmt: skip
-        add("added p99 ms at 1,000/s (c-tcp-key - a)", latency["c-tcp-key"]["p99_ms"] - raw["p99_ms"], "<=", 2.0)  # fmt: skip
-    if raw and "d-tcp-key" in latency:
-        add(
-            "batch: added p99 ms (d-tcp-key - a)",
-            latency["d-tcp-key"]["p99_ms"] - raw["p99_ms"],
-            "<=",
-            linger_ms + 5,
-        )
-    for name, b in backlogs_of(figures).items():
-        add(f"peak RSS MB, backlog of {name} records", b["peak_rss_mb"], "<=", 150)
-    for variant, k in figures.get("killer", {}).items():
-        add(f"killer {variant}: innocent records in DLQ", k["innocent_dead_lettered"], "==", 0)
-        add(f"killer {variant}: killer in the DLQ (1 = yes)", int(k["killer_in_dlq"]), "==", 1)
-        add(f"killer {variant}: deaths", k["deaths"], "<=", k["limit"] + 1)
-    return out
-
-
-def flat_figures(figures: dict[str, Any]) -> dict[str, float]:
-    """Every figure of one side by name, for the new/old comparison."""
-    out: dict[str, float] = {}
-    for name in ALL_SCENARIOS:
-        s = figures.get("scenarios", {}).get(name, {})
-        if "records_per_s" in s:
-            out[f"{name} rec/s"] = s["records_per_s"]
-            out[f"{name} CPU s/10k"] = s["cpu_s_per_10k"]
-            out[f"{name} peak RSS MB"] = s["peak_rss_mb"]
-    for name, lat in figures.get("latency", {}).items():
-        out[f"latency {name} p50 ms"] = lat["p50_ms"]
-        out[f"latency {name} p99 ms"] = lat["p99_ms"]
-        if "sidecar_cpu_us_per_record" in lat:
-            out[f"latency {name} sidecar CPU µs/record"] = lat["sidecar_cpu_us_per_record"]
-    for rate, r in figures.get("rates", {}).items():
-        out[f"CPU at {rate}/s, µs/record"] = r["sidecar_cpu_us_per_record"]
-        out[f"CPU at {rate}/s, % of a core"] = r["sidecar_cpu_share"] * 100
-    if "idle" in figures:
-        out["idle CPU, % of a core"] = figures["idle"]["cpu_share"] * 100
-    for name, b in backlogs_of(figures).items():
-        out[f"backlog {name} peak RSS MB"] = b["peak_rss_mb"]
-    for variant, k in figures.get("killer", {}).items():
-        out[f"killer {variant} deaths"] = k["deaths"]
-        out[f"killer {variant} innocent in DLQ"] = k["innocent_dead_lettered"]
-        out[f"killer {variant} killer deliveries"] = k["killer_deliveries"]
-    return out
-
-
-def print_targets(results: dict[str, Any]) -> None:
-    base = results.get("baseline")
-    old = {t["target"]: t for t in base["targets"]} if base else {}
-    head = "targets (this run's own ratios)"
-    print(f"\n{head:<52}{'new':>9}" + (f"{'old':>9}" if base else "") + "  wanted")
-    for t in results["targets"]:
-        verdict = "met" if t["met"] else "MISSED"
-        other = old.get(t["target"])
-        old_text = ""
-        if base:
-            old_text = f"{other['value']:>9.2f}" if other else f"{'-':>9}"
-        print(f"  {t['target']:<50}{t['value']:>9.2f}{old_text}  {t['wanted']:<7} {verdict}")
-
-
-def print_details(figures: dict[str, Any], reference: dict[str, Any] | None = None) -> None:
-    for name, lat in figures.get("latency", {}).items():
-        cpu = (
-            f"; sidecar CPU {lat['sidecar_cpu_share'] * 100:.0f} % of a core,"
-            f" {lat['sidecar_cpu_us_per_record']:.0f} µs/record"
-            if "sidecar_cpu_us_per_record" in lat
-            else ""
-        )
-        print(
-            f"  latency {name}: p50 {lat['p50_ms']:.2f} ms p99 {lat['p99_ms']:.2f} ms;"
-            f" produce->ack p50 {lat['produce_ack_p50_ms']:.2f} ms"
-            f" p99 {lat['produce_ack_p99_ms']:.2f} ms (the broker's share){cpu}"
-        )
-    saturation = saturation_us(figures, reference)
-    for rate, r in figures.get("rates", {}).items():
-        ratio = (
-            f", {r['sidecar_cpu_us_per_record'] / saturation:.1f} x saturation"
-            if saturation
-            else ""
-        )
-        print(
-            f"  sidecar CPU at {float(rate):,.0f} records/s offered (c-tcp-key):"
-            f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
-            f" {r['sidecar_cpu_share'] * 100:.1f} % of a core{ratio}"
-        )
-    if saturation:
-        print(f"  sidecar CPU at saturation (c-tcp-key run): {saturation:.0f} µs/record")
-    if "idle" in figures:
-        i = figures["idle"]
-        print(
-            f"  idle (partitions assigned, no records): {i['cpu_share'] * 100:.2f} % of a core"
-            f" ({i['cpu_s']:.2f} CPU s in {i['seconds']:.0f} s)"
-        )
-    for name, b in backlogs_of(figures).items():
-        print(
-            f"  backlog {b['backlog_records']:,} records of {name}, app {b['app_delay_ms']} ms per"
-            f" answer, {b['seconds']:.0f} s: RSS first {b['rss_first_mb']:.0f} MB, max in the 2nd"
-            f" half {b['rss_second_half_max_mb']:.0f} MB, peak {b['peak_rss_mb']:.0f} MB,"
-            f" at most {b['held_in_sidecar_max']:,} records held"
-        )
-    for variant, k in figures.get("killer", {}).items():
-        limits = f"limit {k['limit']}" + (
-            f", group limit {k['group_limit']}" if k.get("group_limit") else ""
-        )
-        if k["killer_in_dlq"]:
-            fate = f"killer in the DLQ (its count there {k['killer_dlq_delivery_count']})"
-        else:
-            fate = "killer NOT in the DLQ: dropped without a DLQ record"
-        print(
-            f"  killer {variant} ({k['records']} records held {k['hold_ms']} ms, {limits}):"
-            f" {k['deaths']} deaths, {fate}, delivered {k['killer_deliveries']} times"
-            f" (counts {k['killer_counts_seen']}), {k['innocent_dead_lettered']} innocent records"
-            f" dead-lettered; {k['outcome']} after {k['seconds']:.0f} s"
-        )
-        if k["dlq_messages"]:
-            print(f"    DLQ reasons: {k['dlq_messages']}")
-    for transport, app_figures in figures.get("app_alone", {}).items():
-        print(
-            f"  app alone over {transport}: {app_figures['requests_per_s']:,} req/s,"
-            f" app CPU {app_figures['app_cpu_us_per_request']} µs/req"
-        )
-
-
-def print_comparison(results: dict[str, Any]) -> None:
-    new, old = flat_figures(results), flat_figures(results["baseline"])
-    print(f"\nnew ({results.get('commit', '?')}) vs old ({results['baseline'].get('commit', '?')})")
-    print(f"  {'figure':<50}{'new':>11}{'old':>11}{'new/old':>9}")
-    for name, value in new.items():
-        if name not in old:
-            continue
-        ratio = f"{value / old[name]:.2f}" if old[name] else "-"
-        print(f"  {name:<50}{value:>11,.2f}{old[name]:>11,.2f}{ratio:>9}")
-
-
-def print_report(results: dict[str, Any]) -> None:
-    base = results.get("baseline")
-    print()
-    if base:
-        print(f"new: {ROOT} ({results.get('commit', '?')})")
-    print_table(results)
-    if base:
-        print(f"\nold: {base['path']} ({base.get('commit', '?')})")
-        print_table(base, results)
-    print_targets(results)
-    print("\nnew" if base else "")
-    print_details(results)
-    if base:
-        print("old")
-        print_details(base, results)
-        print_comparison(results)
-    print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
+# ------------------------------------------------------------------------------------- driver
 
 
 def git_commit(root: Path) -> str:
@@ -1474,96 +1175,267 @@ def git_commit(root: Path) -> str:
     return done.stdout.strip() or "?"
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass
+class Bench:
+    """One run's shared pieces: the options, the broker, the app, the sides and their figures."""
+
+    args: argparse.Namespace
+    broker: Broker
+    app: App
+    directory: str
+    sides: list[Side]
+    figures: dict[str, dict[str, Any]]  # side name -> that side's results dict
+
+    def tag(self, side: Side) -> str:
+        return f" [{side.name}]" if len(self.sides) > 1 else ""
+
+    def sides_for(self, scenario: str) -> list[Side]:
+        # a and b do not depend on the sidecar's code: they run once, on the new side.
+        return self.sides[:1] if scenario in ("a", "b") else self.sides
+
+
+def part_throughput(bench: Bench, selected: list[str]) -> None:
+    """The throughput scenarios: one set of records, runs round-robin over scenarios and sides."""
+    args, broker, app = bench.args, bench.broker, bench.app
+    topic = broker.create_topic(f"bench-{uuid.uuid4().hex[:8]}")
+    print(f"producing {args.records:,} records (1 KiB, 10k keys) to {topic} ...", flush=True)
+    broker.produce_bulk(topic, args.records, VALUE_BYTES)
+    ends = broker.end_offsets(topic)
+    total = sum(ends.values())
+    bench.figures["new"]["partition_records"] = ends
+    # Runs go round-robin over the scenarios and the sides (A B A B), so a change in the
+    # machine's load (other processes on a shared box) spreads over every figure alike.
+    runnable: list[tuple[str, Side]] = []
+    for scenario in selected:
+        for side in bench.sides_for(scenario):
+            reason = unavailable(scenario, side)
+            if reason:
+                bench.figures[side.name]["scenarios"][scenario] = {"unavailable": reason}
+            else:
+                runnable.append((scenario, side))
+    all_runs: dict[tuple[str, str], list[dict[str, Any]]] = {(s, d.name): [] for s, d in runnable}
+    for run in range(args.runs):
+        for scenario, side in runnable:
+            if scenario == "a":
+                r = run_child("ceiling", broker, topic, total, None)
+            elif scenario == "b":
+                app.reset()
+                r = run_child("bridge", broker, topic, total, app)
+            else:
+                r = run_sidecar_throughput(
+                    scenario, broker, topic, ends, app, bench.directory, run, side
+                )
+            r.pop("latencies_ns", None)
+            all_runs[scenario, side.name].append(r)
+            print(
+                f"  {scenario:<12}{bench.tag(side)} run {run + 1}: {r['records_per_s']:>8,.0f} rec/s"
+                f"  {r['cpu_s_per_10k']:.2f} CPU s/10k  {r['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+    for (scenario, side_name), runs in all_runs.items():
+        if runs:  # --runs 0: the other parts only
+            bench.figures[side_name]["scenarios"][scenario] = summarise(runs)
+
+
+def part_latency(bench: Bench, selected: list[str]) -> None:
+    args = bench.args
+    for side in bench.sides:
+        bench.figures[side.name]["latency"] = {}
+    for scenario in LATENCY_SCENARIOS:
+        if scenario not in selected:
+            continue
+        for side in bench.sides_for(scenario):
+            if unavailable(scenario, side):
+                continue
+            runs = []
+            for _ in range(args.part_runs):
+                lat = run_latency(
+                    scenario, bench.broker, bench.app, bench.directory,
+                    args.latency_rate, args.latency_seconds, side,
+                )  # fmt: skip
+                runs.append(lat)
+                cpu = lat.get("sidecar_cpu_share")
+                print(
+                    f"  latency {scenario:<12}{bench.tag(side)} p50 {lat['p50_ms']:.2f} ms"
+                    f"  p99 {lat['p99_ms']:.2f} ms  max {lat['max_ms']:.2f} ms"
+                    f"  (produce->ack p50 {lat['produce_ack_p50_ms']:.2f}"
+                    f" p99 {lat['produce_ack_p99_ms']:.2f} ms)"
+                    + (f"  sidecar CPU {cpu * 100:.0f} %" if cpu is not None else ""),
+                    flush=True,
+                )
+            bench.figures[side.name]["latency"][scenario] = median_of(runs)
+
+
+def part_rates(bench: Bench, rates: list[float]) -> None:
+    """Sidecar CPU at fixed offered rates (c-tcp-key): µs per record and share of a core."""
+    print("sidecar CPU at offered rates (c-tcp-key) ...", flush=True)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {side.name: {} for side in bench.sides}
+    for _ in range(bench.args.part_runs):
+        for rate in rates:
+            for side in bench.sides:
+                r = run_latency(
+                    "c-tcp-key", bench.broker, bench.app, bench.directory, rate,
+                    bench.args.rate_seconds, side,
+                )  # fmt: skip
+                runs[side.name].setdefault(f"{rate:g}", []).append(r)
+                print(
+                    f"  {rate:>7,.0f}/s{bench.tag(side)}:"
+                    f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
+                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core",
+                    flush=True,
+                )
+    for side in bench.sides:
+        bench.figures[side.name]["rates"] = {k: median_of(v) for k, v in runs[side.name].items()}
+
+
+def part_idle(bench: Bench) -> None:
+    seconds = bench.args.idle_seconds
+    print(f"idle CPU ({seconds:g} s, partitions assigned) ...", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in bench.sides}
+    for _ in range(bench.args.part_runs):
+        for side in bench.sides:
+            i = run_idle(bench.broker, bench.app, bench.directory, seconds, side)
+            runs[side.name].append(i)
+            print(f"  idle{bench.tag(side)}: {i['cpu_share'] * 100:.2f} % of a core", flush=True)
+    for side in bench.sides:
+        bench.figures[side.name]["idle"] = median_of(runs[side.name])
+
+
+def part_backlog(bench: Bench) -> None:
+    """Peak RSS behind a slow app; each backlog is produced once and read by every side."""
+    args = bench.args
+    for name, (value_bytes, option) in BACKLOGS.items():
+        count = getattr(args, option)
+        if count <= 0:
+            continue
+        print(f"backlog: {count:,} records of {name} behind a slow app ...", flush=True)
+        topic = produce_backlog(bench.broker, count, value_bytes)
+        for side in bench.sides:
+            b = run_backlog(
+                bench.broker, topic, bench.app, bench.directory, count, value_bytes,
+                args.slow_ms, args.backlog_seconds, side,
+            )  # fmt: skip
+            bench.figures[side.name].setdefault("backlogs", {})[name] = b
+            print(
+                f"  {name}{bench.tag(side)}: RSS first {b['rss_first_mb']:.0f} MB,"
+                f" max in 2nd half {b['rss_second_half_max_mb']:.0f} MB,"
+                f" peak {b['peak_rss_mb']:.0f} MB, held {b['held_in_sidecar_max']:,} records",
+                flush=True,
+            )
+
+
+def part_killer(bench: Bench, variants: list[str]) -> None:
+    args = bench.args
+    spec = KillerSpec(
+        records=args.killer_records,
+        hold_ms=args.killer_hold_ms,
+        limit=args.killer_limit,
+        group_limit=args.killer_group_limit,
+    )
+    for variant in variants:
+        for side in bench.sides:
+            if KILLER_VARIANTS[variant][0] == "share" and unavailable("g-share", side):
+                continue
+            print(f"killer {variant}{bench.tag(side)} ...", flush=True)
+            k = run_killer(variant, bench.broker, bench.app, bench.directory, spec, side)
+            bench.figures[side.name].setdefault("killer", {})[variant] = k
+            print(
+                f"  {k['deaths']} deaths, killer in DLQ: {k['killer_in_dlq']},"
+                f" delivered {k['killer_deliveries']} times,"
+                f" {k['innocent_dead_lettered']} innocent dead-lettered ({k['outcome']})",
+                flush=True,
+            )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=int, default=15_000, help="records per throughput run")
-    parser.add_argument("--runs", type=int, default=3, help="runs per scenario (median shown)")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--records", type=int, default=15_000, help="records per throughput run")
+    add("--runs", type=int, default=3, help="runs per scenario (median shown)")
+    add(
         "--scenarios",
         default="all",
         help="throughput and latency scenarios, comma-separated names or prefixes: "
         + ",".join(ALL_SCENARIOS),
     )
-    parser.add_argument(
-        "--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS)
-    )
-    parser.add_argument(
+    add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
+    add(
         "--baseline",
         metavar="PATH",
         help="another checkout (git worktree or clone) whose sidecar runs too, alternating",
     )
-    parser.add_argument("--latency-rate", type=float, default=1000.0, help="records/s offered")
-    parser.add_argument("--latency-seconds", type=float, default=5.0)
-    parser.add_argument("--no-latency", action="store_true", help="the same as --skip latency")
-    parser.add_argument(
-        "--part-runs", type=int, default=1, help="runs of latency, rates and idle (median shown)"
-    )
-    parser.add_argument("--rates", default="100,1000", help="records/s offered for the CPU part")
-    parser.add_argument("--rate-seconds", type=float, default=10.0)
-    parser.add_argument("--idle-seconds", type=float, default=10.0)
-    parser.add_argument("--backlog", type=int, default=2_000_000, help="100 B records; 0 skips")
-    parser.add_argument("--backlog-10k", type=int, default=30_000, help="10 KiB records; 0 skips")
-    parser.add_argument("--backlog-1m", type=int, default=100, help="1 MiB records; 0 skips")
-    parser.add_argument("--backlog-seconds", type=float, default=20.0)
-    parser.add_argument("--slow-ms", type=int, default=50, help="the slow app's answer time")
-    parser.add_argument(
-        "--killer-variants",
-        default=",".join(KILLER_VARIANTS),
-        help="of: " + ",".join(KILLER_VARIANTS),
-    )
-    parser.add_argument("--killer-records", type=int, default=KillerSpec.records)
-    parser.add_argument("--killer-hold-ms", type=int, default=KillerSpec.hold_ms)
-    parser.add_argument("--killer-limit", type=int, default=KillerSpec.limit)
-    parser.add_argument("--killer-group-limit", type=int, default=KillerSpec.group_limit)
-    parser.add_argument("--app-seconds", type=float, default=2.0, help="app-alone run length")
-    parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
-    parser.add_argument("--show", metavar="JSON", help="print the tables of a saved run and exit")
+    add("--latency-rate", type=float, default=1000.0, help="records/s offered")
+    add("--latency-seconds", type=float, default=5.0)
+    add("--no-latency", action="store_true", help="the same as --skip latency")
+    add("--part-runs", type=int, default=1, help="runs of latency, rates and idle (median shown)")
+    add("--rates", default="100,1000", help="records/s offered for the CPU part")
+    add("--rate-seconds", type=float, default=10.0)
+    add("--idle-seconds", type=float, default=20.0, help="0 skips the idle part")
+    add("--backlog", type=int, default=2_000_000, help="records of 100 B; 0 skips")
+    add("--backlog-10k", type=int, default=30_000, help="records of 10 KiB; 0 skips")
+    add("--backlog-1m", type=int, default=100, help="records of 1 MiB; 0 skips")
+    add("--backlog-seconds", type=float, default=20.0)
+    add("--slow-ms", type=int, default=50, help="the slow app's answer time in the backlogs")
+    add("--killer-variants", default=",".join(KILLER_VARIANTS), help="of " + ",".join(KILLER_VARIANTS))  # fmt: skip
+    add("--killer-records", type=int, default=KillerSpec.records)
+    add("--killer-hold-ms", type=int, default=KillerSpec.hold_ms)
+    add("--killer-limit", type=int, default=KillerSpec.limit, help="share.delivery.count.limit")
+    add("--killer-group-limit", type=int, default=KillerSpec.group_limit, help="engine share: the group's")  # fmt: skip
+    add("--app-seconds", type=float, default=2.0, help="app-alone run length")
+    add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
+    add("--show", metavar="JSON", help="print the tables of a saved run and exit")
     # Child roles.
-    parser.add_argument("--child", choices=["ceiling", "bridge"], help=argparse.SUPPRESS)
-    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
-    parser.add_argument("--topic", help=argparse.SUPPRESS)
-    parser.add_argument("--group", help=argparse.SUPPRESS)
-    parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--latency", action="store_true", help=argparse.SUPPRESS)
+    add("--child", choices=["ceiling", "bridge"], help=argparse.SUPPRESS)
+    add("--bootstrap", help=argparse.SUPPRESS)
+    add("--topic", help=argparse.SUPPRESS)
+    add("--group", help=argparse.SUPPRESS)
+    add("--expect", type=int, help=argparse.SUPPRESS)
+    add("--url", help=argparse.SUPPRESS)
+    add("--latency", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child or args.show:
+        return args
+    wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
+    args.selected = [
+        s
+        for s in ALL_SCENARIOS
+        if "all" in wanted or any(s == w or s.startswith(w) for w in wanted)
+    ]
+    args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
+    if args.no_latency:
+        args.skip_parts.add("latency")
+    if args.skip_parts - set(PARTS):
+        parser.error(f"--skip: unknown {sorted(args.skip_parts - set(PARTS))}; parts: {PARTS}")
+    args.variants = [v.strip() for v in args.killer_variants.split(",") if v.strip()]
+    if set(args.variants) - set(KILLER_VARIANTS):
+        parser.error(f"--killer-variants: of {list(KILLER_VARIANTS)}")
+    args.rate_list = [float(r) for r in args.rates.split(",") if r.strip()]
+    if not args.selected and set(PARTS) <= args.skip_parts:
+        parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
+    if args.baseline and not (Path(args.baseline) / "sidecar" / "__main__.py").exists():
+        parser.error(f"--baseline {args.baseline}: no sidecar/__main__.py there")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.child:
         child_main(args)
         return
     if args.show:
         print_report(json.loads(Path(args.show).read_text()))
         return
-
-    wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
-    selected = [
-        s
-        for s in ALL_SCENARIOS
-        if "all" in wanted or any(s == w or s.startswith(w) for w in wanted)
-    ]
-    skip = {w.strip() for w in args.skip.split(",") if w.strip()}
-    if args.no_latency:
-        skip.add("latency")
-    if skip - set(PARTS):
-        parser.error(f"--skip: unknown part(s) {sorted(skip - set(PARTS))}; parts: {PARTS}")
-    variants = [v.strip() for v in args.killer_variants.split(",") if v.strip()]
-    if set(variants) - set(KILLER_VARIANTS):
-        parser.error(f"--killer-variants: of {list(KILLER_VARIANTS)}")
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    if not selected and set(PARTS) <= skip:
-        parser.error(f"no scenario matches {args.scenarios!r}")
     sides = [Side("new", ROOT)]
     if args.baseline:
-        base_root = Path(args.baseline).resolve()
-        if not (base_root / "sidecar" / "__main__.py").exists():
-            parser.error(f"--baseline {args.baseline}: no sidecar/__main__.py there")
-        sides.append(Side("old", base_root))
-    has_requests = ensure_requests() if "b" in selected else False
+        sides.append(Side("old", Path(args.baseline).resolve()))
+    has_requests = ensure_requests() if "b" in args.selected else False
     started = time.monotonic()
     broker = Broker.open()
     results: dict[str, Any] = {
         "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "broker": broker.bootstrap,
+        "path": str(ROOT),
         "commit": git_commit(ROOT),
         "records": args.records,
         "runs": args.runs,
@@ -1576,128 +1448,30 @@ def main(argv: list[str] | None = None) -> None:
             "commit": git_commit(sides[1].root),
             "scenarios": {},
         }
-    figures = {side.name: results if side.name == "new" else results["baseline"] for side in sides}
-
-    def tag(side: Side) -> str:
-        return f" [{side.name}]" if len(sides) > 1 else ""
-
+    figures = {"new": results}
+    if args.baseline:
+        figures["old"] = results["baseline"]
+    skip = args.skip_parts
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as directory:
             app = App(directory)
+            bench = Bench(args, broker, app, directory, sides, figures)
             try:
                 print("app alone (sidecar AppClient, 64 in flight) ...", flush=True)
                 results["app_alone"] = measure_app_alone(app, args.app_seconds)
                 print(f"  {results['app_alone']}", flush=True)
-                if selected:
-                    run_throughput(args, broker, app, directory, selected, sides, figures, tag)
+                if args.selected:
+                    part_throughput(bench, args.selected)
                 if "latency" not in skip:
-                    # a and b do not depend on the sidecar's code: they run once, on the new side.
-                    for side in sides:
-                        figures[side.name]["latency"] = {}
-                    for scenario in LATENCY_SCENARIOS:
-                        if scenario not in selected:
-                            continue
-                        for side in sides if scenario not in ("a", "b") else sides[:1]:
-                            if unavailable(scenario, side):
-                                continue
-                            runs = []
-                            for _ in range(args.part_runs):
-                                lat = run_latency(
-                                    scenario, broker, app, directory,
-                                    args.latency_rate, args.latency_seconds, side,
-                                )  # fmt: skip
-                                runs.append(lat)
-                                print(
-                                    f"  latency {scenario:<12}{tag(side)} p50 {lat['p50_ms']:.2f} ms"
-                                    f"  p99 {lat['p99_ms']:.2f} ms  max {lat['max_ms']:.2f} ms"
-                                    f"  (produce->ack p50 {lat['produce_ack_p50_ms']:.2f}"
-                                    f" p99 {lat['produce_ack_p99_ms']:.2f} ms)"
-                                    + (
-                                        f"  sidecar CPU {lat['sidecar_cpu_share'] * 100:.0f} %"
-                                        if "sidecar_cpu_share" in lat
-                                        else ""
-                                    ),
-                                    flush=True,
-                                )
-                            figures[side.name]["latency"][scenario] = median_of(runs)
-                if "rates" not in skip and rates:
-                    print("sidecar CPU at offered rates (c-tcp-key) ...", flush=True)
-                    per_side: dict[str, dict[str, list[dict[str, Any]]]] = {
-                        side.name: {} for side in sides
-                    }
-                    for _ in range(args.part_runs):
-                        for rate in rates:
-                            for side in sides:
-                                r = run_latency(
-                                    "c-tcp-key", broker, app, directory, rate,
-                                    args.rate_seconds, side,
-                                )  # fmt: skip
-                                per_side[side.name].setdefault(f"{rate:g}", []).append(r)
-                                print(
-                                    f"  {rate:>7,.0f}/s{tag(side)}:"
-                                    f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
-                                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core",
-                                    flush=True,
-                                )
-                    for side in sides:
-                        figures[side.name]["rates"] = {
-                            k: median_of(v) for k, v in per_side[side.name].items()
-                        }
+                    part_latency(bench, args.selected)
+                if "rates" not in skip and args.rate_list:
+                    part_rates(bench, args.rate_list)
                 if "idle" not in skip and args.idle_seconds > 0:
-                    print(
-                        f"idle CPU ({args.idle_seconds:g} s, partitions assigned) ...", flush=True
-                    )
-                    idle_runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in sides}
-                    for _ in range(args.part_runs):
-                        for side in sides:
-                            i = run_idle(broker, app, directory, args.idle_seconds, side)
-                            idle_runs[side.name].append(i)
-                            print(f"  idle{tag(side)}: {i['cpu_share'] * 100:.2f} % of a core")
-                    for side in sides:
-                        figures[side.name]["idle"] = median_of(idle_runs[side.name])
+                    part_idle(bench)
                 if "backlog" not in skip:
-                    for name, (value_bytes, option) in BACKLOGS.items():
-                        count = getattr(args, option)
-                        if count <= 0:
-                            continue
-                        print(f"backlog: {count:,} records of {name} behind a slow app ...")
-                        topic = produce_backlog(broker, count, value_bytes)
-                        for side in sides:
-                            b = run_backlog(
-                                broker, topic, app, directory, count, value_bytes,
-                                args.slow_ms, args.backlog_seconds, side,
-                            )  # fmt: skip
-                            figures[side.name].setdefault("backlogs", {})[name] = b
-                            print(
-                                f"  {name}{tag(side)}: RSS first {b['rss_first_mb']:.0f} MB,"
-                                f" max in 2nd half {b['rss_second_half_max_mb']:.0f} MB,"
-                                f" peak {b['peak_rss_mb']:.0f} MB,"
-                                f" held {b['held_in_sidecar_max']:,} records",
-                                flush=True,
-                            )
+                    part_backlog(bench)
                 if "killer" not in skip:
-                    spec = KillerSpec(
-                        records=args.killer_records,
-                        hold_ms=args.killer_hold_ms,
-                        limit=args.killer_limit,
-                        group_limit=args.killer_group_limit,
-                    )
-                    for variant in variants:
-                        for side in sides:
-                            if KILLER_VARIANTS[variant][0] == "share" and unavailable(
-                                "g-share", side
-                            ):
-                                continue
-                            print(f"killer {variant}{tag(side)} ...", flush=True)
-                            k = run_killer(variant, broker, app, directory, spec, side)
-                            figures[side.name].setdefault("killer", {})[variant] = k
-                            print(
-                                f"  {k['deaths']} deaths, killer in DLQ: {k['killer_in_dlq']},"
-                                f" delivered {k['killer_deliveries']} times,"
-                                f" {k['innocent_dead_lettered']} innocent dead-lettered"
-                                f" ({k['outcome']})",
-                                flush=True,
-                            )
+                    part_killer(bench, args.variants)
             finally:
                 app.close()
     finally:
@@ -1710,56 +1484,6 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {args.json}")
-
-
-def run_throughput(
-    args: argparse.Namespace,
-    broker: Broker,
-    app: App,
-    directory: str,
-    selected: list[str],
-    sides: list[Side],
-    figures: dict[str, dict[str, Any]],
-    tag: Any,
-) -> None:
-    """The throughput scenarios: one set of records, runs round-robin over scenarios and sides."""
-    topic = broker.create_topic(f"bench-{uuid.uuid4().hex[:8]}")
-    print(f"producing {args.records:,} records (1 KiB, 10k keys) to {topic} ...", flush=True)
-    broker.produce_bulk(topic, args.records, VALUE_BYTES)
-    ends = broker.end_offsets(topic)
-    total = sum(ends.values())
-    figures["new"]["partition_records"] = ends
-    # Runs go round-robin over the scenarios and the sides (A B A B), so a change in the
-    # machine's load (other processes on a shared box) spreads over every figure alike. a and b
-    # do not depend on the sidecar's code: they run on the new side only.
-    runnable: list[tuple[str, Side]] = []
-    for scenario in selected:
-        for side in sides if scenario not in ("a", "b") else sides[:1]:
-            reason = unavailable(scenario, side)
-            if reason:
-                figures[side.name]["scenarios"][scenario] = {"unavailable": reason}
-            else:
-                runnable.append((scenario, side))
-    all_runs: dict[tuple[str, str], list[dict[str, Any]]] = {(s, d.name): [] for s, d in runnable}
-    for run in range(args.runs):
-        for scenario, side in runnable:
-            if scenario == "a":
-                r = run_child("ceiling", broker, topic, total, None)
-            elif scenario == "b":
-                app.reset()
-                r = run_child("bridge", broker, topic, total, app)
-            else:
-                r = run_sidecar_throughput(scenario, broker, topic, ends, app, directory, run, side)
-            r.pop("latencies_ns", None)
-            all_runs[scenario, side.name].append(r)
-            print(
-                f"  {scenario:<12}{tag(side)} run {run + 1}: {r['records_per_s']:>8,.0f} rec/s"
-                f"  {r['cpu_s_per_10k']:.2f} CPU s/10k  {r['peak_rss_mb']:.0f} MB",
-                flush=True,
-            )
-    for (scenario, side_name), runs in all_runs.items():
-        if runs:  # --runs 0: the other parts only
-            figures[side_name]["scenarios"][scenario] = summarise(runs)
 
 
 if __name__ == "__main__":
