@@ -18,7 +18,8 @@ What it does per ``POST`` (any path but ``/stats`` and ``/reset``):
   (release) for another 5 % on their first delivery, 200 for the rest;
 - with ``/reset?delay_ms=N``, answers N ms later (the slow app of the backlog test);
 - with ``/reset?killer=1`` (single mode, the crash-isolation test), notes every delivery's
-  partition, offset and ``Kafka-Delivery-Count``; a record whose value starts with
+  partition, offset and ``Kafka-Delivery-Count`` (how many other records came with a count above
+  1); a record whose value starts with
   ``bench-kill`` makes it SIGKILL the sidecar whose pid ``POST /killer?pid=N`` named last
   (set again after each restart; ``/killer`` keeps the counters). Without a pid it answers 200.
 ``GET /stats`` returns the counters as JSON; ``POST /reset?...`` clears them and sets the mode.
@@ -67,7 +68,9 @@ class Stats:
         self.kill_pid = 0
         self.kills = 0
         self.killer_counts: list[int] = []  # Kafka-Delivery-Count of each delivery of the killer
-        self.seen: set[tuple[int, int]] = set()  # (partition, offset) delivered at least once
+        # (partition, offset) -> the highest Kafka-Delivery-Count it was delivered with
+        self.seen: dict[tuple[int, int], int] = {}
+        self.killer_at: tuple[int, int] | None = None
         self.deliveries = 0
 
     def as_json(self) -> bytes:
@@ -84,6 +87,9 @@ class Stats:
                 "kills": self.kills,
                 "killer_counts": self.killer_counts,
                 "distinct_seen": len(self.seen),
+                "innocent_counts_raised": sum(
+                    1 for at, count in self.seen.items() if count > 1 and at != self.killer_at
+                ),
                 "deliveries": self.deliveries,
             }
         ).encode()
@@ -208,9 +214,11 @@ class Connection(asyncio.Protocol):
 
     def killer_delivery(self, body: bytes) -> None:
         STATS.deliveries += 1
-        STATS.seen.add((self.partition, self.offset))
+        at = (self.partition, self.offset)
+        STATS.seen[at] = max(STATS.seen.get(at, 0), self.delivery_count)
         if not body.startswith(KILL_VALUE):
             return
+        STATS.killer_at = at
         STATS.killer_counts.append(self.delivery_count)
         if STATS.kill_pid:
             # The record "crashes" the sidecar: no answer ever comes back for it, nor for

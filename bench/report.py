@@ -193,6 +193,10 @@ def check_targets(
         add(f"killer {variant}: innocent records in DLQ", k["innocent_dead_lettered"], "==", 0)
         add(f"killer {variant}: killer in the DLQ (1 = yes)", int(k["killer_in_dlq"]), "==", 1)
         add(f"killer {variant}: deaths", k["deaths"], "<=", k["limit"] + 1)
+        if k["engine"] == "consumer" and "innocent_counts_raised" in k:
+            # Issue 19, item 1: no other record's count goes up because of the deaths (a share
+            # group's broker charges every record in flight; there it is a measurement).
+            add(f"killer {variant}: other counts raised", k["innocent_counts_raised"], "==", 0)
     return out
 
 
@@ -220,6 +224,8 @@ def flat_figures(figures: dict[str, Any]) -> dict[str, float]:
     for variant, k in figures.get("killer", {}).items():
         out[f"killer {variant} deaths"] = k["deaths"]
         out[f"killer {variant} innocent in DLQ"] = k["innocent_dead_lettered"]
+        if "innocent_counts_raised" in k:
+            out[f"killer {variant} other counts raised"] = k["innocent_counts_raised"]
         out[f"killer {variant} killer deliveries"] = k["killer_deliveries"]
     return out
 
@@ -290,7 +296,8 @@ def print_details(figures: dict[str, Any], reference: dict[str, Any] | None = No
             f"  killer {variant} ({k['records']} records held {k['hold_ms']} ms, {limits}):"
             f" {k['deaths']} deaths, {fate}, delivered {k['killer_deliveries']} times"
             f" (counts {k['killer_counts_seen']}), {k['innocent_dead_lettered']} innocent records"
-            f" dead-lettered; {k['outcome']} after {k['seconds']:.0f} s"
+            f" dead-lettered, {k.get('innocent_counts_raised', '?')} others delivered with a"
+            f" count above 1; {k['outcome']} after {k['seconds']:.0f} s"
         )
         if k["dlq_messages"]:
             print(f"    DLQ reasons: {k['dlq_messages']}")

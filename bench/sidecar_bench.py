@@ -1103,8 +1103,11 @@ def run_killer(
                     # longer than that, with everything delivered, means nothing else will come.
                     survived = (
                         stats["distinct_seen"] >= spec.records
-                        and time.monotonic() - quiet_since > spec.group_lock_ms / 1000 + 5
                         and share_idle(api_path)
+                        and (
+                            time.monotonic() - quiet_since > spec.group_lock_ms / 1000 + 5
+                            or killer_dead_lettered()
+                        )
                     )
                 if survived:
                     outcome = "survived"
@@ -1155,6 +1158,8 @@ def run_killer(
         "killer_deliveries": len(stats["killer_counts"]),
         "killer_counts_seen": stats["killer_counts"],
         "innocent_dead_lettered": len(innocent),
+        # Other records the app saw with a Kafka-Delivery-Count above 1: charged for a death.
+        "innocent_counts_raised": stats["innocent_counts_raised"],
         "dlq_messages": messages,
         "distinct_delivered": stats["distinct_seen"],
         "deliveries": stats["deliveries"],
