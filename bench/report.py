@@ -297,7 +297,8 @@ def print_details(figures: dict[str, Any], reference: dict[str, Any] | None = No
             f" {k['deaths']} deaths, {fate}, delivered {k['killer_deliveries']} times"
             f" (counts {k['killer_counts_seen']}), {k['innocent_dead_lettered']} innocent records"
             f" dead-lettered, {k.get('innocent_counts_raised', '?')} others delivered with a"
-            f" count above 1; {k['outcome']} after {k['seconds']:.0f} s"
+            f" count above 1; {k['outcome']}, after {k['seconds']:.0f} s"
+            + (f" (deaths at {k['death_times_s']} s)" if k.get("death_times_s") else "")
         )
         if k["dlq_messages"]:
             print(f"    DLQ reasons: {k['dlq_messages']}")

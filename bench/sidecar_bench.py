@@ -977,7 +977,8 @@ def run_backlog(
         start = time.monotonic()
         while time.monotonic() - start < seconds:
             status = api_get(api_path, "/v1/status") or {"partitions": []}
-            buffered = sum(p["buffered"] + p["in_flight"] for p in status["partitions"])
+            # The ledger's buffered count includes the records in flight.
+            buffered = sum(p["buffered"] for p in status["partitions"])
             samples.append(
                 (time.monotonic() - start, proc_status_kb(proc.pid, "VmRSS") / 1024, buffered)
             )
@@ -1059,6 +1060,7 @@ def run_killer(
         max_deaths = spec.limit + 3
     app.reset(killer=1, delay_ms=spec.hold_ms)
     deaths = 0
+    death_times_s: list[float] = []
     outcome = "gave up"
     started = time.monotonic()
 
@@ -1097,25 +1099,23 @@ def run_killer(
                 if stats["deliveries"] != last_deliveries:
                     quiet_since, last_deliveries = time.monotonic(), stats["deliveries"]
                 if engine == "consumer":
-                    survived = status_done(api_path, topic, ends) and killer_dead_lettered()
-                else:
-                    # Records a dead consumer held come back when their locks expire: quiet for
-                    # longer than that, with everything delivered, means nothing else will come.
-                    survived = (
-                        stats["distinct_seen"] >= spec.records
-                        and share_idle(api_path)
-                        and (
-                            time.monotonic() - quiet_since > spec.group_lock_ms / 1000 + 5
-                            or killer_dead_lettered()
-                        )
-                    )
-                if survived:
-                    outcome = "survived"
+                    if status_done(api_path, topic, ends) and killer_dead_lettered():
+                        outcome = "survived: every offset done, the killer in the DLQ"
+                elif stats["distinct_seen"] >= spec.records and share_idle(api_path):
+                    # A dead consumer's records come back once the broker drops its session or
+                    # their locks expire; quiet for twice the lock, with everything delivered,
+                    # means nothing else will come (the broker archived the killer itself).
+                    quiet_s = time.monotonic() - quiet_since
+                    if killer_dead_lettered():
+                        outcome = "survived: every record delivered, the killer in the DLQ"
+                    elif quiet_s > 2 * spec.group_lock_ms / 1000 + 5:
+                        outcome = f"survived: nothing delivered for {quiet_s:.0f} s"
+                if outcome.startswith("survived"):
                     break
                 time.sleep(0.25)
             died = proc.poll() is not None
             returncode = proc.returncode
-        if outcome == "survived":
+        if outcome.startswith("survived"):
             break
         if not died:
             outcome = "timed out"
@@ -1124,6 +1124,7 @@ def run_killer(
             outcome = f"exited {returncode}: {log_tail(directory, side, name, 400)!r}"
             break
         deaths += 1
+        death_times_s.append(round(time.monotonic() - started, 1))
     stats = app.stats()
     app.reset()
     records = dlq_records()
@@ -1152,6 +1153,7 @@ def run_killer(
         "group_limit": spec.group_limit if engine == "share" else None,
         "outcome": outcome,
         "deaths": deaths,
+        "death_times_s": death_times_s,
         "killer_in_dlq": bool(killer_headers),
         "killer_dlq_records": len(killer_headers),
         "killer_dlq_delivery_count": killer_dlq_count,
@@ -1243,22 +1245,21 @@ def part_throughput(bench: Bench, selected: list[str]) -> None:
 
 
 def part_latency(bench: Bench, selected: list[str]) -> None:
+    """Added latency at a fixed offered rate; rounds alternate the sides like the throughput runs."""
     args = bench.args
-    for side in bench.sides:
-        bench.figures[side.name]["latency"] = {}
-    for scenario in LATENCY_SCENARIOS:
-        if scenario not in selected:
-            continue
-        for side in bench.sides_for(scenario):
-            if unavailable(scenario, side):
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(args.part_runs):
+        for scenario in LATENCY_SCENARIOS:
+            if scenario not in selected:
                 continue
-            runs = []
-            for _ in range(args.part_runs):
+            for side in bench.sides_for(scenario):
+                if unavailable(scenario, side):
+                    continue
                 lat = run_latency(
                     scenario, bench.broker, bench.app, bench.directory,
                     args.latency_rate, args.latency_seconds, side,
                 )  # fmt: skip
-                runs.append(lat)
+                runs.setdefault((scenario, side.name), []).append(lat)
                 cpu = lat.get("sidecar_cpu_share")
                 print(
                     f"  latency {scenario:<12}{bench.tag(side)} p50 {lat['p50_ms']:.2f} ms"
@@ -1268,7 +1269,12 @@ def part_latency(bench: Bench, selected: list[str]) -> None:
                     + (f"  sidecar CPU {cpu * 100:.0f} %" if cpu is not None else ""),
                     flush=True,
                 )
-            bench.figures[side.name]["latency"][scenario] = median_of(runs)
+    for side in bench.sides:
+        bench.figures[side.name]["latency"] = {
+            scenario: median_of(found)
+            for (scenario, name), found in runs.items()
+            if name == side.name
+        }
 
 
 def part_rates(bench: Bench, rates: list[float]) -> None:
