@@ -1014,6 +1014,11 @@ class KillerSpec:
     limit: int = 3  # the sidecar's share.delivery.count.limit
     group_limit: int = 5  # engine share: the share group's share.delivery.count.limit
     group_lock_ms: int = 15_000  # engine share: how soon a dead consumer's records come back
+    # Engine share: how long nothing may be delivered before the killer counts as dropped. A dead
+    # member keeps its partitions until its share session expires (45 s by default, and a group's
+    # share.session.timeout.ms cannot go below the broker's group.share.min.session.timeout.ms,
+    # 45 s by default), then its records wait for their locks: 45 + 15 s, and 5 s to spare.
+    share_quiet_s: float = 65.0
     incarnation_timeout_s: float = 180.0
 
 
@@ -1102,13 +1107,12 @@ def run_killer(
                     if status_done(api_path, topic, ends) and killer_dead_lettered():
                         outcome = "survived: every offset done, the killer in the DLQ"
                 elif stats["distinct_seen"] >= spec.records and share_idle(api_path):
-                    # A dead consumer's records come back once the broker drops its session or
-                    # their locks expire; quiet for twice the lock, with everything delivered,
-                    # means nothing else will come (the broker archived the killer itself).
+                    # Quiet for longer than a dead member's records can take to come back, with
+                    # everything delivered: the broker archived the killer itself.
                     quiet_s = time.monotonic() - quiet_since
                     if killer_dead_lettered():
                         outcome = "survived: every record delivered, the killer in the DLQ"
-                    elif quiet_s > 2 * spec.group_lock_ms / 1000 + 5:
+                    elif quiet_s > spec.share_quiet_s:
                         outcome = f"survived: nothing delivered for {quiet_s:.0f} s"
                 if outcome.startswith("survived"):
                     break
@@ -1342,6 +1346,7 @@ def part_killer(bench: Bench, variants: list[str]) -> None:
         hold_ms=args.killer_hold_ms,
         limit=args.killer_limit,
         group_limit=args.killer_group_limit,
+        share_quiet_s=args.killer_share_quiet_s,
     )
     for variant in variants:
         for side in bench.sides:
@@ -1392,6 +1397,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--killer-hold-ms", type=int, default=KillerSpec.hold_ms)
     add("--killer-limit", type=int, default=KillerSpec.limit, help="share.delivery.count.limit")
     add("--killer-group-limit", type=int, default=KillerSpec.group_limit, help="engine share: the group's")  # fmt: skip
+    add("--killer-share-quiet-s", type=float, default=KillerSpec.share_quiet_s, help="engine share: quiet before the killer counts as dropped")  # fmt: skip
     add("--app-seconds", type=float, default=2.0, help="app-alone run length")
     add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
     add("--show", metavar="JSON", help="print the tables of a saved run and exit")
