@@ -1036,6 +1036,7 @@ def run_killer(
     engine, ordering = KILLER_VARIANTS[variant]
     topic = broker.create_topic(f"bench-killer-{variant}-{uuid.uuid4().hex[:6]}")
     dlq = f"dlq.{topic}"
+    broker.topics.append(dlq)  # the sidecar creates it; deleted at the end with the bench's own
     killer_index = spec.records // 2
     values = [
         b"bench-kill" if i == killer_index else b"%08d" % i + b"x" * 92 for i in range(spec.records)
