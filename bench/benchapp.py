@@ -16,7 +16,12 @@ What it does per ``POST`` (any path but ``/stats`` and ``/reset``):
   receive - produce per record;
 - with ``/reset?fail=1`` (single mode), answers 422 (reject) for 5 % of offsets and 503
   (release) for another 5 % on their first delivery, 200 for the rest;
-- with ``/reset?delay_ms=N``, answers N ms later (the slow app of the backlog test).
+- with ``/reset?delay_ms=N``, answers N ms later (the slow app of the backlog test);
+- with ``/reset?killer=1`` (single mode, the crash-isolation test), notes every delivery's
+  partition, offset and ``Kafka-Delivery-Count`` (how many other records came with a count above
+  1); a record whose value starts with
+  ``bench-kill`` makes it SIGKILL the sidecar whose pid ``POST /killer?pid=N`` named last
+  (set again after each restart; ``/killer`` keeps the counters). Without a pid it answers 200.
 ``GET /stats`` returns the counters as JSON; ``POST /reset?...`` clears them and sets the mode.
 """
 
@@ -27,6 +32,7 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import sys
 import time
 from urllib.parse import parse_qs
@@ -38,6 +44,7 @@ REJECT = b"HTTP/1.1 422 Unprocessable Entity\r\nContent-Length: 0\r\n\r\n"
 RELEASE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
 TS_HEADER = b"bench-ts="
 TS_NAME = "bench-ts"
+KILL_VALUE = b"bench-kill"
 FAIL_PERCENT = 5  # rejects; the same share again is released once
 
 
@@ -57,6 +64,14 @@ class Stats:
         self.fail = query.get("fail", ["0"])[0] == "1"
         self.delay_s = int(query.get("delay_ms", ["0"])[0]) / 1000
         self.latencies_ns: list[int] = []
+        self.killer = query.get("killer", ["0"])[0] == "1"
+        self.kill_pid = 0
+        self.kills = 0
+        self.killer_counts: list[int] = []  # Kafka-Delivery-Count of each delivery of the killer
+        # (partition, offset) -> the highest Kafka-Delivery-Count it was delivered with
+        self.seen: dict[tuple[int, int], int] = {}
+        self.killer_at: tuple[int, int] | None = None
+        self.deliveries = 0
 
     def as_json(self) -> bytes:
         return json.dumps(
@@ -69,6 +84,13 @@ class Stats:
                 "released": self.released,
                 "span_exports": self.span_exports,
                 "latencies_ns": self.latencies_ns,
+                "kills": self.kills,
+                "killer_counts": self.killer_counts,
+                "distinct_seen": len(self.seen),
+                "innocent_counts_raised": sum(
+                    1 for at, count in self.seen.items() if count > 1 and at != self.killer_at
+                ),
+                "deliveries": self.deliveries,
             }
         ).encode()
 
@@ -126,7 +148,7 @@ class Connection(asyncio.Protocol):
         # Only what a mode needs is looked at: the app must stay cheap.
         if STATS.latency and value.startswith(TS_HEADER):
             self.ts_ns = int(value[len(TS_HEADER) :])
-        elif STATS.fail:
+        elif STATS.fail or STATS.killer:
             lowered = name.lower()
             if lowered == b"kafka-partition":
                 self.partition = int(value)
@@ -151,6 +173,10 @@ class Connection(asyncio.Protocol):
             return
         if path == b"/reset":
             STATS.reset(parse_qs(query.decode()))
+            self.reply(OK)
+            return
+        if path == b"/killer":
+            STATS.kill_pid = int(parse_qs(query.decode()).get("pid", ["0"])[0])
             self.reply(OK)
             return
         if path == b"/v1/traces":
@@ -178,11 +204,31 @@ class Connection(asyncio.Protocol):
             STATS.records += 1
             if self.ts_ns:
                 STATS.latencies_ns.append(now - self.ts_ns)
+            if STATS.killer:
+                self.killer_delivery(body)
             answer = fate(self.partition, self.offset, self.delivery_count) if STATS.fail else OK
         if STATS.delay_s:
             asyncio.get_running_loop().call_later(STATS.delay_s, self.reply, answer)
         else:
             self.reply(answer)
+
+    def killer_delivery(self, body: bytes) -> None:
+        STATS.deliveries += 1
+        at = (self.partition, self.offset)
+        STATS.seen[at] = max(STATS.seen.get(at, 0), self.delivery_count)
+        if not body.startswith(KILL_VALUE):
+            return
+        STATS.killer_at = at
+        STATS.killer_counts.append(self.delivery_count)
+        if STATS.kill_pid:
+            # The record "crashes" the sidecar: no answer ever comes back for it, nor for
+            # anything else the dead process had in flight.
+            try:
+                os.kill(STATS.kill_pid, signal.SIGKILL)
+                STATS.kills += 1
+            except ProcessLookupError:
+                pass
+            STATS.kill_pid = 0
 
     def batch_latencies(self, body: bytes, now: int) -> None:
         for record in json.loads(body)["records"]:

@@ -1,11 +1,12 @@
-"""End-to-end benchmark: the sidecar against a raw consumer and a hand-written bridge (issue 11).
+"""End-to-end benchmark: the sidecar against a raw consumer and a hand-written bridge (issues 11, 19).
 
-Run: ``python -m bench [--records N] [--runs R] [--scenarios a,b,c,...]``. Not a test: it prints
-a table and writes the same figures as JSON (``bench/results/latest.json`` by default).
+Run: ``python -m bench [--records N] [--runs R] [--scenarios a,b,c,...] [--baseline PATH]``. Not a
+test: it prints tables and the targets, and writes the same figures as JSON
+(``bench/results/latest.json`` by default).
 
 One run, one broker, one set of records. N records (1 KiB values, 10,000 distinct keys) are
-produced once to a 6-partition topic; every scenario then reads all of them with a fresh
-consumer group and the figure is records/s from the first record seen to the last one done:
+produced once to a 6-partition topic; every throughput scenario then reads all of them with a
+fresh consumer group and the figure is records/s from the first record seen to the last one done:
 
     a           ceiling: confluent-kafka consume() loop, commits, no app
     b           baseline: poll() + one blocking ``requests`` POST per record over a keep-alive
@@ -15,12 +16,30 @@ consumer group and the figure is records/s from the first record seen to the las
     e-tcp-key   the sidecar, 5 % rejects + 5 % releases (DLQ path active)
     e-txn       ... with the transactional DLQ mode            (when the engine supports it)
     f-*         tracing on vs off                              (when the sidecar has tracing)
+    g-share     ``engine: share`` (a share group), single mode, TCP, ordering none
+
+Then, in the same run (each part can be skipped with ``--skip``):
+
+    latency     added latency at a fixed offered rate (1,000 records/s) over the raw consumer,
+                single and batch mode: a ``bench-ts`` header carries the produce time, the app
+                notes the receive time; the sidecar's CPU during it
+    rates       sidecar CPU (µs per record, share of a core) at 100 and 1,000 records/s offered
+                (c-tcp-key), against its CPU per record at saturation (the c-tcp-key run)
+    idle        sidecar CPU with its partitions assigned and no traffic
+    backlog     peak RSS with default settings behind a slow app (50 ms per answer): 2,000,000
+                records of 100 B, 30,000 of 10 KiB, 100 of 1 MiB
+    killer      crash isolation: a killer record whose delivery makes the app SIGKILL the sidecar,
+                which is restarted after each death until the killer is in the DLQ; deaths,
+                innocent records dead-lettered, the killer's delivery count; engine consumer with
+                ordering none and key, and engine share
+
+``--baseline PATH`` runs the sidecar of another checkout (``git worktree add /tmp/base <commit>``)
+as well, alternating with this one (A B A B) on the same broker, records and scenarios, and prints
+the ratio new/old of every figure.
 
 The app (``bench.benchapp``) is one asyncio process listening on TCP and a Unix socket; it is
 measured alone too. Every measured process is a child; CPU comes from /proc/<pid>/stat (all its
-threads, librdkafka's included), peak RSS from VmHWM. Then: end-to-end latency at a fixed
-offered rate (a ``bench-ts`` header carries the produce time, the app notes the receive time),
-and RSS of the sidecar over time with a large backlog behind a slow app.
+threads, librdkafka's included), peak RSS from VmHWM.
 
 The broker is ``$KAFKA_BOOTSTRAP``, or one this command starts with ``scripts/kafka start`` in a
 private state directory and stops at the end. Child roles (``--child ceiling|bridge``) are this
@@ -38,7 +57,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +67,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.report import (
+    ALL_SCENARIOS,
+    check_targets,
+    median_of,
+    print_report,
+    summarise,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 PARTITIONS = 6
@@ -57,36 +83,6 @@ VALUE_BYTES = 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POLL_S = 0.02
 
-ALL_SCENARIOS = [
-    "a",
-    "b",
-    "c-tcp-key",
-    "c-tcp-none",
-    "c-unix-key",
-    "c-unix-none",
-    "d-tcp-key",
-    "d-unix-none",
-    "e-tcp-key",
-    "e-txn",
-    "f-off",
-    "f-on",
-    "f-on-10pct",
-]
-DESCRIPTIONS = {
-    "a": "raw consumer (ceiling)",
-    "b": "hand-written bridge",
-    "c-tcp-key": "sidecar single, TCP, key",
-    "c-tcp-none": "sidecar single, TCP, none",
-    "c-unix-key": "sidecar single, unix, key",
-    "c-unix-none": "sidecar single, unix, none",
-    "d-tcp-key": "sidecar batch, TCP, key",
-    "d-unix-none": "sidecar batch, unix, none",
-    "e-tcp-key": "sidecar 5% rej + 5% rel, DLQ",
-    "e-txn": "... transactional DLQ",
-    "f-off": "tracing off (exporter none)",
-    "f-on": "tracing on, all sampled",
-    "f-on-10pct": "tracing on, 10 % parent-based",
-}
 # Tracing scenarios: OTLP over HTTP to the bench app, which accepts and drops the spans (its
 # /v1/traces route); the sampler and the endpoint come from the standard OTEL_* variables the
 # sidecar honours (the endpoint is added per run: the app's port).
@@ -98,6 +94,18 @@ SIDECAR_ENV = {
     },
 }
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key"]
+PARTS = ["latency", "rates", "idle", "backlog", "killer"]
+KILLER_VARIANTS = {
+    "consumer-none": ("consumer", "none"),
+    "consumer-key": ("consumer", "key"),
+    "share": ("share", "none"),
+}
+# Backlogs behind a slow app: name -> (value bytes, the option giving the record count).
+BACKLOGS = {
+    "100B": (100, "backlog"),
+    "10KiB": (10 * 1024, "backlog_10k"),
+    "1MiB": (1024 * 1024, "backlog_1m"),
+}
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -203,12 +211,15 @@ class Broker:
             subprocess.run([PY, str(ROOT / "scripts" / "kafka"), "stop"], env=env, check=False)
             shutil.rmtree(self.own_state_dir, ignore_errors=True)
 
-    def create_topic(self, name: str, partitions: int = PARTITIONS) -> str:
+    def create_topic(
+        self, name: str, partitions: int = PARTITIONS, config: dict[str, str] | None = None
+    ) -> str:
         from confluent_kafka.admin import AdminClient
         from confluent_kafka.cimpl import NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=30)
+        new = NewTopic(name, partitions, 1, config=config or {})
+        admin.create_topics([new])[name].result(timeout=30)
         self.topics.append(name)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -242,7 +253,8 @@ class Broker:
             {
                 "bootstrap.servers": self.bootstrap,
                 "linger.ms": 20,
-                "batch.size": 1_000_000,
+                "batch.size": max(1_000_000, 2 * value_bytes),
+                "message.max.bytes": max(1_000_000, 2 * value_bytes),
                 "queue.buffering.max.messages": 1_000_000,
             }
         )
@@ -259,6 +271,80 @@ class Broker:
                 producer.poll(0)
         if producer.flush(60) != 0:
             raise RuntimeError("produce did not complete")
+
+    def produce_values(self, topic: str, values: list[bytes]) -> list[tuple[int, int]]:
+        """Produce ``values`` (key ``key-<i>``) in order; returns each one's (partition, offset)."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        where: dict[int, tuple[int, int]] = {}
+        for i, value in enumerate(values):
+            producer.produce(topic, value, b"key-%05d" % i, on_delivery=_where_noter(where, i))
+            producer.poll(0)
+        if producer.flush(60) != 0 or len(where) != len(values):
+            raise RuntimeError("produce did not complete")
+        return [where[i] for i in range(len(values))]
+
+    def read_headers(self, topic: str) -> list[tuple[int, int, dict[str, bytes]]]:
+        """Every record of ``topic`` (if it exists): (partition, offset, headers), headers by name."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        out: list[tuple[int, int, dict[str, bytes]]] = []
+        try:
+            md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if md is None or md.error is not None:
+                return out
+            ends = {}
+            for p in md.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if high > low:
+                    ends[p] = high
+            if not ends:
+                return out
+            consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+            deadline = time.monotonic() + 30
+            last: dict[int, int] = {}
+            while time.monotonic() < deadline and any(
+                last.get(p, -1) + 1 < end for p, end in ends.items()
+            ):
+                for msg in consumer.consume(500, 0.2):
+                    partition, offset = msg.partition(), msg.offset()
+                    if msg.error() is not None or partition is None or offset is None:
+                        continue
+                    last[partition] = offset
+                    headers: dict[str, bytes] = {}
+                    raw: Any = msg.headers() or []
+                    for name, value in raw:
+                        if isinstance(value, bytes):
+                            headers[name] = value
+                    out.append((partition, offset, headers))
+        finally:
+            consumer.close()
+        return out
+
+    def set_group_config(self, group: str, configs: dict[str, str]) -> None:
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+        from confluent_kafka.admin._resource import ResourceType
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        res = ConfigResource(
+            ResourceType.GROUP,
+            group,
+            incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in configs.items()
+            ],
+        )
+        admin.incremental_alter_configs([res])[res].result(timeout=15)
 
     def produce_at_rate(self, topic: str, rate: float, seconds: float) -> list[int]:
         """Produce at a fixed offered rate; each record carries its produce time (monotonic ns).
@@ -289,6 +375,14 @@ class Broker:
             producer.poll(0)
         producer.flush(30)
         return acks
+
+
+def _where_noter(where: dict[int, tuple[int, int]], index: int) -> Any:
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            where[index] = (msg.partition(), msg.offset())
+
+    return on_delivery
 
 
 def _ack_timer(acks: list[int], sent_ns: int) -> Any:
@@ -327,6 +421,9 @@ class App:
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
+
+    def set_kill_pid(self, pid: int) -> None:
+        http_json(self.conn, "POST", f"/killer?pid={pid}")
 
     def close(self) -> None:
         self.conn.close()
@@ -367,6 +464,20 @@ def measure_app_alone(app: App, seconds: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------- sidecar
 
 
+@dataclass(frozen=True)
+class Side:
+    """Which sidecar code runs: this checkout ("new") or the ``--baseline`` one ("old")."""
+
+    name: str
+    root: Path
+
+    def env(self) -> dict[str, str]:
+        # ``python -m sidecar`` with the checkout as the working directory and first on the path,
+        # so its own ``sidecar`` package is the one imported (the venv's packages are shared).
+        path = os.environ.get("PYTHONPATH")
+        return {"PYTHONPATH": str(self.root) + (os.pathsep + path if path else "")}
+
+
 def sidecar_config(
     scenario: str,
     bootstrap: str,
@@ -374,13 +485,20 @@ def sidecar_config(
     group: str,
     app: App,
     api_path: str,
+    *,
+    ordering: str | None = None,
+    engine: str | None = None,
+    kafka_extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> str:
     kind, _, rest = scenario.partition("-")
-    transport, _, ordering = rest.partition("-")
-    if kind in ("e", "f") and not ordering:
-        transport, ordering = "tcp", "key"
+    transport, _, scenario_ordering = rest.partition("-")
+    if kind in ("e", "f") and not scenario_ordering:
+        transport, scenario_ordering = "tcp", "key"
     if scenario in ("e-txn", "f-off", "f-on", "f-on-10pct"):
-        transport, ordering = "tcp", "key"
+        transport, scenario_ordering = "tcp", "key"
+    if kind == "g":
+        transport, scenario_ordering, engine = "tcp", "none", engine or "share"
     unix = transport == "unix"
     mode = "batch" if kind == "d" else "single"
     lines = [
@@ -388,9 +506,10 @@ def sidecar_config(
         f"  bootstrap.servers: {json.dumps(bootstrap)}",
         f"  group.id: {json.dumps(group)}",
         "  auto.offset.reset: earliest",
+        *(f"  {k}: {json.dumps(v)}" for k, v in (kafka_extra or {}).items()),
         "source:",
         f"  topics: [{json.dumps(topic)}]",
-        f"ordering: {ordering}",
+        f"ordering: {ordering or scenario_ordering}",
         "app:",
         f"  url: http://127.0.0.1:{app.port}/records",
         f"  unix_socket: {json.dumps(app.unix_path) if unix else 'null'}",
@@ -400,6 +519,8 @@ def sidecar_config(
         "logging:",
         "  level: warning",
     ]
+    if engine:
+        lines.append(f"engine: {engine}")
     if kind == "e":
         # A released record is retried after 50 ms rather than the default 1 s, so the run's
         # length is the work done, not one retry timer at the tail of a 5 s run.
@@ -408,27 +529,36 @@ def sidecar_config(
         lines.append("errors.deadletterqueue.transactional.enable: true")
     if scenario.startswith("f-on"):
         lines += ["tracing:", "  exporter: otlp-http"]
+    lines += [f"{k}: {json.dumps(v)}" for k, v in (extra or {}).items()]
     return "\n".join(lines) + "\n"
 
 
-def unavailable(scenario: str) -> str | None:
-    """Why a scenario cannot run against this sidecar, or None."""
+def unavailable(scenario: str, side: Side) -> str | None:
+    """Why a scenario cannot run against this side's sidecar, or None."""
+    code = side.root / "sidecar"
     if scenario == "e-txn":
-        engine_src = (ROOT / "sidecar" / "engine.py").read_text()
-        dlq_src = (ROOT / "sidecar" / "dlq.py").read_text()
+        engine_src = (code / "engine.py").read_text()
+        dlq_src = (code / "dlq.py").read_text()
         if "transactional_enable" not in engine_src + dlq_src:
             return (
                 "errors.deadletterqueue.transactional.enable is parsed but not used by the engine"
             )
-    if scenario.startswith("f-") and "tracing" not in (ROOT / "sidecar" / "engine.py").read_text():
+    if scenario.startswith("f-") and "tracing" not in (code / "engine.py").read_text():
         return "the engine creates no spans: tracing.exporter is parsed but unused"
+    if scenario.startswith("g-") and not (code / "share_engine.py").exists():
+        return "this sidecar has no share-group engine"
     return None
 
 
 @contextlib.contextmanager
 def running_sidecar(
-    config_text: str, directory: str, name: str, env: dict[str, str] | None = None
+    config_text: str,
+    directory: str,
+    name: str,
+    side: Side,
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
+    name = f"{side.name}-{name}"
     config_path = os.path.join(directory, f"{name}.yaml")
     Path(config_path).write_text(config_text)
     log_path = os.path.join(directory, f"{name}.log")
@@ -436,10 +566,10 @@ def running_sidecar(
         # Logs go to stderr; stdout carries only console-exported spans.
         proc = subprocess.Popen(
             [PY, "-m", "sidecar", "run", "-c", config_path],
-            cwd=ROOT,
+            cwd=side.root,
             stdout=subprocess.DEVNULL,
             stderr=log,
-            env=dict(os.environ, **(env or {})),
+            env=dict(os.environ, **side.env(), **(env or {})),
         )
     spy = None
     if os.environ.get("BENCH_PYSPY"):
@@ -466,6 +596,11 @@ def running_sidecar(
             spy.wait(timeout=30)
 
 
+def log_tail(directory: str, side: Side, name: str, chars: int = 1500) -> str:
+    path = Path(directory) / f"{side.name}-{name}.log"
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
 def wait_until(predicate: Any, timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -489,13 +624,34 @@ def api_get(api_path: str, path: str) -> Any:
 
 
 def status_done(api_path: str, topic: str, ends: dict[int, int]) -> bool:
+    """Consumer engine: every partition's committable offset is at its end offset."""
     status = api_get(api_path, "/v1/status")
     if not status:
         return False
     seen = {
         p["partition"]: p["committable_offset"] for p in status["partitions"] if p["topic"] == topic
     }
-    return all(seen.get(p, -1) >= end for p, end in ends.items() if end > 0)
+    # None: nothing committable yet (older sidecars say so before their first record is done).
+    return all((seen.get(p) or -1) >= end for p, end in ends.items() if end > 0)
+
+
+def share_idle(api_path: str) -> bool:
+    """Share engine: nothing in flight (every answer taken and acknowledged to the broker)."""
+    status = api_get(api_path, "/v1/status")
+    return (
+        bool(status)
+        and status.get("in_flight", 1) == 0
+        and not status["share"].get("batches_in_flight", 0)
+    )
+
+
+def wait_assigned(api_path: str, proc: subprocess.Popen[bytes]) -> None:
+    wait_until(
+        lambda: (api_get(api_path, "/readyz") or {}).get("checks", {}).get("assigned"),
+        60,
+        "assignment",
+        proc,
+    )
 
 
 def run_sidecar_throughput(
@@ -506,20 +662,25 @@ def run_sidecar_throughput(
     app: App,
     directory: str,
     run: int,
+    side: Side,
 ) -> dict[str, Any]:
     total = sum(ends.values())
-    group = f"bench-{scenario}-{run}-{uuid.uuid4().hex[:8]}"
-    api_path = os.path.join(directory, f"api-{scenario}-{run}.sock")
+    group = f"bench-{side.name}-{scenario}-{run}-{uuid.uuid4().hex[:8]}"
+    api_path = os.path.join(directory, f"api-{side.name}-{scenario}-{run}.sock")
     config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
     app.reset(fail=1 if scenario.startswith("e") else 0)
     env = dict(SIDECAR_ENV.get(scenario, {}))
     if scenario.startswith("f-on"):
         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{app.port}/v1/traces"
-    with running_sidecar(config, directory, f"{scenario}-{run}", env) as proc:
+    share = scenario.startswith("g-")
+    with running_sidecar(config, directory, f"{scenario}-{run}", side, env) as proc:
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
-        wait_until(lambda: status_done(api_path, topic, ends), 120, "every offset done", proc)
+        if share:
+            wait_until(lambda: share_idle(api_path), 120, "every record acknowledged", proc)
+        else:
+            wait_until(lambda: status_done(api_path, topic, ends), 120, "every offset done", proc)
         end_ns = time.monotonic_ns()
         cpu1, app_cpu1 = cpu_seconds(proc.pid), app.cpu()
         rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
@@ -532,6 +693,7 @@ def run_sidecar_throughput(
         "peak_rss_mb": rss_peak_kb / 1024,
         "app_cpu_share": (app_cpu1 - app_cpu0) / elapsed,
         "app_requests": stats["requests"],
+        "app_records": stats["records"],
         "span_exports": stats.get("span_exports", 0),
         "rejected": stats["rejected"],
         "released": stats["released"],
@@ -692,8 +854,15 @@ def bridge_poster(url: str) -> Any:
 
 
 def run_latency(
-    scenario: str, broker: Broker, app: App, directory: str, rate: float, seconds: float
+    scenario: str,
+    broker: Broker,
+    app: App,
+    directory: str,
+    rate: float,
+    seconds: float,
+    side: Side,
 ) -> dict[str, Any]:
+    """Records offered at ``rate`` for ``seconds``: receive - produce per record, and the CPU."""
     topic = broker.create_topic(f"bench-lat-{scenario}-{uuid.uuid4().hex[:6]}")
     count = int(rate * seconds)
     extra: dict[str, float] = {}
@@ -716,28 +885,28 @@ def run_latency(
         )
         latencies = result["latencies_ns"] if scenario == "a" else app.stats()["latencies_ns"]
     else:
-        api_path = os.path.join(directory, f"api-lat-{scenario}.sock")
-        group = f"bench-lat-{scenario}-{uuid.uuid4().hex[:8]}"
+        name = f"lat-{scenario}-{int(rate)}"
+        api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
+        group = f"bench-lat-{side.name}-{scenario}-{uuid.uuid4().hex[:8]}"
         config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
-        with running_sidecar(config, directory, f"lat-{scenario}") as proc:
-            wait_until(
-                lambda: (api_get(api_path, "/readyz") or {}).get("checks", {}).get("assigned"),
-                60,
-                "assignment",
-                proc,
-            )
+        with running_sidecar(config, directory, name, side) as proc:
+            wait_assigned(api_path, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
             acks = broker.produce_at_rate(topic, rate, seconds)
-            sidecar_cpu_share = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
             wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
+            cpu = cpu_seconds(proc.pid) - cpu0
+            # The share of a core while records are offered; the CPU of the records' delivery
+            # after the last one was produced is in the per-record figure too.
+            extra["sidecar_cpu_share"] = cpu / (time.monotonic() - t0)
+            extra["sidecar_cpu_us_per_record"] = cpu / max(1, count) * 1e6
         latencies = app.stats()["latencies_ns"]
-        extra["sidecar_cpu_share"] = sidecar_cpu_share
     # The first 10 % are warm-up (connections opening, first fetch).
     kept = [v / 1e6 for v in latencies[len(latencies) // 10 :]]
     acked = [v / 1e6 for v in acks[len(acks) // 10 :]]
     return {
         "records": len(latencies),
+        "rate": rate,
         "produce_ack_p50_ms": percentile(acked, 50),
         "produce_ack_p99_ms": percentile(acked, 99),
         "p50_ms": percentile(kept, 50),
@@ -747,36 +916,82 @@ def run_latency(
     }
 
 
+# ------------------------------------------------------------------------------------- idle
+
+
+def run_idle(
+    broker: Broker, app: App, directory: str, seconds: float, side: Side
+) -> dict[str, Any]:
+    """The sidecar with its partitions assigned and no records: its CPU over ``seconds``."""
+    topic = broker.create_topic(f"bench-idle-{uuid.uuid4().hex[:6]}")
+    api_path = os.path.join(directory, f"api-{side.name}-idle.sock")
+    group = f"bench-idle-{side.name}-{uuid.uuid4().hex[:8]}"
+    config = sidecar_config("c-tcp-key", broker.bootstrap, topic, group, app, api_path)
+    with running_sidecar(config, directory, "idle", side) as proc:
+        wait_assigned(api_path, proc)
+        time.sleep(2.0)  # start-up work (imports, first commits, metadata) is not idling
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(seconds)
+        cpu = cpu_seconds(proc.pid) - cpu0
+        elapsed = time.monotonic() - t0
+        if proc.poll() is not None:
+            raise RuntimeError(f"the sidecar exited ({proc.returncode}) while idle")
+    return {"seconds": elapsed, "cpu_s": cpu, "cpu_share": cpu / elapsed}
+
+
 # ------------------------------------------------------------------------------------- backlog
 
 
+def produce_backlog(broker: Broker, records: int, value_bytes: int) -> str:
+    # Larger records than the broker's default limit (1 MiB values plus framing) need the topic's
+    # own max.message.bytes.
+    config = {"max.message.bytes": str(max(1_048_588, 2 * value_bytes))}
+    topic = broker.create_topic(
+        f"bench-backlog-{value_bytes}-{uuid.uuid4().hex[:6]}", config=config
+    )
+    print(f"  producing {records:,} records of {value_bytes:,} B ...", flush=True)
+    broker.produce_bulk(topic, records, value_bytes)
+    return topic
+
+
 def run_backlog(
-    broker: Broker, app: App, directory: str, records: int, delay_ms: int, seconds: float
+    broker: Broker,
+    topic: str,
+    app: App,
+    directory: str,
+    records: int,
+    value_bytes: int,
+    delay_ms: int,
+    seconds: float,
+    side: Side,
 ) -> dict[str, Any]:
-    topic = broker.create_topic(f"bench-backlog-{uuid.uuid4().hex[:6]}")
-    print(f"  producing {records:,} records of 100 B ...", flush=True)
-    broker.produce_bulk(topic, records, 100)
+    """A backlog of ``records`` behind an app answering after ``delay_ms``: the sidecar's RSS."""
     app.reset(delay_ms=delay_ms)
-    api_path = os.path.join(directory, "api-backlog.sock")
-    group = f"bench-backlog-{uuid.uuid4().hex[:8]}"
+    name = f"backlog-{value_bytes}"
+    api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
+    group = f"bench-backlog-{side.name}-{uuid.uuid4().hex[:8]}"
     config = sidecar_config("c-tcp-key", broker.bootstrap, topic, group, app, api_path)
     samples: list[tuple[float, float, int]] = []
-    with running_sidecar(config, directory, "backlog") as proc:
+    with running_sidecar(config, directory, name, side) as proc:
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         start = time.monotonic()
         while time.monotonic() - start < seconds:
             status = api_get(api_path, "/v1/status") or {"partitions": []}
-            buffered = sum(p["buffered"] + p["in_flight"] for p in status["partitions"])
+            # The ledger's buffered count includes the records in flight.
+            buffered = sum(p["buffered"] for p in status["partitions"])
             samples.append(
                 (time.monotonic() - start, proc_status_kb(proc.pid, "VmRSS") / 1024, buffered)
             )
+            if proc.poll() is not None:
+                raise RuntimeError(f"the sidecar exited ({proc.returncode}) during the backlog")
             time.sleep(0.5)
         peak = proc_status_kb(proc.pid, "VmHWM") / 1024
         delivered = app.stats()["records"]
     app.reset()
-    half = [rss for t, rss, _ in samples if t >= seconds / 2]
+    half = [rss for t, rss, _ in samples if t >= seconds / 2] or [samples[-1][1]]
     return {
         "backlog_records": records,
+        "value_bytes": value_bytes,
         "app_delay_ms": delay_ms,
         "seconds": seconds,
         "delivered": delivered,
@@ -789,277 +1004,504 @@ def run_backlog(
     }
 
 
-# ------------------------------------------------------------------------------------- report
+# ------------------------------------------------------------------------------------- killer
 
 
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    rates = [r["records_per_s"] for r in runs]
-    out: dict[str, Any] = {
-        "records_per_s": statistics.median(rates),
-        "min": min(rates),
-        "max": max(rates),
-        "cpu_s_per_10k": statistics.median(r["cpu_s_per_10k"] for r in runs),
-        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-        "runs": runs,
-    }
-    if "app_cpu_share" in runs[0]:
-        out["app_cpu_share"] = statistics.median(r["app_cpu_share"] for r in runs)
-    return out
+@dataclass(frozen=True)
+class KillerSpec:
+    records: int = 300
+    hold_ms: int = 300
+    limit: int = 3  # the sidecar's share.delivery.count.limit
+    group_limit: int = 5  # engine share: the share group's share.delivery.count.limit
+    group_lock_ms: int = 15_000  # engine share: how soon a dead consumer's records come back
+    # Engine share: how long nothing may be delivered before the killer counts as dropped. A dead
+    # member keeps its partitions until its share session expires (45 s by default, and a group's
+    # share.session.timeout.ms cannot go below the broker's group.share.min.session.timeout.ms,
+    # 45 s by default), then its records wait for their locks: 45 + 15 s, and 5 s to spare.
+    share_quiet_s: float = 65.0
+    incarnation_timeout_s: float = 180.0
 
 
-def print_table(results: dict[str, Any]) -> None:
-    scenarios = results["scenarios"]
-    ceiling = scenarios.get("a", {}).get("records_per_s")
-    baseline = scenarios.get("b", {}).get("records_per_s")
-    latency = results.get("latency", {})
-    print()
-    print(
-        f"{'scenario':<12}{'':<31}{'rec/s':>9}{'min-max':>17}{'/a':>8}{'/b':>7}"
-        f"{'CPU s/10k':>10}{'RSS MB':>8}{'app CPU':>8}{'p50 ms':>8}{'p99 ms':>8}"
-    )
-    for name in ALL_SCENARIOS:
-        if name not in scenarios:
-            continue
-        s = scenarios[name]
-        label = DESCRIPTIONS[name]
-        if "unavailable" in s:
-            print(f"{name:<12}{label:<31}  not available: {s['unavailable']}")
-            continue
-        rate = s["records_per_s"]
-        to_a = f"{rate / ceiling:.2g}" if ceiling else "-"
-        to_b = f"{rate / baseline:.1f}" if baseline else "-"
-        lat = latency.get(name)
-        p50 = f"{lat['p50_ms']:.2f}" if lat else ""
-        p99 = f"{lat['p99_ms']:.2f}" if lat else ""
-        app_cpu = f"{s['app_cpu_share'] * 100:.0f}%" if "app_cpu_share" in s else ""
-        spread = f"{s['min']:,.0f}-{s['max']:,.0f}"
-        print(
-            f"{name:<12}{label:<31}{rate:>9,.0f}{spread:>17}"
-            f"{to_a:>8}{to_b:>7}{s['cpu_s_per_10k']:>10.2f}{s['peak_rss_mb']:>8.0f}"
-            f"{app_cpu:>8}{p50:>8}{p99:>8}"
-        )
+def run_killer(
+    variant: str, broker: Broker, app: App, directory: str, spec: KillerSpec, side: Side
+) -> dict[str, Any]:
+    """Crash isolation: the app SIGKILLs the sidecar whenever the killer record reaches it.
 
-
-def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, as ratios of this run's own figures."""
-    rate = {
-        name: s["records_per_s"] for name, s in results["scenarios"].items() if "records_per_s" in s
-    }
-    latency = results.get("latency", {})
-    checks: list[tuple[str, str, str, float, str]] = [
-        ("single mode / bridge", "c-tcp-key", "b", 10.0, ">="),
-        ("batch mode / raw consumer", "d-tcp-key", "a", 0.5, ">="),
-        ("DLQ path (10 % failing) / clean", "e-tcp-key", "c-tcp-key", 0.8, ">="),
-        ("transactional DLQ / clean", "e-txn", "c-tcp-key", 0.8, ">="),
-        ("tracing, all sampled / off", "f-on", "f-off", 0.5, ">="),
-        ("tracing, 10 % sampled / off", "f-on-10pct", "f-off", 0.85, ">="),
+    ``spec.records`` records (the killer in the middle) are held ``spec.hold_ms`` each by the
+    app, so many are in flight at each death. The sidecar is restarted after each death until it
+    survives: the killer is in the DLQ and every other record is done (consumer engine: every
+    offset committable; share engine: nothing in flight and nothing delivered for a while, which
+    also catches a killer the broker archived without our DLQ record).
+    """
+    engine, ordering = KILLER_VARIANTS[variant]
+    topic = broker.create_topic(f"bench-killer-{variant}-{uuid.uuid4().hex[:6]}")
+    dlq = f"dlq.{topic}"
+    broker.topics.append(dlq)  # the sidecar creates it; deleted at the end with the bench's own
+    killer_index = spec.records // 2
+    values = [
+        b"bench-kill" if i == killer_index else b"%08d" % i + b"x" * 92 for i in range(spec.records)
     ]
-    out = []
-    for what, num, den, target, op in checks:
-        if num in rate and den in rate:
-            value = rate[num] / rate[den]
-            out.append(
-                {"target": what, "value": value, "wanted": f"{op} {target}", "met": value >= target}
+    where = broker.produce_values(topic, values)
+    killer = where[killer_index]
+    ends = broker.end_offsets(topic)
+    group = f"bench-killer-{side.name}-{variant}-{uuid.uuid4().hex[:8]}"
+    kafka_extra: dict[str, Any] = {}
+    if engine == "share":
+        broker.set_group_config(
+            group,
+            {
+                "share.delivery.count.limit": str(spec.group_limit),
+                "share.record.lock.duration.ms": str(spec.group_lock_ms),
+            },
+        )
+        max_deaths = max(spec.limit, spec.group_limit) + 2
+    else:
+        # Static membership: a restarted sidecar takes over its dead incarnation's partitions at
+        # once instead of after the session timeout.
+        kafka_extra = {
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            "group.instance.id": f"bench-{group}",
+        }
+        max_deaths = spec.limit + 3
+    app.reset(killer=1, delay_ms=spec.hold_ms)
+    deaths = 0
+    death_times_s: list[float] = []
+    outcome = "gave up"
+    started = time.monotonic()
+
+    def dlq_records() -> list[tuple[int, int, dict[str, bytes]]]:
+        return broker.read_headers(dlq)
+
+    def killer_dead_lettered() -> bool:
+        return any(
+            (int(h.get("__dlq.errors.partition", b"-1")), int(h.get("__dlq.errors.offset", b"-1")))
+            == killer
+            for _, _, h in dlq_records()
+        )
+
+    for incarnation in range(max_deaths + 1):
+        name = f"killer-{variant}-{incarnation}"
+        api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
+        config = sidecar_config(
+            "c-tcp-" + ordering,
+            broker.bootstrap,
+            topic,
+            group,
+            app,
+            api_path,
+            ordering=ordering,
+            engine=engine,
+            kafka_extra=kafka_extra,
+            extra={"share.delivery.count.limit": spec.limit},
+        )
+        with running_sidecar(config, directory, name, side) as proc:
+            # Before the sidecar can have fetched anything (its start-up takes a second or more).
+            app.set_kill_pid(proc.pid)
+            deadline = time.monotonic() + spec.incarnation_timeout_s
+            quiet_since, last_deliveries = time.monotonic(), -1
+            while time.monotonic() < deadline and proc.poll() is None:
+                stats = app.stats()
+                if stats["deliveries"] != last_deliveries:
+                    quiet_since, last_deliveries = time.monotonic(), stats["deliveries"]
+                if engine == "consumer":
+                    if status_done(api_path, topic, ends) and killer_dead_lettered():
+                        outcome = "survived: every offset done, the killer in the DLQ"
+                elif stats["distinct_seen"] >= spec.records and share_idle(api_path):
+                    # Quiet for longer than a dead member's records can take to come back, with
+                    # everything delivered: the broker archived the killer itself.
+                    quiet_s = time.monotonic() - quiet_since
+                    if killer_dead_lettered():
+                        outcome = "survived: every record delivered, the killer in the DLQ"
+                    elif quiet_s > spec.share_quiet_s:
+                        outcome = f"survived: nothing delivered for {quiet_s:.0f} s"
+                if outcome.startswith("survived"):
+                    break
+                time.sleep(0.25)
+            died = proc.poll() is not None
+            returncode = proc.returncode
+        if outcome.startswith("survived"):
+            break
+        if not died:
+            outcome = "timed out"
+            break
+        if returncode != -signal.SIGKILL:
+            outcome = f"exited {returncode}: {log_tail(directory, side, name, 400)!r}"
+            break
+        deaths += 1
+        death_times_s.append(round(time.monotonic() - started, 1))
+    stats = app.stats()
+    app.reset()
+    records = dlq_records()
+    innocent = [
+        (int(h.get("__dlq.errors.partition", b"-1")), int(h.get("__dlq.errors.offset", b"-1")))
+        for _, _, h in records
+    ]
+    killer_headers = [
+        h for (p, o), (_, _, h) in zip(innocent, records, strict=True) if (p, o) == killer
+    ]
+    innocent = [po for po in innocent if po != killer]
+    messages: dict[str, int] = {}
+    for _, _, h in records:
+        text = h.get("__dlq.errors.message", b"").decode(errors="replace")
+        messages[text] = messages.get(text, 0) + 1
+    killer_dlq_count = (
+        int(killer_headers[0].get("__dlq.errors.delivery.count", b"0")) if killer_headers else None
+    )
+    return {
+        "variant": variant,
+        "engine": engine,
+        "ordering": ordering,
+        "records": spec.records,
+        "hold_ms": spec.hold_ms,
+        "limit": spec.limit,
+        "group_limit": spec.group_limit if engine == "share" else None,
+        "outcome": outcome,
+        "deaths": deaths,
+        "death_times_s": death_times_s,
+        "killer_in_dlq": bool(killer_headers),
+        "killer_dlq_records": len(killer_headers),
+        "killer_dlq_delivery_count": killer_dlq_count,
+        "killer_deliveries": len(stats["killer_counts"]),
+        "killer_counts_seen": stats["killer_counts"],
+        "innocent_dead_lettered": len(innocent),
+        # Other records the app saw with a Kafka-Delivery-Count above 1: charged for a death.
+        "innocent_counts_raised": stats["innocent_counts_raised"],
+        "dlq_messages": messages,
+        "distinct_delivered": stats["distinct_seen"],
+        "deliveries": stats["deliveries"],
+        "seconds": time.monotonic() - started,
+    }
+
+
+# ------------------------------------------------------------------------------------- driver
+
+
+def git_commit(root: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(root), "describe", "--always", "--dirty"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip() or "?"
+
+
+@dataclass
+class Bench:
+    """One run's shared pieces: the options, the broker, the app, the sides and their figures."""
+
+    args: argparse.Namespace
+    broker: Broker
+    app: App
+    directory: str
+    sides: list[Side]
+    figures: dict[str, dict[str, Any]]  # side name -> that side's results dict
+
+    def tag(self, side: Side) -> str:
+        return f" [{side.name}]" if len(self.sides) > 1 else ""
+
+    def sides_for(self, scenario: str) -> list[Side]:
+        # a and b do not depend on the sidecar's code: they run once, on the new side.
+        return self.sides[:1] if scenario in ("a", "b") else self.sides
+
+
+def part_throughput(bench: Bench, selected: list[str]) -> None:
+    """The throughput scenarios: one set of records, runs round-robin over scenarios and sides."""
+    args, broker, app = bench.args, bench.broker, bench.app
+    topic = broker.create_topic(f"bench-{uuid.uuid4().hex[:8]}")
+    print(f"producing {args.records:,} records (1 KiB, 10k keys) to {topic} ...", flush=True)
+    broker.produce_bulk(topic, args.records, VALUE_BYTES)
+    ends = broker.end_offsets(topic)
+    total = sum(ends.values())
+    bench.figures["new"]["partition_records"] = ends
+    # Runs go round-robin over the scenarios and the sides (A B A B), so a change in the
+    # machine's load (other processes on a shared box) spreads over every figure alike.
+    runnable: list[tuple[str, Side]] = []
+    for scenario in selected:
+        for side in bench.sides_for(scenario):
+            reason = unavailable(scenario, side)
+            if reason:
+                bench.figures[side.name]["scenarios"][scenario] = {"unavailable": reason}
+            else:
+                runnable.append((scenario, side))
+    all_runs: dict[tuple[str, str], list[dict[str, Any]]] = {(s, d.name): [] for s, d in runnable}
+    for run in range(args.runs):
+        for scenario, side in runnable:
+            if scenario == "a":
+                r = run_child("ceiling", broker, topic, total, None)
+            elif scenario == "b":
+                app.reset()
+                r = run_child("bridge", broker, topic, total, app)
+            else:
+                r = run_sidecar_throughput(
+                    scenario, broker, topic, ends, app, bench.directory, run, side
+                )
+            r.pop("latencies_ns", None)
+            all_runs[scenario, side.name].append(r)
+            print(
+                f"  {scenario:<12}{bench.tag(side)} run {run + 1}: {r['records_per_s']:>8,.0f} rec/s"
+                f"  {r['cpu_s_per_10k']:.2f} CPU s/10k  {r['peak_rss_mb']:.0f} MB",
+                flush=True,
             )
-    if "c-tcp-key" in latency and "a" in latency:
-        added = latency["c-tcp-key"]["p99_ms"] - latency["a"]["p99_ms"]
-        out.append(
-            {
-                "target": "added p99 latency ms (c-tcp-key - a)",
-                "value": added,
-                "wanted": "< 2",
-                "met": added < 2,
-            }
-        )
-    if "backlog" in results:
-        peak = results["backlog"]["peak_rss_mb"]
-        out.append(
-            {
-                "target": "peak RSS MB with the backlog",
-                "value": peak,
-                "wanted": "< 150",
-                "met": peak < 150,
-            }
-        )
-    return out
+    for (scenario, side_name), runs in all_runs.items():
+        if runs:  # --runs 0: the other parts only
+            bench.figures[side_name]["scenarios"][scenario] = summarise(runs)
+
+
+def part_latency(bench: Bench, selected: list[str]) -> None:
+    """Added latency at a fixed offered rate; rounds alternate the sides like the throughput runs."""
+    args = bench.args
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(args.part_runs):
+        for scenario in LATENCY_SCENARIOS:
+            if scenario not in selected:
+                continue
+            for side in bench.sides_for(scenario):
+                if unavailable(scenario, side):
+                    continue
+                lat = run_latency(
+                    scenario, bench.broker, bench.app, bench.directory,
+                    args.latency_rate, args.latency_seconds, side,
+                )  # fmt: skip
+                runs.setdefault((scenario, side.name), []).append(lat)
+                cpu = lat.get("sidecar_cpu_share")
+                print(
+                    f"  latency {scenario:<12}{bench.tag(side)} p50 {lat['p50_ms']:.2f} ms"
+                    f"  p99 {lat['p99_ms']:.2f} ms  max {lat['max_ms']:.2f} ms"
+                    f"  (produce->ack p50 {lat['produce_ack_p50_ms']:.2f}"
+                    f" p99 {lat['produce_ack_p99_ms']:.2f} ms)"
+                    + (f"  sidecar CPU {cpu * 100:.0f} %" if cpu is not None else ""),
+                    flush=True,
+                )
+    for side in bench.sides:
+        bench.figures[side.name]["latency"] = {
+            scenario: median_of(found)
+            for (scenario, name), found in runs.items()
+            if name == side.name
+        }
+
+
+def part_rates(bench: Bench, rates: list[float]) -> None:
+    """Sidecar CPU at fixed offered rates (c-tcp-key): µs per record and share of a core."""
+    print("sidecar CPU at offered rates (c-tcp-key) ...", flush=True)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {side.name: {} for side in bench.sides}
+    for _ in range(bench.args.part_runs):
+        for rate in rates:
+            for side in bench.sides:
+                r = run_latency(
+                    "c-tcp-key", bench.broker, bench.app, bench.directory, rate,
+                    bench.args.rate_seconds, side,
+                )  # fmt: skip
+                runs[side.name].setdefault(f"{rate:g}", []).append(r)
+                print(
+                    f"  {rate:>7,.0f}/s{bench.tag(side)}:"
+                    f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
+                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core",
+                    flush=True,
+                )
+    for side in bench.sides:
+        bench.figures[side.name]["rates"] = {k: median_of(v) for k, v in runs[side.name].items()}
+
+
+def part_idle(bench: Bench) -> None:
+    seconds = bench.args.idle_seconds
+    print(f"idle CPU ({seconds:g} s, partitions assigned) ...", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in bench.sides}
+    for _ in range(bench.args.part_runs):
+        for side in bench.sides:
+            i = run_idle(bench.broker, bench.app, bench.directory, seconds, side)
+            runs[side.name].append(i)
+            print(f"  idle{bench.tag(side)}: {i['cpu_share'] * 100:.2f} % of a core", flush=True)
+    for side in bench.sides:
+        bench.figures[side.name]["idle"] = median_of(runs[side.name])
+
+
+def part_backlog(bench: Bench) -> None:
+    """Peak RSS behind a slow app; each backlog is produced once and read by every side."""
+    args = bench.args
+    for name, (value_bytes, option) in BACKLOGS.items():
+        count = getattr(args, option)
+        if count <= 0:
+            continue
+        print(f"backlog: {count:,} records of {name} behind a slow app ...", flush=True)
+        topic = produce_backlog(bench.broker, count, value_bytes)
+        for side in bench.sides:
+            b = run_backlog(
+                bench.broker, topic, bench.app, bench.directory, count, value_bytes,
+                args.slow_ms, args.backlog_seconds, side,
+            )  # fmt: skip
+            bench.figures[side.name].setdefault("backlogs", {})[name] = b
+            print(
+                f"  {name}{bench.tag(side)}: RSS first {b['rss_first_mb']:.0f} MB,"
+                f" max in 2nd half {b['rss_second_half_max_mb']:.0f} MB,"
+                f" peak {b['peak_rss_mb']:.0f} MB, held {b['held_in_sidecar_max']:,} records",
+                flush=True,
+            )
+
+
+def part_killer(bench: Bench, variants: list[str]) -> None:
+    args = bench.args
+    spec = KillerSpec(
+        records=args.killer_records,
+        hold_ms=args.killer_hold_ms,
+        limit=args.killer_limit,
+        group_limit=args.killer_group_limit,
+        share_quiet_s=args.killer_share_quiet_s,
+    )
+    for variant in variants:
+        for side in bench.sides:
+            if KILLER_VARIANTS[variant][0] == "share" and unavailable("g-share", side):
+                continue
+            print(f"killer {variant}{bench.tag(side)} ...", flush=True)
+            k = run_killer(variant, bench.broker, bench.app, bench.directory, spec, side)
+            bench.figures[side.name].setdefault("killer", {})[variant] = k
+            print(
+                f"  {k['deaths']} deaths, killer in DLQ: {k['killer_in_dlq']},"
+                f" delivered {k['killer_deliveries']} times,"
+                f" {k['innocent_dead_lettered']} innocent dead-lettered ({k['outcome']})",
+                flush=True,
+            )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--records", type=int, default=15_000, help="records per throughput run")
+    add("--runs", type=int, default=3, help="runs per scenario (median shown)")
+    add(
+        "--scenarios",
+        default="all",
+        help="throughput and latency scenarios, comma-separated names or prefixes: "
+        + ",".join(ALL_SCENARIOS),
+    )
+    add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
+    add(
+        "--baseline",
+        metavar="PATH",
+        help="another checkout (git worktree or clone) whose sidecar runs too, alternating",
+    )
+    add("--latency-rate", type=float, default=1000.0, help="records/s offered")
+    add("--latency-seconds", type=float, default=5.0)
+    add("--no-latency", action="store_true", help="the same as --skip latency")
+    add("--part-runs", type=int, default=1, help="runs of latency, rates and idle (median shown)")
+    add("--rates", default="100,1000", help="records/s offered for the CPU part")
+    add("--rate-seconds", type=float, default=10.0)
+    add("--idle-seconds", type=float, default=20.0, help="0 skips the idle part")
+    add("--backlog", type=int, default=2_000_000, help="records of 100 B; 0 skips")
+    add("--backlog-10k", type=int, default=30_000, help="records of 10 KiB; 0 skips")
+    add("--backlog-1m", type=int, default=100, help="records of 1 MiB; 0 skips")
+    add("--backlog-seconds", type=float, default=20.0)
+    add("--slow-ms", type=int, default=50, help="the slow app's answer time in the backlogs")
+    add("--killer-variants", default=",".join(KILLER_VARIANTS), help="of " + ",".join(KILLER_VARIANTS))  # fmt: skip
+    add("--killer-records", type=int, default=KillerSpec.records)
+    add("--killer-hold-ms", type=int, default=KillerSpec.hold_ms)
+    add("--killer-limit", type=int, default=KillerSpec.limit, help="share.delivery.count.limit")
+    add("--killer-group-limit", type=int, default=KillerSpec.group_limit, help="engine share: the group's")  # fmt: skip
+    add("--killer-share-quiet-s", type=float, default=KillerSpec.share_quiet_s, help="engine share: quiet before the killer counts as dropped")  # fmt: skip
+    add("--app-seconds", type=float, default=2.0, help="app-alone run length")
+    add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
+    add("--show", metavar="JSON", help="print the tables of a saved run and exit")
+    # Child roles.
+    add("--child", choices=["ceiling", "bridge"], help=argparse.SUPPRESS)
+    add("--bootstrap", help=argparse.SUPPRESS)
+    add("--topic", help=argparse.SUPPRESS)
+    add("--group", help=argparse.SUPPRESS)
+    add("--expect", type=int, help=argparse.SUPPRESS)
+    add("--url", help=argparse.SUPPRESS)
+    add("--latency", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child or args.show:
+        return args
+    wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
+    args.selected = [
+        s
+        for s in ALL_SCENARIOS
+        if "all" in wanted or any(s == w or s.startswith(w) for w in wanted)
+    ]
+    args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
+    if args.no_latency:
+        args.skip_parts.add("latency")
+    if args.skip_parts - set(PARTS):
+        parser.error(f"--skip: unknown {sorted(args.skip_parts - set(PARTS))}; parts: {PARTS}")
+    args.variants = [v.strip() for v in args.killer_variants.split(",") if v.strip()]
+    if set(args.variants) - set(KILLER_VARIANTS):
+        parser.error(f"--killer-variants: of {list(KILLER_VARIANTS)}")
+    args.rate_list = [float(r) for r in args.rates.split(",") if r.strip()]
+    if not args.selected and set(PARTS) <= args.skip_parts:
+        parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
+    if args.baseline and not (Path(args.baseline) / "sidecar" / "__main__.py").exists():
+        parser.error(f"--baseline {args.baseline}: no sidecar/__main__.py there")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=int, default=15_000, help="records per throughput run")
-    parser.add_argument("--runs", type=int, default=3, help="runs per scenario (median shown)")
-    parser.add_argument(
-        "--scenarios",
-        default="all",
-        help="comma-separated names or prefixes: " + ",".join(ALL_SCENARIOS),
-    )
-    parser.add_argument("--latency-rate", type=float, default=1000.0, help="records/s offered")
-    parser.add_argument("--latency-seconds", type=float, default=5.0)
-    parser.add_argument("--no-latency", action="store_true")
-    parser.add_argument("--backlog", type=int, default=2_000_000, help="0 skips the backlog test")
-    parser.add_argument("--backlog-seconds", type=float, default=20.0)
-    parser.add_argument("--app-seconds", type=float, default=2.0, help="app-alone run length")
-    parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
-    parser.add_argument("--show", metavar="JSON", help="print the tables of a saved run and exit")
-    # Child roles.
-    parser.add_argument("--child", choices=["ceiling", "bridge"], help=argparse.SUPPRESS)
-    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
-    parser.add_argument("--topic", help=argparse.SUPPRESS)
-    parser.add_argument("--group", help=argparse.SUPPRESS)
-    parser.add_argument("--expect", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
-    parser.add_argument("--latency", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     if args.child:
         child_main(args)
         return
     if args.show:
         print_report(json.loads(Path(args.show).read_text()))
         return
-
-    wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
-    selected = [
-        s
-        for s in ALL_SCENARIOS
-        if "all" in wanted or any(s == w or s.startswith(w) for w in wanted)
-    ]
-    if not selected:
-        parser.error(f"no scenario matches {args.scenarios!r}")
-    has_requests = ensure_requests() if "b" in selected else False
+    sides = [Side("new", ROOT)]
+    if args.baseline:
+        sides.append(Side("old", Path(args.baseline).resolve()))
+    has_requests = ensure_requests() if "b" in args.selected else False
     started = time.monotonic()
     broker = Broker.open()
     results: dict[str, Any] = {
         "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "broker": broker.bootstrap,
+        "path": str(ROOT),
+        "commit": git_commit(ROOT),
         "records": args.records,
         "runs": args.runs,
         "bridge_http": "requests" if has_requests else "http.client",
         "scenarios": {},
     }
+    if args.baseline:
+        results["baseline"] = {
+            "path": str(sides[1].root),
+            "commit": git_commit(sides[1].root),
+            "scenarios": {},
+        }
+    figures = {"new": results}
+    if args.baseline:
+        figures["old"] = results["baseline"]
+    skip = args.skip_parts
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as directory:
             app = App(directory)
+            bench = Bench(args, broker, app, directory, sides, figures)
             try:
                 print("app alone (sidecar AppClient, 64 in flight) ...", flush=True)
                 results["app_alone"] = measure_app_alone(app, args.app_seconds)
                 print(f"  {results['app_alone']}", flush=True)
-                topic = broker.create_topic(f"bench-{uuid.uuid4().hex[:8]}")
-                print(
-                    f"producing {args.records:,} records (1 KiB, 10k keys) to {topic} ...",
-                    flush=True,
-                )
-                broker.produce_bulk(topic, args.records, VALUE_BYTES)
-                ends = broker.end_offsets(topic)
-                total = sum(ends.values())
-                results["partition_records"] = ends
-                # Runs go round-robin over the scenarios, so a change in the machine's load
-                # (other processes on a shared box) spreads over every scenario alike.
-                runnable = []
-                for scenario in selected:
-                    reason = unavailable(scenario)
-                    if reason:
-                        results["scenarios"][scenario] = {"unavailable": reason}
-                    else:
-                        runnable.append(scenario)
-                all_runs: dict[str, list[dict[str, Any]]] = {s: [] for s in runnable}
-                for run in range(args.runs):
-                    for scenario in runnable:
-                        if scenario == "a":
-                            r = run_child("ceiling", broker, topic, total, None)
-                        elif scenario == "b":
-                            app.reset()
-                            r = run_child("bridge", broker, topic, total, app)
-                        else:
-                            r = run_sidecar_throughput(
-                                scenario, broker, topic, ends, app, directory, run
-                            )
-                        r.pop("latencies_ns", None)
-                        all_runs[scenario].append(r)
-                        print(
-                            f"  {scenario:<12} run {run + 1}: {r['records_per_s']:>8,.0f} rec/s"
-                            f"  {r['cpu_s_per_10k']:.2f} CPU s/10k  {r['peak_rss_mb']:.0f} MB",
-                            flush=True,
-                        )
-                for scenario, runs in all_runs.items():
-                    if runs:  # --runs 0: latency and backlog only
-                        results["scenarios"][scenario] = summarise(runs)
-                if not args.no_latency:
-                    results["latency"] = {}
-                    for scenario in LATENCY_SCENARIOS:
-                        if scenario not in selected:
-                            continue
-                        lat = run_latency(
-                            scenario,
-                            broker,
-                            app,
-                            directory,
-                            args.latency_rate,
-                            args.latency_seconds,
-                        )
-                        results["latency"][scenario] = lat
-                        print(
-                            f"  latency {scenario:<12} p50 {lat['p50_ms']:.2f} ms"
-                            f"  p99 {lat['p99_ms']:.2f} ms  max {lat['max_ms']:.2f} ms"
-                            f"  (produce->ack p50 {lat['produce_ack_p50_ms']:.2f}"
-                            f" p99 {lat['produce_ack_p99_ms']:.2f} ms)"
-                            + (
-                                f"  sidecar CPU {lat['sidecar_cpu_share'] * 100:.0f} %"
-                                if "sidecar_cpu_share" in lat
-                                else ""
-                            ),
-                            flush=True,
-                        )
-                if args.backlog:
-                    print(f"backlog: {args.backlog:,} records behind a slow app ...", flush=True)
-                    results["backlog"] = run_backlog(
-                        broker, app, directory, args.backlog, 50, args.backlog_seconds
-                    )
-                    b = results["backlog"]
-                    print(
-                        f"  RSS first {b['rss_first_mb']:.0f} MB, max in 2nd half "
-                        f"{b['rss_second_half_max_mb']:.0f} MB, peak {b['peak_rss_mb']:.0f} MB, "
-                        f"held {b['held_in_sidecar_max']:,} records",
-                        flush=True,
-                    )
+                if args.selected:
+                    part_throughput(bench, args.selected)
+                if "latency" not in skip:
+                    part_latency(bench, args.selected)
+                if "rates" not in skip and args.rate_list:
+                    part_rates(bench, args.rate_list)
+                if "idle" not in skip and args.idle_seconds > 0:
+                    part_idle(bench)
+                if "backlog" not in skip:
+                    part_backlog(bench)
+                if "killer" not in skip:
+                    part_killer(bench, args.variants)
             finally:
                 app.close()
     finally:
         broker.close()
     results["wall_s"] = round(time.monotonic() - started, 1)
-    results["targets"] = check_targets(results)
+    results["targets"] = check_targets(results, results.get("baseline"))
+    if "baseline" in results:
+        results["baseline"]["targets"] = check_targets(results["baseline"], results)
     print_report(results)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {args.json}")
-
-
-def print_report(results: dict[str, Any]) -> None:
-    print_table(results)
-    print("\ntargets (this run's own ratios)")
-    for t in results["targets"]:
-        verdict = "met" if t["met"] else "MISSED"
-        print(f"  {t['target']:<40}{t['value']:>9.2f}  wanted {t['wanted']:<7} {verdict}")
-    for name, lat in results.get("latency", {}).items():
-        print(
-            f"  latency {name}: produce->ack p50 {lat['produce_ack_p50_ms']:.2f} ms"
-            f" p99 {lat['produce_ack_p99_ms']:.2f} ms (the broker's share)"
-        )
-    app = results.get("app_alone", {})
-    for transport, figures in app.items():
-        print(
-            f"  app alone over {transport}: {figures['requests_per_s']:,} req/s,"
-            f" app CPU {figures['app_cpu_us_per_request']} µs/req"
-        )
-    if "backlog" in results:
-        b = results["backlog"]
-        print(
-            f"  backlog {b['backlog_records']:,} records, app {b['app_delay_ms']} ms per answer:"
-            f" RSS first {b['rss_first_mb']:.0f} MB, max in the 2nd half"
-            f" {b['rss_second_half_max_mb']:.0f} MB, peak {b['peak_rss_mb']:.0f} MB,"
-            f" at most {b['held_in_sidecar_max']:,} records held"
-        )
-    print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
 
 
 if __name__ == "__main__":
