@@ -42,7 +42,9 @@ async def wait_cluster_usable(engine: Engine, config: Config) -> None:
     while (reason := await trio.to_thread.run_sync(check_cluster_sync, config.kafka)) is not None:
         engine.source.broker_ok = False
         engine.source.broker_error = reason
-        log.error("the Kafka cluster cannot be used: %s; not ready, retrying in %gs", reason, delay_s)
+        log.error(
+            "the Kafka cluster cannot be used: %s; not ready, retrying in %gs", reason, delay_s
+        )
         await trio.sleep(delay_s)
         delay_s = min(delay_s * 2, CLUSTER_RETRY_MAX_S)
     engine.source.broker_ok = True
