@@ -49,7 +49,9 @@ def test_every_requirement_is_pinned_and_hashed(name: str) -> None:
     found = entries(path)
     assert found, f"{name} is empty"
     for entry in found:
-        assert not entry.startswith("-"), f"{name}: an option line ({entry}) changes where pip looks"
+        assert not entry.startswith("-"), (
+            f"{name}: an option line ({entry}) changes where pip looks"
+        )
         match = PIN.match(entry)
         assert match, f"{name}: not pinned with ==: {entry[:80]}"
         assert HASH.search(match["rest"]), f"{name}: {match['name']} has no --hash=sha256:"
