@@ -31,7 +31,7 @@ log = logging.getLogger("sidecar.daemon")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
-CLUSTER_RETRY_MAX_S = 30.0
+CLUSTER_RETRY_MAX_S = 10.0
 
 
 async def wait_cluster_usable(engine: Engine, config: Config) -> None:

@@ -103,6 +103,41 @@ def dlq_cli(secured: SecuredKafka, *argv: str) -> subprocess.CompletedProcess[st
     )
 
 
+# --- the script ---------------------------------------------------------------------------------
+
+
+def test_the_secured_broker_keeps_no_ca_key_and_refuses_a_plain_client(
+    secured_kafka: SecuredKafka,
+) -> None:
+    tls_dir = Path(secured_kafka.ca).parent
+    assert sorted(p.name for p in tls_dir.glob("*.key")) == ["broker.key", "client-encrypted.key"]
+    assert "ENCRYPTED PRIVATE KEY" in Path(secured_kafka.client_key).read_text()
+    # The secured listeners speak only TLS: the script's plain metadata probe gets no answer.
+    from tests.faults.broker import KS
+
+    assert KS.broker_answers(secured_kafka.plain)
+    assert not KS.broker_answers(secured_kafka.sasl_ssl)
+    assert not KS.broker_answers(secured_kafka.mtls)
+
+
+def test_secured_start_needs_a_broker_of_its_own() -> None:
+    env = {**os.environ, "KAFKA_BOOTSTRAP": "127.0.0.1:1"}
+    for args, code, message in (
+        (["start", "--secured"], 1, "unset KAFKA_BOOTSTRAP"),
+        (["stop", "--secured"], 2, "--secured goes with start only"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "kafka"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == code, proc.stderr
+        assert message in proc.stderr
+
+
 # --- the sidecar and the DLQ tools over SASL_SSL ---------------------------------------------------
 
 
