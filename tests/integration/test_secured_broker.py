@@ -197,6 +197,42 @@ async def test_sidecar_consumes_and_dead_letters_over_sasl_ssl_then_inspect_and_
     assert tail == [b"poison-11", b"poison-3"], replay.stderr
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"errors.deadletterqueue.transactional.enable": True},
+        {"engine": "share", "ordering": "none"},
+    ],
+    ids=["transactional-dlq", "share-engine"],
+)
+async def test_the_other_modes_over_sasl_ssl(
+    secured_kafka: SecuredKafka, unique: str, tmp_path: Path, mode: dict[str, Any]
+) -> None:
+    """The transactional DLQ producer and the share consumer authenticate like the rest."""
+    plain = Broker(secured_kafka.plain)
+    secured = secured_kafka.client(secured_kafka.sasl_config())
+    topic, dlq = f"orders-{unique}", f"dlq.orders-{unique}"
+    plain.create_topic(topic)
+    secured.produce(topic, records(6, poison={4}))
+    app, port = poison_app(), free_port()
+    async with running_app(app, ("tcp", "127.0.0.1", port)):
+        config = write_config(
+            tmp_path / "mode.yaml",
+            bootstrap=secured_kafka.sasl_ssl,
+            group=f"g-{unique}",
+            topics=[topic],
+            app_url=f"http://127.0.0.1:{port}/records",
+            kafka_extra=kafka_section(secured_kafka.sasl_config()),
+            extra={"errors.deadletterqueue.topic.name": dlq, "errors.tolerance": "all", **mode},
+        )
+        async with sidecar(config) as sc:
+            await wait_until(lambda: len(app.seen()) >= 6, 90, "6 records delivered")
+            # read_committed (librdkafka's default): a transactional DLQ record shows once committed.
+            dead = await trio.to_thread.run_sync(lambda: secured.read_topic(dlq, 1))
+            assert [dict(r.headers)["__dlq.errors.offset"] for r in dead] == [b"4"]
+            assert await sc.stop() == 0
+
+
 # --- the Helm chart's sasl and mtls value sets, rendered and run ---------------------------------
 
 
