@@ -406,11 +406,11 @@ async def test_unusable_credentials_mean_not_ready_with_the_reason_not_an_exit(
 ) -> None:
     topic = f"orders-{unique}"
     Broker(secured_kafka.plain).create_topic(topic)
-    overrides = (
-        {"sasl.password": "not-the-password"}
-        if bad == "password"
-        else {"ssl.ca.location": secured_kafka.untrusted_ca}
-    )
+    ca_file = tmp_path / "ca.crt"  # the "mounted Secret": replaced in place below
+    shutil.copy(secured_kafka.untrusted_ca if bad == "ca" else secured_kafka.ca, ca_file)
+    overrides = {"ssl.ca.location": str(ca_file)}
+    if bad == "password":
+        overrides["sasl.password"] = "not-the-password"
     config = write_config(
         tmp_path / "bad.yaml",
         bootstrap=secured_kafka.sasl_ssl,
@@ -436,4 +436,11 @@ async def test_unusable_credentials_mean_not_ready_with_the_reason_not_an_exit(
         assert cause in ready["reason"], ready
         code, health = await sc.get("/healthz")
         assert code == 200, health  # alive: a liveness probe must not restart it for this
+        if bad == "ca":
+            # The right CA put in place (as a Secret volume update does): the next check passes.
+            shutil.copy(secured_kafka.ca, ca_file)
+            await sc.wait_assigned(1, timeout_s=60)
+            code, ready = await sc.get("/readyz")
+            assert ready["checks"]["broker_reachable"] is True, ready
+            assert "reason" not in ready, ready
     assert secured_kafka.sasl_password not in sc.log_text()
