@@ -1,19 +1,27 @@
 # syntax=docker/dockerfile:1
 # dlq-sidecar container image.
 #   docker build -t dlq-sidecar:0.1.0 .
-# Stage 1 builds wheels for the project and all its dependencies; stage 2 installs them from
-# those wheels only (no compiler, no build tools, no network in the final stage) and runs as a
-# non-root user whose UID/GID match the Helm chart's podSecurityContext (10001).
+# Stage 1 downloads the pinned, hash-checked dependency wheels (requirements/image.txt) and builds
+# the project's own wheel with a pinned, hash-checked build backend (requirements/build.txt);
+# stage 2 installs them from those wheels only (no compiler, no build tools, no network in the
+# final stage, every dependency file checked against its hash) and runs as a non-root user whose
+# UID/GID match the Helm chart's podSecurityContext (10001). requirements/README.md says how the
+# pinned files are regenerated.
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
+COPY requirements/image.txt requirements/build.txt ./requirements/
+# Binary wheels only: a wheel built here would not match the hashes the final stage checks.
+RUN pip download --require-hashes --no-deps --only-binary=:all: \
+        --dest /wheels -r requirements/image.txt \
+    && pip install --require-hashes --no-deps -r requirements/build.txt
 # Only what the wheel needs (see .dockerignore), so code-unrelated changes keep the cache.
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /dist .
 
 FROM ${PYTHON_IMAGE}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -23,9 +31,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN groupadd --system --gid 10001 dlq \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin dlq
-# The bind mount keeps the wheels out of the final image's layers.
+# The bind mounts keep the wheels out of the final image's layers.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels /wheels/dlq_sidecar-*.whl
+    --mount=type=bind,from=build,source=/dist,target=/dist \
+    --mount=type=bind,from=build,source=/src/requirements,target=/requirements \
+    pip install --no-index --find-links=/wheels --require-hashes -r /requirements/image.txt \
+    && pip install --no-index --no-deps /dist/dlq_sidecar-*.whl
 # Numeric user, so Kubernetes can verify runAsNonRoot without resolving the name.
 USER 10001:10001
 EXPOSE 8787

@@ -54,7 +54,12 @@ class LocalApi:
     async def readyz(self, _request: Request) -> Response:
         checks = self.engine.readiness()
         ready = all(checks.values())
-        return json_response({"ready": ready, "checks": checks}, 200 if ready else 503)
+        body: dict[str, object] = {"ready": ready, "checks": checks}
+        # Why the broker cannot be used (authentication, TLS, connection), when the source knows.
+        reason = getattr(self.engine.source, "broker_error", None)
+        if not checks.get("broker_reachable", True) and reason:
+            body["reason"] = reason
+        return json_response(body, 200 if ready else 503)
 
     async def status(self, _request: Request) -> Response:
         body = self.engine.status()

@@ -23,13 +23,32 @@ from sidecar.config import Engine as EngineKind
 from sidecar.dlq import DlqStartupError
 from sidecar.engine import Engine
 from sidecar.httpserver import serve_http
-from sidecar.source import SourceError
+from sidecar.source import SourceError, check_cluster_sync
 from sidecar.tracing import Tracing
 
 log = logging.getLogger("sidecar.daemon")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+# Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
+CLUSTER_RETRY_MAX_S = 10.0
+
+
+async def wait_cluster_usable(engine: Engine, config: Config) -> None:
+    """Until the cluster answers with the configured credentials and certificates: not ready (with
+    the reason), retried with backoff. A wrong password or CA is fixed in a Secret, not by a restart:
+    exiting here would only turn it into a crash loop that hides the cause."""
+    delay_s = 1.0
+    while (reason := await trio.to_thread.run_sync(check_cluster_sync, config.kafka)) is not None:
+        engine.source.broker_ok = False
+        engine.source.broker_error = reason
+        log.error(
+            "the Kafka cluster cannot be used: %s; not ready, retrying in %gs", reason, delay_s
+        )
+        await trio.sleep(delay_s)
+        delay_s = min(delay_s * 2, CLUSTER_RETRY_MAX_S)
+    engine.source.broker_ok = True
+    engine.source.broker_error = None
 
 
 async def run_sidecar(
@@ -53,14 +72,6 @@ async def run_sidecar(
         engine = Engine(config, write_ahead=write_ahead, tracing=tracing)
     if on_engine is not None:
         on_engine(engine)
-    if config.errors.dlq.enabled:
-        dlq_topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
-        try:
-            await trio.to_thread.run_sync(engine.dlq.prepare_topics_sync, dlq_topics)
-        except DlqStartupError as exc:
-            log.error("start-up check failed: %s", exc)
-            return EXIT_FAILURE
-        engine.dlq_ready = True
 
     metrics = None
     if config.metrics.enable:
@@ -72,9 +83,20 @@ async def run_sidecar(
     second_signal = False
     async with trio.open_nursery() as nursery:
         engine.attach(nursery)
-        await nursery.start(engine.dlq.run)
+        # The API first, so that readiness can say why a cluster cannot be used yet.
         where = await nursery.start(serve_http, api, config.api.address)
         log.info("local API listening on %s", where, extra={"fields": {"api": str(where)}})
+        await wait_cluster_usable(engine, config)
+        if config.errors.dlq.enabled:
+            dlq_topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+            try:
+                await trio.to_thread.run_sync(engine.dlq.prepare_topics_sync, dlq_topics)
+            except DlqStartupError as exc:
+                log.error("start-up check failed: %s", exc)
+                nursery.cancel_scope.cancel()
+                return EXIT_FAILURE
+            engine.dlq_ready = True
+        await nursery.start(engine.dlq.run)
 
         engine.source.start()
 

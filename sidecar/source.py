@@ -84,6 +84,29 @@ class CommitTimeout(Exception):
 CommitKey = tuple[tuple[str, int, int, str], ...]
 
 
+# librdkafka's errors that mean the cluster cannot be used from here, and what to check. An
+# authentication or TLS failure is retried by librdkafka like a network one, forever and quietly
+# apart from its own log: the reason is kept so readiness can say why, instead of only "down".
+_BROKER_ERROR_HINTS = {
+    KafkaError._AUTHENTICATION: (
+        "authentication failed (check sasl.mechanism, sasl.username and sasl.password)"
+    ),
+    KafkaError._SSL: (
+        "TLS failed (check ssl.ca.location, the broker's certificate and any client certificate)"
+    ),
+    KafkaError._TRANSPORT: "cannot connect to the broker (check bootstrap.servers and security.protocol)",
+}
+
+
+_NOT_TRANSIENT = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+
+
+def broker_error_reason(err: KafkaError) -> str | None:
+    """Why the cluster is unusable, for logs and readiness, or None when `err` does not say so."""
+    hint = _BROKER_ERROR_HINTS.get(err.code())
+    return f"{hint}: {err.str()}" if hint is not None else None
+
+
 def _commit_key(tps: Sequence[TopicPartition]) -> CommitKey:
     return tuple(sorted((tp.topic, tp.partition, tp.offset, tp.metadata or "") for tp in tps))
 
@@ -99,6 +122,39 @@ def consumer_properties(kafka: Mapping[str, Any]) -> dict[str, Any]:
         # Incremental rebalances keep the partitions that stay put flowing during a rebalance.
         props.setdefault("partition.assignment.strategy", "cooperative-sticky")
     return props
+
+
+def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str | None:
+    """Ask the cluster for its metadata with the sidecar's client settings (blocking).
+
+    Returns None when it answered, else why not: the authentication or TLS failure librdkafka
+    reported, or the connection failure. Run before anything joins the group or writes, so a wrong
+    password or CA is reported (and retried) instead of failing a start-up check that exits.
+    """
+    errors: list[KafkaError] = []
+    props = consumer_properties(kafka)
+    props["error_cb"] = errors.append
+    try:
+        consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
+    except KafkaException:
+        return None  # settings only the real client takes: it reports its own errors
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                consumer.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                return None
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                consumer.poll(0)  # serves the error callbacks, which say why the request failed
+                causes = [e for e in errors if e.code() in _NOT_TRANSIENT]
+                if not causes and time.monotonic() < deadline:
+                    continue  # nothing definite yet: the broker may still be starting
+                cause = causes[-1] if causes else err if isinstance(err, KafkaError) else None
+                reason = broker_error_reason(cause) if cause is not None else None
+                return reason or f"cannot read the cluster's metadata: {exc}"
+    finally:
+        consumer.close()
 
 
 class KafkaSource:
@@ -124,6 +180,9 @@ class KafkaSource:
         self.paused: set[tuple[str, int]] = set()
         self.fatal_error: str | None = None
         self.broker_ok = True
+        # Why the broker is not usable (authentication, TLS, connection), while `broker_ok` is False.
+        self.broker_error: str | None = None
+        self._broker_error_code: int | None = None
         self._stopped = trio.Event()
         # Consumer calls queued for the poll thread: (fn, done-callback or None).
         self._commands: deque[
@@ -169,9 +228,26 @@ class KafkaSource:
 
     def _on_error(self, err: KafkaError) -> None:
         # librdkafka's global errors (on the poll thread); all brokers down is what readiness reports.
-        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+        code = err.code()
+        reason = broker_error_reason(err)
+        if reason is not None or code == KafkaError._ALL_BROKERS_DOWN:
             self.broker_ok = False
+        if code in _NOT_TRANSIENT:
+            # Not a network blip: say it plainly, once per cause (librdkafka retries every few
+            # hundred milliseconds and logs each attempt itself).
+            if self._broker_error_code != code:
+                log.error("kafka: %s", reason)
+            self._broker_error_code = code
+            self.broker_error = reason
+            return
         log.warning("kafka client error: %s", err)
+        if reason is not None and self._broker_error_code not in _NOT_TRANSIENT:
+            self.broker_error = reason  # a connection failure never hides an earlier cause
+
+    def _broker_usable(self) -> None:
+        self.broker_ok = True
+        self.broker_error = None
+        self._broker_error_code = None
 
     # -- rebalance callbacks: run on the poll thread, inside consume() -------------------------
 
@@ -307,7 +383,7 @@ class KafkaSource:
             while not self._stop_polling or self._commit_waiters:
                 messages: list[Message] = await trio.to_thread.run_sync(self._poll_step, consumer)
                 if messages:
-                    self.broker_ok = True
+                    self._broker_usable()
                 good: list[Message] = []
                 for msg in messages:
                     err = msg.error()
@@ -466,7 +542,7 @@ class KafkaSource:
             raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
         if outcome[0] is not None:
             raise outcome[0]
-        self.broker_ok = True
+        self._broker_usable()
 
     def _forget_commit_waiter(
         self, key: CommitKey, done: Callable[[BaseException | None], None]
@@ -508,7 +584,7 @@ class KafkaSource:
         for tp in result or []:
             if tp.error is not None:
                 raise KafkaException(tp.error)
-        self.broker_ok = True
+        self._broker_usable()
 
     def group_metadata(self) -> Any:
         """The group metadata (generation, member id) for transactional offset commits.

@@ -1,14 +1,20 @@
 """Test helpers that talk to the real broker: create topics, produce, read a topic back, read committed offsets.
 
+`Broker(bootstrap, config)` adds `config` (e.g. SASL_SSL or mTLS properties) to every client it makes;
+`SecuredKafka` describes a broker started by `scripts/kafka start --secured` and builds those properties.
+
 Only tests import this module; it uses confluent-kafka directly (never a fake).
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -28,10 +34,70 @@ class Rec:
     timestamp_ms: int | None = None
 
 
+@dataclass(frozen=True)
+class SecuredKafka:
+    """A broker started by `scripts/kafka start --secured`: where its listeners are and what clients need.
+
+    `plain` is the PLAINTEXT listener (for setting up topics); `sasl_ssl` takes SCRAM over TLS with
+    server-only TLS; `mtls` takes TLS with a client certificate (`ssl.client.auth=required`).
+    """
+
+    plain: str
+    sasl_ssl: str
+    mtls: str
+    sasl_mechanism: str
+    sasl_username: str
+    sasl_password: str
+    ca: str
+    untrusted_ca: str
+    client_certificate: str
+    client_key: str
+    client_key_password: str
+
+    @classmethod
+    def from_state_file(cls, path: Path) -> SecuredKafka:
+        state = json.loads(path.read_text())
+        return cls(plain=state["bootstrap"], **state["secured"])
+
+    def sasl_config(self, **overrides: str) -> dict[str, str]:
+        """librdkafka properties for the SASL_SSL listener (bootstrap included)."""
+        return {
+            "bootstrap.servers": self.sasl_ssl,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ca,
+            **overrides,
+        }
+
+    def mtls_config(self, **overrides: str) -> dict[str, str]:
+        """librdkafka properties for the mTLS listener (bootstrap included)."""
+        return {
+            "bootstrap.servers": self.mtls,
+            "security.protocol": "SSL",
+            "ssl.ca.location": self.ca,
+            "ssl.certificate.location": self.client_certificate,
+            "ssl.key.location": self.client_key,
+            "ssl.key.password": self.client_key_password,
+            **overrides,
+        }
+
+    def client(self, config: Mapping[str, str]) -> Broker:
+        """A `Broker` whose clients all connect with `config` (from `sasl_config`/`mtls_config`)."""
+        conf = dict(config)
+        return Broker(conf.pop("bootstrap.servers"), conf)
+
+
 class Broker:
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, config: Mapping[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.config = dict(config or {})
+        self.admin = AdminClient(self._conf())
+
+    def _conf(self, **extra: Any) -> dict[str, Any]:
+        """Client properties: the bootstrap, the security settings given, then `extra`."""
+        return {"bootstrap.servers": self.bootstrap, **self.config, **extra}
 
     def create_topic(
         self, name: str, partitions: int = 1, config: dict[str, str] | None = None
@@ -61,9 +127,7 @@ class Broker:
         return name in self.admin.list_topics(timeout=10).topics
 
     def produce(self, topic: str, records: Iterable[Rec]) -> int:
-        producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5}
-        )
+        producer = Producer(self._conf(**{"enable.idempotence": True, "linger.ms": 5}))
         errors: list[str] = []
         n = 0
 
@@ -98,13 +162,14 @@ class Broker:
     ) -> list[Rec]:
         """Read a topic from the beginning until `expected` records arrived (or the timeout)."""
         consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": group or f"reader-{uuid.uuid4().hex[:8]}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-            }
+            self._conf(
+                **{
+                    "group.id": group or f"reader-{uuid.uuid4().hex[:8]}",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": False,
+                }
+            )
         )
         out: list[Rec] = []
         try:
@@ -130,9 +195,7 @@ class Broker:
 
     def count_records(self, topic: str) -> int:
         """Records between the low and high watermarks of every partition."""
-        consumer = Consumer(
-            {"bootstrap.servers": self.bootstrap, "group.id": "wm-" + uuid.uuid4().hex[:8]}
-        )
+        consumer = Consumer(self._conf(**{"group.id": "wm-" + uuid.uuid4().hex[:8]}))
         try:
             md = self.admin.list_topics(topic, timeout=10).topics[topic]
             total = 0
@@ -147,7 +210,7 @@ class Broker:
         self, group: str, topic: str, partitions: Sequence[int]
     ) -> dict[int, tuple[int, str | None]]:
         """Committed offset and metadata per partition for a group (offset -1001 when none)."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group})
+        consumer = Consumer(self._conf(**{"group.id": group}))
         try:
             tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
             return {tp.partition: (tp.offset, tp.metadata) for tp in tps}
@@ -155,9 +218,7 @@ class Broker:
             consumer.close()
 
     def end_offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
-        consumer = Consumer(
-            {"bootstrap.servers": self.bootstrap, "group.id": "wm-" + uuid.uuid4().hex[:8]}
-        )
+        consumer = Consumer(self._conf(**{"group.id": "wm-" + uuid.uuid4().hex[:8]}))
         try:
             return {
                 p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
