@@ -116,7 +116,7 @@ class ServerStats:
         self._logged_at[reason] = now
         suppressed = self._unlogged.pop(reason, 0)
         log.warning(
-            "%s: refused a request (%s): %s%s",
+            "%s listener: refused a request (%s): %s%s",
             self.name,
             reason,
             detail,
