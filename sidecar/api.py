@@ -82,6 +82,8 @@ class LocalApi:
             ("GET", "/metrics"): self.metrics_endpoint,
         }
         self._observability_paths = frozenset({"/healthz", "/readyz", "/metrics"})
+        # One large body parsed at a time: a parse's transient objects are several times its size.
+        self._parse_limiter = trio.CapacityLimiter(1)
 
     async def __call__(self, request: Request) -> Response:
         return await self.control(request)
@@ -135,8 +137,10 @@ class LocalApi:
     async def acks(self, request: Request) -> Response:
         try:
             if len(request.body) > _THREAD_PARSE_BYTES:
+                # json.loads itself holds the GIL (about 10 ms per MiB); the validation after it
+                # lets the trio thread run every few milliseconds.
                 items: list[AckItem] = await trio.to_thread.run_sync(
-                    parse_ack_request, request.body
+                    parse_ack_request, request.body, limiter=self._parse_limiter
                 )
             else:
                 items = parse_ack_request(request.body)
