@@ -17,6 +17,9 @@ most once a second per reason) and counted in :class:`ServerStats`:
     --   a response the client does not read within ``send_timeout_s``: the connection is dropped
     --   a connection idle (between requests) for ``idle_timeout_s``: closed
 
+Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
+they are not merged into the headers).
+
 It imports only :mod:`sidecar.httplimits` from this package; ``api`` and the example apps build
 on it.
 
