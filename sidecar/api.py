@@ -1,45 +1,157 @@
-"""The sidecar's own local HTTP API (SPEC §6): acks for deferred answers, health, readiness, status, metrics.
+"""The sidecar's own local HTTP API (SPEC §6), on two listeners; owns routing and request guards.
 
-Owns request routing only; the engine does the work. Listens on loopback or a Unix socket by default.
+The engine does the work. Two handlers over one route table:
+
+    control        every route: POST /v1/acks, GET /v1/status, and the read-only ones below.
+                   Listens on loopback or a Unix socket only (config.py refuses anything else).
+    observability  GET /healthz, /readyz, /metrics only; may listen on the pod IP.
+
+Guards of the control API, in order (each refusal is logged and counted in its ServerStats):
+
+    403  over TCP, a ``Host`` header that is not loopback (localhost, 127.0.0.0/8, [::1]):
+         a browser page whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name
+    401  /v1/*: with ``api.token`` set, no or a wrong ``dlq-sidecar-api-token`` header (or
+         ``Authorization: Bearer``), compared in constant time
+    415  a POST whose Content-Type is not application/json: a cross-origin page can send a
+         text/plain POST without a CORS preflight, never an application/json one
+    413  a /v1/acks body over ``api.max.request.bytes`` (the server) or over ``api.max.ack.items``
+         items; bodies over 64 KiB are parsed on a worker thread, never on the trio thread
+
+Imports the engine, the HTTP server, the wire parsers, config's loopback test and prometheus_client.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
+import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sidecar.config import is_loopback_host
 from sidecar.engine import Engine
-from sidecar.httpserver import Request, Response, json_response
-from sidecar.wire import WireError, format_ack_response, parse_ack_request
+from sidecar.httpserver import Request, Response, ServerStats, json_response
+from sidecar.wire import AckItem, WireError, format_ack_response, parse_ack_request
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
+Route = Callable[[Request], Awaitable[Response]]
+
+TOKEN_HEADER = "dlq-sidecar-api-token"
+# Bodies up to this size parse in well under a millisecond: not worth a thread hop.
+_THREAD_PARSE_BYTES = 64 * 1024
+
+
+def host_is_loopback(host_header: str) -> bool:
+    """True when a ``Host`` header names a loopback host (any port)."""
+    host = host_header.strip()
+    if host.startswith("["):
+        host, sep, _ = host[1:].partition("]")
+        if not sep:
+            return False
+    else:
+        host = host.rpartition(":")[0] if ":" in host else host
+    return bool(host) and is_loopback_host(host)
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").partition(";")[0].strip().lower()
 
 
 class LocalApi:
-    def __init__(self, engine: Engine, metrics: MetricsRenderer | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: MetricsRenderer | None = None,
+        *,
+        token: str = "",
+        max_ack_items: int = 10_000,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
-        self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
+        self._token = token.encode("ascii")
+        self.max_ack_items = max_ack_items
+        self.control_stats = ServerStats("control")
+        self.observability_stats = ServerStats("observability")
+        self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/acks"): self.acks,
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
             ("GET", "/v1/status"): self.status,
             ("GET", "/metrics"): self.metrics_endpoint,
         }
+        self._observability_paths = frozenset({"/healthz", "/readyz", "/metrics"})
+        # One large body parsed at a time: a parse's transient objects are several times its size.
+        self._parse_limiter = trio.CapacityLimiter(1)
 
     async def __call__(self, request: Request) -> Response:
-        handler = self._routes.get((request.method, request.path))
+        return await self.control(request)
+
+    async def control(self, request: Request) -> Response:
+        """The control API's handler: guards, then any route."""
+        stats = self.control_stats
+        if not request.via_unix and not host_is_loopback(request.header("host") or ""):
+            stats.reject("host", "a Host header that is not loopback")
+            return json_response(
+                {"error": "the control API answers only a loopback Host (localhost, 127.0.0.1)"},
+                403,
+            )
+        if self._token and request.path.startswith("/v1/") and not self._authorized(request):
+            stats.reject("unauthorized", f"no or a wrong token for {request.path}")
+            return Response(
+                401,
+                (("Content-Type", "application/json"), ("WWW-Authenticate", "Bearer")),
+                json.dumps({"error": f"missing or wrong {TOKEN_HEADER}"}).encode(),
+            )
+        return await self._route(request, self._routes)
+
+    async def observability(self, request: Request) -> Response:
+        """The observability listener's handler: read-only routes only."""
+        if request.path not in self._observability_paths:
+            return json_response({"error": f"no such endpoint: {request.path}"}, 404)
+        return await self._route(request, self._routes)
+
+    def _authorized(self, request: Request) -> bool:
+        given = request.header(TOKEN_HEADER)
+        if given is None:
+            scheme, _, credentials = (request.header("authorization") or "").partition(" ")
+            if scheme.lower() != "bearer":
+                return False
+            given = credentials.strip()
+        # latin-1 round-trips whatever bytes came in; compare_digest takes constant time.
+        return hmac.compare_digest(given.encode("latin-1"), self._token)
+
+    async def _route(self, request: Request, routes: dict[tuple[str, str], Route]) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        handler = routes.get((method, request.path))
         if handler is None:
-            if any(path == request.path for _, path in self._routes):
+            if any(path == request.path for _, path in routes):
                 return json_response({"error": f"method {request.method} not allowed"}, 405)
             return json_response({"error": f"no such endpoint: {request.path}"}, 404)
+        if method == "POST" and _media_type(request.header("content-type")) != "application/json":
+            self.control_stats.reject("content_type", "a POST that is not application/json")
+            return json_response({"error": "Content-Type must be application/json"}, 415)
         return await handler(request)
 
     async def acks(self, request: Request) -> Response:
         try:
-            items = parse_ack_request(request.body)
+            if len(request.body) > _THREAD_PARSE_BYTES:
+                # json.loads itself holds the GIL (about 10 ms per MiB); the validation after it
+                # lets the trio thread run every few milliseconds.
+                items: list[AckItem] = await trio.to_thread.run_sync(
+                    parse_ack_request, request.body, limiter=self._parse_limiter
+                )
+            else:
+                items = parse_ack_request(request.body)
         except WireError as exc:
             return json_response({"error": str(exc)}, 400)
+        if len(items) > self.max_ack_items:
+            self.control_stats.reject("too_many_items", f"{len(items)} items in one /v1/acks")
+            return json_response(
+                {"error": f"at most {self.max_ack_items} items per request, got {len(items)}"},
+                413,
+            )
         results = self.engine.ack(items)
         return Response(200, (("Content-Type", "application/json"),), format_ack_response(results))
 
@@ -73,3 +185,32 @@ class LocalApi:
             return json_response({"error": "metrics are disabled (metrics.enable: false)"}, 404)
         body, content_type = self.metrics()
         return Response(200, (("Content-Type", content_type),), body)
+
+    def collector(self) -> Collector:
+        """A Prometheus collector of both listeners' connections and refusals."""
+        return _ListenerCollector((self.control_stats, self.observability_stats))
+
+
+class _ListenerCollector(Collector):
+    def __init__(self, stats: tuple[ServerStats, ...]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        refused = CounterMetricFamily(
+            "dlq_sidecar_http_refused",
+            "Requests and connections the local API refused, by listener and reason "
+            "(connections, header_too_large, body_too_large, too_many_items, request_timeout, "
+            "send_timeout, bad_request, host, unauthorized, content_type).",
+            labels=["listener", "reason"],
+        )
+        connections = GaugeMetricFamily(
+            "dlq_sidecar_http_open_connections",
+            "Open connections of the local API, by listener.",
+            labels=["listener"],
+        )
+        for stats in self.stats:
+            for reason, n in sorted(stats.refused.items()):
+                refused.add_metric([stats.name, reason], n)
+            connections.add_metric([stats.name], stats.open_connections)
+        yield refused
+        yield connections

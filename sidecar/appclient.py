@@ -6,8 +6,11 @@ request, over TCP loopback or a Unix socket), HTTP/1.1 response framing with htt
 and the split between "could not connect" and "sent, then failed" that decides whether a
 delivery counted as an attempt. Request bytes and answer meaning come from :mod:`sidecar.wire`.
 
-It imports only :mod:`sidecar.wire` from this package; it knows nothing of Kafka, the ledger or
-the DLQ.
+It imports only :mod:`sidecar.wire` and :mod:`sidecar.httplimits` from this package; it knows
+nothing of Kafka, the ledger or the DLQ. Limits on an answer: its header block plus chunked
+trailers at most ``MAX_HEAD_BYTES`` (counted on the wire, so endless trailers or an endless
+header value never grow memory), its body at most ``max_body_bytes``, chunk framing bounded, and
+the whole exchange (send included) within the request's timeout.
 
 Errors::
 
@@ -18,6 +21,7 @@ Errors::
                              sidecar.AppTimeout         no complete answer within the timeout
                              sidecar.AppConnectionLost  reset or EOF before a complete answer
                              sidecar.MalformedResponse  not HTTP/1.x, or over the size caps
+                                                        (head + trailers, body, chunk framing)
 
 Stale keep-alive connections: a server may close an idle connection at any moment, and we
 only learn of it when the next request on it gets EOF or a reset before any response byte.
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 import httptools
 import trio
 
+from sidecar.httplimits import LimitExceeded, MeteredCollector
 from sidecar.wire import (
     Answer,
     AppError,
@@ -131,12 +136,11 @@ class RawResponse:
     body: bytes
 
 
-class _ResponseCollector:
+class _ResponseCollector(MeteredCollector):
     """httptools callbacks for one response."""
 
     __slots__ = (
         "body",
-        "body_bytes",
         "complete",
         "extra_message",
         "framed",
@@ -150,12 +154,12 @@ class _ResponseCollector:
     )
 
     def __init__(self, max_body_bytes: int) -> None:
+        super().__init__(MAX_HEAD_BYTES)
         self.max_body_bytes = max_body_bytes
         self.parser: httptools.HttpResponseParser | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.body: list[bytes] = []
-        self.body_bytes = 0
+        self.body = bytearray()
         self.headers_done = False
         self.framed = False  # Content-Length or Transfer-Encoding: the body does not end at EOF
         self.complete = False
@@ -164,33 +168,38 @@ class _ResponseCollector:
         self.keep_alive = False
 
     def on_message_begin(self) -> None:
+        super().on_message_begin()
         if self.complete:
             self.extra_message = True  # bytes after the response: the connection is unusable
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        if self.headers_done:
+            return  # a chunked trailer: counted against the head budget, otherwise ignored
         lowered = name.lower()
         if lowered in (b"content-length", b"transfer-encoding"):
             self.framed = True
         self.headers.append((lowered, value))
 
     def on_headers_complete(self) -> None:
+        super().on_headers_complete()
         assert self.parser is not None
         self.status = self.parser.get_status_code()
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.body_bytes += len(body)
-        if self.body_bytes > self.max_body_bytes:
+        super().on_body(body)
+        if len(self.body) + len(body) > self.max_body_bytes:
             self.too_large = True
-        else:
-            self.body.append(body)
+        elif not self.too_large:
+            self.body += body
 
     def on_message_complete(self) -> None:
+        super().on_message_complete()
         if 100 <= self.status < 200 and self.status != 101:
             # An interim response (100 Continue, 103 Early Hints): the real one follows.
             self.headers = []
-            self.body = []
-            self.body_bytes = 0
+            self.body = bytearray()
             self.headers_done = False
             self.framed = False
             return
@@ -261,7 +270,12 @@ async def _exchange(
                 )
             received += len(data)
             try:
-                parser.feed_data(data)
+                collector.feed(parser, data)
+            except LimitExceeded as exc:
+                what = "header block and trailers" if exc.what == "head" else "chunk framing"
+                raise AppRequestFailed(
+                    MALFORMED_RESPONSE, f"response {what} over {exc.limit} bytes"
+                ) from exc
             except httptools.HttpParserUpgrade as exc:
                 raise AppRequestFailed(MALFORMED_RESPONSE, "unexpected protocol upgrade") from exc
             except httptools.HttpParserError as exc:
@@ -269,10 +283,6 @@ async def _exchange(
             if collector.too_large:
                 raise AppRequestFailed(
                     MALFORMED_RESPONSE, f"response body over {max_body_bytes} bytes"
-                )
-            if not collector.headers_done and received > MAX_HEAD_BYTES:
-                raise AppRequestFailed(
-                    MALFORMED_RESPONSE, f"response header block over {MAX_HEAD_BYTES} bytes"
                 )
     except (BrokenPipeError, ConnectionError) as exc:
         # EPIPE / ECONNRESET / ECONNABORTED: the peer went away.
@@ -286,7 +296,7 @@ async def _exchange(
             raise AppRequestFailed(APP_CONNECTION_LOST, f"connection lost: {exc}") from exc
         raise
     keep_alive = collector.complete and collector.keep_alive and not collector.extra_message
-    response = RawResponse(collector.status, collector.headers, b"".join(collector.body))
+    response = RawResponse(collector.status, collector.headers, bytes(collector.body))
     return response, keep_alive
 
 

@@ -417,12 +417,27 @@ class ErrorsConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiConfig:
+    """The two listeners (SPEC §6).
+
+    ``listen`` is the control API (acks, status: it changes and reveals record state): loopback
+    or a Unix socket only. ``observability_listen`` ("" = none) serves only the read-only
+    ``/healthz``, ``/readyz`` and ``/metrics`` and may listen on the pod IP.
+    """
+
     listen: str = "127.0.0.1:8787"
-    allow_non_loopback: bool = False
+    token: str = ""
+    observability_listen: str = ""
+    max_connections: int = 1024
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_ack_items: int = 10_000
 
     @property
     def address(self) -> ListenAddress:
         return parse_listen(self.listen)
+
+    @property
+    def observability_address(self) -> ListenAddress | None:
+        return parse_listen(self.observability_listen) if self.observability_listen else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -958,6 +973,24 @@ def _check_listen(value: str) -> str | None:
     return None
 
 
+def _check_optional_listen(value: str) -> str | None:
+    return _check_listen(value) if value else None
+
+
+_API_TOKEN_MIN_CHARS = 16
+
+
+def _check_api_token(value: str) -> str | None:
+    if not value:
+        return None  # no token
+    if not all("!" <= ch <= "~" for ch in value):
+        # A Secret made with `echo token | kubectl create secret ...` ends in a newline.
+        return "must be printable ASCII without spaces or line breaks"
+    if len(value) < _API_TOKEN_MIN_CHARS:
+        return f"must be at least {_API_TOKEN_MIN_CHARS} characters (use 32 random bytes, hex)"
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # The schema
 
@@ -991,7 +1024,16 @@ _APP_KEYS = (
 
 _API_KEYS = (
     _Key("listen", _Str(allow_empty=False, check=_check_listen), ApiConfig, "listen"),
-    _Key("allow.non.loopback", _Bool(), ApiConfig, "allow_non_loopback"),
+    _Key("token", _Str(check=_check_api_token), ApiConfig, "token"),
+    _Key(
+        "observability.listen",
+        _Str(check=_check_optional_listen),
+        ApiConfig,
+        "observability_listen",
+    ),
+    _Key("max.connections", _Int(1, 65_536), ApiConfig, "max_connections"),
+    _Key("max.request.bytes", _Int(1024, 64 * 1024 * 1024), ApiConfig, "max_request_bytes"),
+    _Key("max.ack.items", _Int(1, 100_000), ApiConfig, "max_ack_items"),
 )
 _LOGGING_KEYS = (
     _Key("level", _Choice(LogLevel), LoggingConfig, "level"),
@@ -1086,15 +1128,29 @@ def _check(config: Config) -> None:
             _DLQ + "transactional.enable",
             "needs engine: consumer (share groups cannot commit acknowledgements in a transaction)",
         )
-    if config.api.address[0] == "tcp" and not config.api.allow_non_loopback:
-        host = config.api.address[1]
-        if not is_loopback_host(host):
-            raise _Invalid(
-                "api.listen",
-                f"{host!r} is not a loopback address; set api.allow.non.loopback: true to expose "
-                "the ack API beyond this host",
-            )
+    _check_api_listeners(config.api)
     _check_dlq_topic(config)
+
+
+def _check_api_listeners(api: ApiConfig) -> None:
+    control = api.address
+    if control[0] == "tcp" and not is_loopback_host(control[1]):
+        # The control API changes record state (acks) and reveals it (status): never on a pod IP.
+        raise _Invalid(
+            "api.listen",
+            f"{control[1]!r} is not a loopback address: the control API listens on loopback or a "
+            "Unix socket only; serve /healthz, /readyz and /metrics beyond this host with "
+            "api.observability.listen",
+        )
+    observability = api.observability_address
+    if observability is None:
+        return
+    if observability[0] == "unix" and control[0] == "unix" and observability[1] == control[1]:
+        raise _Invalid("api.observability.listen", "must not be the control API's socket")
+    if observability[0] == "tcp" and control[0] == "tcp" and observability[2] == control[2] != 0:
+        raise _Invalid(
+            "api.observability.listen", f"must not use the control API's port {control[2]}"
+        )
 
 
 def _check_dlq_topic(config: Config) -> None:
@@ -1451,4 +1507,6 @@ def _dump(config: Config, *, mask_secrets: bool) -> dict[str, Any]:
             name: _MASK if is_secret_header(name) else value
             for name, value in out["app"]["headers"].items()
         }
+        if out["api"]["token"]:
+            out["api"]["token"] = _MASK
     return out

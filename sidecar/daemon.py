@@ -10,6 +10,7 @@ drain and exits 1.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from sidecar.config import Config
 from sidecar.config import Engine as EngineKind
 from sidecar.dlq import DlqStartupError
 from sidecar.engine import Engine
-from sidecar.httpserver import serve_http
+from sidecar.httpserver import Limits, serve_http
 from sidecar.source import SourceError, check_cluster_sync
 from sidecar.tracing import Tracing
 
@@ -49,6 +50,54 @@ async def wait_cluster_usable(engine: Engine, config: Config) -> None:
         delay_s = min(delay_s * 2, CLUSTER_RETRY_MAX_S)
     engine.source.broker_ok = True
     engine.source.broker_error = None
+
+
+# Only GETs reach the observability listener: no request there needs a body.
+_OBSERVABILITY_MAX_REQUEST_BYTES = 64 * 1024
+
+
+async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config) -> None:
+    """The control API (loopback or a Unix socket) and, when configured, the observability one."""
+    control_limits = Limits(
+        max_request_bytes=config.api.max_request_bytes,
+        max_connections=config.api.max_connections,
+    )
+    where = await nursery.start(
+        functools.partial(
+            serve_http,
+            api.control,
+            config.api.address,
+            limits=control_limits,
+            stats=api.control_stats,
+        )
+    )
+    log.info(
+        "control API listening on %s%s",
+        where,
+        " (token required on /v1/*)" if config.api.token else "",
+        extra={"fields": {"api": str(where)}},
+    )
+    observability = config.api.observability_address
+    if observability is None:
+        return
+    observability_limits = Limits(
+        max_request_bytes=_OBSERVABILITY_MAX_REQUEST_BYTES,
+        max_connections=config.api.max_connections,
+    )
+    where = await nursery.start(
+        functools.partial(
+            serve_http,
+            api.observability,
+            observability,
+            limits=observability_limits,
+            stats=api.observability_stats,
+        )
+    )
+    log.info(
+        "observability listener (healthz, readyz, metrics) on %s",
+        where,
+        extra={"fields": {"observability": str(where)}},
+    )
 
 
 async def run_sidecar(
@@ -78,14 +127,20 @@ async def run_sidecar(
         from sidecar.metrics import Metrics
 
         metrics = Metrics(engine)
-    api = LocalApi(engine, metrics.render if metrics else None)
+    api = LocalApi(
+        engine,
+        metrics.render if metrics else None,
+        token=config.api.token,
+        max_ack_items=config.api.max_ack_items,
+    )
+    if metrics is not None:
+        metrics.registry.register(api.collector())
 
     second_signal = False
     async with trio.open_nursery() as nursery:
         engine.attach(nursery)
         # The API first, so that readiness can say why a cluster cannot be used yet.
-        where = await nursery.start(serve_http, api, config.api.address)
-        log.info("local API listening on %s", where, extra={"fields": {"api": str(where)}})
+        await _start_listeners(nursery, api, config)
         await wait_cluster_usable(engine, config)
         if config.errors.dlq.enabled:
             dlq_topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})

@@ -1,12 +1,27 @@
 """A small HTTP/1.1 server on trio, for the sidecar's local API and for test and example apps.
 
 This module owns HTTP/1.1 framing on the server side: request parsing with httptools (llhttp),
-keep-alive, content-length and chunked request bodies, ``Expect: 100-continue``, size limits
-(413 for a body, 431 for a header block), 400 on garbage, and listening on TCP or on a Unix
-socket (removing a stale socket file first). It knows nothing of Kafka, acks or the wire
-contract: handlers get a :class:`Request` and return a :class:`Response`.
+keep-alive, content-length and chunked request bodies, ``Expect: 100-continue``, 400 on garbage,
+and listening on TCP or on a Unix socket (removing a stale socket file first). It knows nothing of
+Kafka, acks or the wire contract: handlers get a :class:`Request` and return a :class:`Response`.
 
-It must not import other ``sidecar`` modules; ``api`` and the example apps build on it.
+Every limit is hard (SPEC §6), set by :class:`Limits`, answered with a clear status, logged (at
+most once a second per reason) and counted in :class:`ServerStats`:
+
+    413  body over ``max_request_bytes``
+    431  header block plus chunked trailers over ``max_header_bytes`` (bytes on the wire,
+         :mod:`sidecar.httplimits`: an endless header value or trailer never grows memory)
+    408  a request whose bytes (header block and body) have not all arrived within
+         ``request_timeout_s`` of its first byte, however slowly they trickle in
+    503  a connection beyond ``max_connections`` (answered and closed at once)
+    --   a response the client does not read within ``send_timeout_s``: the connection is dropped
+    --   a connection idle (between requests) for ``idle_timeout_s``: closed
+
+Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
+they are not merged into the headers).
+
+It imports only :mod:`sidecar.httplimits` from this package; ``api`` and the example apps build
+on it.
 
 Usage::
 
@@ -17,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import http
 import json
@@ -26,17 +42,21 @@ import socket
 import stat
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 import httptools
 import trio
 
+from sidecar.httplimits import LimitExceeded, MeteredCollector
+
 __all__ = [
     "Handler",
+    "Limits",
     "Listen",
     "Request",
     "Response",
+    "ServerStats",
     "json_response",
     "serve_http",
 ]
@@ -50,6 +70,62 @@ MAX_HEADER_BYTES = 64 * 1024
 _RECEIVE_BYTES = 65536
 _DRAIN_TIMEOUT_S = 1.0
 _DRAIN_MAX_BYTES = 1024 * 1024
+_REFUSE_SEND_TIMEOUT_S = 1.0
+_LOG_EVERY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """The server's hard limits (see the module docstring for what each one answers)."""
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_header_bytes: int = MAX_HEADER_BYTES
+    max_connections: int = 1024
+    idle_timeout_s: float = 60.0
+    request_timeout_s: float = 30.0
+    send_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "max_header_bytes", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("idle_timeout_s", "request_timeout_s", "send_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """What one listener did: open connections and refusals by reason (read by the metrics).
+
+    Reasons: ``connections`` (503, over max_connections), ``header_too_large`` (431),
+    ``body_too_large`` (413), ``request_timeout`` (408), ``send_timeout`` (dropped),
+    ``bad_request`` (400).
+    """
+
+    name: str = "http"
+    open_connections: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    _logged_at: dict[str, float] = field(default_factory=dict)
+    _unlogged: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str, detail: str) -> None:
+        """Count a refusal and log it, at most once a second per reason (a flood stays readable)."""
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        now = trio.current_time()
+        if now - self._logged_at.get(reason, -_LOG_EVERY_S) < _LOG_EVERY_S:
+            self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+            return
+        self._logged_at[reason] = now
+        suppressed = self._unlogged.pop(reason, 0)
+        log.warning(
+            "%s listener: refused a request (%s): %s%s",
+            self.name,
+            reason,
+            detail,
+            f" (and {suppressed} more since the last such line)" if suppressed else "",
+            extra={"fields": {"listener": self.name, "reason": reason}},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +137,7 @@ class Request:
     query: str
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    via_unix: bool = False  # came in over a Unix socket (no browser can send those)
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), or None."""
@@ -118,66 +195,69 @@ def _error_response(status: int, message: str) -> bytes:
     return _format_response(response, keep_alive=False, head_only=False)
 
 
-class _RequestCollector:
+class _RequestCollector(MeteredCollector):
     """httptools callbacks for one connection; completed requests queue up in ``ready``."""
 
     __slots__ = (
         "body",
-        "body_bytes",
         "expect_continue",
         "headers",
         "headers_complete",
         "max_body_bytes",
         "parser",
         "ready",
-        "started",
         "too_large",
         "url",
+        "via_unix",
     )
 
-    def __init__(self, max_body_bytes: int) -> None:
+    def __init__(self, max_body_bytes: int, max_head_bytes: int, via_unix: bool) -> None:
+        super().__init__(max_head_bytes)
         self.max_body_bytes = max_body_bytes
+        self.via_unix = via_unix
         self.parser: httptools.HttpRequestParser | None = None
         self.ready: deque[tuple[Request, bool]] = deque()
         self.too_large = False
-        self.started = False
         self._reset()
 
     def _reset(self) -> None:
         self.url = b""
         self.headers: list[tuple[str, str]] = []
-        self.body: list[bytes] = []
-        self.body_bytes = 0
+        self.body = bytearray()
         self.headers_complete = False
         self.expect_continue = False
 
     def on_message_begin(self) -> None:
+        super().on_message_begin()
         self._reset()
-        self.started = True
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        if self.headers_complete:
+            return  # a chunked trailer: counted against the head budget, otherwise ignored
         self.headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        super().on_headers_complete()
         self.headers_complete = True
+        if self._content_length > self.max_body_bytes:
+            self.too_large = True
         for name, value in self.headers:
-            if name == "content-length" and value.strip().isdigit():
-                if int(value) > self.max_body_bytes:
-                    self.too_large = True
-            elif name == "expect" and value.strip().lower() == "100-continue":
+            if name == "expect" and value.strip().lower() == "100-continue":
                 self.expect_continue = True
 
     def on_body(self, body: bytes) -> None:
-        self.body_bytes += len(body)
-        if self.body_bytes > self.max_body_bytes:
+        super().on_body(body)
+        if len(self.body) + len(body) > self.max_body_bytes:
             self.too_large = True
-        else:
-            self.body.append(body)
+        elif not self.too_large:
+            self.body += body
 
     def on_message_complete(self) -> None:
+        super().on_message_complete()
         assert self.parser is not None
         target = self.url.decode("latin-1")
         path, _, query = target.partition("?")
@@ -186,30 +266,36 @@ class _RequestCollector:
             path,
             query,
             tuple(self.headers),
-            b"".join(self.body),
+            bytes(self.body),
+            via_unix=self.via_unix,
         )
         self.ready.append((request, self.parser.should_keep_alive()))
-        self.url = b""
-        self.headers_complete = False
-        self.started = False
+        self._reset()
 
 
-async def _refuse(stream: trio.abc.Stream, status: int, message: str) -> None:
+async def _refuse(
+    stream: trio.abc.Stream, status: int, message: str, *, drain_s: float = _DRAIN_TIMEOUT_S
+) -> None:
     """Send an error and close gracefully, so the client gets to read the error.
 
     Closing a socket with unread input makes the kernel send a reset, which can destroy the
     response before the client reads it; so shut down our side, then drain (bounded) first.
+    The send is bounded too: a client that does not read gets nothing.
     """
-    await stream.send_all(_error_response(status, message))
-    if isinstance(stream, trio.abc.HalfCloseableStream):
-        await stream.send_eof()
-    drained = 0
-    with trio.move_on_after(_DRAIN_TIMEOUT_S):
-        while drained < _DRAIN_MAX_BYTES:
-            data = await stream.receive_some(_RECEIVE_BYTES)
-            if not data:
-                break
-            drained += len(data)
+    with trio.move_on_after(drain_s + _REFUSE_SEND_TIMEOUT_S):
+        with trio.move_on_after(_REFUSE_SEND_TIMEOUT_S) as sending:
+            await stream.send_all(_error_response(status, message))
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                await stream.send_eof()
+        if sending.cancelled_caught:
+            return
+        drained = 0
+        with trio.move_on_after(drain_s):
+            while drained < _DRAIN_MAX_BYTES:
+                data = await stream.receive_some(_RECEIVE_BYTES)
+                if not data:
+                    break
+                drained += len(data)
 
 
 async def _call_handler(handler: Handler, request: Request) -> Response:
@@ -223,56 +309,90 @@ async def _call_handler(handler: Handler, request: Request) -> Response:
 
 
 async def _serve_connection(
-    stream: trio.abc.Stream, handler: Handler, max_request_bytes: int, idle_timeout_s: float
+    stream: trio.abc.Stream, handler: Handler, limits: Limits, stats: ServerStats, via_unix: bool
 ) -> None:
-    collector = _RequestCollector(max_request_bytes)
+    collector = _RequestCollector(limits.max_request_bytes, limits.max_header_bytes, via_unix)
     parser = httptools.HttpRequestParser(collector)
     collector.parser = parser
-    head_bytes = 0  # bytes received while a request's header block is incomplete
+    # Set from the first byte of a request until it is complete: the whole request (header
+    # block and body) must arrive within request_timeout_s, however slowly it trickles in.
+    request_deadline: float | None = None
     try:
         while True:
             data: bytes | bytearray = b""
-            with trio.move_on_after(idle_timeout_s):
+            if request_deadline is None:
+                deadline = trio.current_time() + limits.idle_timeout_s
+            else:
+                deadline = request_deadline
+            with trio.move_on_at(deadline) as receiving:
                 data = await stream.receive_some(_RECEIVE_BYTES)
+            if receiving.cancelled_caught:
+                if request_deadline is not None:
+                    stats.reject("request_timeout", "request not complete within the deadline")
+                    await _refuse(stream, 408, "request not complete in time\n", drain_s=0.1)
+                return  # idle past the timeout: close quietly
             if not data:
-                return  # peer closed, or idle past the timeout
+                return  # peer closed
+            if request_deadline is None:
+                request_deadline = trio.current_time() + limits.request_timeout_s
             upgrade = False
             try:
-                parser.feed_data(data)
+                collector.feed(parser, bytes(data))
             except httptools.HttpParserUpgrade:
                 upgrade = True  # not supported: answer what was parsed, then close
+            except LimitExceeded as exc:
+                if exc.what == "head":
+                    stats.reject("header_too_large", f"header block or trailers {exc}")
+                    await _refuse(stream, 431, "request header block or trailers too large\n")
+                else:
+                    stats.reject("bad_request", f"chunk framing {exc}")
+                    await _refuse(stream, 400, "bad request: chunk framing too large\n")
+                return
             except httptools.HttpParserError as exc:
+                stats.reject("bad_request", "unparseable request")
                 await _refuse(stream, 400, f"bad request: {exc}\n")
                 return
             if collector.too_large:
+                stats.reject("body_too_large", f"body over {limits.max_request_bytes} bytes")
                 await _refuse(stream, 413, "request body too large\n")
-                return
-            if collector.started and not collector.headers_complete:
-                head_bytes += len(data)
-            else:
-                head_bytes = 0
-            if head_bytes > MAX_HEADER_BYTES:
-                await _refuse(stream, 431, "request header block too large\n")
                 return
             if collector.expect_continue:
                 collector.expect_continue = False
                 if not collector.ready:
-                    await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await _send(stream, b"HTTP/1.1 100 Continue\r\n\r\n", limits, stats)
+            answered = bool(collector.ready)
             while collector.ready:
                 request, keep_alive = collector.ready.popleft()
                 response = await _call_handler(handler, request)
                 keep_alive = keep_alive and not upgrade
-                await stream.send_all(
-                    _format_response(response, keep_alive, head_only=request.method == "HEAD")
+                head_only = request.method == "HEAD"
+                await _send(
+                    stream, _format_response(response, keep_alive, head_only), limits, stats
                 )
                 if not keep_alive:
                     return
+            if not collector.in_message:
+                request_deadline = None
+            elif answered:  # the next pipelined request has begun: its own deadline
+                request_deadline = trio.current_time() + limits.request_timeout_s
             if upgrade:
                 return
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        return  # the client went away mid-exchange; nothing to tell it
+    except (trio.BrokenResourceError, trio.ClosedResourceError, _SendTimeout):
+        return  # the client went away, or stopped reading; nothing to tell it
     finally:
         await trio.aclose_forcefully(stream)
+
+
+class _SendTimeout(Exception):
+    """A response could not be written within send_timeout_s: the client does not read."""
+
+
+async def _send(stream: trio.abc.Stream, data: bytes, limits: Limits, stats: ServerStats) -> None:
+    with trio.move_on_after(limits.send_timeout_s) as scope:
+        await stream.send_all(data)
+    if scope.cancelled_caught:
+        stats.reject("send_timeout", f"client read nothing for {limits.send_timeout_s} s")
+        raise _SendTimeout
 
 
 async def _open_unix_listener(path: str, backlog: int) -> trio.SocketListener:
@@ -306,17 +426,30 @@ async def serve_http(
     handler: Handler,
     listen: Listen,
     *,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    idle_timeout_s: float = 60.0,
+    max_request_bytes: int | None = None,
+    idle_timeout_s: float | None = None,
+    limits: Limits | None = None,
+    stats: ServerStats | None = None,
     backlog: int = 1024,
     task_status: trio.TaskStatus[int | str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``handler`` on ``listen`` until cancelled.
 
+    ``limits`` holds every limit; ``max_request_bytes`` and ``idle_timeout_s`` override its two
+    most used fields. ``stats``, when given, is kept up to date (for metrics and tests).
     Reports the bound port (TCP; useful with port 0) or the socket path (Unix) through
     ``task_status`` once it accepts connections. On cancel, connections are closed and a Unix
     socket file this call created is removed.
     """
+    limits = limits or Limits()
+    overrides: dict[str, float] = {}
+    if max_request_bytes is not None:
+        overrides["max_request_bytes"] = max_request_bytes
+    if idle_timeout_s is not None:
+        overrides["idle_timeout_s"] = idle_timeout_s
+    if overrides:
+        limits = dataclasses.replace(limits, **overrides)  # type: ignore[arg-type]
+    stats = stats if stats is not None else ServerStats()
     listeners: list[trio.SocketListener]
     unix_path: str | None = None
     bound: int | str
@@ -331,9 +464,23 @@ async def serve_http(
     else:
         raise ValueError(f"listen must be ('tcp', host, port) or ('unix', path), got {listen!r}")
     inode = os.stat(unix_path).st_ino if unix_path is not None else None
+    via_unix = unix_path is not None
 
     async def serve_one(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, handler, max_request_bytes, idle_timeout_s)
+        if stats.open_connections >= limits.max_connections:
+            stats.reject("connections", f"over {limits.max_connections} open connections")
+            try:
+                await _refuse(stream, 503, "too many connections\n", drain_s=0.1)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            finally:
+                await trio.aclose_forcefully(stream)
+            return
+        stats.open_connections += 1
+        try:
+            await _serve_connection(stream, handler, limits, stats, via_unix)
+        finally:
+            stats.open_connections -= 1
 
     try:
         async with trio.open_nursery() as nursery:

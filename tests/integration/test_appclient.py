@@ -656,3 +656,75 @@ async def test_full_unix_backlog_is_waited_out_not_counted_as_an_attempt() -> No
         await client.aclose()
         nursery.cancel_scope.cancel()
     assert statuses == [200] * 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Hard limits on an answer: head plus trailers, counted on the wire
+
+
+async def test_endless_trailers_are_a_malformed_response(transport: str) -> None:
+    async def trailers(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+        await reader.read()
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n"
+        )
+        line = b"".join(b"X-T%d: %s\r\n" % (i, b"v" * 1000) for i in range(64))
+        for _ in range(400 * 16):  # up to 400 MiB, unless the client stops reading
+            await stream.send_all(line)
+
+    async with raw_server(trailers, transport) as server, AppClient(server.target) as client:
+        with pytest.raises(AppRequestFailed) as caught:
+            await client.send(REQUEST, timeout_s=30)
+        assert caught.value.class_name == MALFORMED_RESPONSE
+        assert "trailers" in caught.value.message
+
+
+async def test_one_endless_trailer_value_is_a_malformed_response(transport: str) -> None:
+    async def trailer(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+        await reader.read()
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-E: "
+        )
+        for _ in range(400 * 16):
+            await stream.send_all(b"v" * 65536)
+
+    async with raw_server(trailer, transport) as server, AppClient(server.target) as client:
+        with pytest.raises(AppRequestFailed) as caught:
+            await client.send(REQUEST, timeout_s=30)
+        assert caught.value.class_name == MALFORMED_RESPONSE
+
+
+async def test_small_trailers_are_fine(transport: str) -> None:
+    async def trailer(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+        while await reader.read() is not None:
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"2\r\nok\r\n0\r\nX-Checksum: 1\r\n\r\n"
+            )
+
+    async with raw_server(trailer, transport) as server, AppClient(server.target) as client:
+        response = await client.send(REQUEST, timeout_s=5)
+        assert (response.status, response.body) == (200, b"ok")
+        assert b"x-checksum" not in dict(response.headers)
+
+
+@pytest.mark.parametrize(("filler_kib", "ok"), [(62, True), (65, False), (120, False)])
+async def test_answer_header_cap_is_64_kib(transport: str, filler_kib: int, ok: bool) -> None:
+    # The head arrives in two sends, the second completing it: the cap counts both.
+    lines = b"".join(b"X-F%03d: %s\r\n" % (i, b"y" * 1014) for i in range(filler_kib))
+    half = len(lines) // 2
+
+    async def big_head(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+        await reader.read()
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + lines[:half])
+        await trio.sleep(0.05)
+        await stream.send_all(lines[half:] + b"\r\nok")
+        await trio.sleep(10)
+
+    async with raw_server(big_head, transport) as server, AppClient(server.target) as client:
+        if ok:
+            assert (await client.send(REQUEST, timeout_s=5)).body == b"ok"
+        else:
+            with pytest.raises(AppRequestFailed) as caught:
+                await client.send(REQUEST, timeout_s=5)
+            assert caught.value.class_name == MALFORMED_RESPONSE

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import http.client
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,20 +242,41 @@ def test_sidecar_image_defaults_to_app_version(helm: str) -> None:
     assert sidecar_container(pinned)["image"] == "dlq-sidecar:9.9.9"
 
 
-def test_http_probes_hit_healthz_and_readyz_on_a_pod_reachable_api(helm: str) -> None:
+def test_http_probes_hit_the_observability_listener(helm: str) -> None:
     manifests = render(helm, ci_file("tcp"))
     sidecar = sidecar_container(pod_spec(manifests))
     [port] = sidecar["ports"]
-    assert port["name"] == "sidecar-api"
+    assert port == {"name": "sidecar-obs", "containerPort": 8788, "protocol": "TCP"}
     for probe, path in (
         ("startupProbe", "/healthz"),
         ("livenessProbe", "/healthz"),
         ("readinessProbe", "/readyz"),
     ):
-        assert sidecar[probe]["httpGet"] == {"path": path, "port": "sidecar-api"}, probe
-    # kubelet probes the pod IP, so the API must not be loopback-only in this mode.
+        assert sidecar[probe]["httpGet"] == {"path": path, "port": "sidecar-obs"}, probe
+    # kubelet probes the pod IP: the read-only listener is there, the control API stays on loopback.
     api = sidecar_config(manifests)["api"]
-    assert api == {"listen": f"0.0.0.0:{port['containerPort']}", "allow.non.loopback": True}
+    assert api == {"listen": "127.0.0.1:8787", "observability.listen": "0.0.0.0:8788"}
+
+
+def test_no_control_endpoint_on_the_pod_ip(helm: str, variant: Path) -> None:
+    """In every variant (minimal = the default install) the control API listens on loopback and
+    no container port, Service or NetworkPolicy names it."""
+    manifests = render(helm, variant)
+    values = merged_values(variant)
+    control_port = values["sidecar"]["api"]["port"]
+    api = sidecar_config(manifests)["api"]
+    assert api["listen"] == f"127.0.0.1:{control_port}"
+    assert "allow.non.loopback" not in api
+    container_ports = [p for c in pod_spec(manifests)["initContainers"] for p in c.get("ports", [])]
+    assert control_port not in {p["containerPort"] for p in container_ports}
+    for service in (m for m in manifests if m["kind"] == "Service"):
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] != control_port and port["port"] != control_port
+    for policy in (m for m in manifests if m["kind"] == "NetworkPolicy"):
+        for rule in policy["spec"]["ingress"]:
+            assert control_port not in {p["port"] for p in rule["ports"]}
+    env = {e["name"]: e.get("value") for e in app_container(pod_spec(manifests))["env"]}
+    assert env["DLQ_SIDECAR_URL"] == f"http://127.0.0.1:{control_port}"
 
 
 def test_loopback_api_uses_exec_probes_and_exposes_no_port(helm: str) -> None:
@@ -269,6 +293,107 @@ def test_loopback_api_uses_exec_probes_and_exposes_no_port(helm: str) -> None:
         command = sidecar[probe]["exec"]["command"]
         assert command[:2] == ["python", "-c"]
         assert f"http://127.0.0.1:8787{path}'" in command[2], probe
+
+
+def test_control_api_token_comes_from_a_secret_into_both_containers(helm: str) -> None:
+    sets = ("sidecar.api.token.existingSecret=api-token", "sidecar.api.token.key=value")
+    manifests = render(helm, ci_file("tcp"), sets=sets)
+    assert sidecar_config(manifests)["api"]["token"] == "${DLQ_SIDECAR_API_TOKEN}"
+    spec = pod_spec(manifests)
+    for container in (sidecar_container(spec), app_container(spec)):
+        [item] = [e for e in container["env"] if e["name"] == "DLQ_SIDECAR_API_TOKEN"]
+        assert item["valueFrom"] == {"secretKeyRef": {"name": "api-token", "key": "value"}}
+    # No Secret: no token, no variable.
+    manifests = render(helm, ci_file("tcp"))
+    assert "token" not in sidecar_config(manifests)["api"]
+    spec = pod_spec(manifests)
+    for container in (sidecar_container(spec), app_container(spec)):
+        assert "DLQ_SIDECAR_API_TOKEN" not in {e["name"] for e in container["env"]}
+
+
+def _pod_network_address() -> str:
+    """This machine's address on its default route: what a pod IP is to the sidecar."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("203.0.113.1", 9))  # TEST-NET-3: nothing is sent, a route is chosen
+        address = str(probe.getsockname()[0])
+    except OSError as exc:
+        pytest.fail(f"no non-loopback IPv4 address to test the pod-IP exposure: {exc}")
+    finally:
+        probe.close()
+    if address.startswith("127."):
+        pytest.fail("no non-loopback IPv4 address to test the pod-IP exposure")
+    return address
+
+
+def _get(host: str, port: int, path: str, method: str = "GET") -> int:
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request(method, path, body=b"[]" if method == "POST" else None)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_rendered_default_config_exposes_no_control_endpoint_on_the_pod_ip(
+    helm: str, bootstrap: str, tmp_path: Path
+) -> None:
+    """The default install's rendered config, run by the real sidecar: from the pod network the
+    control port refuses connections and the observability port serves only the read-only paths."""
+    pod_ip = _pod_network_address()
+    control, observability, app = _free_port(), _free_port(), _free_port()
+    sets = (
+        f"sidecar.api.port={control}",
+        f"sidecar.api.observabilityPort={observability}",
+        f"app.port={app}",
+    )
+    config = sidecar_config(render(helm, ci_file("minimal"), sets=sets))
+    name = f"helm-exposure-{os.getpid()}-{control}"
+    config["kafka"].update({"bootstrap.servers": bootstrap, "group.id": name})
+    config["source"]["topics"] = [name]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = open(tmp_path / "sidecar.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "run", "-c", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get("127.0.0.1", control, "/healthz")
+                _get(pod_ip, observability, "/healthz")
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "sidecar.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the sidecar did not start listening"
+                time.sleep(0.1)
+        assert _get("127.0.0.1", control, "/v1/status") == 200
+        with pytest.raises(ConnectionRefusedError):
+            _get(pod_ip, control, "/v1/status")
+        assert _get(pod_ip, observability, "/healthz") == 200
+        assert _get(pod_ip, observability, "/metrics") == 200
+        assert _get(pod_ip, observability, "/v1/status") == 404
+        assert _get(pod_ip, observability, "/v1/acks", method="POST") == 404
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_exec_probe_command_fails_on_an_error_status(helm: str) -> None:
@@ -346,7 +471,8 @@ def test_rendered_config_is_accepted_by_the_sidecar(
     # What kubelet would inject from the Secrets.
     for item in sidecar_container(pod_spec(manifests))["env"]:
         if "secretKeyRef" in item.get("valueFrom", {}):
-            env[item["name"]] = "kafka.internal:9092" if "BOOTSTRAP" in item["name"] else "s3cret"
+            secret = "kafka.internal:9092" if "BOOTSTRAP" in item["name"] else "s3cret-" * 4
+            env[item["name"]] = secret
     proc = subprocess.run(
         [sys.executable, "-m", "sidecar", "check-config", "-c", str(path)],
         capture_output=True,
@@ -384,6 +510,12 @@ def test_keys_owned_by_the_chart_are_refused_in_free_form_config(helm: str) -> N
     assert "sidecar.config.api.listen" in render_error(
         helm, tcp, sets=("sidecar.config.api.listen=127.0.0.1:9999",)
     )
+    assert "sidecar.config.api.observability.listen" in render_error(
+        helm, tcp, sets=(r"sidecar.config.api.observability\.listen=0.0.0.0:9999",)
+    )
+    assert "sidecar.config.api.token" in render_error(
+        helm, tcp, sets=("sidecar.config.api.token=0123456789abcdef",)
+    )
     assert "sidecar.config.app.url" in render_error(
         helm, tcp, sets=("sidecar.config.app.url=http://127.0.0.1:1/x",)
     )
@@ -404,6 +536,12 @@ def test_api_port_must_not_clash_with_an_app_port(helm: str) -> None:
     tcp = ci_file("tcp")
     assert "also an app port" in render_error(helm, tcp, sets=("app.port=8787",))
     assert "also an app port" in render_error(helm, tcp, sets=("sidecar.api.port=8081",))
+    assert "observabilityPort 8080 is also an app port" in render_error(
+        helm, tcp, sets=("sidecar.api.observabilityPort=8080",)
+    )
+    assert "must differ" in render_error(helm, tcp, sets=("sidecar.api.observabilityPort=8787",))
+    # Without a pod-IP listener the observability port is unused and cannot clash.
+    render(helm, ci_file("sasl"), sets=("sidecar.api.observabilityPort=8080",))
     # A Unix-socket app has no push port to clash with.
     render(helm, ci_file("unix-socket"), sets=("app.port=8787",))
 
@@ -563,7 +701,14 @@ def test_unknown_values_keys_are_rejected(helm: str, setting: str) -> None:
 
 @pytest.mark.parametrize(
     "setting",
-    ["app.transport=udp", "sidecar.api.port=0", "sidecar.api.exposure=public", "replicaCount=-1"],
+    [
+        "app.transport=udp",
+        "sidecar.api.port=0",
+        "sidecar.api.observabilityPort=70000",
+        "sidecar.api.exposure=public",
+        "sidecar.api.token.key=",
+        "replicaCount=-1",
+    ],
 )
 def test_bad_values_are_rejected(helm: str, setting: str) -> None:
     render_error(helm, ci_file("tcp"), sets=(setting,))
@@ -764,9 +909,11 @@ def test_chart_test_pod_checks_the_api_through_the_service(helm: str) -> None:
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     script = pod["spec"]["containers"][0]["command"][-1]
     service = only(manifests, "Service")
-    base = f"http://{service['metadata']['name']}:8787"
+    base = f"http://{service['metadata']['name']}:8788"
     for path in ("/healthz", "/readyz", "/metrics"):
         assert f"{base}{path}" in script
+    # ... and that the control API is not behind the Service.
+    assert f"! wget -q -T 5 -O /dev/null {base}/v1/status" in script
     # No reachable API (loopback): no test pod that could only fail.
     assert not [m for m in render(helm, ci_file("sasl")) if m["kind"] == "Pod"]
 
@@ -819,10 +966,14 @@ def test_notes_render_for_every_variant(helm: str, variant: Path, tmp_path: Path
         assert f"POST {app['url']}" in notes
 
 
-def test_notes_warn_about_an_unguarded_api(helm: str, tmp_path: Path) -> None:
-    assert "WARNING" in render_notes(helm, tmp_path, ci_file("unix-socket"))
-    assert "WARNING" not in render_notes(helm, tmp_path, ci_file("tcp"))  # NetworkPolicy on
-    assert "WARNING" not in render_notes(helm, tmp_path, ci_file("sasl"))  # loopback API
+def test_notes_say_where_each_listener_is(helm: str, tmp_path: Path) -> None:
+    for variant in CI_VALUES:
+        notes = render_notes(helm, tmp_path, variant)
+        assert "listens on 127.0.0.1:8787 only" in notes, variant
+    assert "0.0.0.0:8788" in render_notes(helm, tmp_path, ci_file("unix-socket"))
+    assert "networkPolicy.observabilityFrom" in render_notes(helm, tmp_path, ci_file("tcp"))
+    sasl = render_notes(helm, tmp_path, ci_file("sasl"))
+    assert "0.0.0.0:8788" not in sasl and "Nothing of the sidecar listens on the pod IP" in sasl
 
 
 # --- named templates for teams with their own charts ---------------------------------------------
@@ -918,7 +1069,7 @@ def test_named_templates_work_from_a_parent_chart(helm: str, tmp_path: Path) -> 
     assert "bogus" in proc.stderr
 
 
-def test_network_policy_guards_the_api_port(helm: str) -> None:
+def test_network_policy_admits_only_the_observability_port(helm: str) -> None:
     manifests = render(helm, ci_file("tcp"))
     policy = only(manifests, "NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
@@ -926,7 +1077,7 @@ def test_network_policy_guards_the_api_port(helm: str) -> None:
     )
     app_rule, api_rule = policy["spec"]["ingress"]
     assert app_rule == {"ports": [{"port": 8081, "protocol": "TCP"}]}
-    assert api_rule["ports"] == [{"port": 8787, "protocol": "TCP"}]
+    assert api_rule["ports"] == [{"port": 8788, "protocol": "TCP"}]
     assert api_rule["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     ]

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import pytest
 import trio
 
-from sidecar.httpserver import Request, Response, serve_http
+from sidecar.httpserver import Limits, Request, Response, ServerStats, serve_http
 
 
 async def echo(request: Request) -> Response:
@@ -275,3 +276,221 @@ async def test_upgrade_request_is_answered_then_closed(transport: str, tmp_path:
         response = await read_until_closed(stream)
         assert response.startswith(b"HTTP/1.1 200 ")
         assert response.endswith(b"GET /u ? len=0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hard limits (SPEC §6): trailers, the header cap, connections, slow requests, slow readers
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+async def send_until_refused(stream: trio.abc.Stream, head: bytes, piece: bytes, total: int) -> int:
+    """Send ``head`` then ``piece`` until ``total`` bytes went out or the server stops reading."""
+    sent = 0
+    with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await stream.send_all(head)
+        while sent < total:
+            await stream.send_all(piece)
+            sent += len(piece)
+    return sent
+
+
+@pytest.mark.parametrize("shape", ["many trailer lines", "one endless trailer value"])
+async def test_400_mib_of_trailers_is_431_without_growing_memory(
+    transport: str, tmp_path: Path, shape: str
+) -> None:
+    head = b"POST /t HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
+    if shape == "many trailer lines":
+        piece = b"".join(b"X-T%d: %s\r\n" % (i, b"v" * 1000) for i in range(64))
+    else:
+        head += b"X-Endless: "
+        piece = b"v" * 65536
+    before = rss_bytes()
+    async with running(transport, tmp_path) as stream:
+        results: dict[str, object] = {}
+
+        async def send() -> None:
+            results["sent"] = await send_until_refused(stream, head, piece, 400 * 1024 * 1024)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            results["response"] = await read_until_closed(stream, timeout_s=30)
+    response = results["response"]
+    assert isinstance(response, bytes)
+    assert response.startswith(b"HTTP/1.1 431 "), response[:80]
+    assert rss_bytes() - before < 64 * 1024 * 1024
+
+
+async def test_small_trailers_are_accepted(transport: str, tmp_path: Path) -> None:
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(
+            b"POST /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\nX-Checksum: 1234\r\nX-Other: 5\r\n\r\n"
+        )
+        [response] = await read_responses(stream, 1)
+        assert response.startswith(b"HTTP/1.1 200 ")
+        assert response.endswith(b"len=3")
+
+
+async def test_header_cap_holds_when_the_last_piece_completes_the_head(
+    transport: str, tmp_path: Path
+) -> None:
+    # 60 KiB of headers, then 60 KiB more and the end of the head: 120 KiB in all.
+    lines = b"".join(b"X-F%d: %s\r\n" % (i, b"y" * 1000) for i in range(60))
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(b"GET / HTTP/1.1\r\n" + lines)
+        with suppress(trio.BrokenResourceError):
+            await stream.send_all(lines.replace(b"X-F", b"X-G") + b"\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 431 "), response[:80]
+
+
+@pytest.mark.parametrize(("filler_kib", "status"), [(62, b"200"), (65, b"431")])
+async def test_header_cap_is_64_kib(
+    transport: str, tmp_path: Path, filler_kib: int, status: bytes
+) -> None:
+    lines = b"".join(b"X-F%03d: %s\r\n" % (i, b"y" * 1014) for i in range(filler_kib))
+    async with running(transport, tmp_path) as stream:
+        with suppress(trio.BrokenResourceError):
+            await stream.send_all(b"GET / HTTP/1.1\r\nConnection: close\r\n" + lines + b"\r\n")
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 " + status + b" "), response[:80]
+
+
+async def test_pipelined_small_requests_are_not_charged_to_each_other(
+    transport: str, tmp_path: Path
+) -> None:
+    # 300 requests of ~600 header bytes each in one send: 180 KiB, each far below the cap.
+    one = b"GET /p HTTP/1.1\r\nX-Pad: " + b"p" * 570 + b"\r\n\r\n"
+    async with running(transport, tmp_path) as stream:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, one * 300)
+            responses = await read_responses(stream, 300)
+        assert all(r.startswith(b"HTTP/1.1 200 ") for r in responses)
+
+
+async def test_a_request_trickling_in_gets_408(transport: str, tmp_path: Path) -> None:
+    # One byte every 0.8 s resets any per-receive timeout; the whole request has a deadline.
+    limits = Limits(request_timeout_s=2.0, idle_timeout_s=60.0)
+    async with running(transport, tmp_path, limits=limits) as stream:
+
+        async def trickle() -> None:
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                for byte in b"GET / HTTP/1.1\r\nX-Slow: " + b"z" * 1000:
+                    await stream.send_all(bytes([byte]))
+                    await trio.sleep(0.8)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trickle)
+            response = await read_until_closed(stream, timeout_s=30)
+            nursery.cancel_scope.cancel()
+        assert response.startswith(b"HTTP/1.1 408 "), response[:80]
+
+
+async def test_a_slow_body_gets_408(transport: str, tmp_path: Path) -> None:
+    limits = Limits(request_timeout_s=1.0)
+    async with running(transport, tmp_path, limits=limits) as stream:
+        await stream.send_all(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+        response = await read_until_closed(stream, timeout_s=30)
+        assert response.startswith(b"HTTP/1.1 408 "), response[:80]
+
+
+async def test_keep_alive_idle_time_is_not_a_request_timeout(
+    transport: str, tmp_path: Path
+) -> None:
+    # Between requests only the idle timeout applies: a request after a pause still works.
+    limits = Limits(request_timeout_s=0.2, idle_timeout_s=30.0)
+    async with running(transport, tmp_path, limits=limits) as stream:
+        for _ in range(2):
+            await stream.send_all(b"GET /k HTTP/1.1\r\n\r\n")
+            [response] = await read_responses(stream, 1)
+            assert response.startswith(b"HTTP/1.1 200 ")
+            await trio.sleep(0.4)
+
+
+async def big_answer(request: Request) -> Response:
+    return Response(200, (), b"b" * 256 * 1024)
+
+
+async def test_a_client_that_never_reads_is_dropped(transport: str, tmp_path: Path) -> None:
+    stats = ServerStats()
+    limits = Limits(send_timeout_s=0.5)
+    async with trio.open_nursery() as nursery:
+        if transport == "tcp":
+            port = await nursery.start(
+                functools.partial(
+                    serve_http, big_answer, ("tcp", "127.0.0.1", 0), limits=limits, stats=stats
+                )
+            )
+            sock = trio.socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await sock.connect(("127.0.0.1", port))
+        else:
+            path = str(tmp_path / "s.sock")
+            await nursery.start(
+                functools.partial(
+                    serve_http, big_answer, ("unix", path), limits=limits, stats=stats
+                )
+            )
+            sock = trio.socket.socket(socket.AF_UNIX)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await sock.connect(path)
+        with sock:
+            await sock.send(b"GET / HTTP/1.1\r\n\r\n" * 50)  # pipelined, never read
+            with trio.fail_after(30):
+                while stats.refused.get("send_timeout", 0) == 0 or stats.open_connections:
+                    await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    assert stats.refused == {"send_timeout": 1}
+
+
+async def test_connections_beyond_the_limit_get_503(transport: str, tmp_path: Path) -> None:
+    stats = ServerStats()
+    limits = Limits(max_connections=3)
+    async with trio.open_nursery() as nursery:
+        if transport == "tcp":
+            port = await nursery.start(
+                functools.partial(
+                    serve_http, echo, ("tcp", "127.0.0.1", 0), limits=limits, stats=stats
+                )
+            )
+
+            async def connect() -> trio.abc.Stream:
+                return await trio.open_tcp_stream("127.0.0.1", port)
+        else:
+            path = str(tmp_path / "s.sock")
+            await nursery.start(
+                functools.partial(serve_http, echo, ("unix", path), limits=limits, stats=stats)
+            )
+
+            async def connect() -> trio.abc.Stream:
+                return await trio.open_unix_socket(path)
+
+        held = [await connect() for _ in range(3)]
+        with trio.fail_after(10):
+            while stats.open_connections < 3:
+                await trio.sleep(0.01)
+        async with await connect() as extra:
+            response = await read_until_closed(extra)
+        assert response.startswith(b"HTTP/1.1 503 "), response[:80]
+        assert stats.refused == {"connections": 1}
+        # The held connections still work, and once one closes a new one is served.
+        await held[0].send_all(b"GET /h HTTP/1.1\r\n\r\n")
+        [ok] = await read_responses(held[0], 1)
+        assert ok.startswith(b"HTTP/1.1 200 ")
+        await held.pop().aclose()
+        with trio.fail_after(10):
+            while stats.open_connections > 2:
+                await trio.sleep(0.01)
+        async with await connect() as again:
+            await again.send_all(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert (await read_until_closed(again)).startswith(b"HTTP/1.1 200 ")
+        for stream in held:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()

@@ -210,7 +210,7 @@ def test_all_keys_parse_into_their_fields(tmp_path: Path) -> None:
                 "errors.deadletterqueue.topic.replication.factor": -1,
                 "errors.log.enable": True,
                 "offset.metadata.max.bytes": 128,
-                "api": {"listen": "0.0.0.0:0", "allow.non.loopback": True},
+                "api": {"listen": "[::1]:0", "observability.listen": "0.0.0.0:0"},
                 "logging": {"level": "debug", "format": "logfmt"},
                 "tracing": {"exporter": "otlp-grpc", "service.name": "orders"},
                 "metrics": {"enable": False},
@@ -242,7 +242,8 @@ def test_all_keys_parse_into_their_fields(tmp_path: Path) -> None:
     assert config.errors.dlq.topic_partitions == -1
     assert config.errors.dlq.enabled is False
     assert config.dlq_topic_for("orders") is None
-    assert config.api.address == ("tcp", "0.0.0.0", 0)
+    assert config.api.address == ("tcp", "::1", 0)
+    assert config.api.observability_address == ("tcp", "0.0.0.0", 0)
     assert config.logging.format is LogFormat.LOGFMT
     assert config.tracing.exporter is TracingExporter.OTLP_GRPC
     assert config.metrics.enable is False
@@ -575,7 +576,8 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str, str]] = [
     ("header value", {"app": {"headers": {"X-A": "a\nb"}}}, {}, "app.headers.X-A", "CR, LF"),
     ("header int", {"app": {"headers": {"X-A": 1}}}, {}, "app.headers.X-A", "expected a string"),
     # local API
-    ("api public", {"api": {"listen": "0.0.0.0:8787"}}, {}, "api.listen", "allow.non.loopback"),
+    ("api public", {"api": {"listen": "0.0.0.0:8787"}}, {}, "api.listen", "observability.listen"),
+    ("api allow", {"api": {"allow.non.loopback": True}}, {}, "api.allow.non.loopback", "unknown"),
     ("api port", {"api": {"listen": "127.0.0.1:70000"}}, {}, "api.listen", "0..65535"),
     ("api v6", {"api": {"listen": "::1:8787"}}, {}, "api.listen", "in brackets"),
     ("api no port", {"api": {"listen": "localhost"}}, {}, "api.listen", "host:port"),

@@ -141,8 +141,9 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- if not (and (kindIs "map" $sourceCfg) (get $sourceCfg "topics")) }}
 {{- fail "sidecar.config.source.topics is required (the topics to consume)" }}
 {{- end }}
-{{- /* Containers of a pod share one network namespace: the API port must be free in the app. */}}
+{{- /* Containers of a pod share one network namespace: the sidecar's ports must be free in the app. */}}
 {{- $apiPort := int64 .values.sidecar.api.port }}
+{{- $obsPort := int64 .values.sidecar.api.observabilityPort }}
 {{- $appPorts := list }}
 {{- if eq .values.app.transport "tcp" }}
 {{- $appPorts = append $appPorts (int64 .values.app.port) }}
@@ -153,13 +154,19 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- if has $apiPort $appPorts }}
 {{- fail (printf "sidecar.api.port %d is also an app port: the containers share the pod's network namespace" $apiPort) }}
 {{- end }}
-{{- $owned := dict "api" (list "listen" "allow.non.loopback") "app" (list "url" "unix_socket") }}
+{{- if and (eq .values.sidecar.api.exposure "pod") (has $obsPort $appPorts) }}
+{{- fail (printf "sidecar.api.observabilityPort %d is also an app port: the containers share the pod's network namespace" $obsPort) }}
+{{- end }}
+{{- if eq $apiPort $obsPort }}
+{{- fail "sidecar.api.observabilityPort must differ from sidecar.api.port (the control API)" }}
+{{- end }}
+{{- $owned := dict "api" (list "listen" "observability.listen" "token" "allow.non.loopback") "app" (list "url" "unix_socket") }}
 {{- range $section, $keys := $owned }}
 {{- $sub := get $cfg $section }}
 {{- if kindIs "map" $sub }}
 {{- range $keys }}
 {{- if hasKey $sub . }}
-{{- fail (printf "sidecar.config.%s.%s is set by the chart from structured values (sidecar.api / app.*); remove it" $section .) }}
+{{- fail (printf "sidecar.config.%s.%s is set by the chart from structured values (sidecar.api.* / app.*); remove it" $section .) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -181,10 +188,14 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- define "dlq-sidecar.ownedConfig" -}}
 {{- $v := .values }}
 {{- $port := int64 $v.sidecar.api.port }}
+{{- /* The control API (acks, status) never listens on the pod IP. */}}
 {{- $api := dict "listen" (printf "127.0.0.1:%d" $port) }}
 {{- if eq $v.sidecar.api.exposure "pod" }}
-{{- /* kubelet HTTP probes and Prometheus connect to the pod IP, not to loopback. */}}
-{{- $api = dict "listen" (printf "0.0.0.0:%d" $port) "allow.non.loopback" true }}
+{{- /* kubelet HTTP probes and Prometheus connect to the pod IP: the read-only listener. */}}
+{{- $_ := set $api "observability.listen" (printf "0.0.0.0:%d" (int64 $v.sidecar.api.observabilityPort)) }}
+{{- end }}
+{{- if $v.sidecar.api.token.existingSecret }}
+{{- $_ := set $api "token" "${DLQ_SIDECAR_API_TOKEN}" }}
 {{- end }}
 {{- $app := dict }}
 {{- if eq $v.app.transport "unix" }}
@@ -246,14 +257,17 @@ data:
     {{- include "dlq-sidecar.config" . | nindent 4 }}
 {{- end }}
 
-{{/* A probe: HTTP GET on the API port, or (exposure: loopback) an exec of python inside the image. */}}
+{{/*
+A probe: HTTP GET on the observability port, or (exposure: loopback) an exec of python inside the
+image against the control API on loopback (its /healthz and /readyz need no token).
+*/}}
 {{- define "dlq-sidecar.probe" -}}
 {{- $v := .ctx.values }}
 {{- $p := .probe -}}
 {{- if eq $v.sidecar.api.exposure "pod" }}
 httpGet:
   path: {{ .path }}
-  port: sidecar-api
+  port: sidecar-obs
 {{- else }}
 exec:
   command:
@@ -284,8 +298,9 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
     - {{ include "dlq-sidecar.configDir" . }}/config.yaml
   {{- if eq $s.api.exposure "pod" }}
   ports:
-    - name: sidecar-api
-      containerPort: {{ $s.api.port }}
+    {{- /* Only the read-only listener: the control API on 127.0.0.1 is no container port. */}}
+    - name: sidecar-obs
+      containerPort: {{ $s.api.observabilityPort }}
       protocol: TCP
   {{- end }}
   env:
@@ -308,6 +323,13 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
         secretKeyRef:
           name: {{ $s.kafka.sasl.existingSecret }}
           key: {{ $s.kafka.sasl.passwordKey }}
+    {{- end }}
+    {{- if $s.api.token.existingSecret }}
+    - name: DLQ_SIDECAR_API_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ $s.api.token.existingSecret }}
+          key: {{ $s.api.token.key }}
     {{- end }}
     {{- range $s.secretEnv }}
     - name: {{ .name }}
@@ -385,10 +407,19 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
 {{- end }}
 {{- end }}
 
-{{/* Env items for the app container: where the sidecar's API is and where to listen. */}}
+{{/* Env items for the app container: where the sidecar's control API is, its token, where to listen. */}}
 {{- define "dlq-sidecar.appEnv" -}}
 - name: DLQ_SIDECAR_URL
   value: {{ printf "http://127.0.0.1:%d" (int64 .values.sidecar.api.port) | quote }}
+{{- with .values.sidecar.api.token }}
+{{- if .existingSecret }}
+- name: DLQ_SIDECAR_API_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
 {{- if eq .values.app.transport "unix" }}
 - name: DLQ_SIDECAR_APP_SOCKET
   value: {{ printf "%s/%s" (include "dlq-sidecar.socketDir" .) .values.app.socketName | quote }}
