@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 Header = tuple[str, bytes | None]
@@ -129,7 +129,9 @@ class Broker:
         return out
 
     def count_records(self, topic: str) -> int:
-        """Records between the low and high watermarks of every partition."""
+        """Offsets between the low and high watermarks of every partition: the record count of a topic
+        written without transactions only (transaction markers and aborted records take offsets too;
+        `count_committed_records` counts records)."""
         consumer = Consumer(
             {"bootstrap.servers": self.bootstrap, "group.id": "wm-" + uuid.uuid4().hex[:8]}
         )
@@ -139,6 +141,47 @@ class Broker:
             for p in md.partitions:
                 lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
                 total += hi - lo
+            return total
+        finally:
+            consumer.close()
+
+    def count_committed_records(self, topic: str, timeout_s: float = 60.0) -> int:
+        """Records a read_committed consumer reads from every partition of `topic`, start to end: neither
+        transaction markers nor aborted records count (an open transaction's records are not read)."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "count-" + uuid.uuid4().hex[:8],
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            md = self.admin.list_topics(topic, timeout=10).topics[topic]
+            todo: set[int] = set()
+            starts = []
+            for p in md.partitions:
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if hi > lo:
+                    todo.add(p)
+                    starts.append(TopicPartition(topic, p, lo))
+            if not todo:
+                return 0
+            consumer.assign(starts)
+            total = 0
+            deadline = time.monotonic() + timeout_s
+            while todo:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{topic}: partitions {sorted(todo)} not read to the end")
+                for msg in consumer.consume(1000, 0.5):
+                    err = msg.error()
+                    if err is None:
+                        total += 1
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        todo.discard(int(msg.partition() or 0))
+                    else:
+                        raise KafkaException(err)
             return total
         finally:
             consumer.close()
