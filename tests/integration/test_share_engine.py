@@ -10,6 +10,7 @@ configuration a pre-share-groups broker would describe (a stand-in admin object 
 
 from __future__ import annotations
 
+import re
 import signal
 import uuid
 from collections import Counter
@@ -37,6 +38,7 @@ from sidecar.share_engine import (
 from tests.harness import (
     Delivery,
     RecordingApp,
+    Sidecar,
     free_port,
     running_app,
     sidecar,
@@ -106,6 +108,21 @@ def _produce_in_small_batches(broker: Broker, topic: str, n: int, per_batch: int
         if i % per_batch == per_batch - 1:
             producer.flush(30)
     assert producer.flush(30) == 0
+
+
+# librdkafka's cgrp debug line for each share assignment a consumer gets (librdkafka 2.16).
+_SHARE_ASSIGNMENT = re.compile(
+    r"\|([^|]+)\| \[thrd:main\]: Share assignment served: (\d+) partition"
+)
+
+
+def _share_assigned(sc: Sidecar) -> bool:
+    """One of the sidecar's share consumers holds a partition now (its latest assignment is not empty);
+    needs `debug: cgrp` in the sidecar's kafka properties."""
+    latest: dict[str, int] = {}
+    for consumer, n in _SHARE_ASSIGNMENT.findall(sc.log_text()):
+        latest[consumer] = int(n)
+    return any(n > 0 for n in latest.values())
 
 
 def _share_config(
@@ -268,8 +285,9 @@ async def test_three_sidecars_share_one_partition(
             _share_config(
                 tmp_path,
                 f"sidecar{i}",
-                # Small polls, so one consumer does not take the whole backlog in one batch.
-                kafka={"max.poll.records": 20},
+                # Small polls, so one consumer does not take the whole backlog in one batch; cgrp
+                # debug logs each share assignment (what tells the test that all three joined).
+                kafka={"max.poll.records": 20, "debug": "cgrp"},
                 bootstrap=broker.bootstrap,
                 group=group,
                 topics=[topic],
@@ -280,8 +298,13 @@ async def test_three_sidecars_share_one_partition(
             for i in range(3)
         ]
         async with sidecar(cfgs[0]) as a, sidecar(cfgs[1]) as b, sidecar(cfgs[2]) as c:
-            # Let all three join before the records arrive.
-            await trio.sleep(6)
+            # All three hold the partition before the records arrive.
+            await wait_until(
+                lambda: all(_share_assigned(sc) for sc in (a, b, c)),
+                90,
+                "a share assignment in each sidecar",
+                poll_s=0.5,
+            )
             await trio.to_thread.run_sync(_produce_in_small_batches, broker, topic, n)
             await wait_until(lambda: len(app.seen()) >= n, 120, "every record delivered")
             await trio.sleep(2)
