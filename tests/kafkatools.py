@@ -145,13 +145,14 @@ class Broker:
         finally:
             consumer.close()
 
-    def count_committed_records(self, topic: str, timeout_s: float = 60.0) -> int:
-        """Records a read_committed consumer reads from every partition of `topic`, start to end: neither
-        transaction markers nor aborted records count (an open transaction's records are not read)."""
+    def read_committed_to_end(self, topic: str, timeout_s: float = 60.0) -> list[Rec]:
+        """Every record a read_committed consumer reads from every partition of `topic`, start to end
+        (the end is the last stable offset: an open transaction's records are not read); transaction
+        markers and aborted records are not records."""
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
-                "group.id": "count-" + uuid.uuid4().hex[:8],
+                "group.id": "to-end-" + uuid.uuid4().hex[:8],
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "enable.partition.eof": True,
@@ -166,10 +167,10 @@ class Broker:
                 if hi > lo:
                     todo.add(p)
                     starts.append(TopicPartition(topic, p, lo))
+            out: list[Rec] = []
             if not todo:
-                return 0
+                return out
             consumer.assign(starts)
-            total = 0
             deadline = time.monotonic() + timeout_s
             while todo:
                 if time.monotonic() > deadline:
@@ -177,14 +178,27 @@ class Broker:
                 for msg in consumer.consume(1000, 0.5):
                     err = msg.error()
                     if err is None:
-                        total += 1
+                        out.append(
+                            Rec(
+                                key=msg.key(),
+                                value=msg.value(),
+                                headers=tuple(msg.headers() or ()),
+                                partition=msg.partition(),
+                                offset=msg.offset(),
+                                timestamp_ms=msg.timestamp()[1],
+                            )
+                        )
                     elif err.code() == KafkaError._PARTITION_EOF:
                         todo.discard(int(msg.partition() or 0))
                     else:
                         raise KafkaException(err)
-            return total
+            return out
         finally:
             consumer.close()
+
+    def count_committed_records(self, topic: str, timeout_s: float = 60.0) -> int:
+        """Records (not offsets) in `topic` as a read_committed consumer reads them now."""
+        return len(self.read_committed_to_end(topic, timeout_s))
 
     def committed(
         self, group: str, topic: str, partitions: Sequence[int]
