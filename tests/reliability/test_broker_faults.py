@@ -169,7 +169,7 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
             took = await trio.to_thread.run_sync(broker.restart)
             run.fault("broker_restarted", f"{took:.1f}s")
             try:
-                await run.wait_done(90)
+                await run.wait_done(180)
             except AssertionError:
                 await _dump_stuck(run, sc, broker)
                 sc.proc.kill()  # wedged: a SIGTERM would wait for the same lock
