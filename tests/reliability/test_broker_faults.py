@@ -8,6 +8,7 @@ import contextlib
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -66,9 +67,21 @@ async def _dump_stuck(run: Run, sc: Sidecar, broker: PrivateBroker) -> None:
     _copy_broker_logs(run, broker)
 
 
+def _alive(sc: Sidecar) -> Callable[[], None]:
+    """For `Run.wait_done`: fail at once when the sidecar exited (it must ride out every fault here)."""
+
+    def check() -> None:
+        if sc.proc.poll() is not None:
+            raise AssertionError(
+                f"the sidecar exited ({sc.proc.returncode}) during the run:\n{sc.log_text()[-3000:]}"
+            )
+
+    return check
+
+
 async def _wait_done(run: Run, sc: Sidecar, broker: PrivateBroker, timeout_s: float) -> None:
     try:
-        await run.wait_done(timeout_s)
+        await run.wait_done(timeout_s, _alive(sc))
     except AssertionError:
         await _dump_stuck(run, sc, broker)
         raise
@@ -169,7 +182,7 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
             took = await trio.to_thread.run_sync(broker.restart)
             run.fault("broker_restarted", f"{took:.1f}s")
             try:
-                await run.wait_done(180)
+                await run.wait_done(180, _alive(sc))
             except AssertionError:
                 await _dump_stuck(run, sc, broker)
                 sc.proc.kill()  # wedged: a SIGTERM would wait for the same lock
@@ -226,7 +239,7 @@ async def test_dlq_unavailable_then_restored(
             assert dlq_after.keys() - dlq_before.keys() <= rejected_before
             await trio.to_thread.run_sync(proxy.set_mode, PASS)
             run.fault("dlq_restored")
-            await run.wait_done(120)
+            await run.wait_done(120, _alive(sc))
             st = await sc.status()
             assert await sc.stop() == 0
         await _check(run, broker, f"DLQ unavailable 10 s ({run.elapsed_s():.0f}s)")
