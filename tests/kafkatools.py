@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 Header = tuple[str, bytes | None]
@@ -194,7 +194,9 @@ class Broker:
         return out
 
     def count_records(self, topic: str) -> int:
-        """Records between the low and high watermarks of every partition."""
+        """Offsets between the low and high watermarks of every partition: the record count of a topic
+        written without transactions only (transaction markers and aborted records take offsets too;
+        `count_committed_records` counts records)."""
         consumer = Consumer(self._conf(**{"group.id": "wm-" + uuid.uuid4().hex[:8]}))
         try:
             md = self.admin.list_topics(topic, timeout=10).topics[topic]
@@ -205,6 +207,62 @@ class Broker:
             return total
         finally:
             consumer.close()
+
+    def read_committed_to_end(self, topic: str, timeout_s: float = 60.0) -> list[Rec]:
+        """Every record a read_committed consumer reads from every partition of `topic`, start to end
+        (the end is the last stable offset: an open transaction's records are not read); transaction
+        markers and aborted records are not records."""
+        consumer = Consumer(
+            self._conf(
+                **{
+                    "group.id": "to-end-" + uuid.uuid4().hex[:8],
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "enable.partition.eof": True,
+                }
+            )
+        )
+        try:
+            md = self.admin.list_topics(topic, timeout=10).topics[topic]
+            todo: set[int] = set()
+            starts = []
+            for p in md.partitions:
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if hi > lo:
+                    todo.add(p)
+                    starts.append(TopicPartition(topic, p, lo))
+            out: list[Rec] = []
+            if not todo:
+                return out
+            consumer.assign(starts)
+            deadline = time.monotonic() + timeout_s
+            while todo:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{topic}: partitions {sorted(todo)} not read to the end")
+                for msg in consumer.consume(1000, 0.5):
+                    err = msg.error()
+                    if err is None:
+                        out.append(
+                            Rec(
+                                key=msg.key(),
+                                value=msg.value(),
+                                headers=tuple(msg.headers() or ()),
+                                partition=msg.partition(),
+                                offset=msg.offset(),
+                                timestamp_ms=msg.timestamp()[1],
+                            )
+                        )
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        todo.discard(int(msg.partition() or 0))
+                    else:
+                        raise KafkaException(err)
+            return out
+        finally:
+            consumer.close()
+
+    def count_committed_records(self, topic: str, timeout_s: float = 60.0) -> int:
+        """Records (not offsets) in `topic` as a read_committed consumer reads them now."""
+        return len(self.read_committed_to_end(topic, timeout_s))
 
     def committed(
         self, group: str, topic: str, partitions: Sequence[int]

@@ -75,7 +75,7 @@ def test_demo_small_run_succeeds_and_shows_dlq_records(bootstrap: str, unique: s
     elapsed_s = time.monotonic() - started
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert elapsed_s < 60, f"the demo took {elapsed_s:.1f}s"
+    assert elapsed_s < 100, f"the demo took {elapsed_s:.1f}s"  # quick even on a loaded machine
 
     # Non-interactive: plain progress lines, then the summary table.
     assert re.search(r"^\[\s*\d+\.\d+s\] produced \d+/150 +done \d+/150", out, re.M), out

@@ -64,6 +64,9 @@ class FaultProxy:
         self.latency_s = 0.0
         self.port = listen_port
         self.connections = 0
+        # Chunks of a producer's requests held back (blackhole-produce): more than zero since the mode
+        # was set means the fault is in effect (a producer tried to send and is stalled).
+        self.held_producer_chunks = 0
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -113,6 +116,7 @@ class FaultProxy:
 
     def _apply(self, mode: str, latency_s: float) -> None:
         self.mode, self.latency_s = mode, latency_s
+        self.held_producer_chunks = 0
         if mode == RESET:
             for stream in list(self._streams):
                 _abort(stream)
@@ -167,6 +171,8 @@ class FaultProxy:
                                 break
                             if src is client:
                                 conn.feed(data)
+                                if conn.producer and self._held(conn):
+                                    self.held_producer_chunks += 1
                             await self._wait_flowing(conn)
                             if self.mode == LATENCY and self.latency_s > 0:
                                 await trio.sleep(self.latency_s)

@@ -51,7 +51,7 @@ async def test_accept_all_5000_over_three_partitions(
                 got = broker.committed(group, topic, [0, 1, 2])
                 return all(got[p][0] == ends[p] for p in range(3))
 
-            await wait_until_thread(committed_at_end, 30, "commits at the partition ends")
+            await wait_until_thread(committed_at_end, 60, "commits at the partition ends")
             status = await sc.status()
             assert status["counters"]["delivered"].get("accept") == 5000
             assert await sc.stop() == 0

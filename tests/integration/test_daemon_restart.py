@@ -23,6 +23,7 @@ from tests.harness import (
     running_app,
     sidecar,
     wait_until,
+    wait_until_thread,
     write_config,
 )
 from tests.integration.test_daemon_answers import (
@@ -95,8 +96,8 @@ async def test_sigterm_with_deferred_and_released_records_then_restart(
                     and sum(1 for v in counts if v and v.startswith(b"def")) == 10
                 )
 
-            await wait_until(settled, 20, "deferred records seen and released ones at count 2")
-            with trio.fail_after(10):
+            await wait_until(settled, 60, "deferred records seen and released ones at count 2")
+            with trio.fail_after(60):
                 while (await sc.status())["counters"]["delivered"].get("accept", 0) < 10:
                     await trio.sleep(0.05)
             assert await sc.stop(signal.SIGTERM) == 0
@@ -133,10 +134,26 @@ async def test_kill_9_mid_stream_loses_nothing(broker: Broker, unique: str, tmp_
     await produce(broker, topic, recs)
     port = free_port()
     app1 = RecordingApp(delay_s=0.02)
+
+    async def answer_70_then_hold(_d: Delivery) -> Response:
+        if len(app1.deliveries) > 70:
+            await trio.sleep_forever()  # held until the kill: it always lands mid-stream
+        return Response(200)
+
+    app1.policy = answer_70_then_hold
+
+    def something_committed() -> bool:
+        for offset, metadata in broker.committed(group, topic, [0, 1]).values():
+            state = decode(metadata) if metadata else None
+            if offset > 0 or (state is not None and state.done):
+                return True
+        return False
+
     async with running_app(app1, ("tcp", "127.0.0.1", port)):
         cfg = _config(tmp_path, "one", broker, group, topic, port)
         async with sidecar(cfg) as sc:
-            await wait_until(lambda: len(app1.deliveries) >= 70, 20, "70 deliveries")
+            await wait_until(lambda: len(app1.deliveries) > 70, 60, "70 answered deliveries")
+            await wait_until_thread(something_committed, 60, "a commit before the kill")
             assert await sc.stop(signal.SIGKILL) == -signal.SIGKILL
     assert len(app1.deliveries) < n, "the kill came too late to be mid-stream"
     committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0, 1])
@@ -153,7 +170,7 @@ async def test_kill_9_mid_stream_loses_nothing(broker: Broker, unique: str, tmp_
     async with running_app(app2, ("tcp", "127.0.0.1", port)):
         cfg = _config(tmp_path, "two", broker, group, topic, port)
         async with sidecar(cfg) as sc:
-            await wait_committed_at_end(broker, group, topic, 2, timeout_s=30)
+            await wait_committed_at_end(broker, group, topic, 2, timeout_s=60)
             st = await sc.status()
             assert await sc.stop() == 0
 
@@ -220,7 +237,7 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
             tmp_path, "b", broker, group, topic, port_b, **{"share.record.lock.duration.ms": 30000}
         )
         async with sidecar(cfg_a) as a:
-            await wait_until(lambda: len(app_a.deliveries) >= 44, 20, "A to take the first waves")
+            await wait_until(lambda: len(app_a.deliveries) >= 44, 60, "A to take the first waves")
             held = {
                 d.partition: d.delivery_id
                 for d in app_a.deliveries
@@ -234,7 +251,7 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
                     pa, pb = await _partitions_of(a), await _partitions_of(b)
                     return bool(pa) and bool(pb) and not (pa & pb) and len(pa | pb) == 4
 
-                with trio.fail_after(30):
+                with trio.fail_after(60):
                     while not await split():
                         await trio.sleep(0.2)
                 kept = await _partitions_of(a)
@@ -255,7 +272,7 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
                         len(app_a.deliveries) >= n_a + 40
                         and len(app_b.deliveries) >= 40 + len(moved)
                     ),
-                    20,
+                    60,
                     "both sidecars to take the next wave",
                 )
                 # B redelivered the held records of the partitions it took, with count 2.
@@ -269,7 +286,7 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
                 assert await b.stop() == 0
             # B left: A takes every partition back and consumes the last wave from all four.
             produced += await produce_wave(40)
-            await wait_committed_at_end(broker, group, topic, 4, timeout_s=30)
+            await wait_committed_at_end(broker, group, topic, 4, timeout_s=60)
             assert await _partitions_of(a) == {0, 1, 2, 3}
             assert await a.stop() == 0
 

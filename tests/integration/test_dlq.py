@@ -109,7 +109,7 @@ async def test_dlq_holds_exactly_rejected_and_released_to_limit(
                 lambda: all(
                     broker.committed(group, topic, [0, 1, 2])[p][0] == ends[p] for p in range(3)
                 ),
-                30,
+                60,
                 "commits at the end",
             )
             st = await sc.status()
@@ -117,7 +117,7 @@ async def test_dlq_holds_exactly_rejected_and_released_to_limit(
 
     dlq_recs = broker.read_topic(dlq, expected_dlq, timeout_s=60)
     assert len(dlq_recs) == expected_dlq  # exactly once each
-    assert broker.count_records(dlq) == expected_dlq
+    assert broker.count_committed_records(dlq) == expected_dlq
     seen_offsets: set[tuple[int, int]] = set()
     by_seq = {int(dict(r.headers)["seq"] or b"-1"): r for r in recs}  # type: ignore[arg-type]
     for d in dlq_recs:
@@ -260,7 +260,7 @@ async def test_record_too_large_for_dlq_is_written_headers_only(
         async with sidecar(cfg) as sc:
             await _wait_thread(lambda: broker.count_records(dlq) >= 2, 60, "2 DLQ records")
             await _wait_thread(
-                lambda: broker.committed(group, topic, [0])[0][0] == 2, 30, "commit past both"
+                lambda: broker.committed(group, topic, [0])[0][0] == 2, 60, "commit past both"
             )
             assert await sc.stop() == 0
     got = sorted(
@@ -317,7 +317,7 @@ async def test_dlq_deleted_at_runtime_stops_sidecar_without_committing(
                 "the record reaches the DLQ after restart",
             )
             await _wait_thread(
-                lambda: broker.committed(group, topic, [0])[0][0] == 4, 30, "commit past it"
+                lambda: broker.committed(group, topic, [0])[0][0] == 4, 60, "commit past it"
             )
             assert await sc2.stop() == 0
     got = broker.read_topic(dlq, 1)

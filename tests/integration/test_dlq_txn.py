@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -161,13 +162,21 @@ async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
         await writer.txn_produce(_failed(src, 7, group), dlq_topic)
         await writer.txn_commit([TopicPartition(src, 0, 8, metadata="new")], group_metadata)
         nursery.cancel_scope.cancel()
-    got = await trio.to_thread.run_sync(lambda: broker.read_topic(dlq_topic, 2, timeout_s=10))
+    got = await _committed_once_visible(broker, dlq_topic)
     assert [r.value for r in got] == [
         b"v7"
     ]  # read_committed: the fenced transaction's record is gone
     # read_committed OffsetFetch (require_stable): fails while a transactional offset commit is pending.
     committed = await trio.to_thread.run_sync(broker.committed, group, src, [0])
     assert committed[0] == (8, "new")
+
+
+async def _committed_once_visible(broker: Broker, topic: str) -> list[Rec]:
+    """The topic's records (read_committed, to its end) once the last commit's are visible: its
+    markers are written after the commit returns, and an earlier open transaction holds the stable
+    offset back until it ends, so every earlier transaction has ended by then too."""
+    await _wait_thread(lambda: broker.count_committed_records(topic) > 0, 60, "a committed record")
+    return await trio.to_thread.run_sync(broker.read_committed_to_end, topic)
 
 
 def _read_uncommitted(
@@ -185,9 +194,10 @@ def _read_uncommitted(
     out: list[tuple[int, tuple[tuple[str, bytes], ...]]] = []
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 60
         while True:
-            msgs = consumer.consume(100, 5)
-            assert msgs, "no end of partition within 5 s"
+            msgs = consumer.consume(100, 1)
+            assert msgs or time.monotonic() < deadline, "no end of partition within 60 s"
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -199,7 +209,7 @@ def _read_uncommitted(
 
 
 async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_stays_invisible(
-    broker: Broker, unique: str
+    broker: Broker, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After an abort the writer reads its DLQ partitions' last stable offset (the KAFKA-20734 check):
     on a healthy broker the marker is there, so nothing more is written. The abort-only transaction
@@ -214,6 +224,8 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
     group_metadata = member.consumer_group_metadata()
     member.close()
     tp = (dlq_topic, 0)
+    # A wait for the settle time would take 15 s, a settled partition's check far less, loaded or not.
+    monkeypatch.setattr(dlq_module, "ABORT_SETTLE_S", 15.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await writer.txn_begin()
@@ -237,7 +249,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
         await writer.txn_produce(_failed(src, 7, group), dlq_topic)
         await writer.txn_commit([TopicPartition(src, 0, 8, metadata="m")], group_metadata)
         nursery.cancel_scope.cancel()
-    got = await trio.to_thread.run_sync(lambda: broker.read_topic(dlq_topic, 2, timeout_s=5))
+    got = await _committed_once_visible(broker, dlq_topic)
     assert [r.value for r in got] == [b"v7"]
     raw = await trio.to_thread.run_sync(_read_uncommitted, broker.bootstrap, dlq_topic)
     assert [off for off, _ in raw] == [0, 2, 4]

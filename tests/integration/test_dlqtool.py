@@ -247,7 +247,7 @@ async def test_inspect_filters_then_replay_one_class_to_the_source(
             assert len(seen_seqs) == 100
             st = await sc.status()
             assert st["counters"]["dlq_written"] == 200  # accepted: the DLQ is not written again
-            assert broker.count_records(dlq) == 200
+            assert broker.count_committed_records(dlq) == 200
             assert broker.committed("dlq-replay.fix-a", dlq, [0])[0][0] == 200
 
             # ---- the same name again: nothing new
@@ -356,8 +356,13 @@ async def test_headers_only_records_replay_from_the_source_and_report_deleted_of
                 broker, "replay", "--from", dlq, "--name", "h", "--skip-unrecoverable"
             )
             assert rc == 0 and "replayed 0 of 0 matching" in out
-            await trio.sleep(1)
-            assert broker.count_records(dlq) == 10  # accepted after the replay
+            # Once the sidecar committed the replayed records, any DLQ write for them is done.
+            await _wait_thread(
+                lambda: broker.committed(group, topic, [0])[0][0] == 17,
+                60,
+                "the sidecar committed the replayed records",
+            )
+            assert broker.count_committed_records(dlq) == 10  # accepted after the replay
             assert await sc.stop() == 0
 
 
@@ -425,7 +430,7 @@ async def test_dry_run_writes_nothing_and_rate_limit_paces(
     elapsed = time.monotonic() - started
     assert rc == 0, out + err
     assert "replayed 100 of 100 matching" in out
-    assert 4.0 <= elapsed <= 6.0, elapsed
+    assert elapsed >= 4.0, elapsed  # 100 records at 20/s; the rest is the CLI starting up
     replayed = [
         r
         for r in await trio.to_thread.run_sync(broker.read_topic, topic, 200)
@@ -434,7 +439,8 @@ async def test_dry_run_writes_nothing_and_rate_limit_paces(
     assert len(replayed) == 100
     stamps = sorted(r.timestamp_ms or 0 for r in replayed)
     span_s = (stamps[-1] - stamps[0]) / 1000
-    assert 4.0 <= span_s <= 6.0, span_s  # 99 gaps at 20/s = 4.95 s
+    # 99 gaps at 20/s = 4.95 s; a loaded machine only adds wake-up delays to each gap.
+    assert 4.0 <= span_s <= 8.0, span_s
     print(f"rate 20/s over 100 records: run {elapsed:.2f}s, first to last record {span_s:.2f}s")
 
 
@@ -490,8 +496,13 @@ async def test_replayed_record_failing_again_keeps_history_and_is_not_replayed_a
             assert out.count("replayed 1 times already") >= 6
             assert broker.end_offsets(topic, [0])[0] == source_end  # nothing sent again
             assert broker.committed("dlq-replay.loop", dlq, [0])[0][0] == 12
-            await trio.sleep(1)
-            assert broker.count_records(dlq) == 12
+            # Once the sidecar committed every source record, any DLQ write for them is done.
+            await _wait_thread(
+                lambda: broker.committed(f"g-{unique}", topic, [0])[0][0] == source_end,
+                60,
+                "the sidecar committed the source topic",
+            )
+            assert broker.count_committed_records(dlq) == 12
             assert await sc.stop() == 0
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.harness import ROOT, free_port, sidecar, write_config
+from tests.harness import ROOT, free_port, sidecar, wait_until, write_config
 from tests.kafkatools import Broker, Rec
 
 EXAMPLES = ROOT / "examples"
@@ -219,8 +219,15 @@ async def test_example_app_outcomes(
             assert done >= total, (
                 f"{done}/{total} done: {status}\n{app_log.read_text()[-2000:]}\n{sc.log_text()[-2000:]}"
             )
-            # Let every deferred ack's log line land before the app stops.
-            await trio.sleep(0.3)
+
+            # Every decision and deferred ack is in the app's log before the app stops (it may log
+            # after it answered).
+            def logged() -> bool:
+                decisions, acked = parse_app_log(app_log.read_text())
+                lines = sum(len(v) for v in decisions.values())
+                return len(acked) >= N_SLOW and lines >= counters["attempts"]
+
+            await wait_until(logged, 30, "the app's log lines for every answer", poll_s=0.1)
             assert await sc.stop() == 0, sc.log_text()[-3000:]
         text = app_log.read_text()
 

@@ -261,7 +261,7 @@ async def test_cancel_with_a_request_in_flight_is_clean(transport: str, tmp_path
         async with running(transport, tmp_path) as stream:
             await stream.send_all(b"GET /slow HTTP/1.1\r\n\r\n")
             await trio.sleep(10)
-    assert trio.current_time() - started < 1
+    assert trio.current_time() - started < 5  # not the 10 s the client waits
     if transport == "unix":
         assert not (tmp_path / "s.sock").exists()
 

@@ -210,7 +210,7 @@ async def test_metrics_count_what_happened(broker: Broker, unique: str, tmp_path
             )
             want = f'dlq_sidecar_records_delivered_total{{outcome="accept",topic="{topic}"}} 13.0'
             text = ""
-            with trio.move_on_after(20):
+            with trio.move_on_after(60):
                 while want not in text:
                     code, text = await sc.get("/metrics")
                     assert code == 200

@@ -10,6 +10,7 @@ configuration a pre-share-groups broker would describe (a stand-in admin object 
 
 from __future__ import annotations
 
+import re
 import signal
 import uuid
 from collections import Counter
@@ -37,6 +38,7 @@ from sidecar.share_engine import (
 from tests.harness import (
     Delivery,
     RecordingApp,
+    Sidecar,
     free_port,
     running_app,
     sidecar,
@@ -106,6 +108,21 @@ def _produce_in_small_batches(broker: Broker, topic: str, n: int, per_batch: int
         if i % per_batch == per_batch - 1:
             producer.flush(30)
     assert producer.flush(30) == 0
+
+
+# librdkafka's cgrp debug line for each share assignment a consumer gets (librdkafka 2.16).
+_SHARE_ASSIGNMENT = re.compile(
+    r"\|([^|]+)\| \[thrd:main\]: Share assignment served: (\d+) partition"
+)
+
+
+def _share_assigned(sc: Sidecar) -> bool:
+    """One of the sidecar's share consumers holds a partition now (its latest assignment is not empty);
+    needs `debug: cgrp` in the sidecar's kafka properties."""
+    latest: dict[str, int] = {}
+    for consumer, n in _SHARE_ASSIGNMENT.findall(sc.log_text()):
+        latest[consumer] = int(n)
+    return any(n > 0 for n in latest.values())
 
 
 def _share_config(
@@ -191,7 +208,7 @@ async def test_share_dlq_holds_exactly_rejected_and_released_to_limit(
     assert st["share"]["delivery_count_limit"] == limit
     dlq_recs = await trio.to_thread.run_sync(broker.read_topic, dlq, expected_dlq, 60)
     assert len(dlq_recs) == expected_dlq
-    assert await trio.to_thread.run_sync(broker.count_records, dlq) == expected_dlq
+    assert await trio.to_thread.run_sync(broker.count_committed_records, dlq) == expected_dlq
     by_seq = {i: r for i, r in enumerate(recs)}
     seen_coords: set[tuple[int, int]] = set()
     for d in dlq_recs:
@@ -268,8 +285,9 @@ async def test_three_sidecars_share_one_partition(
             _share_config(
                 tmp_path,
                 f"sidecar{i}",
-                # Small polls, so one consumer does not take the whole backlog in one batch.
-                kafka={"max.poll.records": 20},
+                # Small polls, so one consumer does not take the whole backlog in one batch; cgrp
+                # debug logs each share assignment (what tells the test that all three joined).
+                kafka={"max.poll.records": 20, "debug": "cgrp"},
                 bootstrap=broker.bootstrap,
                 group=group,
                 topics=[topic],
@@ -280,8 +298,13 @@ async def test_three_sidecars_share_one_partition(
             for i in range(3)
         ]
         async with sidecar(cfgs[0]) as a, sidecar(cfgs[1]) as b, sidecar(cfgs[2]) as c:
-            # Let all three join before the records arrive.
-            await trio.sleep(6)
+            # All three hold the partition before the records arrive.
+            await wait_until(
+                lambda: all(_share_assigned(sc) for sc in (a, b, c)),
+                90,
+                "a share assignment in each sidecar",
+                poll_s=0.5,
+            )
             await trio.to_thread.run_sync(_produce_in_small_batches, broker, topic, n)
             await wait_until(lambda: len(app.seen()) >= n, 120, "every record delivered")
             await trio.sleep(2)
@@ -685,7 +708,7 @@ async def test_app_down_keeps_acquired_records_until_it_is_back(
         assert st["counters"]["dlq_written"] == 0
         assert st["paused_partitions"], "intake is not paused while the app is down"
         async with running_app(app, ("tcp", "127.0.0.1", port)):
-            await wait_until(lambda: len(app.deliveries) >= 20, 30, "20 deliveries")
+            await wait_until(lambda: len(app.deliveries) >= 20, 60, "20 deliveries")
             await trio.sleep(1)
             st = await sc.status()
             assert await sc.stop() == 0
@@ -732,7 +755,7 @@ async def test_batch_mode_app(broker: Broker, unique: str, tmp_path: Path) -> No
         async with sidecar(cfg) as sc:
             dlq = f"dlq.{topic}"
             await _wait_thread(lambda: broker.count_records(dlq) >= 5, 60, "five DLQ records")
-            await wait_until(lambda: len(seen) >= 50, 30, "every record")
+            await wait_until(lambda: len(seen) >= 50, 60, "every record")
             await trio.sleep(1)
             assert await sc.stop() == 0
     assert sorted(o for o, _ in seen) == list(range(50))

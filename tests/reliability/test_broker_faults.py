@@ -8,6 +8,7 @@ import contextlib
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from tests.faults.broker import PrivateBroker
 from tests.faults.proxy import BLACKHOLE, BLACKHOLE_PRODUCE, PASS, FaultProxy
 from tests.faults.workload import Run, assert_clean, env_seed, open_run, plan_records
 from tests.harness import Sidecar, sidecar, wait_until
-from tests.kafkatools import Broker
+
+Coord = tuple[str, int, int]
 
 N = 2000
 MODES = pytest.mark.parametrize(
@@ -65,12 +67,42 @@ async def _dump_stuck(run: Run, sc: Sidecar, broker: PrivateBroker) -> None:
     _copy_broker_logs(run, broker)
 
 
+def _alive(sc: Sidecar) -> Callable[[], None]:
+    """For `Run.wait_done`: fail at once when the sidecar exited (it must ride out every fault here)."""
+
+    def check() -> None:
+        if sc.proc.poll() is not None:
+            raise AssertionError(
+                f"the sidecar exited ({sc.proc.returncode}) during the run:\n{sc.log_text()[-3000:]}"
+            )
+
+    return check
+
+
 async def _wait_done(run: Run, sc: Sidecar, broker: PrivateBroker, timeout_s: float) -> None:
     try:
-        await run.wait_done(timeout_s)
+        await run.wait_done(timeout_s, _alive(sc))
     except AssertionError:
         await _dump_stuck(run, sc, broker)
         raise
+
+
+def _rejects_around(run: Run, fault: str) -> tuple[set[Coord], set[Coord]]:
+    """Source coordinates the app rejected before the journal's `fault` line, and those it rejected only
+    after it. The app journals an answer before the sidecar gets it, so a reject after the line was
+    answered after the fault began (one answered just before the line counts as before)."""
+    before: set[Coord] = set()
+    after: set[Coord] = set()
+    seen_fault = False
+    text = run.journal.path.read_text(encoding="utf-8")
+    for line in text[: text.rfind("\n") + 1].splitlines():  # whole lines only: the app still writes
+        ev = json.loads(line)
+        if ev["ev"] == "fault" and ev["kind"] == fault:
+            seen_fault = True
+        elif ev["ev"] == "delivery" and ev["answer"] == "reject":
+            (after if seen_fault else before).add((ev["topic"], ev["partition"], ev["offset"]))
+    assert seen_fault, f"no {fault} line in the journal"
+    return before, after - before
 
 
 @MODES
@@ -150,7 +182,7 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
             took = await trio.to_thread.run_sync(broker.restart)
             run.fault("broker_restarted", f"{took:.1f}s")
             try:
-                await run.wait_done(90)
+                await run.wait_done(180, _alive(sc))
             except AssertionError:
                 await _dump_stuck(run, sc, broker)
                 sc.proc.kill()  # wedged: a SIGTERM would wait for the same lock
@@ -167,7 +199,6 @@ async def test_dlq_unavailable_then_restored(
     kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
 ) -> None:
     broker, proxy = kafka_behind_proxy
-    direct = Broker(broker.direct)
     async with open_run(
         tmp_path,
         bootstrap=broker.external,
@@ -180,20 +211,35 @@ async def test_dlq_unavailable_then_restored(
         async with sidecar(run.config()) as sc:
             await wait_until(lambda: run.app.seen >= 300, 60, "300 deliveries")
             await trio.to_thread.run_sync(proxy.set_mode, BLACKHOLE_PRODUCE)
+            rejects_at_fault = run.app.answers.get("reject", 0)
             run.fault("dlq_unavailable")
-            dlq_before = await trio.to_thread.run_sync(direct.count_records, run.dlq_topic)
-            rejects_before = run.app.answers.get("reject", 0)
-            await trio.sleep(10.0)
-            await run.check_midway()
-            # The outage bit: nothing reached the DLQ; at-least-once, other keys kept flowing and more
-            # records were rejected meanwhile. (Transactional mode stalls every partition instead: the
-            # pending transaction holds the commit lock that the write-ahead commits need.)
+            outage_began = trio.current_time()
+            # The fault is in effect once the sidecar's DLQ producer tried to send and is held.
+            await wait_until(
+                lambda: proxy.held_producer_chunks > 0, 60, "a DLQ producer request held back"
+            )
+            dlq_before = await run.dlq_by_source()
             if not transactional:
-                assert run.app.answers.get("reject", 0) > rejects_before
-            assert await trio.to_thread.run_sync(direct.count_records, run.dlq_topic) == dlq_before
+                # At-least-once, other keys keep flowing: more records are rejected during the outage.
+                # (Transactional mode stalls every partition instead: the pending transaction holds
+                # the commit lock that the write-ahead commits need.)
+                await wait_until(
+                    lambda: run.app.answers.get("reject", 0) >= rejects_at_fault + 3,
+                    90,
+                    "3 rejects during the DLQ outage",
+                )
+            # The outage lasts 10 s from its start, however long the waits above took.
+            await trio.sleep_until(outage_began + 10.0)
+            await run.check_midway()
+            # The outage bit: no record rejected during it reached the DLQ (read_committed), and
+            # the only DLQ records added since its start are writes that were under way when it began.
+            dlq_after = await run.dlq_by_source()
+            rejected_before, rejected_during = _rejects_around(run, "dlq_unavailable")
+            assert not rejected_during & dlq_after.keys()
+            assert dlq_after.keys() - dlq_before.keys() <= rejected_before
             await trio.to_thread.run_sync(proxy.set_mode, PASS)
             run.fault("dlq_restored")
-            await run.wait_done(120)
+            await run.wait_done(120, _alive(sc))
             st = await sc.status()
             assert await sc.stop() == 0
         await _check(run, broker, f"DLQ unavailable 10 s ({run.elapsed_s():.0f}s)")

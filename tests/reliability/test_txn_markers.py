@@ -67,9 +67,12 @@ def _read_committed(bootstrap: str, topic: str) -> list[bytes | None]:
     out: list[bytes | None] = []
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 60
         while True:
-            msgs = consumer.consume(100, 10)
-            assert msgs, "no end of partition within 10 s (a hanging transaction holds it?)"
+            msgs = consumer.consume(100, 1)
+            assert msgs or time.monotonic() < deadline, (
+                "no end of partition within 60 s (a hanging transaction holds it?)"
+            )
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -129,6 +132,7 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
         await writer.txn_begin()
         await writer.txn_produce(_failed(1), dlq_topic)  # acknowledged by node 2
         fenced_before = node1.log_text().count("handleBrokerFenced")
+        skipped_before = node1.log_text().count("likely deleted")
         node2.pause()
         resumed = False
         try:
@@ -141,13 +145,21 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
                 )
             )
 
-            async def resume_soon() -> None:
+            async def resume_once_the_marker_is_skipped() -> None:
+                # Node 2 comes back only after the coordinator skipped its marker (a resume before
+                # that, on a slow machine, would let the marker through and leave nothing to repair).
                 nonlocal resumed
-                await trio.sleep(1.5)
+                await trio.to_thread.run_sync(
+                    lambda: _wait(
+                        lambda: node1.log_text().count("likely deleted") > skipped_before,
+                        60,
+                        "the skipped marker",
+                    )
+                )
                 node2.resume()
                 resumed = True
 
-            nursery.start_soon(resume_soon)
+            nursery.start_soon(resume_once_the_marker_is_skipped)
             # The abort completes at once: the coordinator skips the leaderless partition's marker.
             # Then the check waits for the partition to have a leader again, finds the aborted
             # record still in an open transaction, and ends it with an abort-only transaction.
@@ -156,10 +168,7 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
         finally:
             if not resumed:
                 node2.resume()
-        # The coordinator writes markers after answering EndTxn: its log line may come a bit later.
-        await trio.to_thread.run_sync(
-            lambda: _wait(lambda: "likely deleted" in node1.log_text(), 10, "the skipped marker")
-        )
+        assert resumed and "likely deleted" in node1.log_text()
         assert writer.abort_markers_repaired == 1
 
         # The next transaction commits only its own record; without the repair its COMMIT marker

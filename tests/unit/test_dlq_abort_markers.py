@@ -1,7 +1,8 @@
 """After an abort, the DLQ partitions' last stable offset must pass the log end seen right after it; a
 partition that stays short (an ABORT marker the broker skipped, KAFKA-20734) gets an abort-only
 transaction. The decision logic, with the broker's offsets played by a fake; the real path is in
-tests/integration/test_dlq_txn.py and the broker-pause scenario."""
+tests/integration/test_dlq_txn.py and the broker-pause scenario. Time is trio's autojump clock: the settle
+waits are virtual, so "not waited on" holds however busy the machine is."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from sidecar import dlq
 
@@ -63,7 +65,7 @@ def _wire(writer: dlq.DlqWriter, fake: FakeOffsets, monkeypatch: pytest.MonkeyPa
 
 
 async def test_settled_partitions_need_nothing(
-    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     fake = FakeOffsets({TP0: 10, TP1: 4}, {TP0: 10, TP1: 4})
     _wire(writer, fake, monkeypatch)
@@ -75,7 +77,10 @@ async def test_settled_partitions_need_nothing(
 
 
 async def test_a_skipped_marker_is_written_by_an_abort_only_transaction(
-    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    writer: dlq.DlqWriter,
+    monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: MockClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # TP1's ABORT marker is missing: its stable offset stays at the aborted record (7 < end 9).
     fake = FakeOffsets({TP0: 10, TP1: 9}, {TP0: 10, TP1: 7})
@@ -89,7 +94,7 @@ async def test_a_skipped_marker_is_written_by_an_abort_only_transaction(
 
 
 async def test_another_producers_transaction_that_ends_is_waited_out(
-    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
 ) -> None:
     fake = FakeOffsets({TP0: 10}, {TP0: 6})
 
@@ -105,7 +110,10 @@ async def test_another_producers_transaction_that_ends_is_waited_out(
 
 
 async def test_a_partition_that_never_settles_is_reported_and_given_up(
-    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    writer: dlq.DlqWriter,
+    monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: MockClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = FakeOffsets({TP0: 10}, {TP0: 3})
     fake.repairs = False
@@ -120,7 +128,10 @@ async def test_a_partition_that_never_settles_is_reported_and_given_up(
 
 
 async def test_unreadable_offsets_leave_the_check_undone_and_say_so(
-    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    writer: dlq.DlqWriter,
+    monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: MockClock,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = FakeOffsets({TP0: 10}, {TP0: 3})
     fake.unreadable = True

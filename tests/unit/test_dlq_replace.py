@@ -75,7 +75,7 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
 
 
 async def _until(cond: Any, what: str) -> None:
-    with trio.move_on_after(5):
+    with trio.move_on_after(30):
         while not cond():
             await trio.sleep(0.005)
         return
@@ -114,14 +114,16 @@ async def test_fencing_reported_by_the_old_handle_before_the_swap_is_ignored(
         # The successor's init_transactions() has fenced the old producer; the old handle reports
         # it from the poll loop, which still polls it: the swap waits for init to return.
         old.poll_error = FENCED
-        await trio.to_thread.run_sync(old.raised.wait, 5)
-        await trio.sleep(0.1)
+        assert await trio.to_thread.run_sync(old.raised.wait, 30), "the old handle never raised"
+        # The writer dealt with that error once it polls again (the old handle, until the swap).
+        polls_at_error = old.polls
+        await _until(lambda: outcome or old.polls > polls_at_error, "the next poll or a stop")
         assert not outcome, f"the writer stopped on the old handle's fencing: {outcome}"
 
         new.init_gate.set()
         await _until(lambda: writer._producer is new and new.polls > 0, "polling the successor")
-        polls_of_old = old.polls
-        await trio.sleep(0.1)
+        polls_of_old, polls_of_new = old.polls, new.polls
+        await _until(lambda: new.polls >= polls_of_new + 5, "five more polls of the successor")
         assert old.polls == polls_of_old, "the replaced producer is still polled"
         assert not outcome
 
