@@ -285,6 +285,7 @@ async def test_a_large_ack_body_does_not_stall_the_event_loop(
             async def post() -> None:
                 result["post"] = await call(control, "POST", "/v1/acks", headers=JSON, body=body)
 
+            post_started = trio.current_time()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(post)
                 while "post" not in result:
@@ -292,9 +293,12 @@ async def test_a_large_ack_body_does_not_stall_the_event_loop(
                     await call(control, "GET", "/healthz")
                     latencies.append(trio.current_time() - started)
                     await trio.sleep(0.02)
+            post_s = trio.current_time() - post_started
             code, answer = result["post"]
             assert code == 413 and b"at most 100000 items" in answer
             # json.loads of 16 MiB holds the GIL for about 0.2 s; the rest runs beside the loop.
-            # Measured here: at most 0.2-0.5 s now, against 1.1 s (the whole parse) before.
-            assert max(latencies) < 0.9, sorted(latencies)[-5:]
+            # Measured on a quiet machine: the slowest /healthz took 0.2-0.5 s of a 1.1 s post now;
+            # before, the loop was blocked for the whole parse (about 1.1 s of it). A share of the
+            # post's own duration, not a wall-clock bound, so a loaded machine slows both sides alike.
+            assert max(latencies) < 0.7 * post_s, (post_s, sorted(latencies)[-5:])
             assert await sc.stop() == 0
