@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 
-from sidecar.engine import Engine
 from sidecar.httpserver import Request, Response, json_response
+from sidecar.pipeline import Engine
 from sidecar.wire import WireError, format_ack_response, parse_ack_request
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
