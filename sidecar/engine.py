@@ -64,7 +64,6 @@ from sidecar.source import (
     CommitTimeout,
     KafkaSource,
     OffsetToCommit,
-    SourceError,
 )
 from sidecar.wire import AckItem, Answer
 
@@ -194,18 +193,12 @@ class ConsumerGroupEngine:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.source.start()
-            nursery.start_soon(self._poll)
+            nursery.start_soon(self.pipe.run_source, self.source.run)
             nursery.start_soon(self._scheduler)
             nursery.start_soon(self._committer)
             if self.transactional:
                 nursery.start_soon(self._txn_loop)
             task_status.started()
-
-    async def _poll(self) -> None:
-        try:
-            await self.source.run()
-        except SourceError as exc:
-            self.pipe.fail(str(exc))
 
     def wake(self) -> None:
         self._kick.set()

@@ -57,6 +57,7 @@ from sidecar.delivery import abandon_attempt_span, app_client_for, attempt_view,
 from sidecar.dlq import DlqFatalError, DlqWriter
 from sidecar.outcome import DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
 from sidecar.record import Tracked, custom_dead_letter, is_delivery_id, new_delivery_id
+from sidecar.source import SourceError
 from sidecar.tracing import Tracing
 from sidecar.wire import AckItem, Answer
 
@@ -310,6 +311,13 @@ class Pipeline:
         self.state.intake_changed()
         with self._drain_cancel, trio.move_on_after(deadline_s):
             await self.state.wait_drained()
+
+    async def run_source(self, poll: Callable[[], Awaitable[None]]) -> None:
+        """Run an adapter's poll loop; a source that cannot continue stops the sidecar (exit 1)."""
+        try:
+            await poll()
+        except SourceError as exc:
+            self.fail(str(exc))
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -371,14 +371,8 @@ class ShareGroupEngine:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the consumers (after reading the group's settings) until polling stops."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._poll)
+            nursery.start_soon(self.pipe.run_source, self.source.run)
             task_status.started()
-
-    async def _poll(self) -> None:
-        try:
-            await self.source.run()
-        except SourceError as exc:
-            self.pipe.fail(str(exc))
 
     def wake(self) -> None:
         """Nothing to re-evaluate: the broker decides which records each consumer acquires."""
