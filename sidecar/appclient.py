@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import httptools
 import trio
 
+from sidecar.errors import SidecarError
 from sidecar.wire import (
     Answer,
     AppError,
@@ -71,7 +72,7 @@ MAX_HEAD_BYTES = 64 * 1024
 _RECEIVE_BYTES = 65536
 
 
-class AppClientError(Exception):
+class AppClientError(SidecarError):
     """Root of the app transport errors."""
 
 

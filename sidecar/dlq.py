@@ -26,6 +26,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 from sidecar.deadletter import FailedRecord
+from sidecar.errors import DlqError
 from sidecar.outcome import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED  # noqa: F401 (re-exported)
 
 log = logging.getLogger("sidecar.dlq")
@@ -159,11 +160,11 @@ def build_dlq_record(
 # ------------------------------------------------------------------------------------------- writer
 
 
-class DlqFatalError(Exception):
+class DlqFatalError(DlqError):
     """A DLQ record could not be written and retrying cannot help: the sidecar must stop."""
 
 
-class DlqTxnAbortable(Exception):
+class DlqTxnAbortable(DlqError):
     """Transactional mode: the open transaction cannot commit. After `txn_abort()` it may be redone."""
 
 
@@ -171,7 +172,7 @@ class DlqTxnStuck(DlqTxnAbortable):
     """A transaction call overstayed its watchdog; `txn_abort()` replaces the producer."""
 
 
-class DlqStartupError(Exception):
+class DlqStartupError(DlqError):
     """A DLQ topic is missing, cannot be created, or cannot be described at start-up."""
 
 

@@ -56,6 +56,7 @@ from sidecar.commitstate import decode as decode_state
 from sidecar.config import AppMode, Config
 from sidecar.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.dlq import DlqFatalError, DlqTxnAbortable
+from sidecar.errors import CommitFailed
 from sidecar.outcome import Ack, error_info
 from sidecar.pipeline import AckResult, Delivery, PartitionKey, Pipeline
 from sidecar.record import Tracked, source_record
@@ -79,7 +80,7 @@ COMMITS_FAILING_NOT_READY_S = 30.0
 TXN_COMMIT_DEADLINE_S = 120.0
 # How long the shutdown waits for the poll loop's last consume() before closing the consumer.
 POLL_STOP_WAIT_S = 5.0
-# What a commit may raise: librdkafka's error, or our own time limit on it (the Kafka boundary).
+# What a commit may raise: librdkafka's error, our own time limit on it, or a closed consumer.
 _COMMIT_ERRORS = (KafkaException, CommitTimeout, RuntimeError)
 
 
@@ -706,9 +707,9 @@ class ConsumerGroupEngine:
                         return await self._txn_fatal(items, marked, str(abort_exc))
                 except DlqFatalError as exc:
                     return await self._txn_fatal(items, marked, str(exc))
-                except (
-                    Exception
-                ) as exc:  # the batch's dispatch boundary: stop, never crash the loop
+                # One batch's dispatch boundary (allowed here, see sidecar.errors): stop the
+                # sidecar with the reason, never crash the transaction loop.
+                except Exception as exc:
                     return await self._txn_fatal(items, marked, f"DLQ transaction failed: {exc!r}")
                 if trio.current_time() + delay_s > give_up_at:
                     return await self._txn_fatal(
@@ -822,8 +823,8 @@ class ConsumerGroupEngine:
         if not pending:
             return True
         try:
-            await self.source.commit([o for _, o in pending])
-        except _COMMIT_ERRORS as exc:  # retried by the next commit: redelivery, never loss
+            await self._send_commit([o for _, o in pending])
+        except CommitFailed as exc:  # retried by the next commit: redelivery, never loss
             self.counters.commit_failures += 1
             if self.commit_failing_since is None:
                 self.commit_failing_since = time.monotonic()
@@ -834,6 +835,13 @@ class ConsumerGroupEngine:
         for slot, o in pending:
             slot.last_commit = (o.offset, o.metadata)
         return True
+
+    async def _send_commit(self, offsets: list[OffsetToCommit]) -> None:
+        """The Kafka boundary for commits: librdkafka's error, or our time limit, becomes CommitFailed."""
+        try:
+            await self.source.commit(offsets)
+        except _COMMIT_ERRORS as exc:
+            raise CommitFailed(str(exc)) from exc
 
     async def _committer(self) -> None:
         interval_s = self.config.commit_interval_ms / 1000

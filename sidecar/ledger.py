@@ -45,6 +45,7 @@ from sidecar.commitstate import (
     encoded_length,
     payload_bound,
 )
+from sidecar.errors import SidecarError
 from sidecar.outcome import COUNT_EXHAUSTED, LOCK_TIMEOUT, Ack, ArchiveReason, ErrorInfo
 
 __all__ = [
@@ -81,7 +82,7 @@ class Ordering(enum.Enum):
     NONE = "none"
 
 
-class LedgerError(Exception):
+class LedgerError(SidecarError):
     """Root of the ledger's errors; the ledger is unchanged when one is raised."""
 
 
