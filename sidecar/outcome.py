@@ -25,6 +25,7 @@ from typing import Protocol
 from sidecar.backoff import RetryPolicy
 
 __all__ = [
+    "ACK_BY_WORD",
     "APP_CONNECTION_LOST",
     "APP_NOT_REACHABLE",
     "APP_TIMEOUT",
@@ -86,6 +87,10 @@ class Ack(enum.Enum):
     RELEASE = "release"
     REJECT = "reject"
     RENEW = "renew"
+
+
+#: The Ack for each answer word (a dict lookup: `Ack(word)` is slow on the hot path).
+ACK_BY_WORD: dict[str, Ack] = {a.value: a for a in Ack}
 
 
 class ArchiveReason(enum.Enum):

@@ -55,13 +55,13 @@ from sidecar.deadletter import (
 )
 from sidecar.delivery import abandon_attempt_span, app_client_for, attempt_view, end_attempt_span
 from sidecar.dlq import DlqFatalError, DlqWriter
-from sidecar.outcome import DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
+from sidecar.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
 from sidecar.record import Tracked, custom_dead_letter, is_delivery_id, new_delivery_id
 from sidecar.source import SourceError
 from sidecar.tracing import Tracing
 from sidecar.wire import AckItem, Answer
 
-log = logging.getLogger("sidecar.engine")
+log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
 PartitionKey = tuple[str, int]
 AckResult = Literal["ok", "unknown", "expired"]
@@ -416,7 +416,7 @@ class Pipeline:
             return "expired" if is_delivery_id(delivery_id) else "unknown"
         if isinstance(answer, Answer) and answer.ack == "deferred":
             return "ok"  # the app answers later through /v1/acks, before the lock expires
-        ack = Ack(answer.ack)
+        ack = ACK_BY_WORD[answer.ack]
         result = self.state.answered(delivery, ack, answer)
         if result != "ok":
             self.retire(delivery)

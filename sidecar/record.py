@@ -26,7 +26,7 @@ import base64
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 __all__ = [
     "DELIVERY_ID_BYTES",
@@ -75,9 +75,12 @@ class MessageLike(Protocol):
     def timestamp(self) -> tuple[int, int]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
-    """A consumed record, read once: everything an attempt, a DLQ record or a log line needs."""
+class SourceRecord(NamedTuple):
+    """A consumed record, read once: everything an attempt, a DLQ record or a log line needs.
+
+    Immutable; a named tuple because one is built per consumed record (on the hot path), several
+    times faster than a frozen dataclass of ten fields.
+    """
 
     topic: str
     partition: int

@@ -55,7 +55,16 @@ from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import Config, Ordering
 from sidecar.deadletter import FailedRecord
-from sidecar.outcome import LOCK_TIMEOUT, SHUTDOWN, Accept, Ack, DeadLetter, decide, error_info
+from sidecar.outcome import (
+    ACK_BY_WORD,
+    LOCK_TIMEOUT,
+    SHUTDOWN,
+    Accept,
+    Ack,
+    DeadLetter,
+    decide,
+    error_info,
+)
 from sidecar.pipeline import AckResult, Delivery, Pipeline
 from sidecar.record import Tracked, source_record
 from sidecar.source import SourceError
@@ -679,7 +688,9 @@ class ShareGroupEngine:
         assert self.settings is not None and d.answer is not None
         msg = cast(_Acquired, d.ref).msg
         answer = d.answer
-        verdict = decide(Ack(answer.ack), d.delivery_count, self.settings.delivery_count_limit)
+        verdict = decide(
+            ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
+        )
         if isinstance(verdict, Accept):
             out.append((msg, AcknowledgeType.ACCEPT))
             return
