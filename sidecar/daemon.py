@@ -74,15 +74,17 @@ async def run_sidecar(
     api = LocalApi(engine, metrics.render if metrics else None)
 
     async with trio.open_nursery() as nursery:
+        # The local API first: a listen address that cannot be bound stops us before we consume.
+        where = await nursery.start(serve_http, api, config.api.address)
+        log.info("local API listening on %s", where, extra={"fields": {"api": str(where)}})
         async with trio.open_nursery() as engine_tasks:
             try:
                 # Returns once the DLQ topics are checked and the engine is subscribed and running.
                 await engine_tasks.start(engine.run)
             except DlqStartupError as exc:
                 log.error("start-up check failed: %s", exc)
+                nursery.cancel_scope.cancel()
                 return EXIT_FAILURE
-            where = await nursery.start(serve_http, api, config.api.address)
-            log.info("local API listening on %s", where, extra={"fields": {"api": str(where)}})
             nursery.start_soon(_watch_signals, engine)
             log.info(
                 "dlq-sidecar running",
