@@ -32,7 +32,7 @@ Invariants kept here (the ledger keeps the rest):
   record is confirmed by the broker before its record counts as done;
 - a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
 
-The transactional DLQ (`errors.deadletterqueue.transactional_enable`) writes DLQ records and the offset
+The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
 commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
 """
 

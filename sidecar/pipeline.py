@@ -56,7 +56,7 @@ from sidecar.deadletter import (
 from sidecar.delivery import abandon_attempt_span, app_client_for, attempt_view, end_attempt_span
 from sidecar.dlq import DlqFatalError, DlqWriter
 from sidecar.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
-from sidecar.record import Tracked, custom_dead_letter, is_delivery_id, new_delivery_id
+from sidecar.record import LiveIds, Tracked, custom_dead_letter
 from sidecar.source import SourceError
 from sidecar.tracing import Tracing
 from sidecar.wire import AckItem, Answer
@@ -237,8 +237,7 @@ class Pipeline:
         self.draining = False
         self._failure: str | None = None
         self._dlq_ready = not config.errors.dlq.enabled
-        self._random_bytes = random_bytes
-        self._live: dict[str, Delivery] = {}
+        self._live: LiveIds[Delivery] = LiveIds(random_bytes)
         self._work_send, self._work_recv = trio.open_memory_channel[Delivery](math.inf)
         self.sending = 0  # deliveries handed to the workers whose request has not finished
         self._batch_fill_lock = trio.Lock()
@@ -380,9 +379,7 @@ class Pipeline:
 
     def issue(self, tracked: Tracked, delivery_count: int, ref: Any) -> Delivery:
         """A new live attempt under a fresh random id (not sent yet: see `send`)."""
-        delivery = Delivery(new_delivery_id(self._random_bytes), tracked, delivery_count, ref)
-        self._live[delivery.id] = delivery
-        return delivery
+        return self._live.issue(lambda i: Delivery(i, tracked, delivery_count, ref))
 
     def send(self, delivery: Delivery) -> None:
         self.sending += 1
@@ -390,8 +387,7 @@ class Pipeline:
 
     def retire(self, delivery: Delivery) -> None:
         """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
-        if self._live.get(delivery.id) is delivery:
-            del self._live[delivery.id]
+        self._live.retire(delivery.id, delivery)
 
     def lock_expired(self, topic: str, delivery: Delivery | None, outcome: str) -> None:
         """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""
@@ -413,7 +409,7 @@ class Pipeline:
         delivery = self._live.get(delivery_id)
         if delivery is None:
             self.counters.expired_answers += 1
-            return "expired" if is_delivery_id(delivery_id) else "unknown"
+            return self._live.not_live_answer(delivery_id)
         if isinstance(answer, Answer) and answer.ack == "deferred":
             return "ok"  # the app answers later through /v1/acks, before the lock expires
         ack = ACK_BY_WORD[answer.ack]

@@ -7,7 +7,8 @@ Owns:
   DLQ record and the archived-record log line;
 - :class:`Tracked`: what the sidecar learns about a record while it is in its care (the custom DLQ
   record parts of a reject, the last attempt's span), kept with the record instead of in side tables;
-- delivery ids: :func:`new_delivery_id` and the one parser :func:`is_delivery_id`.
+- delivery ids: :func:`new_delivery_id`, the one parser :func:`is_delivery_id`, and :class:`LiveIds`, the
+  live attempts by id with what an id that is not live answers.
 
 Delivery ids (``Kafka-Delivery-Id``, the ``id`` of ``POST /v1/acks``)::
 
@@ -26,11 +27,12 @@ import base64
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 __all__ = [
     "DELIVERY_ID_BYTES",
     "CustomDeadLetter",
+    "LiveIds",
     "MessageLike",
     "SourceRecord",
     "Tracked",
@@ -61,6 +63,46 @@ def new_delivery_id(random_bytes: Callable[[int], bytes]) -> str:
 def is_delivery_id(text: str) -> bool:
     """Whether ``text`` has the shape of a delivery id (whoever issued it, whenever)."""
     return len(text) == _ID_CHARS and _ID_ALPHABET.issuperset(text)
+
+
+T = TypeVar("T")
+
+
+class LiveIds(Generic[T]):
+    """The live attempts by delivery id, and the answer for an id that is not live.
+
+    An id that is not live answers `expired` when it has the shape of our ids (answered already,
+    lock expired, fenced, issued before a restart — or guessed) and `unknown` otherwise: nothing
+    tells a spent id from a guessed one, so the answers reveal nothing about other ids.
+    """
+
+    def __init__(self, random_bytes: Callable[[int], bytes]) -> None:
+        self._random_bytes = random_bytes
+        self._live: dict[str, T] = {}
+
+    def issue(self, value_for: Callable[[str], T]) -> T:
+        """A fresh id, and the value made for it, live from now on."""
+        delivery_id = new_delivery_id(self._random_bytes)
+        while delivery_id in self._live:  # 2**-128 per pair: only a broken random source repeats
+            delivery_id = new_delivery_id(self._random_bytes)
+        value = value_for(delivery_id)
+        self._live[delivery_id] = value
+        return value
+
+    def get(self, delivery_id: str) -> T | None:
+        return self._live.get(delivery_id)
+
+    def retire(self, delivery_id: str, value: T) -> None:
+        """`value`'s attempt is over (only if it is still the one live under the id)."""
+        if self._live.get(delivery_id) is value:
+            del self._live[delivery_id]
+
+    @staticmethod
+    def not_live_answer(delivery_id: str) -> Literal["expired", "unknown"]:
+        return "expired" if is_delivery_id(delivery_id) else "unknown"
+
+    def __len__(self) -> int:
+        return len(self._live)
 
 
 class MessageLike(Protocol):

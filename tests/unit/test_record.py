@@ -14,10 +14,12 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sidecar.record import (
     DELIVERY_ID_BYTES,
     CustomDeadLetter,
+    LiveIds,
     custom_dead_letter,
     is_delivery_id,
     new_delivery_id,
@@ -144,3 +146,57 @@ def test_every_minted_id_parses(raw: bytes) -> None:
 def test_the_parser_accepts_only_the_grammar(text: str) -> None:
     alphabet = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
     assert is_delivery_id(text) == (len(text) == 22 and set(text) <= alphabet)
+
+
+# ------------------------------------------------------------------------------------- live ids
+
+
+class LiveIdsMachine(RuleBasedStateMachine):
+    """Invariant: an id is live exactly while issued and not retired, and every id that is not live
+    answers by its shape alone (a spent id and a guessed one of the same shape answer alike)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: LiveIds[object] = LiveIds(secrets.token_bytes)
+        self.live: dict[str, object] = {}
+        self.spent: list[str] = []
+
+    @rule()
+    def issue(self) -> None:
+        value = self.ids.issue(lambda i: ("value", i))
+        assert isinstance(value, tuple)
+        assert value[1] not in self.live and value[1] not in self.spent
+        self.live[value[1]] = value
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def retire(self, data: st.DataObject) -> None:
+        delivery_id = data.draw(st.sampled_from(sorted(self.live)))
+        self.ids.retire(delivery_id, object())  # not the live value: no effect
+        assert self.ids.get(delivery_id) is self.live[delivery_id]
+        self.ids.retire(delivery_id, self.live.pop(delivery_id))
+        self.spent.append(delivery_id)
+
+    @rule(
+        guess=st.text(max_size=30)
+        | st.binary(min_size=16, max_size=16).map(lambda raw: new_delivery_id(lambda _n: raw))
+    )
+    def guess(self, guess: str) -> None:
+        if guess in self.live:
+            return
+        assert self.ids.get(guess) is None
+        assert self.ids.not_live_answer(guess) == (
+            "expired" if is_delivery_id(guess) else "unknown"
+        )
+
+    @invariant()
+    def only_the_issued_and_not_retired_are_live(self) -> None:
+        assert len(self.ids) == len(self.live)
+        for delivery_id, value in self.live.items():
+            assert self.ids.get(delivery_id) is value
+        for delivery_id in self.spent:
+            assert self.ids.get(delivery_id) is None
+            assert self.ids.not_live_answer(delivery_id) == "expired"
+
+
+TestLiveIds = LiveIdsMachine.TestCase
