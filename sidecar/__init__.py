@@ -20,7 +20,7 @@ _EXPORTS = {
     # the pure delivery core
     "PartitionLedger": "sidecar.ledger",
     "LedgerConfig": "sidecar.ledger",
-    "Ack": "sidecar.ledger",
+    "Ack": "sidecar.outcome",
     "Ordering": "sidecar.ledger",
     "RecordState": "sidecar.ledger",
     "RetryPolicy": "sidecar.backoff",
@@ -32,7 +32,7 @@ _EXPORTS = {
     "build_dlq_record": "sidecar.dlq",
     # running it
     "run_sidecar": "sidecar.daemon",
-    "Engine": "sidecar.engine",
+    "Engine": "sidecar.pipeline",
 }
 
 __all__ = [

@@ -31,8 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.config import is_loopback_host
-from sidecar.engine import Engine
 from sidecar.httpserver import Request, Response, ServerStats, json_response
+from sidecar.pipeline import Engine
 from sidecar.wire import AckItem, WireError, format_ack_response, parse_ack_request
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
@@ -168,7 +168,7 @@ class LocalApi:
         ready = all(checks.values())
         body: dict[str, object] = {"ready": ready, "checks": checks}
         # Why the broker cannot be used (authentication, TLS, connection), when the source knows.
-        reason = getattr(self.engine.source, "broker_error", None)
+        reason = self.engine.broker_error()
         if not checks.get("broker_reachable", True) and reason:
             body["reason"] = reason
         return json_response(body, 200 if ready else 503)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import httptools
 import trio
 
+from sidecar.errors import SidecarError
 from sidecar.httplimits import LimitExceeded, MeteredCollector
 from sidecar.wire import (
     Answer,
@@ -76,7 +77,7 @@ MAX_HEAD_BYTES = 64 * 1024
 _RECEIVE_BYTES = 65536
 
 
-class AppClientError(Exception):
+class AppClientError(SidecarError):
     """Root of the app transport errors."""
 
 

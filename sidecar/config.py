@@ -46,6 +46,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from sidecar.errors import SidecarError
+
 __all__ = [
     "ApiConfig",
     "AppConfig",
@@ -81,7 +83,7 @@ __all__ = [
 # Errors
 
 
-class ConfigError(Exception):
+class ConfigError(SidecarError):
     """A configuration file that cannot be used, with the key's dotted path and the reason.
 
     ``str(err)`` is ``"<file>: <path>: <reason>"``; `path` is e.g. ``app.timeout.ms``,

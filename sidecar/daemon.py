@@ -6,6 +6,10 @@ commits once more and the group sees us leave) → flush the DLQ producer → ex
 drain; the commits that follow are still safe because a committed offset never passes a record that is not done.
 A fatal error (a DLQ write that cannot succeed, `errors.tolerance: none`) follows the same path without the
 drain and exits 1.
+
+The engine (`sidecar.pipeline.Engine`) runs that order itself: this module starts it with
+`nursery.start(engine.run)`, serves the local API beside it, and steers it only through `request_stop()` and
+`skip_drain()`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import functools
 import logging
 import signal
 from collections.abc import Callable
-from typing import cast
 
 import trio
 
@@ -22,36 +25,14 @@ from sidecar.api import LocalApi
 from sidecar.config import Config
 from sidecar.config import Engine as EngineKind
 from sidecar.dlq import DlqStartupError
-from sidecar.engine import Engine
 from sidecar.httpserver import Limits, serve_http
-from sidecar.source import SourceError, check_cluster_sync
+from sidecar.pipeline import Engine, Pipeline
 from sidecar.tracing import Tracing
 
 log = logging.getLogger("sidecar.daemon")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-# Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
-CLUSTER_RETRY_MAX_S = 10.0
-
-
-async def wait_cluster_usable(engine: Engine, config: Config) -> None:
-    """Until the cluster answers with the configured credentials and certificates: not ready (with
-    the reason), retried with backoff. A wrong password or CA is fixed in a Secret, not by a restart:
-    exiting here would only turn it into a crash loop that hides the cause."""
-    delay_s = 1.0
-    while (reason := await trio.to_thread.run_sync(check_cluster_sync, config.kafka)) is not None:
-        engine.source.broker_ok = False
-        engine.source.broker_error = reason
-        log.error(
-            "the Kafka cluster cannot be used: %s; not ready, retrying in %gs", reason, delay_s
-        )
-        await trio.sleep(delay_s)
-        delay_s = min(delay_s * 2, CLUSTER_RETRY_MAX_S)
-    engine.source.broker_ok = True
-    engine.source.broker_error = None
-
-
 # Only GETs reach the observability listener: no request there needs a body.
 _OBSERVABILITY_MAX_REQUEST_BYTES = 64 * 1024
 
@@ -100,6 +81,21 @@ async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config)
     )
 
 
+def open_engine(
+    config: Config, *, write_ahead: bool = True, tracing: Tracing | None = None
+) -> Engine:
+    """The engine `config.engine` names: the pipeline around that engine's delivery state."""
+    if config.engine is EngineKind.SHARE:
+        from sidecar.share_engine import ShareGroupEngine
+
+        return Pipeline(config, ShareGroupEngine, tracing=tracing)
+    from sidecar.engine import ConsumerGroupEngine
+
+    return Pipeline(
+        config, functools.partial(ConsumerGroupEngine, write_ahead=write_ahead), tracing=tracing
+    )
+
+
 async def run_sidecar(
     config: Config,
     *,
@@ -112,13 +108,7 @@ async def run_sidecar(
     `tracing` and `on_engine` let an in-process caller (tests) bring its own span processor and get
     hold of the engine (e.g. to call `request_stop()` instead of sending a signal).
     """
-    if config.engine is EngineKind.SHARE:
-        from sidecar.share_engine import ShareEngine
-
-        # ShareEngine has the surface this function, the local API and the metrics use.
-        engine = cast(Engine, ShareEngine(config, tracing=tracing))
-    else:
-        engine = Engine(config, write_ahead=write_ahead, tracing=tracing)
+    engine = open_engine(config, write_ahead=write_ahead, tracing=tracing)
     if on_engine is not None:
         on_engine(engine)
 
@@ -136,78 +126,43 @@ async def run_sidecar(
     if metrics is not None:
         metrics.registry.register(api.collector())
 
-    second_signal = False
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
-        # The API first, so that readiness can say why a cluster cannot be used yet.
+        # The listeners first: a listen address that cannot be bound stops us before we consume,
+        # and readiness can say why a cluster cannot be used yet (see `Pipeline.run`).
         await _start_listeners(nursery, api, config)
-        await wait_cluster_usable(engine, config)
-        if config.errors.dlq.enabled:
-            dlq_topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+        # Signals from the start: a SIGTERM while the cluster cannot be used yet stops cleanly.
+        nursery.start_soon(_watch_signals, engine)
+        async with trio.open_nursery() as engine_tasks:
             try:
-                await trio.to_thread.run_sync(engine.dlq.prepare_topics_sync, dlq_topics)
+                # Returns once the DLQ topics are checked and the engine is subscribed and running.
+                await engine_tasks.start(engine.run)
             except DlqStartupError as exc:
                 log.error("start-up check failed: %s", exc)
                 nursery.cancel_scope.cancel()
                 return EXIT_FAILURE
-            engine.dlq_ready = True
-        await nursery.start(engine.dlq.run)
-
-        engine.source.start()
-
-        async def poll() -> None:
-            try:
-                await engine.source.run()
-            except SourceError as exc:
-                engine.fail(str(exc))
-
-        nursery.start_soon(poll)
-        nursery.start_soon(engine.scheduler)
-        nursery.start_soon(engine.committer)
-        if engine.transactional:
-            nursery.start_soon(engine.txn_loop)
-        for _ in range(config.app.max_in_flight):
-            nursery.start_soon(engine.worker)
-
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-
-            async def watch_signals() -> None:
-                nonlocal second_signal
-                async for signum in signals:
-                    if not engine.stop_event.is_set():
-                        log.info("received %s: draining", signal.Signals(signum).name)
-                        engine.request_stop()
-                    else:
-                        log.warning(
-                            "received %s again: stopping without waiting",
-                            signal.Signals(signum).name,
-                        )
-                        second_signal = True
-                        engine.drain_cancel.cancel()
-
-            nursery.start_soon(watch_signals)
             log.info(
                 "dlq-sidecar running",
                 extra={"fields": {"group": config.group_id, "topics": list(config.source.topics)}},
             )
-            await engine.stop_event.wait()
-
-            engine.source.stop_polling()
-            if engine.failure is None and not second_signal:
-                await engine.drain(config.shutdown_drain_timeout_ms / 1000)
-            engine.stopping = True
-            engine.kick()
-            with trio.CancelScope(shield=True):
-                await engine.commit_all()
-                # Wait for the poll loop's last consume() to return before closing the handle.
-                with trio.move_on_after(5):
-                    await engine.source.wait_stopped()
-                await engine.source.close()
-            nursery.cancel_scope.cancel()
-    await engine.app.aclose()
-    await trio.to_thread.run_sync(engine.tracing.shutdown)
+        # The engine has drained, committed and closed (see `Pipeline.run`): stop serving.
+        nursery.cancel_scope.cancel()
     if engine.failure:
         log.error("dlq-sidecar stopped: %s", engine.failure)
         return EXIT_FAILURE
     log.info("dlq-sidecar stopped cleanly")
     return EXIT_OK
+
+
+async def _watch_signals(engine: Engine) -> None:
+    """The first SIGTERM/SIGINT drains; a second one stops without waiting."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        stopping = False
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not stopping:
+                stopping = True
+                log.info("received %s: draining", name)
+                engine.request_stop()
+            else:
+                log.warning("received %s again: stopping without waiting", name)
+                engine.skip_drain()

@@ -1,26 +1,24 @@
-"""What both engines share about one delivery: the app client and DLQ writer built from the config, the
-`RecordView` of a Kafka message, and the span around an attempt.
+"""One attempt on its way to the app: the client that sends it, its wire view and its span.
 
-Must not import either engine (both import this), the source, or the daemon.
+Owns the translation from a :class:`~sidecar.record.Tracked` record in the sidecar's care to what the
+HTTP layer sends (:func:`attempt_view`, a ``wire.RecordView`` built from the record read once at
+intake), the CONSUMER span around the attempt, and the app client built from the configuration.
+
+Must not import either engine, the pipeline, the source or the daemon (the pipeline imports this).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
-
-from confluent_kafka import Message
-from opentelemetry import trace
 
 from sidecar.appclient import AppClient, AppTarget
 from sidecar.config import Config
-from sidecar.dlq import DlqWriter
+from sidecar.outcome import APP_NOT_REACHABLE, SHUTDOWN
+from sidecar.record import Tracked
 from sidecar.tracing import AttemptContext, Tracing
 from sidecar.wire import Answer, RecordView
 
-_TIMESTAMP_TYPES = {0: "none", 1: "create", 2: "log-append"}
-
-AttemptSpans = dict[tuple[str, int, int], trace.SpanContext]
+__all__ = ["abandon_attempt_span", "app_client_for", "attempt_view", "end_attempt_span"]
 
 
 def app_client_for(config: Config) -> AppClient:
@@ -39,105 +37,66 @@ def app_client_for(config: Config) -> AppClient:
     )
 
 
-def dlq_writer_for(config: Config) -> DlqWriter:
-    dlq = config.errors.dlq
-    return DlqWriter(
-        config.kafka,
-        config.group_id,
-        copy_record=dlq.copy_record_enable,
-        stacktrace_max_bytes=dlq.stacktrace_max_bytes,
-        retries_timeout_ms=dlq.produce_retries_timeout_ms,
-        auto_create=dlq.auto_create_enable,
-        topic_partitions=dlq.topic_partitions,
-        topic_replication_factor=dlq.topic_replication_factor,
-    )
+def attempt_view(
+    tracing: Tracing, tracked: Tracked, delivery_count: int, delivery_id: str
+) -> tuple[RecordView, AttemptContext | None]:
+    """The wire view of one attempt, and its CONSUMER span (None with tracing off).
 
-
-def key_bytes(msg: Message) -> bytes | None:
-    key = msg.key()
-    return key.encode() if isinstance(key, str) else key
-
-
-def value_bytes(msg: Message) -> bytes | None:
-    value = msg.value()
-    return value.encode() if isinstance(value, str) else value
-
-
-def message_headers(msg: Message) -> tuple[tuple[str, bytes | None], ...]:
-    raw = msg.headers()
-    if not raw:
-        return ()
-    items = raw.items() if isinstance(raw, dict) else raw
-    return tuple(
-        (str(name), value.encode() if isinstance(value, str) else value) for name, value in items
-    )
-
-
-def record_view(msg: Message, delivery_count: int, delivery_id: str) -> RecordView:
-    """What the wire needs of one attempt of `msg` (the producer's trace context included)."""
-    ts_type, ts = msg.timestamp()
-    headers = message_headers(msg)
-    traceparent = tracestate = None
-    for name, value in headers:
-        if name == "traceparent" and value is not None:
-            traceparent = value.decode("latin-1")
-        elif name == "tracestate" and value is not None:
-            tracestate = value.decode("latin-1")
-    return RecordView(
-        topic=cast(str, msg.topic()),
-        partition=cast(int, msg.partition()),
-        offset=cast(int, msg.offset()),
-        key=key_bytes(msg),
-        value=value_bytes(msg),
-        timestamp_ms=ts if ts_type != 0 else None,
-        timestamp_type=_TIMESTAMP_TYPES.get(ts_type, "none"),
-        headers=headers,
+    With tracing on, the view carries the attempt span's context to the app instead of the
+    producer's (the span is the producer's child).
+    """
+    rec = tracked.record
+    view = RecordView(
+        topic=rec.topic,
+        partition=rec.partition,
+        offset=rec.offset,
+        key=rec.key,
+        value=rec.value,
+        timestamp_ms=rec.timestamp_ms,
+        timestamp_type=rec.timestamp_type,
+        headers=rec.headers,
         delivery_count=delivery_count,
         delivery_id=delivery_id,
-        traceparent=traceparent,
-        tracestate=tracestate,
+        traceparent=rec.traceparent,
+        tracestate=rec.tracestate,
     )
-
-
-def start_attempt_span(
-    tracing: Tracing, record: RecordView
-) -> tuple[RecordView, AttemptContext | None]:
-    """Open the attempt's CONSUMER span; the returned record carries its context to the app."""
     if not tracing.enabled:
-        return record, None
+        return view, None
     actx = tracing.start_attempt(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        value_size=len(record.value or b""),
-        delivery_count=record.delivery_count,
-        delivery_id=record.delivery_id,
-        traceparent=record.traceparent,
-        tracestate=record.tracestate,
+        topic=rec.topic,
+        partition=rec.partition,
+        offset=rec.offset,
+        key=rec.key,
+        value_size=len(rec.value or b""),
+        delivery_count=delivery_count,
+        delivery_id=delivery_id,
+        traceparent=rec.traceparent,
+        tracestate=rec.tracestate,
     )
-    return dataclasses.replace(
-        record, traceparent=actx.traceparent, tracestate=actx.tracestate
-    ), actx
+    return dataclasses.replace(view, traceparent=actx.traceparent, tracestate=actx.tracestate), actx
 
 
-def end_attempt_span(
-    actx: AttemptContext | None, record: RecordView, answer: Answer | None, spans: AttemptSpans
-) -> None:
-    """Close the span with the outcome; remember it while the record may still be archived."""
+def end_attempt_span(actx: AttemptContext | None, tracked: Tracked, answer: Answer | None) -> None:
+    """Close the span with the outcome (None: not reachable, not an attempt).
+
+    The span of an attempt that did not end the record is kept on it: the DLQ write links to it.
+    """
     if actx is None:
         return
     if answer is None:
-        Tracing.end_attempt(
-            actx, "not_attempted", "sidecar.AppNotReachable", "the app is not reachable"
-        )
+        Tracing.end_attempt(actx, "not_attempted", APP_NOT_REACHABLE, "the app is not reachable")
         return
     err = answer.error
     Tracing.end_attempt(
         actx, answer.ack, err.class_name if err else None, err.message if err else None
     )
-    key = (record.topic, record.partition, record.offset)
     if answer.ack in ("release", "reject", "deferred"):
-        spans[key] = actx.span.get_span_context()
+        tracked.last_span = actx.span.get_span_context()
     else:
-        spans.pop(key, None)
+        tracked.last_span = None
+
+
+def abandon_attempt_span(actx: AttemptContext | None) -> None:
+    """Cancelled (shutdown) or a bug mid-attempt: the span still ends; the lock handles the record."""
+    if actx is not None:
+        Tracing.end_attempt(actx, "abandoned", SHUTDOWN, "the sidecar stopped mid-attempt")

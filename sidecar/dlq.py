@@ -6,7 +6,8 @@ DLQ topic's partition count, and Kafka 4.4's cause text in `__dlq.errors.message
 idempotent acks=all producer, retriable failures retried, a record too large retried once as headers only, anything
 else fatal — never an infinite loop and never a silent drop.
 
-Must not import the ledger, the source or the HTTP modules.
+`FailedRecord` (the DLQ step's output) and the cause texts come from the pure core (`sidecar.deadletter`,
+`sidecar.outcome`) and are re-exported here. Must not import the ledger, the source or the HTTP modules.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
+
+from sidecar.deadletter import FailedRecord
+from sidecar.errors import DlqError
+from sidecar.outcome import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED  # noqa: F401 (re-exported)
 
 log = logging.getLogger("sidecar.dlq")
 
@@ -42,9 +47,6 @@ DLQ_HEADER_PREFIX = "__dlq."
 # replay history: a DLQ record must keep them even when the original headers are not copied, so a record
 # that fails again after a replay is recognisable and never replayed in a loop.
 REPLAY_HEADER_PREFIX = "__dlq.replay."
-
-CAUSE_REJECTED = "Offset rejected by client."
-CAUSE_DELIVERY_COUNT = "Offset delivery count exceeded the threshold."
 
 # The topic config Kafka 4.4 checks before a share group may use a topic as its DLQ (KIP-1191).
 TOPIC_CONFIG_GROUP_DLQ = "errors.deadletterqueue.group.enable"
@@ -73,29 +75,6 @@ ABORT_SETTLE_S = 3.0
 ABORT_REPAIR_ROUNDS = 2
 ABORT_CHECK_BUDGET_S = 20.0
 PROBE_HEADER = "__dlq.sidecar.abort.probe"
-
-
-@dataclass(frozen=True, slots=True)
-class FailedRecord:
-    """Everything known about an archived record that its DLQ record may carry."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[Header, ...]
-    group: str
-    delivery_count: int
-    cause: str  # CAUSE_REJECTED or CAUSE_DELIVERY_COUNT
-    exception_class: str | None = None
-    exception_message: str | None = None
-    stacktrace: str | None = None
-    extra_headers: tuple[
-        tuple[str, bytes], ...
-    ] = ()  # KIP-1034 custom DLQ record (from the app's reject)
-    replacement_value: bytes | None = None
-    replacement_value_set: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,11 +206,11 @@ def build_dlq_record(
 # ------------------------------------------------------------------------------------------- writer
 
 
-class DlqFatalError(Exception):
+class DlqFatalError(DlqError):
     """A DLQ record could not be written and retrying cannot help: the sidecar must stop."""
 
 
-class DlqTxnAbortable(Exception):
+class DlqTxnAbortable(DlqError):
     """Transactional mode: the open transaction cannot commit. After `txn_abort()` it may be redone."""
 
 
@@ -239,7 +218,7 @@ class DlqTxnStuck(DlqTxnAbortable):
     """A transaction call overstayed its watchdog; `txn_abort()` replaces the producer."""
 
 
-class DlqStartupError(Exception):
+class DlqStartupError(DlqError):
     """A DLQ topic is missing, cannot be created, or cannot be described at start-up."""
 
 

@@ -45,6 +45,8 @@ from sidecar.commitstate import (
     encoded_length,
     payload_bound,
 )
+from sidecar.errors import SidecarError
+from sidecar.outcome import COUNT_EXHAUSTED, LOCK_TIMEOUT, Ack, ArchiveReason, ErrorInfo
 
 __all__ = [
     "Ack",
@@ -74,36 +76,13 @@ class RecordState(enum.Enum):
     ARCHIVED = "archived"
 
 
-class Ack(enum.Enum):
-    ACCEPT = "accept"
-    RELEASE = "release"
-    REJECT = "reject"
-    RENEW = "renew"
-
-
 class Ordering(enum.Enum):
     KEY = "key"
     PARTITION = "partition"
     NONE = "none"
 
 
-_CAUSES = {
-    "REJECTED": "Offset rejected by client.",
-    "DELIVERY_COUNT_EXCEEDED": "Offset delivery count exceeded the threshold.",
-}
-
-
-class ArchiveReason(enum.Enum):
-    REJECTED = "REJECTED"
-    DELIVERY_COUNT_EXCEEDED = "DELIVERY_COUNT_EXCEEDED"
-
-    @property
-    def cause(self) -> str:
-        """Kafka 4.4's ``__dlq.errors.message`` text, so native share-group DLQ readers read ours."""
-        return _CAUSES[self.value]
-
-
-class LedgerError(Exception):
+class LedgerError(SidecarError):
     """Root of the ledger's errors; the ledger is unchanged when one is raised."""
 
 
@@ -121,19 +100,6 @@ class IllegalTransition(LedgerError):
 
 class LedgerClosed(LedgerError):
     """The partition was revoked: the ledger takes no more records."""
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorInfo:
-    """Why a delivery failed, as the application (or the sidecar, for transport errors) says."""
-
-    class_name: str | None = None
-    message: str | None = None
-    stacktrace: str | None = None
-
-
-LOCK_TIMEOUT = "sidecar.LockTimeout"
-COUNT_EXHAUSTED = "sidecar.DeliveryCountExhausted"
 
 
 @dataclass(frozen=True, slots=True)

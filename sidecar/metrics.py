@@ -1,7 +1,8 @@
-"""Prometheus metrics, read from the engine's counters and ledgers at scrape time.
+"""Prometheus metrics, read from the engine at scrape time (one shape for both engines).
 
 A custom collector keeps the hot path free of metric calls: the engine counts in plain integers and this
-module turns them into Prometheus families when `/metrics` is scraped.
+module turns them into Prometheus families when `/metrics` is scraped. It reads the engine only through
+the `sidecar.pipeline.Engine` interface.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from sidecar.engine import Engine
+    from sidecar.pipeline import Engine
 
 
 class EngineCollector(Collector):
@@ -75,7 +76,7 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily(
             "dlq_sidecar_paused_partitions",
             "Partitions whose intake is paused.",
-            value=len(e.source.paused),
+            value=len(e.paused_partitions()),
         )
         yield GaugeMetricFamily(
             "dlq_sidecar_app_reachable",
@@ -87,7 +88,7 @@ class EngineCollector(Collector):
             "Records between the committable offset and the partition's high watermark.",
             labels=["topic", "partition"],
         )
-        for (topic, partition), n in sorted(e.source.lag().items()):
+        for (topic, partition), n in sorted(e.lag().items()):
             lag.add_metric([topic, str(partition)], n)
         yield lag
         meta = GaugeMetricFamily(
@@ -95,9 +96,8 @@ class EngineCollector(Collector):
             "Size of the delivery state last committed in the offset metadata, per partition.",
             labels=["topic", "partition"],
         )
-        for (topic, partition), slot in sorted(e.slots.items()):
-            if slot.last_commit is not None:
-                meta.add_metric([topic, str(partition)], len(slot.last_commit[1]))
+        for (topic, partition), size in sorted(e.commit_metadata_bytes().items()):
+            meta.add_metric([topic, str(partition)], size)
         yield meta
         yield CounterMetricFamily(
             "dlq_sidecar_commit_metadata_overflows",
@@ -127,8 +127,7 @@ class Metrics:
             buckets=_DLQ_BUCKETS,
             registry=self.registry,
         )
-        engine.observe_app_latency = self.app_latency.observe
-        engine.observe_dlq_latency = self.dlq_latency.observe
+        engine.observe_latencies(self.app_latency.observe, self.dlq_latency.observe)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,17 +1,23 @@
 """The share-group engine (`engine: share`, KIP-932): the broker keeps delivery counts and locks.
 
-Owns the share consumers, the batches they acquire and the mapping of the app's answers to
-ACCEPT / RELEASE / REJECT:
+The pipeline (:mod:`sidecar.pipeline`) sends records to the app and applies answers; this adapter owns
+what is particular to a share group: the share consumers, the batches they acquire, and turning each
+answer into ACCEPT / RELEASE / REJECT::
 
-    consumer thread i ──poll──▶ batch ──▶ workers ──HTTP──▶ app          (and /v1/acks for 202 answers)
+    consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline workers ──HTTP──▶ app   (and /v1/acks)
           ▲                       │
-          └── acknowledge ◀───────┴── answers (+ DLQ write confirmed, then REJECT)
+          └── acknowledge ◀───────┴── decide() per record (+ pipeline.dead_letter() confirmed, then REJECT)
 
 Why threads: a confluent-kafka `ShareConsumer` is not thread-safe and, in explicit mode, every record of a
 poll must be acknowledged before the next poll. Each of `min(4, app.max.in.flight)` consumers lives on a
 thread of its own (every call on it, close included, happens there) and has one batch in flight; the
 records of a batch go to the app concurrently through the shared worker pool, so throughput comes from
 several batches at once, not from one long batch.
+
+Who may change what: a batch (`_Batch`) belongs to the `_process_batch` call of its consumer thread (run in
+trio through `trio.from_thread.run`); answers reach it only through `answered` (a worker or the API's
+request task), which records the answer and counts down `pending`; the decisions are made by that batch's
+call alone. The delivery state itself (counts, locks) is the broker's.
 
 Invariants kept here:
 - a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
@@ -20,25 +26,20 @@ Invariants kept here:
   otherwise archive it silently; the limit is the group's `share.delivery.count.limit` (read from the
   cluster), or the sidecar's own when that is lower;
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
-  releases, and late answers are reported `expired`.
+  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
 
-The engine exposes the surface the daemon, the local API and the metrics use on the consumer-group engine
-(`ack`, `readiness`, `status`, `counters`, `source`, `slots`, `drain`, ...). Must not import the ledger or the
-consumer-group source's consumer: state lives in the broker, not in offset metadata.
+Must not import the ledger or the consumer-group source's consumer: state lives in the broker, not in offset
+metadata.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import logging
-import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import trio
 from confluent_kafka import (
@@ -51,25 +52,23 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
-from opentelemetry import trace
 
-from sidecar.appclient import AppNotReachable, AppTarget
-from sidecar.config import AppMode, Config, ErrorsTolerance, Ordering
-from sidecar.delivery import (
-    app_client_for,
-    dlq_writer_for,
-    end_attempt_span,
-    key_bytes,
-    message_headers,
-    record_view,
-    start_attempt_span,
-    value_bytes,
+from sidecar.config import Config, Ordering
+from sidecar.deadletter import FailedRecord
+from sidecar.outcome import (
+    ACK_BY_WORD,
+    LOCK_TIMEOUT,
+    SHUTDOWN,
+    Accept,
+    Ack,
+    DeadLetter,
+    decide,
+    error_info,
 )
-from sidecar.dlq import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, DlqFatalError, FailedRecord
-from sidecar.engine import Counters
+from sidecar.pipeline import AckResult, Delivery, Pipeline
+from sidecar.record import Tracked, source_record
 from sidecar.source import SourceError
-from sidecar.tracing import AttemptContext, Tracing
-from sidecar.wire import AckItem, Answer, AppError, RecordView
+from sidecar.wire import AckItem, Answer, AppError
 
 log = logging.getLogger("sidecar.share")
 
@@ -112,12 +111,6 @@ _REFUSAL_CODES = {
     KafkaError._UNSUPPORTED_FEATURE,
     KafkaError.GROUP_AUTHORIZATION_FAILED,
     KafkaError.INVALID_REQUEST,
-}
-
-_ACK_TYPES = {
-    "accept": AcknowledgeType.ACCEPT,
-    "release": AcknowledgeType.RELEASE,
-    "reject": AcknowledgeType.REJECT,
 }
 
 
@@ -296,13 +289,12 @@ class _Batch:
     hard: trio.CancelScope = field(default_factory=trio.CancelScope)  # stop the DLQ writes too
 
 
-@dataclass(slots=True, eq=False)
-class _Delivery:
+@dataclass(frozen=True, slots=True)
+class _Acquired:
+    """A `Delivery`'s ref: the message to acknowledge and the batch it belongs to."""
+
     msg: Message
-    delivery_id: str
-    delivery_count: int
     batch: _Batch
-    answer: Answer | AckItem | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,13 +304,13 @@ class _AckCommit:
 
 
 class ShareSource:
-    """What the daemon, API and metrics read as `engine.source`, for share consumers.
+    """The share consumers' side of status and readiness.
 
     A share consumer has no assignment the client can see; `assigned` holds the partitions records came
     from, and `paused` is all of them while intake is stopped (app unreachable, draining).
     """
 
-    def __init__(self, engine: ShareEngine) -> None:
+    def __init__(self, engine: ShareGroupEngine) -> None:
         self._engine = engine
         self.assigned: set[PartitionKey] = set()
         self.broker_ok = True
@@ -329,17 +321,14 @@ class ShareSource:
 
     @property
     def paused(self) -> set[PartitionKey]:
-        e = self._engine
-        if e.draining or not e.app_reachable or self._stop_polling:
+        pipe = self._engine.pipe
+        if pipe.draining or not pipe.app_reachable or self._stop_polling:
             return set(self.assigned)
         return set()
 
     @property
     def stop_requested(self) -> bool:
         return self._stop_polling
-
-    def start(self) -> None:
-        """Nothing to do before `run`: each consumer is created on its own thread."""
 
     async def run(self) -> None:
         try:
@@ -366,74 +355,55 @@ class ShareSource:
         self._engine.abandon_batches(hard=True)
         await self._stopped.wait()
 
-    def lag(self) -> dict[PartitionKey, int]:
-        # The share-partition start offset lives in the broker; the client has no per-member lag.
-        return {}
 
+class ShareGroupEngine:
+    """The `DeliveryState` of a share group: the broker's share partitions (see above)."""
 
-class ShareEngine:
-    """Everything between the share consumers and the app. One per sidecar process."""
+    kind = "share"
 
-    def __init__(self, config: Config, *, tracing: Tracing | None = None) -> None:
+    def __init__(self, pipe: Pipeline) -> None:
+        config = pipe.config
+        self.pipe = pipe
         self.config = config
-        self.tracing = tracing or Tracing(
-            config.tracing.service_name, config.group_id, config.tracing.exporter.value
-        )
-        self.observe_app_latency: Callable[[float], None] = _ignore
-        self.observe_dlq_latency: Callable[[float], None] = _ignore
-        app = config.app
-        self.app = app_client_for(config)
-        self.dlq = dlq_writer_for(config)
-        dlq = config.errors.dlq
-        self.transactional = (
-            False  # config validation refuses the transactional DLQ with share groups
-        )
-        self.dlq_ready = not dlq.enabled
+        self.counters = pipe.counters
+        self.dlq = pipe.dlq
         self.source = ShareSource(self)
-        self.slots: dict[PartitionKey, Any] = {}  # no ledgers: the broker keeps the delivery state
-        self.counters = Counters()
-        self.consumer_count = max(1, min(4, app.max_in_flight))
+        self.consumer_count = max(1, min(4, config.app.max_in_flight))
         self.settings: ShareSettings | None = None
-        self.app_reachable = True
-        self.app_down_since: float | None = None
-        self._app_back = trio.Event()
-        self.draining = False
-        self.stopping = False
-        self.failure: str | None = None
-        self.started_at = time.time()
-        self.stop_event = trio.Event()
-        self.drain_cancel = trio.CancelScope()
-        self._nursery: trio.Nursery | None = None
-        self._deliveries: dict[str, _Delivery] = {}
         self._batches: set[_Batch] = set()
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
-        self._attempt_spans: dict[tuple[str, int, int], trace.SpanContext] = {}
-        self._work_send, self._work_recv = trio.open_memory_channel[_Delivery](math.inf)
-        self._seq = itertools.count()
         self._renew_warned = False
         self._consumers_running = 0
 
-    # ----------------------------------------------------------------------------- daemon surface
+    # ----------------------------------------------------------------------------- DeliveryState
 
-    def attach(self, nursery: trio.Nursery) -> None:
-        self._nursery = nursery
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the consumers (after reading the group's settings) until polling stops."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.pipe.run_source, self.source.run)
+            task_status.started()
 
-    def request_stop(self) -> None:
-        self.stop_event.set()
+    def wake(self) -> None:
+        """Nothing to re-evaluate: the broker decides which records each consumer acquires."""
 
-    def kick(self) -> None:
-        """Nothing polls a ledger here; kept for the daemon's shutdown sequence."""
+    def intake_changed(self) -> None:
+        """The consumer threads read reachability and draining before each poll."""
 
-    async def scheduler(self) -> None:
-        """Nothing to schedule: the broker decides which records each consumer acquires."""
-        await trio.sleep_forever()
+    def stop_intake(self) -> None:
+        self.source.stop_polling()
 
-    async def committer(self) -> None:
-        """Acknowledgements travel with each consumer's next poll (or its close), not on a timer."""
-        await trio.sleep_forever()
+    async def wait_drained(self) -> None:
+        """Let the batches in flight finish (answers and DLQ writes); unanswered ones are then released."""
+        try:
+            await self.source.wait_stopped()
+        finally:
+            self.abandon_batches()
 
-    async def commit_all(self) -> None:
-        """See `committer`: the consumer threads send what is pending when they close."""
+    async def finish(self) -> None:
+        """Acknowledgements travel with each consumer's next poll or its close: close them."""
+        with trio.move_on_after(5):
+            await self.source.wait_stopped()
+        await self.source.close()
 
     def stalled(self) -> str | None:
         """Never: a share group's acknowledgements carry no write-ahead state that blocks delivery."""
@@ -443,28 +413,47 @@ class ShareEngine:
         return {
             "assigned": self.source.subscribed and self.source.fatal_error is None,
             "broker_reachable": self.source.broker_ok,
-            "app_reachable": self.app_reachable,
-            "dlq_writable": self.dlq_ready and self.failure is None,
         }
 
-    def in_flight_records(self) -> int:
-        return len(self._deliveries)
+    def broker_error(self) -> str | None:
+        return None  # the share consumers report no cause beyond broker_reachable
 
-    def fail(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure = reason
-            log.error("stopping: %s", reason)
-        self.stopping = True
-        self.stop_event.set()
+    def paused(self) -> set[PartitionKey]:
+        return self.source.paused
 
-    async def drain(self, deadline_s: float) -> None:
-        """Stop polling and let the batches in flight finish (answers and DLQ writes) until the deadline."""
-        self.draining = True
-        self.source.stop_polling()
-        with self.drain_cancel, trio.move_on_after(deadline_s):
-            await self.source.wait_stopped()
-        # Whatever is still unanswered is released when its batch ends now.
-        self.abandon_batches()
+    def lag(self) -> dict[PartitionKey, int]:
+        # The share-partition start offset lives in the broker; the client has no per-member lag.
+        return {}
+
+    def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
+        return {}  # no delivery state in commit metadata
+
+    def partitions(self) -> list[dict[str, Any]]:
+        paused = self.source.paused
+        return [
+            {
+                "topic": topic,
+                "partition": partition,
+                "in_flight": self._in_flight_by_partition.get((topic, partition), 0),
+                "paused": (topic, partition) in paused,
+                "lag": None,
+            }
+            for topic, partition in sorted(self.source.assigned)
+        ]
+
+    def status_fields(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "share": {
+                "consumers": self.consumer_count,
+                "consumers_running": self._consumers_running,
+                "batches_in_flight": len(self._batches),
+                "delivery_count_limit": s.delivery_count_limit if s else None,
+                "delivery_count_limit_source": s.delivery_count_limit_source if s else None,
+                "lock_duration_ms": s.lock_duration_ms if s else None,
+                "lock_duration_source": s.lock_duration_source if s else None,
+            }
+        }
 
     def abandon_batches(self, *, hard: bool = False) -> None:
         for batch in list(self._batches):
@@ -580,12 +569,11 @@ class ShareEngine:
                     except (IllegalStateException, KafkaException) as exc:
                         # The client no longer holds the record (its lock ran out first): the broker
                         # redelivers it, at least once as always.
-                        topic, partition, offset = _coords(msg)
                         log.warning(
                             "cannot acknowledge %s[%d]@%d (%s): %s",
-                            topic,
-                            partition,
-                            offset,
+                            msg.topic(),
+                            msg.partition(),
+                            msg.offset(),
                             ack_type.name,
                             exc,
                         )
@@ -637,11 +625,7 @@ class ShareEngine:
 
     async def _wait_intake_open(self) -> bool:
         """Wait while the app is unreachable; False when the consumer should re-check for a stop."""
-        if self.app_reachable:
-            return True
-        with trio.move_on_after(0.5):
-            await self._app_back.wait()
-        return self.app_reachable
+        return await self.pipe.wait_app_reachable(trio.current_time() + 0.5)
 
     # ----------------------------------------------------------------------------- one batch
 
@@ -650,45 +634,40 @@ class ShareEngine:
     ) -> list[tuple[Message, AcknowledgeType]]:
         """Hand a poll's records to the app, wait for every answer (or the lock), decide each ack."""
         assert self.settings is not None
+        pipe = self.pipe
         self.source.broker_ok = True
         lock_ms = self.settings.lock_duration_ms
         deadline = trio.current_time() + (lock_ms - _lock_margin_ms(lock_ms)) / 1000
         batch = _Batch(consumer, deadline)
-        deliveries: list[_Delivery] = []
+        deliveries: list[Delivery] = []
         for msg in messages:
-            topic, partition, offset = _coords(msg)
-            count = msg.delivery_count() or 1
-            delivery_id = f"{topic}/{partition}/{offset}.{count}.{next(self._seq)}"
-            d = _Delivery(msg, delivery_id, count, batch)
+            record = source_record(msg)  # read once: every attempt and the DLQ record use it
+            d = pipe.issue(Tracked(record), msg.delivery_count() or 1, _Acquired(msg, batch))
             deliveries.append(d)
-            self._deliveries[delivery_id] = d
-            key = (topic, partition)
+            key = (record.topic, record.partition)
             self.source.assigned.add(key)
             self._in_flight_by_partition[key] = self._in_flight_by_partition.get(key, 0) + 1
         batch.pending = len(deliveries)
         self._batches.add(batch)
         try:
             for d in deliveries:
-                self._work_send.send_nowait(d)
+                pipe.send(d)
             with batch.cancel, trio.move_on_at(deadline):
                 await batch.answered.wait()
             for d in deliveries:
                 if d.answer is None:
                     # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
-                    self._deliveries.pop(d.delivery_id, None)
-                    stopping = self.stopping or self.draining or self.source.stop_requested
+                    stopping = pipe.stopping or pipe.draining or self.source.stop_requested
                     d.answer = Answer(
                         "release",
                         AppError(
-                            "sidecar.Shutdown" if stopping else "sidecar.LockExpired",
+                            SHUTDOWN if stopping else LOCK_TIMEOUT,
                             "the sidecar stopped before the app answered"
                             if stopping
                             else "no answer before the record lock expired",
                         ),
                     )
-                    outcome = "abandoned" if stopping else "lock_expired"
-                    self.counters.bump(self.counters.delivered, outcome)
-                    self.counters.bump(self.counters.by_topic, (_coords(d.msg)[0], outcome))
+                    pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
             decisions: list[tuple[Message, AcknowledgeType]] = []
             # Cut short only at close: records left without a decision stay unacknowledged, and
             # closing the consumer releases them (never a REJECT without a confirmed DLQ record).
@@ -700,166 +679,63 @@ class ShareEngine:
         finally:
             self._batches.discard(batch)
             for d in deliveries:
-                self._deliveries.pop(d.delivery_id, None)
-                key = _coords(d.msg)[:2]
+                pipe.retire(d)
+                key = (d.tracked.record.topic, d.tracked.record.partition)
                 left = self._in_flight_by_partition.get(key, 1) - 1
                 if left > 0:
                     self._in_flight_by_partition[key] = left
                 else:
                     self._in_flight_by_partition.pop(key, None)
 
-    async def _decide(self, d: _Delivery, out: list[tuple[Message, AcknowledgeType]]) -> None:
+    async def _decide(self, d: Delivery, out: list[tuple[Message, AcknowledgeType]]) -> None:
         assert self.settings is not None and d.answer is not None
+        msg = cast(_Acquired, d.ref).msg
         answer = d.answer
-        word = answer.ack
-        if word == "accept":
-            out.append((d.msg, AcknowledgeType.ACCEPT))
+        verdict = decide(
+            ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
+        )
+        if isinstance(verdict, Accept):
+            out.append((msg, AcknowledgeType.ACCEPT))
             return
-        at_limit = d.delivery_count >= self.settings.delivery_count_limit
-        if word == "release" and not at_limit:
-            out.append((d.msg, AcknowledgeType.RELEASE))
+        if not isinstance(verdict, DeadLetter):
+            out.append((msg, AcknowledgeType.RELEASE))  # the broker redelivers it
             return
-        cause = CAUSE_REJECTED if word == "reject" else CAUSE_DELIVERY_COUNT
-        if await self._archive(d, answer, cause):
-            out.append((d.msg, AcknowledgeType.REJECT))
-        else:
-            # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
-            # except at the limit, where the broker archives it itself (logged in _archive).
-            out.append((d.msg, AcknowledgeType.RELEASE))
-
-    # ----------------------------------------------------------------------------- HTTP workers
-
-    async def worker(self) -> None:
-        timeout_s = self.config.app.timeout_ms / 1000
-        batch_mode = self.config.app.mode == AppMode.BATCH
-        max_batch = self.config.app.batch_max_records
-        while True:
-            first = await self._work_recv.receive()
-            if not batch_mode:
-                await self._deliver_one(first, timeout_s)
-                continue
-            items = [first]
-            if self.config.app.batch_linger_ms > 0:
-                with trio.move_on_after(self.config.app.batch_linger_ms / 1000):
-                    while len(items) < max_batch:
-                        items.append(await self._work_recv.receive())
-            else:
-                while len(items) < max_batch:
-                    try:
-                        items.append(self._work_recv.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-            await self._deliver_batch(items, timeout_s)
-
-    def _record_view(self, d: _Delivery) -> RecordView:
-        return record_view(d.msg, d.delivery_count, d.delivery_id)
-
-    def _start_span(self, record: RecordView) -> tuple[RecordView, AttemptContext | None]:
-        return start_attempt_span(self.tracing, record)
-
-    def _end_span(
-        self, actx: AttemptContext | None, record: RecordView, answer: Answer | None
-    ) -> None:
-        end_attempt_span(actx, record, answer, self._attempt_spans)
-
-    async def _deliver_one(self, d: _Delivery, timeout_s: float) -> None:
-        while d.delivery_id in self._deliveries:
-            record, actx = self._start_span(self._record_view(d))
-            started = time.perf_counter()
-            try:
-                answer = await self.app.deliver(record, timeout_s)
-            except AppNotReachable as exc:
-                self._end_span(actx, record, None)
-                if not await self._wait_app(d.batch, str(exc)):
-                    return
-                continue
-            except BaseException:
-                if actx is not None:
-                    Tracing.end_attempt(
-                        actx, "abandoned", "sidecar.Shutdown", "the sidecar stopped mid-attempt"
-                    )
-                raise
-            self.counters.attempts += 1
-            self.observe_app_latency(time.perf_counter() - started)
-            self._end_span(actx, record, answer)
-            self._apply_answer(d.delivery_id, answer)
+        outcome = await self.pipe.dead_letter(
+            d.tracked,
+            d.delivery_count,
+            verdict.reason,
+            error_info(answer.error),
+            consequence="stopping without acknowledging it",
+            write=self._write_dlq,
+        )
+        if outcome.done:
+            out.append((msg, AcknowledgeType.REJECT))
             return
+        # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
+        # except at the limit, where the broker archives it itself.
+        self._warn_if_broker_archives(d)
+        out.append((msg, AcknowledgeType.RELEASE))
 
-    async def _deliver_batch(self, items: list[_Delivery], timeout_s: float) -> None:
-        while live := [d for d in items if d.delivery_id in self._deliveries]:
-            traced = [self._start_span(self._record_view(d)) for d in live]
-            records = [r for r, _ in traced]
-            started = time.perf_counter()
-            try:
-                answers = await self.app.deliver_batch(records, timeout_s)
-            except AppNotReachable as exc:
-                for record, actx in traced:
-                    self._end_span(actx, record, None)
-                if not await self._wait_app(min((d.batch for d in live), key=_deadline), str(exc)):
-                    return
-                continue
-            except BaseException:
-                for _record, actx in traced:
-                    if actx is not None:
-                        Tracing.end_attempt(
-                            actx, "abandoned", "sidecar.Shutdown", "the sidecar stopped mid-attempt"
-                        )
-                raise
-            self.counters.attempts += len(live)
-            self.observe_app_latency(time.perf_counter() - started)
-            for (record, actx), d in zip(traced, live, strict=True):
-                answer = answers.get(d.delivery_id) or Answer(
-                    "release", reason="missing from the batch answer"
-                )
-                self._end_span(actx, record, answer)
-                self._apply_answer(d.delivery_id, answer)
-            return
+    async def _write_dlq(self, failed: FailedRecord, dlq_topic: str) -> bool:
+        await self.dlq.write(failed, dlq_topic)
+        return True
 
-    async def _wait_app(self, batch: _Batch, reason: str) -> bool:
-        """The app is not listening: not an attempt. Wait for it within the batch's lifetime.
-
-        The broker has counted the acquisition already; sending again once the app is back (rather
-        than releasing now) is what keeps an app restart from using up deliveries.
-        """
-        self.counters.not_attempted += 1
-        if self.app_reachable:
-            log.warning("the app is not reachable (%s): pausing intake until it is back", reason)
-            self.app_reachable = False
-            self.app_down_since = time.monotonic()
-            self._app_back = trio.Event()
-            if self._nursery is not None:
-                self._nursery.start_soon(self._probe_app)
-        with trio.move_on_at(batch.deadline):
-            await self._app_back.wait()
-        return self.app_reachable
-
-    async def _probe_app(self) -> None:
-        app = self.config.app
-        delay_s = app.connect_backoff_initial_ms / 1000
-        while not self.stopping:
-            await trio.sleep(delay_s)
-            try:
-                await _probe(self.app.target)
-            except OSError:
-                delay_s = min(delay_s * 2, app.connect_backoff_max_ms / 1000)
-                continue
-            log.info("the app is reachable again: resuming intake")
-            self.app_reachable = True
-            self.app_down_since = None
-            self._app_back.set()
-            return
+    def _warn_if_broker_archives(self, d: Delivery) -> None:
+        assert self.settings is not None
+        if d.delivery_count >= self.settings.delivery_count_limit:
+            rec = d.tracked.record
+            log.error(
+                "%s[%d]@%d is on its last delivery: released without a DLQ record, the broker archives "
+                "it (share groups cannot hand it out again); it is not in the DLQ",
+                rec.topic,
+                rec.partition,
+                rec.offset,
+            )
 
     # ----------------------------------------------------------------------------- answers
 
-    def _apply_answer(self, delivery_id: str, answer: Answer | AckItem) -> str:
-        """Record an app answer; returns 'ok', 'unknown' or 'expired' (the /v1/acks result words)."""
-        d = self._deliveries.get(delivery_id)
-        if d is None:
-            self.counters.expired_answers += 1
-            return "expired" if _looks_like_delivery_id(delivery_id) else "unknown"
-        if isinstance(answer, Answer) and answer.ack == "deferred":
-            return "ok"  # answered later through /v1/acks, within the batch's lifetime
-        if answer.ack == "renew":
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
+        if ack is Ack.RENEW:
             if not self._renew_warned:
                 self._renew_warned = True
                 log.warning(
@@ -867,180 +743,21 @@ class ShareEngine:
                     "acknowledgement type); the record keeps its original lock"
                 )
             return "ok"
-        del self._deliveries[delivery_id]
-        d.answer = answer
-        self.counters.bump(self.counters.delivered, answer.ack)
-        self.counters.bump(self.counters.by_topic, (_coords(d.msg)[0], answer.ack))
-        d.batch.pending -= 1
-        if d.batch.pending <= 0:
-            d.batch.answered.set()
+        delivery.answer = answer
+        batch = cast(_Acquired, delivery.ref).batch
+        batch.pending -= 1
+        if batch.pending <= 0:
+            batch.answered.set()
         return "ok"
 
-    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
-        """`POST /v1/acks`: apply each answer; per id ok / unknown / expired."""
-        return [(item.delivery_id, self._apply_answer(item.delivery_id, item)) for item in items]
+    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
+        """Not an attempt: wait for the app within the earliest batch's lifetime, then send again.
 
-    # ----------------------------------------------------------------------------- DLQ
-
-    async def _archive(self, d: _Delivery, answer: Answer | AckItem, cause: str) -> bool:
-        """Write the DLQ record (True once confirmed, or when no DLQ is configured); False when not written."""
-        msg = d.msg
-        topic, partition, offset = _coords(msg)
-        reason = "rejected" if cause == CAUSE_REJECTED else "delivery_count_exceeded"
-        err = answer.error
-        if err is None and cause == CAUSE_DELIVERY_COUNT:
-            err = AppError(
-                "sidecar.DeliveryCountExceeded", "released or timed out at the delivery limit"
-            )
-        if self.config.errors.tolerance == ErrorsTolerance.NONE:
-            self.fail(
-                f"errors.tolerance is none and {topic}[{partition}]@{offset} was archived ({reason}"
-                f"{': ' + err.class_name if err and err.class_name else ''}); stopping without "
-                "acknowledging it"
-            )
-            self._warn_if_broker_archives(d)
-            return False
-        self._log_archived(d, reason, err)
-        dlq_topic = self.config.dlq_topic_for(topic)
-        if dlq_topic is None:
-            self.counters.bump(self.counters.archived, reason)
-            return True  # no DLQ: archived records are logged and skipped (KIP-1191)
-        failed = FailedRecord(
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            key=key_bytes(msg),
-            value=value_bytes(msg),
-            headers=message_headers(msg),
-            group=self.config.group_id,
-            delivery_count=d.delivery_count,
-            cause=cause,
-            exception_class=(err.class_name or None) if err else None,
-            exception_message=(err.message or None) if err else None,
-            stacktrace=err.stacktrace if err else None,
-            extra_headers=answer.dlq_headers,
-            replacement_value=answer.dlq_value,
-            replacement_value_set=answer.dlq_value_set,
-        )
-        span = None
-        last_attempt = self._attempt_spans.pop((topic, partition, offset), None)
-        if self.tracing.enabled:
-            hdrs = dict(failed.headers)
-            tp, ts = hdrs.get("traceparent"), hdrs.get("tracestate")
-            span, trace_headers = self.tracing.start_dlq_write(
-                source_topic=topic,
-                partition=partition,
-                offset=offset,
-                dlq_topic=dlq_topic,
-                reason=reason,
-                traceparent=tp.decode("latin-1") if tp else None,
-                tracestate=ts.decode("latin-1") if ts else None,
-                links=[trace.Link(last_attempt)] if last_attempt is not None else [],
-            )
-            failed = dataclasses.replace(
-                failed, extra_headers=(*failed.extra_headers, *trace_headers)
-            )
-        started = time.perf_counter()
-        try:
-            await self.dlq.write(failed, dlq_topic)
-        except DlqFatalError as exc:
-            self.counters.dlq_failed += 1
-            if span is not None:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-                span.end()
-            self.fail(str(exc))
-            self._warn_if_broker_archives(d)
-            return False
-        except BaseException:
-            if span is not None:
-                span.end()
-            raise
-        self.observe_dlq_latency(time.perf_counter() - started)
-        if span is not None:
-            span.end()
-        self.counters.dlq_written += 1
-        self.counters.bump(self.counters.archived, reason)
-        return True
-
-    def _warn_if_broker_archives(self, d: _Delivery) -> None:
-        assert self.settings is not None
-        if d.delivery_count >= self.settings.delivery_count_limit:
-            topic, partition, offset = _coords(d.msg)
-            log.error(
-                "%s[%d]@%d is on its last delivery: released without a DLQ record, the broker archives "
-                "it (share groups cannot hand it out again); it is not in the DLQ",
-                topic,
-                partition,
-                offset,
-            )
-
-    def _log_archived(self, d: _Delivery, reason: str, err: AppError | None) -> None:
-        errors = self.config.errors
-        if not errors.log_enable:
-            return
-        topic, partition, offset = _coords(d.msg)
-        extra: dict[str, Any] = {
-            "topic": topic,
-            "partition": partition,
-            "offset": offset,
-            "delivery_count": d.delivery_count,
-            "reason": reason,
-            "exception_class": err.class_name if err else None,
-            "exception_message": err.message if err else None,
-        }
-        if errors.log_include_messages:
-            extra["key"] = _printable(key_bytes(d.msg))
-            extra["value"] = _printable(value_bytes(d.msg))
-        log.error("record archived", extra={"fields": extra})
-
-    # ----------------------------------------------------------------------------- status
-
-    def status(self) -> dict[str, Any]:
-        paused = self.source.paused
-        partitions = [
-            {
-                "topic": topic,
-                "partition": partition,
-                "in_flight": self._in_flight_by_partition.get((topic, partition), 0),
-                "paused": (topic, partition) in paused,
-                "lag": None,
-            }
-            for topic, partition in sorted(self.source.assigned)
-        ]
-        c = self.counters
-        s = self.settings
-        return {
-            "group": self.config.group_id,
-            "engine": "share",
-            "app_reachable": self.app_reachable,
-            "draining": self.draining,
-            "failure": self.failure,
-            "uptime_s": round(time.time() - self.started_at, 3),
-            "in_flight": self.in_flight_records(),
-            "paused_partitions": [f"{t}[{p}]" for t, p in sorted(paused)],
-            "partitions": partitions,
-            "share": {
-                "consumers": self.consumer_count,
-                "consumers_running": self._consumers_running,
-                "batches_in_flight": len(self._batches),
-                "delivery_count_limit": s.delivery_count_limit if s else None,
-                "delivery_count_limit_source": s.delivery_count_limit_source if s else None,
-                "lock_duration_ms": s.lock_duration_ms if s else None,
-                "lock_duration_source": s.lock_duration_source if s else None,
-            },
-            "counters": {
-                "delivered": dict(c.delivered),
-                "attempts": c.attempts,
-                "not_attempted": c.not_attempted,
-                "archived": dict(c.archived),
-                "dlq_written": c.dlq_written,
-                "dlq_failed": c.dlq_failed,
-                "expired_answers": c.expired_answers,
-                "commits": c.commits,
-                "commit_failures": c.commit_failures,
-                "rebalances": c.rebalances,
-            },
-        }
+        The broker has counted the acquisition already; sending again once the app is back (rather
+        than releasing now) is what keeps an app restart from using up deliveries.
+        """
+        deadline = min(cast(_Acquired, d.ref).batch.deadline for d in deliveries)
+        return await self.pipe.wait_app_reachable(deadline)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -1051,46 +768,14 @@ def _lock_margin_ms(lock_ms: int) -> int:
     return min(5000, max(1000, lock_ms // 5))
 
 
-def _deadline(batch: _Batch) -> float:
-    return batch.deadline
-
-
-def _coords(msg: Message) -> tuple[str, int, int]:
-    return str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0)
-
-
-def _printable(data: bytes | None) -> str | None:
-    return None if data is None else data[:1024].decode("utf-8", errors="backslashreplace")
-
-
 def _ack_commit(offsets: Mapping[Any, Any], exc: Exception | None) -> _AckCommit:
     counts = {(str(tp.topic), int(tp.partition)): len(offs) for tp, offs in offsets.items()}
     return _AckCommit(counts, None if exc is None else str(exc))
 
 
-def _looks_like_delivery_id(delivery_id: str) -> bool:
-    parts = delivery_id.split("/")
-    return len(parts) == 3 and parts[1].isdigit()
-
-
-async def _probe(target: AppTarget) -> None:
-    """Open and close one connection to the app: OSError when nothing is listening."""
-    stream: trio.abc.Stream
-    with trio.fail_after(2):
-        if target.unix_path is not None:
-            stream = await trio.open_unix_socket(target.unix_path)
-        else:
-            stream = await trio.open_tcp_stream(target.host, target.port)
-    await stream.aclose()
-
-
-def _ignore(_seconds: float) -> None:
-    return None
-
-
 __all__ = [
     "SHARE_REFUSED_PROPERTIES",
-    "ShareEngine",
+    "ShareGroupEngine",
     "ShareGroupsUnavailable",
     "ShareSettings",
     "ShareSource",

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from sidecar.errors import KafkaClientError
+
 log = logging.getLogger("sidecar.source")
 
 # Offsets librdkafka uses for "no committed offset".
@@ -71,7 +73,7 @@ class SourceListener(Protocol):
     async def on_messages(self, messages: Sequence[Message]) -> None: ...
 
 
-class SourceError(Exception):
+class SourceError(KafkaClientError):
     """A consumer error the sidecar cannot continue after."""
 
 

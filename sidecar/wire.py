@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias, cast
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
+from sidecar.errors import SidecarError
+
 __all__ = [
     "ACK_REQUEST_WORDS",
     "ANSWER_ACKS",
@@ -81,7 +83,7 @@ _STATUS_MESSAGE_CHARS = 200
 MALFORMED_ANSWER = "sidecar.MalformedAnswer"
 
 
-class WireError(ValueError):
+class WireError(SidecarError, ValueError):
     """Input to this module's parsers or formatters is malformed; the message says where."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from sidecar.httpserver import Response
+from sidecar.record import is_delivery_id
 from tests.harness import (
     Delivery,
     RecordingApp,
@@ -323,6 +324,52 @@ async def test_no_ordering_lets_one_key_run_concurrently(
 
 
 # --------------------------------------------------------------------------------------------- deferred
+
+
+async def test_delivery_ids_cannot_be_guessed_and_acks_reveal_nothing(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """Issue 20: ids were `topic/partition/offset/epoch.seq`, and `/v1/acks` told an id of a seq
+    already issued (`expired`) from one not yet issued (`unknown`), so a few probes found live ids.
+    Now every attempt gets 128 random bits, and an id that is not live is `expired` if it has our
+    shape and `unknown` if not: the same answer for a spent id and a guessed one.
+    """
+    app = RecordingApp(policy=lambda _d: Response(202))
+    async with rig(broker, unique, tmp_path, app) as r:
+        await r.produce([Rec(key=f"k{i}".encode(), value=f"v{i}".encode()) for i in range(3)])
+        await wait_until(lambda: len(app.deliveries) >= 1, 15, "the first delivery")
+        first = app.deliveries[0]
+        code, body = await r.sc.post_json("/v1/acks", [{"id": first.delivery_id, "ack": "accept"}])
+        assert [x["result"] for x in body["results"]] == ["ok"], body
+        await wait_until(lambda: len(app.deliveries) >= 3, 15, "three deliveries")
+        ids = [d.delivery_id for d in app.deliveries]
+        assert len(set(ids)) == 3
+        for delivery_id in ids:
+            assert is_delivery_id(delivery_id), delivery_id
+            assert r.topic not in delivery_id and "/" not in delivery_id
+        # Guesses in the old grammars, next to the live ones, and a well-formed id never issued.
+        guesses = [
+            f"{r.topic}/0/{first.offset + 1}/1.1",
+            f"{r.topic}/0/{first.offset + 1}/1.999",
+            f"{r.topic}/0/{first.offset + 1}.1.1",
+            "A" * len(first.delivery_id),
+            first.delivery_id,  # spent
+        ]
+        code, body = await r.sc.post_json("/v1/acks", [{"id": g, "ack": "accept"} for g in guesses])
+        assert code == 200, body
+        assert [set(x) for x in body["results"]] == [{"id", "result"}] * len(guesses)
+        assert [x["result"] for x in body["results"]] == [
+            "unknown",
+            "unknown",
+            "unknown",
+            "expired",
+            "expired",
+        ], body
+        # Nothing was applied: the live records are still waiting for their answers.
+        code, body = await r.sc.post_json("/v1/acks", [{"id": i, "ack": "accept"} for i in ids[1:]])
+        assert [x["result"] for x in body["results"]] == ["ok", "ok"], body
+        await r.committed_at_end()
+        assert await r.sc.stop() == 0
 
 
 async def test_deferred_answers_through_the_ack_api(

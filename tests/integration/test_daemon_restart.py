@@ -260,7 +260,8 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
                     "/v1/acks", [{"id": held[p], "ack": "accept"} for p in sorted(held)]
                 )
                 assert code == 200, body
-                results = {int(r["id"].split("/")[1]): r["result"] for r in body["results"]}
+                partition_of = {i: p for p, i in held.items()}  # ids carry no coordinates
+                results = {partition_of[r["id"]]: r["result"] for r in body["results"]}
                 assert results == {p: ("ok" if p in kept else "expired") for p in range(4)}, (
                     results,
                     kept,

@@ -13,8 +13,8 @@ from opentelemetry.trace import SpanKind
 
 from sidecar.config import load_config
 from sidecar.daemon import run_sidecar
-from sidecar.engine import Engine
 from sidecar.httpserver import Request, Response, json_response, serve_http
+from sidecar.pipeline import Engine
 from sidecar.tracing import Tracing
 from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
 from tests.harness import wait_until_thread as _wait_thread

@@ -1,0 +1,691 @@
+"""The delivery pipeline both engines run, and the two interfaces around it.
+
+The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
+ledgers plus the offset commit's metadata (``engine: consumer``, :mod:`sidecar.engine`), or in the
+broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That difference is a
+:class:`DeliveryState` adapter; everything else is here, once::
+
+    DeliveryState (intake) ──issue()/send()──▶ work channel ──▶ workers ──HTTP──▶ app
+          ▲                                                        │
+          │ answered()                                             ▼
+          └───────────────────────── answer() ◀── the app's answer, or POST /v1/acks
+    DeliveryState (archiving) ──dead_letter()──▶ DLQ writer ──confirmed──▶ DeliveryState
+
+:class:`Pipeline` is the one implementation of :class:`Engine`, the interface the daemon, the local
+API and the metrics use. The daemon starts it with ``await nursery.start(engine.run)`` and steers it
+only through that interface (``request_stop``, ``skip_drain``); nothing sets its attributes.
+
+Who may change what (every call below runs in the trio thread and changes state synchronously,
+between two awaits, so each change is atomic):
+
+- ``_live`` (delivery id → live :class:`Delivery`): ``issue`` (the adapter's intake task), ``retire``
+  (the adapter: expiry, revoke, not reachable), ``answer`` (a worker, or the API's request task);
+- ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
+- app reachability: the workers (not reachable) and the probe task (reachable again);
+- stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
+- delivery state (ledgers, batches): only the adapter; the pipeline never touches it.
+
+Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
+exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
+catches broadly. Must not import either engine, the ledger, or confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import trio
+from opentelemetry import trace
+
+from sidecar.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.config import AppMode, Config, ErrorsTolerance
+from sidecar.deadletter import (
+    ArchiveOutcome,
+    DeadLetterPlan,
+    FailedRecord,
+    archived_log_fields,
+    dead_letter,
+)
+from sidecar.delivery import abandon_attempt_span, app_client_for, attempt_view, end_attempt_span
+from sidecar.dlq import DlqFatalError, DlqWriter
+from sidecar.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
+from sidecar.record import LiveIds, Tracked, custom_dead_letter
+from sidecar.source import SourceError, check_cluster_sync
+from sidecar.tracing import Tracing
+from sidecar.wire import AckItem, Answer
+
+# Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
+CLUSTER_RETRY_MAX_S = 10.0
+
+log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
+
+PartitionKey = tuple[str, int]
+AckResult = Literal["ok", "unknown", "expired"]
+# Writes one DLQ record; False when the record went to another owner before it could be (its
+# new owner archives it); raises DlqFatalError when it cannot be written.
+DlqWrite = Callable[[FailedRecord, str], Awaitable[bool]]
+
+# The app prober's connection attempt.
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(slots=True)
+class Counters:
+    """Plain integers the metrics read at scrape time (the hot path makes no metric calls)."""
+
+    delivered: dict[str, int] = field(default_factory=dict)  # outcome -> count
+    attempts: int = 0
+    not_attempted: int = 0
+    archived: dict[str, int] = field(default_factory=dict)  # reason -> count
+    dlq_written: int = 0
+    dlq_failed: int = 0
+    expired_answers: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    rebalances: int = 0
+    metadata_pauses: int = 0
+
+    by_topic: dict[tuple[str, str], int] = field(default_factory=dict)  # (topic, outcome) -> count
+
+    def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+    def outcome(self, topic: str, word: str) -> None:
+        self.bump(self.delivered, word)
+        self.bump(self.by_topic, (topic, word))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "delivered": dict(self.delivered),
+            "attempts": self.attempts,
+            "not_attempted": self.not_attempted,
+            "archived": dict(self.archived),
+            "dlq_written": self.dlq_written,
+            "dlq_failed": self.dlq_failed,
+            "expired_answers": self.expired_answers,
+            "commits": self.commits,
+            "commit_failures": self.commit_failures,
+            "rebalances": self.rebalances,
+        }
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """One live attempt: a record handed to the app under a fresh random id.
+
+    ``ref`` is the adapter's handle on the record's delivery state (a ledger attempt, a share
+    batch); ``answer`` is set by the share adapter when the answer arrives.
+    """
+
+    id: str
+    tracked: Tracked
+    delivery_count: int
+    ref: Any
+    answer: Answer | AckItem | None = None
+
+    @property
+    def topic(self) -> str:
+        return self.tracked.record.topic
+
+
+class DeliveryState(Protocol):
+    """Where delivery state lives: what an engine adds to the pipeline (see the module docstring)."""
+
+    kind: str  # "consumer" | "share": the status's `engine`
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Intake and the adapter's own tasks; started once subscribed. Cancelled at the end."""
+
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
+        """Apply an answer to a live delivery (the pipeline retires it and counts the outcome)."""
+
+    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
+        """The app was not listening (not an attempt): True to send them again now."""
+
+    def wake(self) -> None:
+        """Something changed (an answer, a delivery finished): re-evaluate soon."""
+
+    def intake_changed(self) -> None:
+        """App reachability, draining or stopping changed: pause or resume intake now."""
+
+    def stop_intake(self) -> None:
+        """Shutdown begins: fetch no more records."""
+
+    async def wait_drained(self) -> None:
+        """Return once nothing is in flight (the pipeline bounds the wait)."""
+
+    async def finish(self) -> None:
+        """Final commits and close (shielded by the caller)."""
+
+    def readiness(self) -> dict[str, bool]: ...
+    def broker_error(self) -> str | None: ...
+    def stalled(self) -> str | None: ...
+    def status_fields(self) -> dict[str, Any]: ...
+    def partitions(self) -> list[dict[str, Any]]: ...
+    def paused(self) -> set[PartitionKey]: ...
+    def lag(self) -> dict[PartitionKey, int]: ...
+    def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
+
+
+class Engine(Protocol):
+    """What the daemon, the local API and the metrics may do with an engine."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def failure(self) -> str | None: ...
+    @property
+    def counters(self) -> Counters: ...
+    @property
+    def app_reachable(self) -> bool: ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Prepare (DLQ topics), start, report started, and run until stopped; then shut down."""
+
+    def request_stop(self) -> None: ...
+    def skip_drain(self) -> None: ...
+    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]: ...
+    def readiness(self) -> dict[str, bool]: ...
+    def broker_error(self) -> str | None: ...
+    def stalled(self) -> str | None: ...
+    def status(self) -> dict[str, Any]: ...
+    def in_flight_records(self) -> int: ...
+    def paused_partitions(self) -> set[PartitionKey]: ...
+    def lag(self) -> dict[PartitionKey, int]: ...
+    def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
+    def observe_latencies(
+        self, app: Callable[[float], None], dlq: Callable[[float], None]
+    ) -> None: ...
+
+
+def dlq_writer_for(config: Config) -> DlqWriter:
+    dlq = config.errors.dlq
+    return DlqWriter(
+        config.kafka,
+        config.group_id,
+        copy_record=dlq.copy_record_enable,
+        stacktrace_max_bytes=dlq.stacktrace_max_bytes,
+        retries_timeout_ms=dlq.produce_retries_timeout_ms,
+        auto_create=dlq.auto_create_enable,
+        topic_partitions=dlq.topic_partitions,
+        topic_replication_factor=dlq.topic_replication_factor,
+    )
+
+
+class Pipeline:
+    """Workers, app prober, answers, DLQ step, status: one per sidecar, around one DeliveryState."""
+
+    def __init__(
+        self,
+        config: Config,
+        make_state: Callable[[Pipeline], DeliveryState],
+        *,
+        tracing: Tracing | None = None,
+        random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+    ) -> None:
+        self.config = config
+        self.tracing = tracing or Tracing(
+            config.tracing.service_name, config.group_id, config.tracing.exporter.value
+        )
+        self.app: AppClient = app_client_for(config)
+        self.dlq: DlqWriter = dlq_writer_for(config)
+        self.counters = Counters()
+        self.started_at = time.time()
+        self.stopping = False
+        self.draining = False
+        self._failure: str | None = None
+        self._dlq_ready = not config.errors.dlq.enabled
+        self._live: LiveIds[Delivery] = LiveIds(random_bytes)
+        self._work_send, self._work_recv = trio.open_memory_channel[Delivery](math.inf)
+        self.sending = 0  # deliveries handed to the workers whose request has not finished
+        self._batch_fill_lock = trio.Lock()
+        self._app_reachable = True
+        self._app_back = trio.Event()
+        self.app_down_since: float | None = None
+        self._stop = trio.Event()
+        # Why the cluster cannot be used at start-up (authentication, TLS, connection), while it cannot.
+        self._cluster_error: str | None = None
+        self._drain_cancel = trio.CancelScope()
+        self._skip_drain = False
+        self._nursery: trio.Nursery | None = None
+        self._observe_app: Callable[[float], None] = _ignore
+        self._observe_dlq: Callable[[float], None] = _ignore
+        self.state = make_state(self)
+
+    # ------------------------------------------------------------------------- the Engine face
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    @property
+    def app_reachable(self) -> bool:
+        return self._app_reachable
+
+    @property
+    def dlq_ready(self) -> bool:
+        return self._dlq_ready
+
+    def observe_latencies(self, app: Callable[[float], None], dlq: Callable[[float], None]) -> None:
+        """Latency observers (seconds) for app requests and DLQ writes: Prometheus histograms."""
+        self._observe_app, self._observe_dlq = app, dlq
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Check the DLQ topics (DlqStartupError before `started`), run, and shut down in order.
+
+        Shutdown order: stop intake → let in-flight attempts and DLQ writes finish within
+        `shutdown.drain.timeout.ms` (skipped after a failure or `skip_drain`) → the adapter's final
+        commits and close, shielded → cancel the workers → close the app client and the tracer.
+        """
+        config = self.config
+        if not await self._wait_cluster_usable():
+            task_status.started()  # stopped before the cluster could be used: nothing to undo
+            return
+        if config.errors.dlq.enabled:
+            topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+            await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
+            self._dlq_ready = True
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(self.dlq.run)
+                await nursery.start(self.state.run)
+                for _ in range(config.app.max_in_flight):
+                    nursery.start_soon(self._worker)
+                task_status.started()
+                await self._stop.wait()
+                self.state.stop_intake()
+                if self._failure is None and not self._skip_drain:
+                    await self._drain(config.shutdown_drain_timeout_ms / 1000)
+                self.stopping = True
+                self.state.wake()
+                with trio.CancelScope(shield=True):
+                    await self.state.finish()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.app.aclose()
+                await trio.to_thread.run_sync(self.tracing.shutdown)
+
+    async def _wait_cluster_usable(self) -> bool:
+        """Until the cluster answers with the configured credentials and certificates: not ready,
+        with the reason, retried with backoff (False when a stop was requested meanwhile). A wrong
+        password or CA is fixed in a Secret, not by a restart: exiting here would only turn it into
+        a crash loop that hides the cause."""
+        delay_s = 1.0
+        while True:
+            reason = await trio.to_thread.run_sync(check_cluster_sync, self.config.kafka)
+            self._cluster_error = reason
+            if reason is None:
+                return True
+            log.error(
+                "the Kafka cluster cannot be used: %s; not ready, retrying in %gs", reason, delay_s
+            )
+            with trio.move_on_after(delay_s):
+                await self._stop.wait()
+            if self._stop.is_set():
+                return False
+            delay_s = min(delay_s * 2, CLUSTER_RETRY_MAX_S)
+
+    def broker_error(self) -> str | None:
+        """Why the broker cannot be used (authentication, TLS, connection), when that is known."""
+        return self._cluster_error or self.state.broker_error()
+
+    async def _drain(self, deadline_s: float) -> None:
+        """Stop handing out records; wait (up to the deadline) for in-flight attempts and DLQ writes."""
+        self.draining = True
+        self.state.intake_changed()
+        with self._drain_cancel, trio.move_on_after(deadline_s):
+            await self.state.wait_drained()
+
+    async def run_source(self, poll: Callable[[], Awaitable[None]]) -> None:
+        """Run an adapter's poll loop; a source that cannot continue stops the sidecar (exit 1)."""
+        try:
+            await poll()
+        except SourceError as exc:
+            self.fail(str(exc))
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self.state.wake()
+
+    def skip_drain(self) -> None:
+        """Stop without waiting for in-flight work (a second signal)."""
+        self._skip_drain = True
+        self._drain_cancel.cancel()
+        self.request_stop()
+
+    def fail(self, reason: str) -> None:
+        """Stop with exit 1: something that must not be retried or skipped went wrong."""
+        if self._failure is None:
+            self._failure = reason
+            log.error("stopping: %s", reason)
+        self.stopping = True
+        self._stop.set()
+        self.state.wake()
+
+    def readiness(self) -> dict[str, bool]:
+        state = self.state.readiness()
+        if self._cluster_error is not None:
+            state["broker_reachable"] = False
+        return {
+            **state,
+            "app_reachable": self._app_reachable,
+            "dlq_writable": self._dlq_ready and self._failure is None,
+        }
+
+    def stalled(self) -> str | None:
+        """Why the sidecar cannot make progress and should be restarted (None: it can)."""
+        return None if self.stopping else self.state.stalled()
+
+    def in_flight_records(self) -> int:
+        return len(self._live)
+
+    def paused_partitions(self) -> set[PartitionKey]:
+        return self.state.paused()
+
+    def lag(self) -> dict[PartitionKey, int]:
+        return self.state.lag()
+
+    def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
+        return self.state.commit_metadata_bytes()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "group": self.config.group_id,
+            "engine": self.state.kind,
+            "app_reachable": self._app_reachable,
+            "draining": self.draining,
+            "failure": self._failure,
+            "uptime_s": round(time.time() - self.started_at, 3),
+            "in_flight": self.in_flight_records(),
+            "paused_partitions": [f"{t}[{p}]" for t, p in sorted(self.state.paused())],
+            "partitions": self.state.partitions(),
+            **self.state.status_fields(),
+            "counters": self.counters.snapshot(),
+        }
+
+    # ------------------------------------------------------------------------- deliveries
+
+    def issue(self, tracked: Tracked, delivery_count: int, ref: Any) -> Delivery:
+        """A new live attempt under a fresh random id (not sent yet: see `send`)."""
+        return self._live.issue(lambda i: Delivery(i, tracked, delivery_count, ref))
+
+    def send(self, delivery: Delivery) -> None:
+        self.sending += 1
+        self._work_send.send_nowait(delivery)
+
+    def retire(self, delivery: Delivery) -> None:
+        """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
+        self._live.retire(delivery.id, delivery)
+
+    def lock_expired(self, topic: str, delivery: Delivery | None, outcome: str) -> None:
+        """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""
+        if delivery is not None:
+            self.retire(delivery)
+        self.counters.outcome(topic, outcome)
+
+    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
+        """`POST /v1/acks`: apply each answer; per id ok / unknown / expired."""
+        return [(item.delivery_id, self.answer(item.delivery_id, item)) for item in items]
+
+    def answer(self, delivery_id: str, answer: Answer | AckItem) -> AckResult:
+        """Apply an app answer; 'ok', 'unknown' or 'expired' (the /v1/acks result words).
+
+        An id that is not live is `expired` when it has the shape of our ids (answered already,
+        lock expired, fenced by a rebalance, or issued before a restart) and `unknown` otherwise:
+        the answer says nothing about which, nor about any other id.
+        """
+        delivery = self._live.get(delivery_id)
+        if delivery is None:
+            self.counters.expired_answers += 1
+            return self._live.not_live_answer(delivery_id)
+        if isinstance(answer, Answer) and answer.ack == "deferred":
+            return "ok"  # the app answers later through /v1/acks, before the lock expires
+        ack = ACK_BY_WORD[answer.ack]
+        result = self.state.answered(delivery, ack, answer)
+        if result != "ok":
+            self.retire(delivery)
+            self.counters.expired_answers += 1
+            return result
+        if ack is not Ack.RENEW:
+            self.retire(delivery)
+            self.counters.outcome(delivery.topic, answer.ack)
+            if ack is Ack.REJECT:
+                delivery.tracked.custom = custom_dead_letter(answer)
+        self.state.wake()
+        return "ok"
+
+    # ------------------------------------------------------------------------- workers
+
+    async def _worker(self) -> None:
+        app = self.config.app
+        timeout_s = app.timeout_ms / 1000
+        batch = app.mode == AppMode.BATCH
+        max_batch = app.batch_max_records
+        while True:
+            items = [await self._work_recv.receive()]
+            if batch:
+                # One worker fills a batch at a time; idle workers each lingering with one record
+                # would otherwise send many nearly empty batches.
+                async with self._batch_fill_lock:
+                    while len(items) < max_batch:
+                        try:
+                            items.append(self._work_recv.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                    if len(items) < max_batch and app.batch_linger_ms > 0:
+                        with trio.move_on_after(app.batch_linger_ms / 1000):
+                            while len(items) < max_batch:
+                                items.append(await self._work_recv.receive())
+            try:
+                await self._deliver(items, timeout_s, batch)
+            finally:
+                self.sending -= len(items)
+                self.state.wake()
+
+    async def _deliver(self, items: list[Delivery], timeout_s: float, batch: bool) -> None:
+        """Send the live ones (one request, or one batch request) and apply the answers.
+
+        Not reachable is not an attempt: the adapter decides whether they go again now (share:
+        once the app is back, within the batch's lock) or back to their ledger (consumer).
+        """
+        while live := [d for d in items if self._live.get(d.id) is d]:
+            traced = [attempt_view(self.tracing, d.tracked, d.delivery_count, d.id) for d in live]
+            started = time.perf_counter()
+            try:
+                if batch:
+                    answers = await self.app.deliver_batch([v for v, _ in traced], timeout_s)
+                else:
+                    answers = {live[0].id: await self.app.deliver(traced[0][0], timeout_s)}
+            except AppNotReachable as exc:
+                for d, (_view, actx) in zip(live, traced, strict=True):
+                    end_attempt_span(actx, d.tracked, None)
+                self.counters.not_attempted += len(live)
+                self._app_unreachable(str(exc))
+                if await self.state.not_reached(live):
+                    continue
+                return
+            except BaseException:
+                self.counters.attempts += len(live)
+                for _view, actx in traced:
+                    abandon_attempt_span(actx)
+                raise
+            self.counters.attempts += len(live)
+            self._observe_app(time.perf_counter() - started)
+            for d, (_view, actx) in zip(live, traced, strict=True):
+                answer = answers.get(d.id) or Answer(
+                    "release", reason="missing from the batch answer"
+                )
+                end_attempt_span(actx, d.tracked, answer)
+                self.answer(d.id, answer)
+            return
+
+    # ------------------------------------------------------------------------- app reachability
+
+    def _app_unreachable(self, reason: str) -> None:
+        if not self._app_reachable:
+            return
+        log.warning("the app is not reachable (%s): pausing intake until it is back", reason)
+        self._app_reachable = False
+        self.app_down_since = time.monotonic()
+        self._app_back = trio.Event()
+        self.state.intake_changed()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._probe_app)
+
+    async def wait_app_reachable(self, deadline: float) -> bool:
+        """Wait (until the trio time `deadline`) for the app to be reachable; whether it is."""
+        with trio.move_on_at(deadline):
+            await self._app_back.wait()
+        return self._app_reachable
+
+    async def _probe_app(self) -> None:
+        app = self.config.app
+        delay_s = app.connect_backoff_initial_ms / 1000
+        while not self.stopping:
+            await trio.sleep(delay_s)
+            try:
+                await _probe(self.app.target)
+            except (OSError, trio.TooSlowError):
+                delay_s = min(delay_s * 2, app.connect_backoff_max_ms / 1000)
+                continue
+            log.info("the app is reachable again: resuming intake")
+            self._app_reachable = True
+            self.app_down_since = None
+            self._app_back.set()
+            self.state.intake_changed()
+            return
+
+    # ------------------------------------------------------------------------- the DLQ step
+
+    async def dead_letter(
+        self,
+        tracked: Tracked,
+        delivery_count: int,
+        reason: ArchiveReason,
+        error: ErrorInfo | None,
+        *,
+        consequence: str,
+        write: DlqWrite,
+    ) -> ArchiveOutcome:
+        """Archive one record: stop (errors.tolerance: none), skip (no DLQ), or write its DLQ record.
+
+        The outcome says whether the record is done (`ArchiveOutcome.done`); a write that fails for
+        good stops the sidecar. `consequence` says what stopping leaves the record as.
+        """
+        config = self.config
+        plan = dead_letter(
+            tracked,
+            delivery_count,
+            reason,
+            error,
+            group=config.group_id,
+            dlq_topic=config.dlq_topic_for(tracked.record.topic),
+            tolerate=config.errors.tolerance != ErrorsTolerance.NONE,
+            consequence=consequence,
+        )
+        if plan.stop is not None:
+            self.fail(plan.stop)
+            return ArchiveOutcome.STOPPED
+        self._log_archived(tracked, delivery_count, plan)
+        if plan.failed is None or plan.dlq_topic is None:
+            self.counters.bump(self.counters.archived, reason.label)
+            return ArchiveOutcome.NO_DLQ
+        span, failed = self._start_dlq_span(tracked, plan, plan.failed, plan.dlq_topic)
+        started = time.perf_counter()
+        try:
+            written = await write(failed, plan.dlq_topic)
+        except DlqFatalError as exc:
+            self.counters.dlq_failed += 1
+            if span is not None:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                span.add_event(
+                    "exception",
+                    {"exception.type": DLQ_WRITE_FAILED, "exception.message": str(exc)},
+                )
+                span.end()
+            self.fail(str(exc))
+            return ArchiveOutcome.FAILED
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        if not written:
+            if span is not None:
+                span.end()
+            return ArchiveOutcome.HANDED_OVER
+        self._observe_dlq(time.perf_counter() - started)
+        if span is not None:
+            span.end()
+        self.counters.dlq_written += 1
+        self.counters.bump(self.counters.archived, reason.label)
+        return ArchiveOutcome.WRITTEN
+
+    def _start_dlq_span(
+        self, tracked: Tracked, plan: DeadLetterPlan, failed: FailedRecord, dlq_topic: str
+    ) -> tuple[trace.Span | None, FailedRecord]:
+        """The DLQ write's span (linked to the last attempt's); the record carries its context."""
+        if not self.tracing.enabled:
+            return None, failed
+        rec = tracked.record
+        last = tracked.last_span
+        span, trace_headers = self.tracing.start_dlq_write(
+            source_topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            dlq_topic=dlq_topic,
+            reason=plan.reason.label,
+            traceparent=rec.traceparent,
+            tracestate=rec.tracestate,
+            links=[trace.Link(last)] if last is not None else [],
+        )
+        # The DLQ record carries the write's context (overriding a copied traceparent).
+        extra = (*failed.extra_headers, *trace_headers)
+        return span, dataclasses.replace(failed, extra_headers=extra)
+
+    def _log_archived(self, tracked: Tracked, delivery_count: int, plan: DeadLetterPlan) -> None:
+        errors = self.config.errors
+        if not errors.log_enable:
+            return
+        fields = archived_log_fields(
+            tracked, delivery_count, plan, include_messages=errors.log_include_messages
+        )
+        last = tracked.last_span
+        if last is not None and last.is_valid:
+            fields["trace_id"] = f"{last.trace_id:032x}"
+            fields["span_id"] = f"{last.span_id:016x}"
+        log.error("record archived", extra={"fields": fields})
+
+
+async def _probe(target: AppTarget) -> None:
+    """Open and close one connection to the app: OSError (or TooSlowError) when nothing answers."""
+    stream: trio.abc.Stream
+    with trio.fail_after(PROBE_TIMEOUT_S):
+        if target.unix_path is not None:
+            stream = await trio.open_unix_socket(target.unix_path)
+        else:
+            stream = await trio.open_tcp_stream(target.host, target.port)
+    await stream.aclose()
+
+
+def _ignore(_seconds: float) -> None:
+    return None
+
+
+__all__ = [
+    "AckResult",
+    "Counters",
+    "Delivery",
+    "DeliveryState",
+    "Engine",
+    "Pipeline",
+    "dlq_writer_for",
+]

@@ -1,0 +1,62 @@
+"""One root for the sidecar's errors, as drawn in sidecar/errors.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.appclient import AppClientError, AppNotReachable, AppRequestFailed
+from sidecar.config import ConfigError
+from sidecar.dlq import DlqFatalError, DlqStartupError, DlqTxnAbortable, DlqTxnStuck
+from sidecar.errors import CommitFailed, DlqError, KafkaClientError, SidecarError
+from sidecar.ledger import ExpiredAttempt, LedgerError, UnknownAttempt
+from sidecar.share_engine import ShareGroupsUnavailable
+from sidecar.source import SourceError
+from sidecar.wire import WireError
+
+
+@pytest.mark.parametrize(
+    ("error", "parent"),
+    [
+        (ConfigError, SidecarError),
+        (WireError, SidecarError),
+        (WireError, ValueError),  # still a ValueError for callers that catch that
+        (LedgerError, SidecarError),
+        (UnknownAttempt, LedgerError),
+        (ExpiredAttempt, LedgerError),
+        (AppClientError, SidecarError),
+        (AppNotReachable, AppClientError),
+        (AppRequestFailed, AppClientError),
+        (KafkaClientError, SidecarError),
+        (SourceError, KafkaClientError),
+        (ShareGroupsUnavailable, SourceError),
+        (CommitFailed, KafkaClientError),
+        (DlqError, SidecarError),
+        (DlqStartupError, DlqError),
+        (DlqFatalError, DlqError),
+        (DlqTxnAbortable, DlqError),
+        (DlqTxnStuck, DlqTxnAbortable),
+    ],
+)
+def test_the_hierarchy_is_as_drawn(error: type[Exception], parent: type[Exception]) -> None:
+    assert issubclass(error, parent)
+
+
+def test_the_drawing_names_every_class() -> None:
+    import sidecar.errors
+
+    drawing = sidecar.errors.__doc__ or ""
+    for name in [
+        "ConfigError",
+        "WireError",
+        "LedgerError",
+        "AppNotReachable",
+        "AppRequestFailed",
+        "SourceError",
+        "ShareGroupsUnavailable",
+        "CommitFailed",
+        "DlqStartupError",
+        "DlqFatalError",
+        "DlqTxnAbortable",
+        "DlqTxnStuck",
+    ]:
+        assert name in drawing, name
