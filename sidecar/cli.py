@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_parser(sub)
 
-    from sidecar.dlqtool import add_dlq_parser
+    from sidecar.ops.dlq_command import add_dlq_parser
 
     add_dlq_parser(sub)
     return parser
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return cmd_check_config(args.config, args.print)
     if args.command == "dlq":
-        from sidecar.dlqtool import cmd_dlq
+        from sidecar.ops.dlq_command import cmd_dlq
 
         return cmd_dlq(args)
     if args.command == "demo":
