@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", required=True, help="path to the YAML config file")
     check.add_argument("--print", action="store_true", help="print the effective config as JSON")
 
-    from sidecar.demo import add_demo_parser
+    from sidecar.ops.demo import add_demo_parser
 
     add_demo_parser(sub)
 
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cmd_dlq(args)
     if args.command == "demo":
-        from sidecar.demo import cmd_demo
+        from sidecar.ops.demo import cmd_demo
 
         return cmd_demo(args)
     parser.error(f"unknown command {args.command}")
