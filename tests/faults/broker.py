@@ -1,9 +1,10 @@
 """A private Kafka broker the tests may kill: start, SIGKILL, SIGSTOP/SIGCONT, restart on the same log dir.
 
-Built from the same jars and settings as scripts/kafka (it uses sidecar/ops/kafka_broker.py's helpers), with two client listeners:
-EXTERNAL, advertised at a port the caller chooses (a fault proxy's port, so every connection a client learns
-from metadata goes through the proxy), and INTERNAL, advertised as itself, for the test's own producer and
-checker and for the broker's inter-broker traffic (transaction markers), which must never be proxied.
+Built from the same jars and settings as scripts/kafka (the helpers of sidecar/ops/kafka_broker.py, which that
+script runs), with two client listeners: EXTERNAL, advertised at a port the caller chooses (a fault proxy's
+port, so every connection a client learns from metadata goes through the proxy), and INTERNAL, advertised as
+itself, for the test's own producer and checker and for the broker's inter-broker traffic (transaction markers),
+which must never be proxied.
 """
 
 from __future__ import annotations
