@@ -19,7 +19,9 @@ RUN pip download --require-hashes --no-deps --only-binary=:all: \
         --dest /wheels -r requirements/image.txt \
     && pip install --require-hashes --no-deps -r requirements/build.txt
 # Only what the wheel needs (see .dockerignore), so code-unrelated changes keep the cache.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md config.example.yaml ./
+# sidecar/ops/demo_data links to these two (the demo's package data).
+COPY examples/python/app.py ./examples/python/
 COPY sidecar ./sidecar
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /dist .
 

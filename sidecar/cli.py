@@ -36,11 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", required=True, help="path to the YAML config file")
     check.add_argument("--print", action="store_true", help="print the effective config as JSON")
 
-    from sidecar.demo import add_demo_parser
+    from sidecar.ops.demo import add_demo_parser
 
     add_demo_parser(sub)
 
-    from sidecar.dlqtool import add_dlq_parser
+    from sidecar.ops.dlq_command import add_dlq_parser
 
     add_dlq_parser(sub)
     return parser
@@ -101,11 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return cmd_check_config(args.config, args.print)
     if args.command == "dlq":
-        from sidecar.dlqtool import cmd_dlq
+        from sidecar.ops.dlq_command import cmd_dlq
 
         return cmd_dlq(args)
     if args.command == "demo":
-        from sidecar.demo import cmd_demo
+        from sidecar.ops.demo import cmd_demo
 
         return cmd_demo(args)
     parser.error(f"unknown command {args.command}")

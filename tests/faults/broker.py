@@ -1,16 +1,15 @@
 """A private Kafka broker the tests may kill: start, SIGKILL, SIGSTOP/SIGCONT, restart on the same log dir.
 
-Built from the same jars and settings as scripts/kafka (whose helpers it loads), with two client listeners:
-EXTERNAL, advertised at a port the caller chooses (a fault proxy's port, so every connection a client learns
-from metadata goes through the proxy), and INTERNAL, advertised as itself, for the test's own producer and
-checker and for the broker's inter-broker traffic (transaction markers), which must never be proxied.
+Built from the same jars and settings as scripts/kafka (the helpers of sidecar/ops/kafka_broker.py, which that
+script runs), with two client listeners: EXTERNAL, advertised at a port the caller chooses (a fault proxy's
+port, so every connection a client learns from metadata goes through the proxy), and INTERNAL, advertised as
+itself, for the test's own producer and checker and for the broker's inter-broker traffic (transaction markers),
+which must never be proxied.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 import signal
@@ -18,24 +17,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from sidecar.ops import kafka_broker as KS
 
-
-def _kafka_script() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader(
-        "dlq_kafka_script", str(ROOT / "scripts" / "kafka")
-    )
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-KS = _kafka_script()
 free_port = KS.free_port
 
 

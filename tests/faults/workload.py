@@ -1,6 +1,6 @@
 """A reliability run's moving parts: the journal, the producer, the journaling test app, and a run context.
 
-The journal is the checker's input (sidecar/checker.py describes its lines). The producer journals every record
+The journal is the checker's input (tests/checker.py describes its lines). The producer journals every record
 the broker confirmed (coordinates, kind, digests); the app journals every request it got and the answer it gave.
 Record values start with ``<id>:<kind>:`` so the app's answer depends on the record only (deterministic), and
 binary or oversized payloads follow the prefix.
@@ -23,7 +23,8 @@ from typing import Any
 import trio
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from sidecar.checker import (
+from sidecar.httpserver import Request, Response, json_response, serve_http
+from tests.checker import (
     H_OFFSET,
     H_PARTITION,
     H_TOPIC,
@@ -35,7 +36,6 @@ from sidecar.checker import (
     observe,
     read_journal,
 )
-from sidecar.httpserver import Request, Response, json_response, serve_http
 from tests.harness import free_port, write_config
 from tests.kafkatools import Broker
 

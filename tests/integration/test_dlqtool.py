@@ -15,19 +15,11 @@ import trio
 from confluent_kafka import TopicPartition
 
 from sidecar.dlq import CAUSE_REJECTED, FailedRecord, build_dlq_record
-from sidecar.dlqtool import (
-    H_REPLAY_COUNT,
-    H_REPLAY_FROM,
-    H_REPLAY_NAME,
-    DlqEntry,
-    Filters,
-    TokenBucket,
-    add_dlq_parser,
-    cmd_dlq,
-    parse_offset_range,
-    parse_time,
-)
 from sidecar.httpserver import Response, json_response
+from sidecar.ops.dlq_command import add_dlq_parser, cmd_dlq
+from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME, DlqEntry
+from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
+from sidecar.ops.dlq_replay import TokenBucket
 from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec

@@ -1,1 +1,1 @@
-"""The reliability suite: faults injected while records flow, each run judged by sidecar.checker."""
+"""The reliability suite: faults injected while records flow, each run judged by tests.checker."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from sidecar.checker import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, parse_journal, read_journal
+from tests.checker import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED, parse_journal, read_journal
 from tests.faults.appfaults import (
     ERROR_CLASS_BY_ANSWER,
     GARBAGE,

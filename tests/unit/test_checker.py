@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.checker import (
+from tests.checker import (
     CAUSE_DELIVERY_COUNT,
     CAUSE_REJECTED,
     Delivery,

@@ -1,11 +1,17 @@
 """`dlq-sidecar demo`: a local broker, the bundled example app, the sidecar, and orders landing in the DLQ.
 
-This module owns the demo's orchestration and nothing else: it finds (or starts) a broker through
-`scripts/kafka`, recreates the `orders` topic, derives a config from `config.example.yaml`, runs the
-example app (`examples/python/app.py`) and the sidecar as subprocesses — exactly as a user runs them —
-produces a seeded stream of orders (ok, poison, flaky, slow), shows progress read from the sidecar's
-`GET /v1/status`, and ends with a summary and the first DLQ records with their `__dlq.errors.*` headers.
-It stops everything it started, in order: the sidecar (so it drains and commits), the app, the broker.
+This module owns the demo's orchestration and nothing else: it finds (or starts) a broker through the
+launcher behind `scripts/kafka` (`sidecar.ops.kafka_broker`), recreates the `orders` topic, derives a
+config from `config.example.yaml`, runs the example app (`examples/python/app.py`) and the sidecar as
+subprocesses — exactly as a user runs them — produces a seeded stream of orders (ok, poison, flaky,
+slow), shows progress read from the sidecar's `GET /v1/status`, and ends with a summary and the first
+DLQ records with their `__dlq.errors.*` headers. It stops everything it started, in order: the sidecar
+(so it drains and commits), the app, the broker.
+
+It runs from a source checkout and from an installed package alike: the files it needs ship in the
+package. `demo_data/config.example.yaml` and `demo_data/example_app.py` are links to the repository's
+own files (one copy in the repository; the wheel holds their contents), and the broker launcher and its
+Maven POM live in `sidecar/ops`. The children import the same `sidecar` package as the demo.
 
 It talks to the sidecar over HTTP only: it must not import the engine, the daemon or the API modules.
 `sidecar.config` is imported only to validate the derived config before anything starts.
@@ -61,6 +67,9 @@ HOPELESS_FAILS = 99
 CUSTOMERS = 200
 
 DLQ_HEADER_PREFIX = "__dlq.errors."
+
+_HERE = Path(__file__).resolve().parent
+_DATA = _HERE / "demo_data"
 
 # A DLQ record as shown: (partition, offset, headers decoded as UTF-8).
 DlqRecord = tuple[int, int, list[tuple[str, str]]]
@@ -147,6 +156,8 @@ def expected_outcomes(orders: list[Order], delivery_limit: int) -> Expected:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
+    """Where the demo's files are; `root` is where its children run (it holds `sidecar/`)."""
+
     root: Path
     kafka_script: Path
     example_config: Path
@@ -154,13 +165,14 @@ class Layout:
 
 
 def find_layout() -> Layout:
-    """The repository files the demo runs: found relative to this package."""
-    root = Path(__file__).resolve().parent.parent
+    """The files the demo runs, shipped in this package (see the module docstring)."""
+    # In a checkout the data files are links into the repository: resolved, the demo names (and
+    # runs) examples/python/app.py and config.example.yaml themselves.
     layout = Layout(
-        root,
-        root / "scripts" / "kafka",
-        root / "config.example.yaml",
-        root / "examples" / "python" / "app.py",
+        _HERE.parent.parent,
+        _HERE / "kafka_broker.py",
+        (_DATA / "config.example.yaml").resolve(),
+        (_DATA / "example_app.py").resolve(),
     )
     missing = [
         str(p)
@@ -169,8 +181,7 @@ def find_layout() -> Layout:
     ]
     if missing:
         raise DemoError(
-            "the demo runs from a source checkout of dlq-sidecar and cannot find "
-            + ", ".join(missing)
+            "the dlq-sidecar package is incomplete: the demo cannot find " + ", ".join(missing)
         )
     return layout
 
@@ -1059,7 +1070,7 @@ def cmd_demo(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m sidecar.demo`: the same as `dlq-sidecar demo`."""
+    """`python -m sidecar.ops.demo`: the same as `dlq-sidecar demo`."""
     parser = argparse.ArgumentParser(prog="dlq-sidecar")
     add_demo_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["demo", *(sys.argv[1:] if argv is None else argv)])

@@ -16,8 +16,8 @@ offsets — and reports:
 - the distribution of deliveries per record.
 
 `check()` is pure: journal plus observed Kafka state in, `Report` out. `observe()` reads the Kafka side with
-confluent-kafka. Must not import the engine, the ledger or any other sidecar module: it judges them from the
-outside.
+confluent-kafka. It is a test oracle and lives with the tests, outside the shipped package. Must not import
+the engine, the ledger or any other sidecar module: it judges them from the outside.
 """
 
 from __future__ import annotations
@@ -629,7 +629,7 @@ def _as_bytes(data: str | bytes | None) -> bytes | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sidecar.checker",
+        prog="python -m tests.checker",
         description="Check a reliability run's journal against the DLQ topic and committed offsets.",
     )
     parser.add_argument("journal", help="the run's journal (JSON lines)")

@@ -1,0 +1,80 @@
+"""The sidecar's configuration: the YAML schema, `${ENV}` substitution, validation and typed values.
+
+This package owns SPEC §9 and the start-up half of §7 (a bad DLQ topic name is a configuration
+error, not a runtime surprise). It turns one YAML file into a tree of frozen dataclasses, or raises
+`ConfigError` naming the offending key's dotted path and the reason; the CLI prints
+``str(error)`` and exits 2. The public names are re-exported here; import them from
+``sidecar.config``, not from the modules below.
+
+    errors       ConfigError, and the readers' internal _Invalid
+    syntax       topic names, loopback hosts, listen addresses, Unix socket paths, the app URL
+    values       the enums and frozen dataclasses (defaults live here only)
+    environment  ${NAME} / ${NAME:-default} substitution; every value has a UTF-8 encoding
+    kinds        value kinds (strict typing) and the key-table reader
+    schema       the key tables, and the readers of the odd keys (kafka, topics, headers, ...)
+    checks       cross-key rules, API listeners, DLQ topic names
+    yamlcore     the strict YAML 1.2 core-schema loader with hard limits
+    load         load_config / parse_config: file or data to Config, or ConfigError
+    masking      which values are secrets, by name
+    dump         Config.to_dict: the effective configuration, masked
+
+Imports: the standard library and PyYAML only. Nothing else in ``sidecar`` may be imported here;
+every other module imports this one.
+"""
+
+from __future__ import annotations
+
+from sidecar.config.errors import ConfigError
+from sidecar.config.load import load_config, parse_config
+from sidecar.config.masking import is_secret_header, is_secret_kafka_property
+from sidecar.config.syntax import ListenAddress, is_loopback_host, parse_listen, topic_name_error
+from sidecar.config.values import (
+    ApiConfig,
+    AppConfig,
+    AppMode,
+    Config,
+    DeadLetterQueueConfig,
+    DeliveryConfig,
+    Engine,
+    ErrorsConfig,
+    ErrorsTolerance,
+    LogFormat,
+    LoggingConfig,
+    LogLevel,
+    MetricsConfig,
+    Ordering,
+    SourceConfig,
+    StatusAck,
+    TracingConfig,
+    TracingExporter,
+)
+
+__all__ = [
+    "ApiConfig",
+    "AppConfig",
+    "AppMode",
+    "Config",
+    "ConfigError",
+    "DeadLetterQueueConfig",
+    "DeliveryConfig",
+    "Engine",
+    "ErrorsConfig",
+    "ErrorsTolerance",
+    "ListenAddress",
+    "LogFormat",
+    "LogLevel",
+    "LoggingConfig",
+    "MetricsConfig",
+    "Ordering",
+    "SourceConfig",
+    "StatusAck",
+    "TracingConfig",
+    "TracingExporter",
+    "is_loopback_host",
+    "is_secret_header",
+    "is_secret_kafka_property",
+    "load_config",
+    "parse_config",
+    "parse_listen",
+    "topic_name_error",
+]

@@ -1,0 +1,94 @@
+"""Cross-key rules, checked after every key has its own type and range.
+
+Owns the rules that relate keys to each other (``app.timeout.ms`` below the lock duration, a
+backoff's max at least its initial value, transactions only with the consumer engine), the two
+API listeners, and the start-up half of SPEC §7: a bad DLQ topic name (for any source topic) is a
+configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
+
+Imports: the standard library and the `sidecar.config` modules errors, syntax, values and schema
+(for the DLQ key prefix); not load, yamlcore, masking or dump.
+"""
+
+from __future__ import annotations
+
+from sidecar.config.errors import _Invalid
+from sidecar.config.schema import _DLQ
+from sidecar.config.syntax import is_loopback_host, topic_name_error
+from sidecar.config.values import ApiConfig, Config, Engine
+
+
+def _check(config: Config) -> None:
+    app, delivery = config.app, config.delivery
+    if app.timeout_ms >= delivery.lock_duration_ms:
+        # The lock bounds the whole attempt; a request that may outlive it would be answered
+        # after the record was already released to someone else.
+        raise _Invalid(
+            "app.timeout.ms",
+            f"must be less than share.record.lock.duration.ms ({delivery.lock_duration_ms}), "
+            f"got {app.timeout_ms}",
+        )
+    if app.connect_backoff_max_ms < app.connect_backoff_initial_ms:
+        raise _Invalid(
+            "app.connect.backoff.max.ms",
+            f"must be at least app.connect.backoff.initial.ms ({app.connect_backoff_initial_ms}), "
+            f"got {app.connect_backoff_max_ms}",
+        )
+    if delivery.retry_delay_max_ms < delivery.retry_delay_initial_ms:
+        raise _Invalid(
+            "errors.retry.delay.max.ms",
+            f"must be at least errors.retry.delay.initial.ms ({delivery.retry_delay_initial_ms}), "
+            f"got {delivery.retry_delay_max_ms}",
+        )
+    if config.errors.dlq.transactional_enable and config.engine is Engine.SHARE:
+        raise _Invalid(
+            _DLQ + "transactional.enable",
+            "needs engine: consumer (share groups cannot commit acknowledgements in a transaction)",
+        )
+    _check_api_listeners(config.api)
+    _check_dlq_topic(config)
+
+
+def _check_api_listeners(api: ApiConfig) -> None:
+    control = api.address
+    if control[0] == "tcp" and not is_loopback_host(control[1]):
+        # The control API changes record state (acks) and reveals it (status): never on a pod IP.
+        raise _Invalid(
+            "api.listen",
+            f"{control[1]!r} is not a loopback address: the control API listens on loopback or a "
+            "Unix socket only; serve /healthz, /readyz and /metrics beyond this host with "
+            "api.observability.listen",
+        )
+    observability = api.observability_address
+    if observability is None:
+        return
+    if observability[0] == "unix" and control[0] == "unix" and observability[1] == control[1]:
+        raise _Invalid("api.observability.listen", "must not be the control API's socket")
+    if observability[0] == "tcp" and control[0] == "tcp" and observability[2] == control[2] != 0:
+        raise _Invalid(
+            "api.observability.listen", f"must not use the control API's port {control[2]}"
+        )
+
+
+def _check_dlq_topic(config: Config) -> None:
+    dlq = config.errors.dlq
+    if not dlq.enabled:
+        return
+    path = _DLQ + "topic.name"
+    sources = set(config.source.topics)
+    for topic in config.source.topics:
+        name = dlq.topic_name.replace("{topic}", topic)
+        shown = repr(name) if name == dlq.topic_name else f"{name!r} (for source topic {topic!r})"
+        if name.startswith("__"):
+            raise _Invalid(path, f"{shown} must not start with '__' (reserved for Kafka internals)")
+        if dlq.topic_name_prefix and not name.startswith(dlq.topic_name_prefix):
+            raise _Invalid(
+                path,
+                f"{shown} must start with {dlq.topic_name_prefix!r} ({_DLQ}topic.name.prefix)",
+            )
+        if name in sources:
+            raise _Invalid(path, f"{shown} is a source topic; a DLQ must not feed its own source")
+        problem = topic_name_error(name)
+        if problem:
+            if "{" in name or "}" in name:
+                problem += " (only '{topic}' is substituted)"
+            raise _Invalid(path, f"{shown} is not a valid topic name: {problem}")

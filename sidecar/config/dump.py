@@ -1,0 +1,77 @@
+"""The effective configuration as plain data, in the YAML file's own shape and key names.
+
+`_dump` walks the key tables (`sidecar.config.schema`), so every key that can be read is also
+written, and masks secrets with `sidecar.config.masking` unless told not to. `Config.to_dict` is
+the public way in.
+
+Imports: the standard library and the `sidecar.config` modules values, kinds, schema and masking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from sidecar.config.kinds import _Key, _Section
+from sidecar.config.masking import _MASK, _masked_kafka, is_secret_header
+from sidecar.config.schema import _TOP_KEYS
+from sidecar.config.values import (
+    ApiConfig,
+    AppConfig,
+    Config,
+    DeadLetterQueueConfig,
+    DeliveryConfig,
+    ErrorsConfig,
+    LoggingConfig,
+    MetricsConfig,
+    SourceConfig,
+    TracingConfig,
+)
+
+
+def _plain(value: object) -> Any:
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dump_table(owners: Mapping[type, object], keys: tuple[_Key, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in keys:
+        out[key.name] = _plain(getattr(owners[key.owner], key.attr))
+    return out
+
+
+def _dump(config: Config, *, mask_secrets: bool) -> dict[str, Any]:
+    owners: dict[type, object] = {
+        Config: config,
+        DeliveryConfig: config.delivery,
+        ErrorsConfig: config.errors,
+        DeadLetterQueueConfig: config.errors.dlq,
+        SourceConfig: config.source,
+        AppConfig: config.app,
+        ApiConfig: config.api,
+        LoggingConfig: config.logging,
+        TracingConfig: config.tracing,
+        MetricsConfig: config.metrics,
+    }
+    out: dict[str, Any] = {}
+    for key in _TOP_KEYS:
+        if isinstance(key.kind, _Section):
+            out[key.name] = _dump_table(owners, key.kind.keys)
+        else:
+            out[key.name] = _plain(getattr(owners[key.owner], key.attr))
+    if mask_secrets:
+        out["kafka"] = {name: _masked_kafka(name, value) for name, value in out["kafka"].items()}
+        out["app"]["headers"] = {
+            name: _MASK if is_secret_header(name) else value
+            for name, value in out["app"]["headers"].items()
+        }
+        if out["api"]["token"]:
+            out["api"]["token"] = _MASK
+    return out

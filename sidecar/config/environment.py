@@ -1,0 +1,88 @@
+"""`${ENV}` substitution in configuration text, and the rule that every value has a UTF-8 encoding.
+
+``${NAME}`` and ``${NAME:-default}`` (shell semantics: an empty variable also takes the default),
+``$${`` for a literal ``${``; a ``${`` without its ``}`` is an error, not literal text. `_Context`
+carries the environment through one read; `expand` also says whether the text was exactly one
+reference, which lets a typed key convert it (environment variables are always text).
+
+Imports: the standard library and `sidecar.config.errors` only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sidecar.config.errors import _Invalid
+
+
+def _has_utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _encodable(text: str, path: str) -> str:
+    """`text`, if it has a UTF-8 encoding: every value ends up in librdkafka, a header or a log line."""
+    if not _has_utf8(text):
+        raise _Invalid(
+            path,
+            "has no UTF-8 encoding: it holds a lone surrogate (from a YAML '\\uD800' escape or a "
+            "non-UTF-8 environment variable)",
+        )
+    return text
+
+
+# `$${` is the escape for a literal `${`; a `${` without its `}` is an error, not literal text.
+_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_WHOLE_REFERENCE = re.compile(r"\$\{[^}]*\}")
+_REFERENCE_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    env: Mapping[str, str]
+
+    def expand(self, text: str, path: str) -> tuple[str, bool]:
+        """`text` with `${NAME}` / `${NAME:-default}` substituted, and whether `text` was exactly
+        one reference (then a typed key may convert it)."""
+        if "$" not in text:
+            return _encodable(text, path), False
+        pieces: list[str] = []
+        pos = 0
+        for match in _REFERENCE.finditer(text):
+            pieces.append(text[pos : match.start()])
+            pos = match.end()
+            token = match.group(0)
+            if token == "$${":
+                pieces.append("${")
+                continue
+            body = match.group(1)
+            if body is None:
+                raise _Invalid(path, "unterminated '${' (write '$${' for a literal '${')")
+            pieces.append(self._resolve(body, path))
+        pieces.append(text[pos:])
+        return _encodable("".join(pieces), path), _WHOLE_REFERENCE.fullmatch(text) is not None
+
+    def _resolve(self, body: str, path: str) -> str:
+        match = _REFERENCE_BODY.fullmatch(body)
+        if match is None:
+            raise _Invalid(
+                path, f"malformed reference '${{{body}}}': expected ${{NAME}} or ${{NAME:-default}}"
+            )
+        name, default = match.group(1), match.group(2)
+        value = self.env.get(name)
+        if default is not None:
+            # Shell semantics of ':-': an empty variable also takes the default.
+            return value if value else default
+        if value is None:
+            raise _Invalid(
+                path,
+                f"environment variable {name} is not set (use ${{{name}:-default}} for a default)",
+            )
+        return value

@@ -1,0 +1,286 @@
+"""Value kinds and the key-table reader: how one raw YAML value, and one mapping, are read.
+
+A kind (`_Int`, `_Float`, `_Bool`, `_Str`, `_Choice`, `_Custom`, `_Section`) reads a raw value at
+a dotted path or raises `_Invalid`. Typing is strict on purpose: a quoted ``"100"`` or ``true``
+where an integer is expected is an error; only a value that is entirely an environment reference
+is converted. `_read_table` reads a mapping against a tuple of `_Key` (YAML name, kind, owning
+dataclass attribute): unknown keys first (with a suggestion), then each key in table order, and
+a key is required exactly when its attribute has no default.
+
+Imports: the standard library, `sidecar.config.errors` and `sidecar.config.environment`; not the
+tables themselves (`sidecar.config.schema`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sidecar.config.environment import _Context, _encodable
+from sidecar.config.errors import _Invalid
+
+
+def _int_text(value: int) -> str:
+    # str() of an int past 4,300 digits raises; no setting is near 20 digits anyway.
+    return str(value) if -(10**20) < value < 10**20 else "an integer of more than 20 digits"
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({_int_text(value)})"
+    if isinstance(value, float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({value!r})" if len(value) <= 40 else "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+class _Kind:
+    def read(self, raw: object, path: str, ctx: _Context) -> Any:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class _Int(_Kind):
+    lo: int
+    hi: int
+    also: tuple[int, ...] = ()  # sentinel values outside the range, e.g. -1 = broker default
+
+    def read(self, raw: object, path: str, ctx: _Context) -> int:
+        value = raw
+        if isinstance(raw, str):
+            text, whole = ctx.expand(raw, path)
+            if not whole:
+                raise _Invalid(
+                    path, f"expected an integer, got {_describe(raw)}; write numbers without quotes"
+                )
+            digits = text.strip()
+            if not re.fullmatch(r"[-+]?[0-9]+", digits):
+                raise _Invalid(path, f"expected an integer from the environment, got {text!r}")
+            if len(digits) > 20:
+                raise _Invalid(path, f"must be {self.describe()}, got {len(digits)} digits")
+            value = int(digits)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(path, f"expected an integer, got {_describe(value)}")
+        if not (self.lo <= value <= self.hi or value in self.also):
+            raise _Invalid(path, f"must be {self.describe()}, got {_int_text(value)}")
+        return value
+
+    def describe(self) -> str:
+        extra = "".join(f" or {v}" for v in self.also)
+        return f"an integer in {self.lo}..{self.hi}{extra}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Float(_Kind):
+    lo: float
+    hi: float
+
+    def read(self, raw: object, path: str, ctx: _Context) -> float:
+        value = raw
+        if isinstance(raw, str):
+            text, whole = ctx.expand(raw, path)
+            if not whole:
+                raise _Invalid(
+                    path, f"expected a number, got {_describe(raw)}; write numbers without quotes"
+                )
+            try:
+                value = float(text)
+            except ValueError:
+                raise _Invalid(
+                    path, f"expected a number from the environment, got {text!r}"
+                ) from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Invalid(path, f"expected a number, got {_describe(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = math.inf
+        if not math.isfinite(number) or not self.lo <= number <= self.hi:
+            shown = _int_text(value) if isinstance(value, int) else value
+            raise _Invalid(path, f"must be {self.describe()}, got {shown}")
+        return number
+
+    def describe(self) -> str:
+        return f"a number in {self.lo}..{self.hi}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Bool(_Kind):
+    def read(self, raw: object, path: str, ctx: _Context) -> bool:
+        if isinstance(raw, str):
+            text, whole = ctx.expand(raw, path)
+            if whole and text.strip().lower() in ("true", "false"):
+                return text.strip().lower() == "true"
+            if whole:
+                raise _Invalid(path, f"expected true or false from the environment, got {text!r}")
+            raise _Invalid(path, f"expected true or false, got {_describe(raw)}")
+        if not isinstance(raw, bool):
+            raise _Invalid(path, f"expected true or false, got {_describe(raw)}")
+        return raw
+
+    def describe(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True, slots=True)
+class _Str(_Kind):
+    allow_empty: bool = True
+    check: Callable[[str], str | None] | None = None  # returns a reason when the value is bad
+
+    def read(self, raw: object, path: str, ctx: _Context) -> str:
+        if not isinstance(raw, str):
+            raise _Invalid(path, f"expected a string, got {_describe(raw)}")
+        text, _ = ctx.expand(raw, path)
+        if not text and not self.allow_empty:
+            raise _Invalid(path, "must not be empty")
+        if self.check is not None:
+            problem = self.check(text)
+            if problem:
+                raise _Invalid(path, problem)
+        return text
+
+    def describe(self) -> str:
+        return "a string"
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice(_Kind):
+    enum: type[StrEnum]
+
+    def read(self, raw: object, path: str, ctx: _Context) -> StrEnum:
+        text = _Str().read(raw, path, ctx)
+        try:
+            return self.enum(text)
+        except ValueError:
+            raise _Invalid(path, f"must be {self.describe()}, got {text!r}") from None
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(member.value for member in self.enum)
+
+
+@dataclass(frozen=True, slots=True)
+class _Custom(_Kind):
+    reader: Callable[[object, str, _Context], Any]
+    text: str
+
+    def read(self, raw: object, path: str, ctx: _Context) -> Any:
+        return self.reader(raw, path, ctx)
+
+    def describe(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """One YAML key: its name, its kind, and the dataclass attribute that receives the value."""
+
+    name: str
+    kind: _Kind
+    owner: type
+    attr: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Section(_Kind):
+    """A nested mapping whose keys all belong to the dataclass `owner`."""
+
+    owner: type
+    keys: tuple[_Key, ...]
+    derived_from: str | None = None  # the key whose value __post_init__ parses (may raise)
+
+    def read(self, raw: object, path: str, ctx: _Context) -> Any:
+        # An emptied section (`api:` with every child commented out) means "all defaults".
+        values = _read_table({} if raw is None else raw, path, self.keys, ctx)
+        try:
+            return self.owner(**values.get(self.owner, {}))
+        except ValueError as exc:
+            if self.derived_from is None:
+                raise
+            raise _Invalid(_join(path, self.derived_from), str(exc)) from None
+
+    def describe(self) -> str:
+        return "a mapping"
+
+
+def _mapping(raw: object, path: str) -> dict[str, object]:
+    if not isinstance(raw, dict):
+        raise _Invalid(path, f"expected a mapping, got {_describe(raw)}")
+    for key in raw:
+        if not isinstance(key, str):
+            raise _Invalid(
+                _join(path, _describe_key(key)), f"keys must be strings, got {_describe(key)}"
+            )
+        _encodable(key, _join(path, key))
+    return raw
+
+
+def _describe_key(key: object) -> str:
+    return _int_text(key) if isinstance(key, int) and not isinstance(key, bool) else str(key)
+
+
+def _required(owner: type, attr: str) -> bool:
+    spec = next(f for f in dataclasses.fields(owner) if f.name == attr)
+    return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+
+
+def _read_table(
+    raw: object, path: str, keys: tuple[_Key, ...], ctx: _Context
+) -> dict[type, dict[str, Any]]:
+    """Read a mapping against a key table: unknown keys first, then each key in table order."""
+    data = _mapping(raw, path)
+    known = {key.name: key for key in keys}
+    for name in data:
+        if name not in known:
+            raise _Invalid(_join(path, name), _unknown_key_reason(name, path, keys))
+    values: dict[type, dict[str, Any]] = {}
+    for key in keys:
+        key_path = _join(path, key.name)
+        if key.name in data:
+            values.setdefault(key.owner, {})[key.attr] = key.kind.read(
+                data[key.name], key_path, ctx
+            )
+        elif _required(key.owner, key.attr):
+            raise _Invalid(key_path, f"required key is missing ({key.kind.describe()})")
+    return values
+
+
+def _unknown_key_reason(name: str, path: str, keys: tuple[_Key, ...]) -> str:
+    names = [key.name for key in keys]
+    if not path:
+        # Two frequent mistakes: nesting the seeds' flat names (errors: {tolerance: ...}), and
+        # writing a section's key flat (app.timeout.ms: ...).
+        flat = [n for n in names if n.startswith(name + ".")]
+        if flat:
+            return f"unknown key; the {name}.* properties are written flat, e.g. '{flat[0]}'"
+        for key in keys:
+            if isinstance(key.kind, _Section) and name.startswith(key.name + "."):
+                rest = name[len(key.name) + 1 :]
+                if any(k.name == rest for k in key.kind.keys):
+                    return f"unknown key; write it as '{rest}' under '{key.name}:'"
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if close:
+        return f"unknown key; did you mean '{close[0]}'?"
+    where = f"'{path}'" if path else "the top level"
+    return f"unknown key; the keys allowed at {where} are: {', '.join(names)}"

@@ -1,0 +1,254 @@
+"""The configuration's values: string enums and the frozen dataclasses a `Config` is made of.
+
+Defaults live here only: a key is required exactly when its attribute has no default (see
+`sidecar.config.schema`), so the two can never disagree. The values are immutable, compare by
+value, and derive what they can (`AppConfig.host`, `ApiConfig.address`) with `sidecar.config.syntax`.
+
+Imports: the standard library and `sidecar.config.syntax`; `Config.to_dict` imports
+`sidecar.config.dump` when called (the dump reads the key tables, which are built from these
+classes). Nothing outside `sidecar.config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
+
+# --------------------------------------------------------------------------------------------
+# Enumerations (string enums: they compare equal to, and format as, their YAML spelling)
+
+
+class Engine(StrEnum):
+    CONSUMER = "consumer"
+    SHARE = "share"
+
+
+class Ordering(StrEnum):
+    KEY = "key"
+    PARTITION = "partition"
+    NONE = "none"
+
+
+class AppMode(StrEnum):
+    SINGLE = "single"
+    BATCH = "batch"
+
+
+class StatusAck(StrEnum):
+    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping)."""
+
+    ACCEPT = "accept"
+    RELEASE = "release"
+    REJECT = "reject"
+
+
+class ErrorsTolerance(StrEnum):
+    ALL = "all"
+    NONE = "none"
+
+
+class LogLevel(StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class LogFormat(StrEnum):
+    JSON = "json"
+    LOGFMT = "logfmt"
+    TEXT = "text"
+
+
+class TracingExporter(StrEnum):
+    NONE = "none"
+    CONSOLE = "console"
+    OTLP_HTTP = "otlp-http"
+    OTLP_GRPC = "otlp-grpc"
+
+
+# dataclass lists its fields in the same order as the YAML file.
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration values. kw_only: a required field may follow a defaulted one, so each
+# dataclass lists its fields in the same order as the YAML file.
+
+
+def _empty_mapping() -> Mapping[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceConfig:
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppConfig:
+    """How to reach the application. `host`, `port`, `authority` and `path` are derived from
+    `url` (the HTTP request target and Host header); over a Unix socket only `path` matters."""
+
+    url: str
+    unix_socket: str | None = None
+    mode: AppMode = AppMode.SINGLE
+    batch_max_records: int = 100
+    batch_linger_ms: int = 5
+    timeout_ms: int = 10000
+    max_in_flight: int = 64
+    connect_backoff_initial_ms: int = 100
+    connect_backoff_max_ms: int = 5000
+    status_mapping: Mapping[int, StatusAck] = field(default_factory=_empty_mapping)
+    headers: Mapping[str, str] = field(default_factory=_empty_mapping)
+    host: str = field(init=False)
+    port: int = field(init=False)
+    authority: str = field(init=False)
+    path: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        host, port, path = _split_app_url(self.url, self.unix_socket)
+        authority = f"[{host}]" if ":" in host else host
+        if port != 80:
+            authority = f"{authority}:{port}"
+        # Frozen dataclass: derived fields are set once, here, the documented way.
+        object.__setattr__(self, "host", host)
+        object.__setattr__(self, "port", port)
+        object.__setattr__(self, "authority", authority)
+        object.__setattr__(self, "path", path)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryConfig:
+    """Delivery counts, locks, retry backoff and the in-flight bounds (share.* and errors.retry.*)."""
+
+    delivery_count_limit: int = 5
+    lock_duration_ms: int = 30000
+    partition_max_record_locks: int = 2000
+    max_in_flight_records: int = 10000
+    max_buffered_records_per_partition: int = 10000
+    retry_delay_initial_ms: int = 1000
+    retry_delay_max_ms: int = 60000
+    retry_delay_multiplier: float = 2.0
+    retry_delay_jitter: float = 0.2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterQueueConfig:
+    """errors.deadletterqueue.*; `topic_name` may contain ``{topic}``; ``""`` means no DLQ."""
+
+    topic_name: str = "dlq.{topic}"
+    topic_name_prefix: str = "dlq."
+    copy_record_enable: bool = False
+    auto_create_enable: bool = True
+    topic_partitions: int = 1
+    topic_replication_factor: int = 1
+    context_headers_enable: bool = True
+    stacktrace_max_bytes: int = 8192
+    transactional_enable: bool = False
+    produce_retries_timeout_ms: int = 120000
+
+    @property
+    def enabled(self) -> bool:
+        return self.topic_name != ""
+
+    def topic_for(self, source_topic: str) -> str | None:
+        """The DLQ topic for records of `source_topic`, or None when no DLQ is configured."""
+        if not self.topic_name:
+            return None
+        return self.topic_name.replace("{topic}", source_topic)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorsConfig:
+    tolerance: ErrorsTolerance = ErrorsTolerance.ALL
+    dlq: DeadLetterQueueConfig = field(default_factory=DeadLetterQueueConfig)
+    log_enable: bool = False
+    log_include_messages: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiConfig:
+    """The two listeners (SPEC §6).
+
+    ``listen`` is the control API (acks, status: it changes and reveals record state): loopback
+    or a Unix socket only. ``observability_listen`` ("" = none) serves only the read-only
+    ``/healthz``, ``/readyz`` and ``/metrics`` and may listen on the pod IP.
+    """
+
+    listen: str = "127.0.0.1:8787"
+    token: str = ""
+    observability_listen: str = ""
+    max_connections: int = 1024
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_ack_items: int = 10_000
+
+    @property
+    def address(self) -> ListenAddress:
+        return parse_listen(self.listen)
+
+    @property
+    def observability_address(self) -> ListenAddress | None:
+        return parse_listen(self.observability_listen) if self.observability_listen else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoggingConfig:
+    level: LogLevel = LogLevel.INFO
+    format: LogFormat = LogFormat.JSON
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracingConfig:
+    exporter: TracingExporter = TracingExporter.NONE
+    service_name: str = "dlq-sidecar"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsConfig:
+    enable: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """The whole configuration. Compares by value; not hashable (it holds read-only mappings)."""
+
+    kafka: Mapping[str, str | int | bool]
+    source: SourceConfig
+    engine: Engine = Engine.CONSUMER
+    ordering: Ordering = Ordering.KEY
+    app: AppConfig
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    errors: ErrorsConfig = field(default_factory=ErrorsConfig)
+    offset_metadata_max_bytes: int = 4096
+    commit_interval_ms: int = 1000
+    shutdown_drain_timeout_ms: int = 20000
+    commit_stall_timeout_ms: int = 300000
+    api: ApiConfig = field(default_factory=ApiConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    @property
+    def group_id(self) -> str:
+        return str(self.kafka["group.id"])
+
+    def dlq_topic_for(self, source_topic: str) -> str | None:
+        """The DLQ topic for records of `source_topic`, or None when no DLQ is configured."""
+        return self.errors.dlq.topic_for(source_topic)
+
+    def to_dict(self, *, mask_secrets: bool = True) -> dict[str, Any]:
+        """The effective configuration in the YAML file's own shape and key names (JSON-safe).
+
+        Secrets are masked by name (`is_secret_kafka_property`, `is_secret_header`), and the
+        userinfo of any URL in a `kafka` value (``https://***@host``). Unmasked, the result
+        parses back to an equal Config (unless a value holds a literal ``${``, which would be
+        substituted again).
+        """
+        from sidecar.config.dump import _dump
+
+        return _dump(self, mask_secrets=mask_secrets)

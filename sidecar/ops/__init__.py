@@ -1,0 +1,16 @@
+"""Operator tools: reading and replaying DLQ topics (SPEC §10), and the local demo.
+
+    dlq_errors    DlqToolError, UsageError, ToolKafkaError; exit codes
+    dlq_filters   --since/--until/--offset-range parsing and the filter set
+    dlq_entries   one DLQ record read back, its __dlq.* context decoded
+    dlq_reader    the read-only consumer and a read bounded by the watermarks seen at start
+    dlq_inspect   dlq inspect: read to the end, count what matches
+    dlq_fetch     headers-only records: the original read back from its source topic
+    dlq_replay    dlq replay: send, confirm, commit under a replay name
+    dlq_render    tables and summaries (rich)
+    dlq_command   argparse and exit codes for `dlq-sidecar dlq inspect|replay`
+    demo          `dlq-sidecar demo`: broker, example app, sidecar, DLQ inspect and replay, end to end
+
+These are blocking command-line tools (no trio). They sit above the sidecar's configuration and the DLQ
+writer's vocabulary and may import them; nothing in the sidecar's delivery path may import `sidecar.ops`.
+"""

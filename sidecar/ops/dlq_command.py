@@ -1,0 +1,332 @@
+"""The `dlq-sidecar dlq inspect|replay` command layer: argparse, exit codes, progress output.
+
+Owns the sub-commands' arguments (`add_dlq_parser`, which `sidecar.cli` mounts), turning them into
+`Filters`/`ReplayOptions`, and `cmd_dlq`: 0 ok, 1 failures (broker, replay), 2 bad arguments, every
+error printed as one ``dlq-sidecar dlq: ...`` line. `python -m sidecar.ops.dlq_command` runs the same
+commands without the rest of the CLI.
+
+Imports: the standard library, confluent-kafka, rich and the other `sidecar.ops.dlq_*` modules.
+Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
+shares only the header names (`sidecar.dlq`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from confluent_kafka import KafkaException
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sidecar.ops.dlq_entries import DlqEntry
+from sidecar.ops.dlq_errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolError, UsageError
+from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
+from sidecar.ops.dlq_inspect import inspect_dlq
+from sidecar.ops.dlq_render import render_inspect, render_inspect_summary, render_replay_summary
+from sidecar.ops.dlq_replay import Replayer, ReplayOptions, ReplaySummary
+
+
+def _kafka_property(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap",
+        default=None,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP)",
+    )
+    p.add_argument(
+        "-X",
+        "--kafka-property",
+        type=_kafka_property,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka property for every client (security.protocol, sasl.*, ssl.*); repeatable",
+    )
+    f = p.add_argument_group("filters (all must match; repeat an option to allow several values)")
+    f.add_argument(
+        "--source-topic", action="append", default=[], help="the record's __dlq.errors.topic"
+    )
+    f.add_argument(
+        "--source-partition",
+        action="append",
+        type=_non_negative_int,
+        default=[],
+        help="the record's __dlq.errors.partition",
+    )
+    f.add_argument(
+        "--exception-class",
+        action="append",
+        default=[],
+        help="the record's __dlq.errors.exception.class.name (exact)",
+    )
+    f.add_argument(
+        "--offset-range",
+        default=None,
+        metavar="A-B",
+        help="source offsets (__dlq.errors.offset), inclusive: A-B, A- or -B",
+    )
+    f.add_argument(
+        "--since",
+        default=None,
+        help="DLQ record time at or after: ISO 8601 (naive = UTC) or 1h/30m/2d",
+    )
+    f.add_argument("--until", default=None, help="DLQ record time at or before (same forms)")
+
+
+def add_dlq_parser(subparsers: Any) -> None:
+    """Add `dlq inspect` and `dlq replay` to the `dlq-sidecar` sub-commands (argparse's subparsers)."""
+    dlq = subparsers.add_parser(
+        "dlq",
+        help="inspect and replay dead-letter records",
+        description="Inspect DLQ records (headers decoded) and replay them to their source or another topic.",
+    )
+    sub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION")
+    sub.required = True
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show DLQ records as a table or JSON lines, with counts",
+        description=(
+            "Read a DLQ topic from the beginning to its current end (nothing is committed) and show "
+            "the records that match the filters, with counts by exception class and source topic."
+        ),
+    )
+    inspect.add_argument("--topic", required=True, help="the DLQ topic")
+    _add_common(inspect)
+    inspect.add_argument(
+        "--limit", type=_non_negative_int, default=None, help="show at most N records"
+    )
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per record on stdout (bytes as text or base64); counts on stderr",
+    )
+
+    replay = sub.add_parser(
+        "replay",
+        help="send DLQ records back to their source topic (or --to)",
+        description=(
+            "Replay DLQ records: original key, value and headers (without __dlq.* headers) plus "
+            "__dlq.replay.name/from/count markers. The --name is a consumer group on the DLQ topic "
+            "(dlq-replay.NAME) that remembers progress, so a rerun replays nothing twice; one name "
+            "stands for one filter set. Headers-only records are read back from the source topic."
+        ),
+    )
+    replay.add_argument("--from", dest="from_topic", required=True, help="the DLQ topic")
+    replay.add_argument(
+        "--to", default=None, help="target topic (default: each record's source topic)"
+    )
+    replay.add_argument(
+        "--name", required=True, help="replay name: remembers progress and the filters"
+    )
+    _add_common(replay)
+    replay.add_argument(
+        "--dry-run", action="store_true", help="write and commit nothing; print what would be done"
+    )
+    replay.add_argument(
+        "--rate",
+        type=_positive_float,
+        default=None,
+        metavar="N",
+        help="at most N records per second",
+    )
+    replay.add_argument(
+        "--max-replays",
+        type=_non_negative_int,
+        default=1,
+        metavar="N",
+        help="skip records already replayed N times (default 1: a record that fails after a replay stays)",
+    )
+    replay.add_argument(
+        "--skip-unrecoverable",
+        action="store_true",
+        help="commit past headers-only records whose source offset is gone (they are still reported)",
+    )
+    replay.add_argument(
+        "--limit", type=_non_negative_int, default=None, help="replay at most N records this run"
+    )
+
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+def filters_from_args(args: argparse.Namespace) -> Filters:
+    return Filters(
+        source_topics=tuple(args.source_topic),
+        source_partitions=tuple(args.source_partition),
+        exception_classes=tuple(args.exception_class),
+        since=parse_time(args.since) if args.since else None,
+        until=parse_time(args.until) if args.until else None,
+        offset_range=parse_offset_range(args.offset_range) if args.offset_range else None,
+    )
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    bootstrap: str | None = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        raise UsageError("no broker: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
+    return bootstrap
+
+
+def cmd_dlq(
+    args: argparse.Namespace, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Run `dlq inspect` or `dlq replay`: 0 ok, 1 failures (broker, replay), 2 bad arguments."""
+    out = stdout or sys.stdout
+    err_stream = stderr or sys.stderr
+    console = Console(file=out, width=_width(out))
+    errors = Console(file=err_stream, width=_width(err_stream))
+    try:
+        if args.dlq_command == "inspect":
+            return _cmd_inspect(args, console, errors)
+        if args.dlq_command == "replay":
+            return _cmd_replay(args, console)
+        raise UsageError(f"unknown dlq action {args.dlq_command!r}")
+    except UsageError as exc:
+        errors.print(f"dlq-sidecar dlq: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+    except DlqToolError as exc:
+        errors.print(f"dlq-sidecar dlq: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return EXIT_FAILURE
+    except KafkaException as exc:
+        errors.print(f"dlq-sidecar dlq: Kafka error: {exc}", markup=False, highlight=False)
+        return EXIT_FAILURE
+
+
+def _width(stream: TextIO) -> int | None:
+    """Rich's width: the terminal's, else $COLUMNS, else wide enough that piped tables stay one line a row."""
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        return None
+    try:
+        return int(os.environ.get("COLUMNS", "200"))
+    except ValueError:
+        return 200
+
+
+def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) -> int:
+    filters = filters_from_args(args)
+    bootstrap = _bootstrap(args)
+
+    def emit(entry: DlqEntry) -> None:
+        console.file.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
+
+    result = inspect_dlq(
+        bootstrap,
+        args.topic,
+        filters,
+        limit=args.limit,
+        kafka=dict(args.kafka_property),
+        on_entry=emit if args.json else None,
+    )
+    if args.json:
+        console.file.flush()
+        render_inspect_summary(errors, result)
+    else:
+        render_inspect(console, result, args.topic)
+    return EXIT_OK
+
+
+def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
+    if not _NAME.match(args.name):
+        raise UsageError(f"bad --name {args.name!r}: use letters, digits, '.', '_' and '-'")
+    options = ReplayOptions(
+        bootstrap=_bootstrap(args),
+        dlq_topic=args.from_topic,
+        name=args.name,
+        filters=filters_from_args(args),
+        target_topic=args.to,
+        dry_run=args.dry_run,
+        rate_per_s=args.rate,
+        max_replays=args.max_replays,
+        skip_unrecoverable=args.skip_unrecoverable,
+        limit=args.limit,
+        kafka=dict(args.kafka_property),
+    )
+    replayer = Replayer(options)
+    if console.is_terminal:
+        progress = Progress(
+            TextColumn("[bold]replay[/bold] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        with progress:
+            task = progress.add_task(options.dlq_topic, total=None)
+
+            def on_tty_progress(s: ReplaySummary, n: int) -> None:
+                progress.update(
+                    task,
+                    advance=n,
+                    total=replayer.total or None,
+                    description=f"{options.dlq_topic}: {replayer.planned} "
+                    + ("planned" if s.dry_run else "sent"),
+                )
+
+            replayer.on_progress = on_tty_progress
+            summary = replayer.run()
+    else:
+        last = [time.monotonic()]
+
+        def on_plain_progress(s: ReplaySummary, _n: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 1.0:
+                last[0] = now
+                console.print(
+                    f"replay {options.dlq_topic}: {s.scanned}/{replayer.total} read, "
+                    f"{replayer.planned} {'planned' if s.dry_run else 'sent'}",
+                    markup=False,
+                    highlight=False,
+                )
+
+        replayer.on_progress = on_plain_progress
+        summary = replayer.run()
+    render_replay_summary(console, summary, options)
+    return EXIT_OK if summary.ok else EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m sidecar.ops.dlq_command ...`: the same commands without the rest of the CLI."""
+    parser = argparse.ArgumentParser(prog="dlq-sidecar")
+    add_dlq_parser(parser.add_subparsers(dest="command", required=True))
+    return cmd_dlq(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""`dlq inspect`: read a DLQ topic from the beginning to its current end and count what matches.
+
+Nothing is committed. Every matching record is counted (by exception class and source topic), the
+first `limit` are kept for rendering or streamed to `on_entry` (`--json`).
+
+Imports: the standard library and the `sidecar.ops.dlq_*` modules entries, filters and reader.
+Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
+shares only the header names (`sidecar.dlq`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from sidecar.ops.dlq_entries import DlqEntry, entry_from_message
+from sidecar.ops.dlq_filters import Filters
+from sidecar.ops.dlq_reader import (
+    _reader,
+    client_properties,
+    dlq_partitions,
+    read_range,
+    watermarks,
+)
+
+
+@dataclass(slots=True)
+class InspectResult:
+    entries: list[DlqEntry] = field(default_factory=list)  # the first `limit` matching records
+    scanned: int = 0
+    matched: int = 0
+    by_exception_class: Counter[str] = field(default_factory=Counter)
+    by_source_topic: Counter[str] = field(default_factory=Counter)
+
+
+def inspect_dlq(
+    bootstrap: str,
+    topic: str,
+    filters: Filters,
+    *,
+    limit: int | None = None,
+    kafka: Mapping[str, str] | None = None,
+    on_entry: Callable[[DlqEntry], None] | None = None,
+) -> InspectResult:
+    """Read `topic` from the beginning to its current end; count every matching record, keep the first `limit`."""
+    props = client_properties(bootstrap, kafka or {})
+    consumer = _reader(props)
+    result = InspectResult()
+    now_ms = int(time.time() * 1000)
+    try:
+        parts = dlq_partitions(consumer, topic)
+        marks = watermarks(consumer, topic, parts)
+        for msgs in read_range(consumer, topic, marks):
+            for msg in msgs:
+                entry = entry_from_message(msg)
+                result.scanned += 1
+                if filters.mismatch(entry, now_ms) is not None:
+                    continue
+                result.matched += 1
+                result.by_exception_class[entry.exception_class or "(none)"] += 1
+                result.by_source_topic[entry.source_topic or "(not a DLQ record)"] += 1
+                if limit is None or len(result.entries) < limit:
+                    result.entries.append(entry)
+                    if on_entry is not None:
+                        on_entry(entry)
+    finally:
+        consumer.close()
+    return result

@@ -1,0 +1,120 @@
+"""Rendering the results of `dlq inspect` and `dlq replay` for a terminal or a pipe (rich).
+
+Tables of records (with a short payload preview that never prints more than a few dozen bytes), the
+counts by exception class and source topic, and the replay summary. Writes only to the `Console` it is
+given; decides nothing.
+
+Imports: the standard library, rich and the `sidecar.ops.dlq_*` result types.
+Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
+shares only the header names (`sidecar.dlq`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from sidecar.ops.dlq_entries import DlqEntry
+from sidecar.ops.dlq_inspect import InspectResult
+from sidecar.ops.dlq_replay import ReplayOptions, ReplaySummary
+
+
+def payload_preview(entry: DlqEntry, width: int = 40) -> str:
+    if entry.headers_only:
+        return "(headers only)"
+    if entry.value is None:
+        return "(null value)"
+    try:
+        text = entry.value.decode("utf-8")
+        shown = text if len(text) <= width else text[: width - 1] + "…"
+        shown = shown.replace("\n", "\\n")
+    except UnicodeDecodeError:
+        shown = (
+            "0x" + entry.value[: width // 2].hex() + ("…" if len(entry.value) > width // 2 else "")
+        )
+    return f"{shown} ({len(entry.value)} B)"
+
+
+def render_inspect(console: Console, result: InspectResult, topic: str) -> None:
+    table = Table(title=f"DLQ {topic}", show_lines=False)
+    table.add_column("DLQ p/offset", no_wrap=True)
+    table.add_column("source topic", overflow="fold")
+    table.add_column("src p@offset", no_wrap=True)
+    table.add_column("count", justify="right", no_wrap=True)
+    table.add_column("exception class", overflow="fold")
+    table.add_column("message", overflow="fold")
+    table.add_column("DLQ time (UTC)", no_wrap=True)
+    table.add_column("replays", justify="right", no_wrap=True)
+    table.add_column("payload", overflow="fold", min_width=12)
+    for e in result.entries:
+        table.add_row(
+            f"{e.dlq_partition}/{e.dlq_offset}",
+            e.source_topic or "(not a DLQ record)",
+            f"{e.source_partition}@{e.source_offset}" if e.is_dlq_record else "",
+            str(e.delivery_count if e.delivery_count is not None else ""),
+            e.exception_class or "",
+            e.exception_message or e.cause or "",
+            datetime.fromtimestamp(e.timestamp_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[
+                :-3
+            ],
+            str(e.replay_count or ""),
+            payload_preview(e),
+        )
+    console.print(table)
+    render_inspect_summary(console, result)
+
+
+def render_inspect_summary(console: Console, result: InspectResult) -> None:
+    shown = len(result.entries)
+    console.print(
+        f"{result.matched} matching of {result.scanned} records read"
+        + (f"; first {shown} shown" if shown < result.matched else ""),
+        markup=False,
+        highlight=False,
+    )
+    for title, counts in (
+        ("by exception class", result.by_exception_class),
+        ("by source topic", result.by_source_topic),
+    ):
+        table = Table(title=title)
+        table.add_column("name", overflow="fold")
+        table.add_column("records", justify="right")
+        for name, n in counts.most_common():
+            table.add_row(name, str(n))
+        console.print(table)
+
+
+def render_replay_summary(console: Console, s: ReplaySummary, options: ReplayOptions) -> None:
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    for line in s.planned:
+        say(line)
+    verb = "would replay" if s.dry_run else "replayed"
+    say(
+        f"{'DRY RUN: ' if s.dry_run else ''}{verb} {s.replayed_total} of {s.matched} matching records "
+        f"({s.scanned} read from {options.dlq_topic}) in {s.elapsed_s:.1f}s under name {options.name!r}"
+    )
+    for topic, n in sorted(s.replayed.items()):
+        say(f"  {verb} to {topic}: {n}")
+    for reason, n in sorted(s.skipped.items()):
+        say(f"  skipped, {reason}: {n}")
+    for title, problems in (
+        ("skipped, replayed too often", s.max_replays_skipped),
+        ("UNRECOVERABLE (partition stopped here; --skip-unrecoverable passes it)", s.unrecoverable),
+        ("unrecoverable, skipped", s.unrecoverable_skipped),
+        ("FAILED (partition stopped here)", s.failures),
+    ):
+        if problems:
+            say(f"  {title}: {len(problems)}")
+            for problem in problems[:20]:
+                say(f"    {problem.coordinates} ({problem.source}): {problem.reason}")
+            if len(problems) > 20:
+                say(f"    ... and {len(problems) - 20} more")
+    if s.committed:
+        where = ", ".join(f"[{p}] {o}" for p, o in sorted(s.committed.items()))
+        say(f"  committed {options.dlq_topic} for group {options.group}: {where}")
+    elif not s.dry_run:
+        say(f"  nothing new committed for group {options.group}")
