@@ -56,7 +56,10 @@ above H that is not done was never handed out".  Then:
   :class:`Attempt`.  A death now charges that record and nothing else.  A suspect is *settled*
   once its isolated attempt has an outcome (any answer or a lock expiry: its count is then exact
   and persisted, and it leaves the pass even if it waits for a retry); ``not_attempted`` takes
-  the charge back and it stays a suspect.  Suspects are taken in offset order, so key order holds;
+  the charge back and it stays a suspect.  The outcome (or the take-back) is committed before
+  anything else of the partition goes out (``IsolationPhase.SETTLING``): else a death caused by
+  the next record would find the isolated one still charged and not done, and charge it again.
+  Suspects are taken in offset order, so key order holds;
   one blocked behind a record waiting for a retry (``IsolationPhase.WAITING``) does not hold the
   rest of the partition.  The pass is over when no fetched suspect is left; suspects fetched later
   (still at or below H) reopen it.  Restored at the limit, a suspect is archived with no delivery.
@@ -166,6 +169,7 @@ class IsolationPhase(enum.Enum):
     READY = "ready"  # a suspect may be isolated (once nothing is in flight in the process)
     CHARGED = "charged"  # its count is raised in memory: commit, then it is handed out
     IN_FLIGHT = "in_flight"  # the isolated attempt is with the app
+    SETTLING = "settling"  # its outcome is known: commit it before anything else goes out
     WAITING = "waiting"  # suspects left, none ready (backoff, or key order behind a record)
 
 
@@ -336,6 +340,7 @@ class CommitPoint:
     horizon: int | None  # horizon mode: hand-outs may reach it once this commit is confirmed
     charged: int | None = None  # horizon mode: its count is written ahead of its isolated delivery
     charged_count: int | None = None
+    serial: int = 0  # how many points the ledger had made, this one included
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,6 +605,10 @@ class PartitionLedger:
         self._suspects_total = 0
         self._isolated_total = 0
         self._final: CommitState | None = None  # horizon mode: the state revoke() returned
+        self._points = 0  # commit points made
+        # The isolated attempt's outcome (or its take-back) is not committed before a point made
+        # after it is confirmed: until then nothing goes out (a death would charge it again).
+        self._unflushed_after: int | None = None
 
         self._acknowledged_total = 0
         self._archived_total = 0
@@ -712,7 +721,11 @@ class PartitionLedger:
         now = self._tick(now_ms)
         if self._backoff:
             self._release_backoffs(now)
-        if self._isolating is not None or (self._suspects_ready and self._next_suspect()):
+        if (
+            self._isolating is not None
+            or self._unflushed_after is not None
+            or (self._suspects_ready and self._next_suspect())
+        ):
             return []  # the isolation pass goes first, and alone
         room = min(max_n, self.config.max_record_locks - len(self._live))
         ready = self._ready
@@ -930,6 +943,7 @@ class PartitionLedger:
             self._recount(record.offset, record.delivery_count + 1, record.delivery_count)
             if self._isolating is record:
                 self._isolating = None  # still a suspect: it goes again, alone
+                self._unflushed_after = self._points  # once the take-back is committed
         self._attempts_total -= 1
         record.state = _AVAILABLE
         record.not_before_ms = now + delay_ms
@@ -1006,6 +1020,7 @@ class PartitionLedger:
         if self._isolating is record:
             self._isolating = None
             self._isolated_total += 1
+            self._unflushed_after = self._points
 
     def _next_suspect(self) -> _Record | None:
         """The lowest suspect that may be isolated now (dropping stale heap entries)."""
@@ -1034,14 +1049,19 @@ class PartitionLedger:
         return max(target, self.committable_offset() - 1)
 
     def horizon_wanted(self) -> int | None:
-        """Horizon mode: the horizon to commit now (``commit_point`` carries it), or None.
+        """Horizon mode: a commit is wanted now; the horizon its ``commit_point`` carries.
 
         Wanted when the hand-outs have used half the window beyond the committed horizon, or a
-        ready record is held beyond it; the commit is asynchronous: hand-outs up to the committed
-        horizon go on meanwhile.  None in write-ahead mode and after a revoke.
+        ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
+        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
+        for its commit.  None otherwise, in write-ahead mode and after a revoke.
         """
         if not self._horizon or self._revoked:
             return None
+        if self._unflushed_after is not None or (
+            self._isolating is not None and self._isolating.state is _AVAILABLE
+        ):
+            return self._horizon_target()
         need = self._horizon_need()
         if need + self._window // 2 <= self._confirmed:
             return None
@@ -1051,7 +1071,11 @@ class PartitionLedger:
     def wants_isolation(self) -> bool:
         """A suspect is ready and nothing of it is charged or in flight: call ``isolate`` once
         nothing is in flight in the whole process (a death must charge only the isolated one)."""
-        return self._isolating is None and self._next_suspect() is not None
+        return (
+            self._isolating is None
+            and self._unflushed_after is None
+            and self._next_suspect() is not None
+        )
 
     def isolate(self, now_ms: int) -> IsolationCharge:
         """Charge the lowest ready suspect for an isolated delivery (horizon mode).
@@ -1068,6 +1092,8 @@ class PartitionLedger:
             raise IllegalTransition("isolation is for crash_accounting HORIZON")
         if self._isolating is not None:
             raise IllegalTransition(f"offset {self._isolating.offset} is being isolated already")
+        if self._unflushed_after is not None:
+            raise IllegalTransition("the last isolated outcome is not committed yet")
         if self._live:
             raise IllegalTransition(
                 f"{len(self._live)} attempts in flight: an isolated delivery goes alone"
@@ -1092,6 +1118,8 @@ class PartitionLedger:
         """What to commit now: offset, metadata (version 2 in horizon mode) and its horizon."""
         state = self.commit_state()
         metadata = encode(state, self.config.metadata_max_bytes)
+        if not self._revoked:
+            self._points += 1
         if state.horizon is not None:
             # The header always fits the smallest budget (64): a point never loses its horizon.
             assert metadata is not None
@@ -1106,6 +1134,7 @@ class PartitionLedger:
             state.horizon,
             charged,
             None if charged is None else state.counts[charged],
+            self._points,
         )
 
     def committed(self, point: CommitPoint, now_ms: int) -> Attempt | None:
@@ -1117,8 +1146,12 @@ class PartitionLedger:
             raise IllegalTransition(f"a commit point of {point.topic}/{point.partition}")
         if point.horizon is not None and (not self._horizon or point.horizon > self._issued):
             raise IllegalTransition(f"horizon {point.horizon} was never issued by this ledger")
+        if point.serial > self._points:
+            raise IllegalTransition(f"commit point {point.serial} was never made by this ledger")
         if point.horizon is not None and point.horizon > self._confirmed:
             self._confirmed = point.horizon
+        if self._unflushed_after is not None and point.serial > self._unflushed_after:
+            self._unflushed_after = None
         record = self._isolating
         if (
             record is None
@@ -1158,6 +1191,8 @@ class PartitionLedger:
             phase = (
                 IsolationPhase.CHARGED if record.state is _AVAILABLE else IsolationPhase.IN_FLIGHT
             )
+        elif self._unflushed_after is not None:
+            phase = IsolationPhase.SETTLING
         elif self._next_suspect() is not None:
             phase = IsolationPhase.READY
         elif self._n_suspects:
@@ -1590,7 +1625,11 @@ class PartitionLedger:
             paused=self._paused,
             committable_offset=self.committable_offset(),
             suspects=self._n_suspects,
-            isolation_active=self._isolating is not None or self._n_suspects > 0,
+            isolation_active=(
+                self._isolating is not None
+                or self._n_suspects > 0
+                or self._unflushed_after is not None
+            ),
         )
 
     def _tick(self, now_ms: int) -> int:

@@ -57,6 +57,17 @@ def commit(ledger: PartitionLedger, now: int = 0) -> tuple[CommitPoint, Attempt 
     return point, ledger.committed(point, now)
 
 
+def settle(ledger: PartitionLedger, now: int = 0) -> None:
+    """The isolated attempt's outcome is known: it is committed before anything else goes out."""
+    assert ledger.horizon_status().isolation is IsolationPhase.SETTLING
+    assert ledger.horizon_wanted() is not None
+    assert ledger.acquire(now, 10) == []
+    assert not ledger.wants_isolation
+    _, attempt = commit(ledger)
+    assert attempt is None
+    assert ledger.horizon_status().isolation is not IsolationPhase.SETTLING
+
+
 def snapshot(ledger: PartitionLedger) -> object:
     return (
         ledger.commit_state(),
@@ -241,6 +252,7 @@ def test_after_a_death_the_suspects_are_isolated_one_at_a_time() -> None:
         assert ledger.horizon_status().isolation is IsolationPhase.IN_FLIGHT
         seen.append((attempt.offset, attempt.delivery_count))
         ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
+        settle(ledger)
     assert seen == [(101, 2), (102, 1), (103, 1), (104, 1)]
     status = ledger.horizon_status()
     assert status.isolation is IsolationPhase.NONE and not status.pass_active
@@ -259,6 +271,7 @@ def test_records_at_or_below_the_horizon_fetched_later_are_suspects_too() -> Non
     _, attempt = commit(ledger)
     assert attempt is not None
     ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
+    settle(ledger)
     assert not ledger.horizon_status().pass_active
     fill(ledger, [102, 108, 111])  # 102 and 108 <= H = 110, 111 is not
     assert ledger.horizon_status().suspects_left == 2
@@ -329,6 +342,7 @@ def test_a_charge_not_sent_is_taken_back() -> None:
     _, attempt = commit(ledger)
     assert attempt is not None and charge.delivery_count == 2
     result = ledger.not_attempted(attempt.attempt_id, 0)
+    settle(ledger)
     assert result.delivery_count == 1
     assert ledger.commit_state().count(101) == 1
     assert ledger.horizon_status().isolation is IsolationPhase.READY  # still a suspect
@@ -343,6 +357,7 @@ def test_an_isolated_release_or_expiry_settles_the_suspect() -> None:
     _, attempt = commit(ledger)
     assert attempt is not None
     result = ledger.answer(attempt.attempt_id, Ack.RELEASE, 0)
+    settle(ledger)
     assert result.delivery_count == 2  # charged once, not twice
     assert result.retry_at_ms == 2000
     assert ledger.commit_state().count(101) == 2
@@ -350,6 +365,7 @@ def test_an_isolated_release_or_expiry_settles_the_suspect() -> None:
     _, attempt = commit(ledger, 10)
     assert attempt is not None and attempt.offset == 102
     (expired,) = ledger.expire(10 + ledger.config.lock_duration_ms)
+    settle(ledger)
     assert expired.delivery_count == 1 and expired.state is RecordState.AVAILABLE
     status = ledger.horizon_status()
     assert status.suspects_left == 1 and status.isolated_total == 2
@@ -375,14 +391,17 @@ def test_key_order_holds_and_a_suspect_waiting_for_a_retry_does_not_hold_the_par
     _, attempt = commit(ledger)
     assert attempt is not None and attempt.offset == 100
     ledger.answer(attempt.attempt_id, Ack.RELEASE, 0)  # a waits 1 s; 102 (a) behind it
+    settle(ledger)
     assert ledger.isolate(0).offset == 101
     _, attempt = commit(ledger)
     assert attempt is not None
     ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
+    settle(ledger)
     assert ledger.isolate(0).offset == 103
     _, attempt = commit(ledger)
     assert attempt is not None
     ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
+    settle(ledger)
     status = ledger.horizon_status()
     assert status.isolation is IsolationPhase.WAITING and status.suspects_left == 1
     # 104 (c) goes in normal delivery meanwhile; 100 (settled) comes back uncharged after 1 s.
@@ -542,3 +561,38 @@ def test_a_killer_reaches_the_dlq_after_limit_plus_one_deaths_and_takes_no_one(
     assert archived == {killer: limit}
     assert deaths == limit + 1
     assert accepted == set(range(100, 130)) - {killer}
+
+
+def test_nothing_goes_out_before_an_isolated_outcome_is_committed() -> None:
+    # Found by the stateful test: with limit 1, an innocent suspect accepted in isolation, then a
+    # death before its accept was committed, would come back at its limit and be dead-lettered.
+    restored = CommitState(100, (), {}, horizon=100)
+    ledger = make(restored=restored, delivery_count_limit=1)
+    fill(ledger, [100, 101])
+    ledger.isolate(0)
+    _, attempt = commit(ledger)
+    assert attempt is not None
+    in_flight = ledger.commit_point()  # a periodic commit under way while 100 is with the app
+    ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
+    assert ledger.committed(in_flight, 0) is None
+    assert ledger.horizon_status().isolation is IsolationPhase.SETTLING  # made before the accept
+    assert ledger.statistics().isolation_active
+    assert ledger.acquire(0, 10) == []
+    before = snapshot(ledger)
+    with pytest.raises(IllegalTransition, match="not committed yet"):
+        ledger.isolate(0)
+    assert snapshot(ledger) == before
+    point, _ = commit(ledger)
+    assert decode(point.metadata) == CommitState(101, (), {}, horizon=111)
+    assert not ledger.horizon_status().pass_active
+    assert [a.offset for a in ledger.acquire(0, 10)] == [101]
+
+
+def test_committed_refuses_a_point_serial_it_never_made() -> None:
+    ledger = make()
+    point = ledger.commit_point()
+    forged = CommitPoint("orders", 3, point.offset, point.metadata, point.horizon, serial=5)
+    before = snapshot(ledger)
+    with pytest.raises(IllegalTransition, match="never made"):
+        ledger.committed(forged, 0)
+    assert snapshot(ledger) == before
