@@ -59,6 +59,7 @@ above H that is not done was never handed out".  Then:
   the charge back and it stays a suspect.  The outcome (or the take-back) is committed before
   anything else of the partition goes out (``IsolationPhase.SETTLING``): else a death caused by
   the next record would find the isolated one still charged and not done, and charge it again.
+  The next suspect may be charged meanwhile: one commit then carries both (one commit a suspect).
   Suspects are taken in offset order, so key order holds;
   one blocked behind a record waiting for a retry (``IsolationPhase.WAITING``) does not hold the
   rest of the partition.  The pass is over when no fetched suspect is left; suspects fetched later
@@ -1071,11 +1072,7 @@ class PartitionLedger:
     def wants_isolation(self) -> bool:
         """A suspect is ready and nothing of it is charged or in flight: call ``isolate`` once
         nothing is in flight in the whole process (a death must charge only the isolated one)."""
-        return (
-            self._isolating is None
-            and self._unflushed_after is None
-            and self._next_suspect() is not None
-        )
+        return self._isolating is None and self._next_suspect() is not None
 
     def isolate(self, now_ms: int) -> IsolationCharge:
         """Charge the lowest ready suspect for an isolated delivery (horizon mode).
@@ -1092,8 +1089,6 @@ class PartitionLedger:
             raise IllegalTransition("isolation is for crash_accounting HORIZON")
         if self._isolating is not None:
             raise IllegalTransition(f"offset {self._isolating.offset} is being isolated already")
-        if self._unflushed_after is not None:
-            raise IllegalTransition("the last isolated outcome is not committed yet")
         if self._live:
             raise IllegalTransition(
                 f"{len(self._live)} attempts in flight: an isolated delivery goes alone"
@@ -1155,6 +1150,7 @@ class PartitionLedger:
         record = self._isolating
         if (
             record is None
+            or self._unflushed_after is not None  # the previous outcome is not committed yet
             or point.charged != record.offset
             or point.charged_count != record.delivery_count
             or record.state is not _AVAILABLE

@@ -62,7 +62,6 @@ def settle(ledger: PartitionLedger, now: int = 0) -> None:
     assert ledger.horizon_status().isolation is IsolationPhase.SETTLING
     assert ledger.horizon_wanted() is not None
     assert ledger.acquire(now, 10) == []
-    assert not ledger.wants_isolation
     _, attempt = commit(ledger)
     assert attempt is None
     assert ledger.horizon_status().isolation is not IsolationPhase.SETTLING
@@ -566,26 +565,28 @@ def test_a_killer_reaches_the_dlq_after_limit_plus_one_deaths_and_takes_no_one(
 def test_nothing_goes_out_before_an_isolated_outcome_is_committed() -> None:
     # Found by the stateful test: with limit 1, an innocent suspect accepted in isolation, then a
     # death before its accept was committed, would come back at its limit and be dead-lettered.
-    restored = CommitState(100, (), {}, horizon=100)
+    restored = CommitState(100, (), {}, horizon=101)
     ledger = make(restored=restored, delivery_count_limit=1)
-    fill(ledger, [100, 101])
+    fill(ledger, [100, 101, 102])
     ledger.isolate(0)
     _, attempt = commit(ledger)
     assert attempt is not None
     in_flight = ledger.commit_point()  # a periodic commit under way while 100 is with the app
     ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
-    assert ledger.committed(in_flight, 0) is None
-    assert ledger.horizon_status().isolation is IsolationPhase.SETTLING  # made before the accept
+    ledger.isolate(0)  # 101 may be charged meanwhile: one commit will carry both
+    assert ledger.committed(in_flight, 0) is None  # made before the accept: 101 waits
+    assert ledger.horizon_status().isolation is IsolationPhase.CHARGED
     assert ledger.statistics().isolation_active
-    assert ledger.acquire(0, 10) == []
-    before = snapshot(ledger)
-    with pytest.raises(IllegalTransition, match="not committed yet"):
-        ledger.isolate(0)
-    assert snapshot(ledger) == before
+    point, attempt = commit(ledger)
+    assert decode(point.metadata) == CommitState(101, (), {101: 1}, horizon=112, charged=101)
+    assert attempt is not None and attempt.offset == 101
+    ledger.answer(attempt.attempt_id, Ack.ACCEPT, 0)
+    assert ledger.horizon_status().isolation is IsolationPhase.SETTLING
+    assert ledger.acquire(0, 10) == []  # 102 waits for the accept of 101 to be committed
     point, _ = commit(ledger)
-    assert decode(point.metadata) == CommitState(101, (), {}, horizon=111)
+    assert decode(point.metadata) == CommitState(102, (), {}, horizon=112)
     assert not ledger.horizon_status().pass_active
-    assert [a.offset for a in ledger.acquire(0, 10)] == [101]
+    assert [a.offset for a in ledger.acquire(0, 10)] == [102]
 
 
 def test_committed_refuses_a_point_serial_it_never_made() -> None:

@@ -502,8 +502,9 @@ class HorizonMachine(RuleBasedStateMachine):
                 added = self.ledger.add(offset, self.keys[offset], None, self.now)
                 assert added == (restored is None or not restored.is_done(offset))
 
-    def check_stored(self, *, charging: int | None = None) -> None:
-        """``charging``: a record whose isolation charge may be stored ahead of its outcome."""
+    def check_stored(self, *, charging: set[int | None] | None = None) -> None:
+        """``charging``: records whose isolation charge may be stored ahead of its outcome."""
+        charging = charging or set()
         state = self.stored()
         not_done = [o for o in self.fetched if o not in self.done]
         if not_done:
@@ -511,11 +512,11 @@ class HorizonMachine(RuleBasedStateMachine):
         for offset in not_done:
             assert not state.is_done(offset), f"{offset} stored as done"
         for offset, count in state.counts.items():
-            failed = self.failures.get(offset, 0) + (offset == charging)
+            failed = self.failures.get(offset, 0) + (offset in charging)
             assert count <= failed + self.lost_isolated.get(offset, 0), (
                 f"{offset}: stored count {count}, {failed} failures: charged for a death"
             )
-            sent = self.handouts.get(offset, 0) + (offset == charging)
+            sent = self.handouts.get(offset, 0) + (offset in charging)
             assert count <= sent + self.unsent_deaths.get(offset, 0)
 
     def die(self, *, landed: bool, by_killer: bool = False) -> None:
@@ -578,7 +579,7 @@ class HorizonMachine(RuleBasedStateMachine):
         self.stored_offset, self.stored_metadata = point.offset, point.metadata
         if self.unflushed is not None and self.in_commit_seq > self.unflushed[1]:
             self.unflushed = None
-        charging = self.isolating if self.unflushed is None else self.unflushed[0]
+        charging = {self.isolating, None if self.unflushed is None else self.unflushed[0]}
         self.check_stored(charging=charging)
         attempt = self.ledger.committed(point, self.now)
         if attempt is not None:
@@ -594,7 +595,6 @@ class HorizonMachine(RuleBasedStateMachine):
         assert self.ledger.horizon_status().isolation is IsolationPhase.CHARGED
         self.isolating = charge.offset
         self.isolation_sent = False
-        assert self.unflushed is None
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), ack=st.sampled_from(list(Ack)))
