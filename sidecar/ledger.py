@@ -1072,7 +1072,7 @@ class PartitionLedger:
     def wants_isolation(self) -> bool:
         """A suspect is ready and nothing of it is charged or in flight: call ``isolate`` once
         nothing is in flight in the whole process (a death must charge only the isolated one)."""
-        return self._isolating is None and self._next_suspect() is not None
+        return not self._revoked and self._isolating is None and self._next_suspect() is not None
 
     def isolate(self, now_ms: int) -> IsolationCharge:
         """Charge the lowest ready suspect for an isolated delivery (horizon mode).
@@ -1557,6 +1557,7 @@ class PartitionLedger:
                 record.pending = False
             self._live.clear()
             self._ready.clear()
+            self._suspects_ready.clear()
             self._backoff.clear()
             self._archive.clear()
             self._version += 1

@@ -466,6 +466,8 @@ def test_revoke_takes_back_a_charge_not_sent_and_keeps_unsettled_suspects() -> N
     ledger.isolate(0)
     state = ledger.revoke()
     assert state == CommitState(101, ((105, 106),), {101: 1}, horizon=110)
+    assert not ledger.wants_isolation
+    assert ledger.horizon_status().isolation is IsolationPhase.WAITING  # suspects left, fenced
 
 
 def test_revoke_during_an_isolated_delivery_keeps_its_charge() -> None:
