@@ -10,15 +10,79 @@ lifecycle of SPEC §2 (a KIP-932 share group, run by the sidecar itself)::
             reject, or release / timeout at the limit --> ARCHIVING --dlq_written--> ARCHIVED (done)
 
 Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``expire``,
-``dlq_written``, ``dlq_failed``, ``revoke``); outputs are small frozen values (:class:`Attempt`,
-:class:`AnswerResult`, :class:`ArchiveRequest`, :class:`~sidecar.commitstate.CommitState`).
-An illegal call raises a :class:`LedgerError` and leaves the ledger unchanged.  The committable
-offset is derived from the records held, never stored.
+``dlq_written``, ``dlq_failed``, ``revoke``, and in horizon mode ``isolate`` and ``committed``);
+outputs are small frozen values (:class:`Attempt`, :class:`AnswerResult`, :class:`ArchiveRequest`,
+:class:`CommitPoint`, :class:`IsolationCharge`, :class:`HorizonStatus`,
+:class:`~sidecar.commitstate.CommitState`).  An illegal call raises a :class:`LedgerError` and
+leaves the ledger unchanged.  The committable offset, the state to commit and the horizon to commit
+are derived from the records held, never stored.
 
 This module must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and it
 never reads a clock: callers pass ``now_ms`` (a monotonic clock in milliseconds).  It is the hot
 path, so every operation is O(log n) or amortised O(1); only ``commit_state`` and the metadata
 size check walk the records held (bounded by ``max_buffered_records``).
+
+Crash accounting
+----------------
+SPEC §3: a record that kills the process (or the pod) on every delivery reaches the DLQ after at
+most ``limit + 1`` deaths, and no other record is dead-lettered, or has its count raised, because
+of those deaths.  ``LedgerConfig.crash_accounting`` selects how:
+
+``WRITE_AHEAD`` (what the engine does today): ``acquire`` counts the attempt, the caller commits
+the state (counts of attempts in flight included, metadata version 1) before handing it out.  Every
+record in flight at a death is charged that attempt.
+
+``HORIZON``: the committed state carries a *horizon* H (metadata version 2), meaning "every offset
+above H that is not done was never handed out".  Then:
+
+- *Normal delivery.*  ``acquire`` hands out records up to the confirmed horizon without any commit;
+  an attempt's count is *pending*: it is charged (``delivery_count`` goes up) only when its outcome
+  is known -- a release, a lock expiry or a reject -- and never for a death.  ``commit_state``
+  writes settled counts only.  The horizon runs ahead of the hand-outs by ``horizon_window``
+  offsets (default ``max_record_locks``): ``horizon_wanted()`` asks for a commit once the
+  hand-outs have used half of it (or a ready record is held beyond it), the caller commits a
+  ``commit_point()`` asynchronously and reports it with ``committed()``.  A record waits for a
+  commit only when that commit fell behind (or after an offset jump wider than half the window,
+  e.g. a compaction gap), never in steady state.
+- *Suspects.*  After an unclean stop (a death, a lost partition, a revoke with answers lost) the
+  next owner restores H: every not-done record at or below it may have been in flight and is a
+  *suspect*.  Suspects are few: those in flight, in backoff or held by key order, plus at most a
+  window of records never delivered.
+- *Isolation pass.*  While a suspect is ready, ``acquire`` hands out nothing for the partition.
+  ``isolate()`` (allowed only with nothing of this partition in flight, and the caller makes sure
+  nothing is in flight in the whole process) takes the lowest ready suspect and raises its count in
+  memory (write-ahead, exactly as today); the next ``commit_point()`` carries it in the version-2
+  header, where a prefix encoding cannot drop it; ``committed()`` of that point returns its
+  :class:`Attempt`.  A death now charges that record and nothing else.  A suspect is *settled*
+  once its isolated attempt has an outcome (any answer or a lock expiry: its count is then exact
+  and persisted, and it leaves the pass even if it waits for a retry); ``not_attempted`` takes
+  the charge back and it stays a suspect.  The outcome (or the take-back) is committed before
+  anything else of the partition goes out (``IsolationPhase.SETTLING``): else a death caused by
+  the next record would find the isolated one still charged and not done, and charge it again.
+  The next suspect may be charged meanwhile: one commit then carries both (one commit a suspect).
+  Suspects are taken in offset order, so key order holds;
+  one blocked behind a record waiting for a retry (``IsolationPhase.WAITING``) does not hold the
+  rest of the partition.  The pass is over when no fetched suspect is left; suspects fetched later
+  (still at or below H) reopen it.  Restored at the limit, a suspect is archived with no delivery.
+- *Killer.*  Its first death happens in normal delivery and charges no one; every later one happens
+  with it alone in flight and charged: it is archived when restored at ``limit``, after
+  ``limit + 1`` deaths.  Innocent suspects are charged only for isolated attempts whose outcome is
+  known, or for a death while they are the one isolated (then they were alone in flight: that
+  death was theirs, or not caused by a record).
+- *Revoke.*  The final state (``revoke()``) charges nothing in flight and lowers H to what is
+  unsettled: the highest offset still in flight (its answer is lost), and the restored H while
+  suspects are left.  A revoke with nothing in flight and no suspect leaves H below the base: the
+  next owner has no pass.  A charge not yet handed out is taken back.  (The caller should let the
+  app answer what is in flight before revoking; a clean shutdown is a revoke of every partition.)
+- *Records in backoff* (released, count > 0) are settled: their counts are exact.  They are
+  suspects after a death only because one may have been redelivered; isolating them costs time,
+  never a count that is not theirs.
+- *Transactional DLQ*: a commit point can go with the open transaction
+  (``send_offsets_to_transaction``); ``committed()`` once the transaction commits.
+- *Metadata size*: version 2 adds at most 24 bytes of header (horizon and the charged count); the
+  size checks count them.  A version-1 state restored in horizon mode (or none) has no horizon:
+  counts as stored, no pass.  A version-2 state restored in write-ahead mode: counts as stored,
+  the horizon ignored.  Builds before version 2 read version 2 as foreign: redelivery, no loss.
 
 Error hierarchy::
 
@@ -54,9 +118,14 @@ __all__ = [
     "ArchiveReason",
     "ArchiveRequest",
     "Attempt",
+    "CommitPoint",
+    "CrashAccounting",
     "ErrorInfo",
     "ExpiredAttempt",
+    "HorizonStatus",
     "IllegalTransition",
+    "IsolationCharge",
+    "IsolationPhase",
     "LedgerClosed",
     "LedgerConfig",
     "LedgerError",
@@ -80,6 +149,24 @@ class Ordering(enum.Enum):
     KEY = "key"
     PARTITION = "partition"
     NONE = "none"
+
+
+class CrashAccounting(enum.Enum):
+    """How a delivery is counted against a death (see the module docstring)."""
+
+    WRITE_AHEAD = "write_ahead"  # every hand-out counted and committed before it leaves
+    HORIZON = "horizon"  # a horizon committed ahead; suspects isolated after a death
+
+
+class IsolationPhase(enum.Enum):
+    """Where the partition's isolation pass is (horizon mode)."""
+
+    NONE = "none"  # no suspect left: normal delivery
+    READY = "ready"  # a suspect may be isolated (once nothing is in flight in the process)
+    CHARGED = "charged"  # its count is raised in memory: commit, then it is handed out
+    IN_FLIGHT = "in_flight"  # the isolated attempt is with the app
+    SETTLING = "settling"  # its outcome is known: commit it before anything else goes out
+    WAITING = "waiting"  # suspects left, none ready (backoff, or key order behind a record)
 
 
 class LedgerError(SidecarError):
@@ -113,6 +200,15 @@ class LedgerConfig:
     ordering: Ordering = Ordering.KEY
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     metadata_max_bytes: int = 4096
+    crash_accounting: CrashAccounting = CrashAccounting.WRITE_AHEAD
+    #: Horizon mode: how many offsets the committed horizon runs ahead of the hand-outs (None:
+    #: ``max_record_locks``).  After a death at most about this many never-delivered records are
+    #: suspects besides those in flight; a commit is wanted when half of it is used.
+    horizon_window: int | None = None
+
+    @property
+    def window(self) -> int:
+        return self.max_record_locks if self.horizon_window is None else self.horizon_window
 
     def __post_init__(self) -> None:
         if self.delivery_count_limit < 1:
@@ -128,6 +224,12 @@ class LedgerConfig:
             raise ValueError(f"metadata_max_bytes must be >= 64, got {self.metadata_max_bytes}")
         if not isinstance(self.ordering, Ordering):
             raise ValueError(f"ordering must be an Ordering, got {self.ordering!r}")
+        if not isinstance(self.crash_accounting, CrashAccounting):
+            raise ValueError(
+                f"crash_accounting must be a CrashAccounting, got {self.crash_accounting!r}"
+            )
+        if self.horizon_window is not None and self.horizon_window < 2:
+            raise ValueError(f"horizon_window must be >= 2, got {self.horizon_window}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +288,55 @@ class LedgerStats:
     in_flight: int
     paused: bool
     committable_offset: int
+    suspects: int = 0  # horizon mode: records of the isolation pass not yet settled
+    isolation_active: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPoint:
+    """What to commit for one partition; after the broker confirms it, pass it to ``committed``.
+
+    Points must be committed in the order they were made (one commit at a time, as the engine's
+    commit guard does): a horizon committed after a higher one would take hand-outs back.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+    horizon: int | None  # horizon mode: hand-outs may reach it once this commit is confirmed
+    charged: int | None = None  # horizon mode: its count is written ahead of its isolated delivery
+    charged_count: int | None = None
+    serial: int = 0  # how many points the ledger had made, this one included
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationCharge:
+    """A suspect's count was raised for an isolated delivery: commit, then ``committed`` sends it."""
+
+    topic: str
+    partition: int
+    offset: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonStatus:
+    """Horizon-mode state for the engine, ``/v1/status`` and metrics (derived on each call)."""
+
+    mode: CrashAccounting
+    horizon_committed: int | None  # hand-outs go up to this offset without waiting
+    horizon_wanted: int | None  # commit a point now: the horizon it would carry
+    held: bool  # a ready record waits for the horizon commit (it fell behind)
+    isolation: IsolationPhase
+    isolating_offset: int | None  # CHARGED / IN_FLIGHT
+    suspects_left: int
+    suspects_total: int  # suspects met so far in this assignment
+    isolated_total: int  # isolated attempts that ended (answer, expiry or revoke)
+
+    @property
+    def pass_active(self) -> bool:
+        return self.isolation is not IsolationPhase.NONE
 
 
 # Sentinel queue key: the record is not ordered against any other (NONE mode, or a null key).
@@ -228,11 +379,13 @@ class _Record:
         "lock_deadline_ms",
         "not_before_ms",
         "offset",
+        "pending",
         "queue_key",
         "queued",
         "reason",
         "seq",
         "state",
+        "suspect",
     )
 
     def __init__(
@@ -256,8 +409,12 @@ class _Record:
         self.reason: ArchiveReason | None = None
         self.error: ErrorInfo | None = None
         self.queue_key = queue_key
-        self.queued = False  # in the ready heap
+        self.queued = False  # in the ready heap (the suspects' heap for a suspect)
         self.handed_out = False  # ARCHIVING and returned by to_archive()
+        # Horizon mode: an attempt in flight that delivery_count does not include yet (charged
+        # when its outcome is known), and "may have been delivered before a death, not settled".
+        self.pending = False
+        self.suspect = False
 
 
 _AVAILABLE = RecordState.AVAILABLE
@@ -395,6 +552,31 @@ class PartitionLedger:
                     self._restored_done.append((start, end))
             self._restored_counts = {o: c for o, c in restored.counts.items() if o >= start_offset}
 
+        # Horizon mode (see the module docstring).  Every offset handed out in this assignment is
+        # at most _confirmed; _issued is the highest horizon put in a commit point.
+        self._horizon = self.config.crash_accounting is CrashAccounting.HORIZON
+        self._window = self.config.window
+        restored_horizon = (
+            restored.horizon if restored is not None and restored.horizon is not None else None
+        )
+        if not self._horizon or restored_horizon is None or restored_horizon < start_offset:
+            restored_horizon = start_offset - 1  # no suspects: counts as stored (version 1)
+        self._suspect_top = restored_horizon
+        self._confirmed = restored_horizon
+        self._issued = restored_horizon
+        self._handed_top = start_offset - 1
+        self._held_at = -1
+        self._suspects_ready: list[int] = []  # heap of suspect offsets that may be isolated
+        self._isolating: _Record | None = None
+        self._n_suspects = 0
+        self._suspects_total = 0
+        self._isolated_total = 0
+        self._final: CommitState | None = None  # horizon mode: the state revoke() returned
+        self._points = 0  # commit points made
+        # The isolated attempt's outcome (or its take-back) is not committed before a point made
+        # after it is confirmed: until then nothing goes out (a death would charge it again).
+        self._unflushed_after: int | None = None
+
         self._acknowledged_total = 0
         self._archived_total = 0
         self._attempts_total = 0
@@ -452,6 +634,11 @@ class PartitionLedger:
         record = _Record(offset, key, item, count, queue_key, seq)
         self._records[offset] = record
         self._held_seqs.add(seq)
+        if offset <= self._suspect_top:
+            # Horizon mode: the previous owner may have handed it out and died.
+            record.suspect = True
+            self._n_suspects += 1
+            self._suspects_total += 1
         if count:
             self._recount(offset, 0, count)
             self._max_counted = offset
@@ -490,7 +677,7 @@ class PartitionLedger:
             )
             return
         record.queued = True
-        heapq.heappush(self._ready, record.offset)
+        heapq.heappush(self._suspects_ready if record.suspect else self._ready, record.offset)
 
     # -- acquisition -----------------------------------------------------------------------------
 
@@ -501,10 +688,18 @@ class PartitionLedger:
         now = self._tick(now_ms)
         if self._backoff:
             self._release_backoffs(now)
+        if (
+            self._isolating is not None
+            or self._unflushed_after is not None
+            or (self._suspects_ready and self._next_suspect())
+        ):
+            return []  # the isolation pass goes first, and alone
         room = min(max_n, self.config.max_record_locks - len(self._live))
         ready = self._ready
         if room <= 0 or not ready:
             return []
+        horizon = self._horizon
+        confirmed = self._confirmed
         records = self._records
         live = self._live
         deadline = now + self.config.lock_duration_ms
@@ -519,6 +714,11 @@ class PartitionLedger:
             if record is None or not record.queued:
                 heapq.heappop(ready)  # stale entry
                 continue
+            if horizon and offset > confirmed:
+                # Beyond the committed horizon: held until its commit (the horizon fell behind).
+                if offset > self._held_at:  # noqa: PLR1730 (hot path: no max() call)
+                    self._held_at = offset
+                break
             if allowance <= 0:
                 # Near the metadata budget, a first attempt (a new count entry) may only go for
                 # the lowest record (it frees the most); records already counted always may.
@@ -538,19 +738,26 @@ class PartitionLedger:
             self._version += 1
             heapq.heappop(ready)
             record.queued = False
-            count = record.delivery_count + 1
-            record.delivery_count = count
-            if offset > self._max_counted:  # noqa: PLR1730 (hot path: no max() call)
-                self._max_counted = offset
-            # _recount(offset, count - 1, count), inlined: this is the hot path.
-            neighbour = records.get(offset - 1)
-            left = neighbour.delivery_count if neighbour is not None else 0
-            neighbour = records.get(offset + 1)
-            right = neighbour.delivery_count if neighbour is not None else 0
-            runs = 1 - (left == count) - (right == count)
-            if count > 1:
-                runs -= 1 - (left == count - 1) - (right == count - 1)
-            self._n_count_runs += runs
+            if horizon:
+                # Not counted until its outcome is known: a death does not charge it.
+                record.pending = True
+                count = record.delivery_count + 1
+                if offset > self._handed_top:  # noqa: PLR1730 (hot path: no max() call)
+                    self._handed_top = offset
+            else:
+                count = record.delivery_count + 1
+                record.delivery_count = count
+                if offset > self._max_counted:  # noqa: PLR1730 (hot path: no max() call)
+                    self._max_counted = offset
+                # _recount(offset, count - 1, count), inlined: this is the hot path.
+                neighbour = records.get(offset - 1)
+                left = neighbour.delivery_count if neighbour is not None else 0
+                neighbour = records.get(offset + 1)
+                right = neighbour.delivery_count if neighbour is not None else 0
+                runs = 1 - (left == count) - (right == count)
+                if count > 1:
+                    runs -= 1 - (left == count - 1) - (right == count - 1)
+                self._n_count_runs += runs
             seq = self._next_seq
             self._next_seq = seq + 1
             attempt_id = f"{self._id_prefix}{offset}{self._id_epoch}{seq}"
@@ -580,7 +787,7 @@ class PartitionLedger:
                 and record.not_before_ms == not_before
             ):
                 record.queued = True
-                heapq.heappush(self._ready, offset)
+                heapq.heappush(self._suspects_ready if record.suspect else self._ready, offset)
 
     # -- answers ---------------------------------------------------------------------------------
 
@@ -606,8 +813,14 @@ class PartitionLedger:
             record.attempt_id = None
             record.state = _ACKNOWLEDGED
             self._acknowledged_total += 1
+            count = record.delivery_count
+            if record.pending:
+                record.pending = False  # done: its count is never written again
+                count += 1
+            if record.suspect:
+                self._clear_suspect(record)
             self._finish(record)
-            return _result(attempt_id, record.offset, ack, _ACKNOWLEDGED, record.delivery_count)
+            return _result(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
         if ack is Ack.RENEW:
             record.lock_deadline_ms = now + self.config.lock_duration_ms
             self._live.move_to_end(attempt_id)
@@ -616,11 +829,13 @@ class PartitionLedger:
                 record.offset,
                 ack,
                 _ACQUIRED,
-                record.delivery_count,
+                record.delivery_count + record.pending,
                 lock_deadline_ms=record.lock_deadline_ms,
             )
         del self._live[attempt_id]
         record.attempt_id = None
+        if record.pending or record.suspect:
+            self._settle(record)
         if ack is Ack.REJECT:
             self._start_archiving(record, ArchiveReason.REJECTED, error)
             return _result(
@@ -645,6 +860,8 @@ class PartitionLedger:
         error: ErrorInfo | None,
         retry_after_ms: int | None,
     ) -> AnswerResult:
+        if record.pending or record.suspect:
+            self._settle(record)
         if error is not None:
             record.error = error
         count = record.delivery_count
@@ -659,7 +876,7 @@ class PartitionLedger:
         record.not_before_ms = now + delay
         if delay <= 0:
             record.queued = True
-            heapq.heappush(self._ready, record.offset)
+            heapq.heappush(self._ready, record.offset)  # settled: never a suspect here
         else:
             heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
         return _result(
@@ -684,14 +901,22 @@ class PartitionLedger:
         self._version += 1
         del self._live[attempt_id]
         record.attempt_id = None
-        record.delivery_count -= 1
-        self._recount(record.offset, record.delivery_count + 1, record.delivery_count)
+        if record.pending:
+            record.pending = False  # nothing was charged for it
+        else:
+            # Write-ahead, or an isolated attempt: take its charge back.  The next commit writes
+            # the lower count again (a death before it leaves the charge: see the invariants).
+            record.delivery_count -= 1
+            self._recount(record.offset, record.delivery_count + 1, record.delivery_count)
+            if self._isolating is record:
+                self._isolating = None  # still a suspect: it goes again, alone
+                self._unflushed_after = self._points  # once the take-back is committed
         self._attempts_total -= 1
         record.state = _AVAILABLE
         record.not_before_ms = now + delay_ms
         if delay_ms == 0:
             record.queued = True
-            heapq.heappush(self._ready, record.offset)
+            heapq.heappush(self._suspects_ready if record.suspect else self._ready, record.offset)
         else:
             heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
         return _result(
@@ -743,11 +968,227 @@ class PartitionLedger:
                 )
         return UnknownAttempt(f"attempt {attempt_id} was not issued by {prefix}{self.epoch}")
 
+    # -- crash accounting (horizon mode) ---------------------------------------------------------
+
+    def _settle(self, record: _Record) -> None:
+        """The outcome of the record's attempt is known (not an accept): charge it if pending."""
+        if record.pending:
+            record.pending = False
+            count = record.delivery_count
+            record.delivery_count = count + 1
+            self._recount(record.offset, count, count + 1)
+            self._max_counted = max(self._max_counted, record.offset)
+        if record.suspect:
+            self._clear_suspect(record)
+
+    def _clear_suspect(self, record: _Record) -> None:
+        record.suspect = False
+        self._n_suspects -= 1
+        if self._isolating is record:
+            self._isolating = None
+            self._isolated_total += 1
+            self._unflushed_after = self._points
+
+    def _next_suspect(self) -> _Record | None:
+        """The lowest suspect that may be isolated now (dropping stale heap entries)."""
+        heap = self._suspects_ready
+        while heap:
+            record = self._records.get(heap[0])
+            if record is not None and record.queued and record.suspect:
+                return record
+            heapq.heappop(heap)
+        return None
+
+    def _horizon_need(self) -> int:
+        """The highest offset handed out, held beyond the horizon, or next in line."""
+        need = self._handed_top if self._handed_top > self._held_at else self._held_at
+        ready = self._ready
+        if ready and ready[0] > need:  # a stale entry is lower than a live one: harmless
+            need = ready[0]
+        return need
+
+    def _horizon_target(self) -> int:
+        """The horizon the next commit point carries: never below one already issued."""
+        need = self._horizon_need()
+        target = self._issued
+        if need + self._window // 2 > self._confirmed:
+            target = max(target, min(MAX_OFFSET, need + self._window))
+        return max(target, self.committable_offset() - 1)
+
+    def horizon_wanted(self) -> int | None:
+        """Horizon mode: a commit is wanted now; the horizon its ``commit_point`` carries.
+
+        Wanted when the hand-outs have used half the window beyond the committed horizon, or a
+        ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
+        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
+        for its commit.  None otherwise, in write-ahead mode and after a revoke.
+        """
+        if not self._horizon or self._revoked:
+            return None
+        if self._unflushed_after is not None or (
+            self._isolating is not None and self._isolating.state is _AVAILABLE
+        ):
+            return self._horizon_target()
+        need = self._horizon_need()
+        if need + self._window // 2 <= self._confirmed:
+            return None
+        return self._horizon_target()
+
+    @property
+    def wants_isolation(self) -> bool:
+        """A suspect is ready and nothing of it is charged or in flight: call ``isolate`` once
+        nothing is in flight in the whole process (a death must charge only the isolated one)."""
+        return not self._revoked and self._isolating is None and self._next_suspect() is not None
+
+    def isolate(self, now_ms: int) -> IsolationCharge:
+        """Charge the lowest ready suspect for an isolated delivery (horizon mode).
+
+        Its delivery count goes up now, in memory: the next ``commit_point`` writes it, and once
+        that point is ``committed`` the attempt is handed out.  Normal hand-outs of this partition
+        stop until the pass is over.  Raises IllegalTransition in write-ahead mode, while an
+        attempt of this partition is in flight or an isolation is under way, or with no suspect
+        ready.
+        """
+        if self._revoked:
+            raise LedgerClosed(f"{self._id_prefix} was revoked")
+        if not self._horizon:
+            raise IllegalTransition("isolation is for crash_accounting HORIZON")
+        if self._isolating is not None:
+            raise IllegalTransition(f"offset {self._isolating.offset} is being isolated already")
+        if self._live:
+            raise IllegalTransition(
+                f"{len(self._live)} attempts in flight: an isolated delivery goes alone"
+            )
+        now = self._tick(now_ms)
+        if self._backoff:
+            self._release_backoffs(now)
+        record = self._next_suspect()
+        if record is None:
+            raise IllegalTransition("no suspect is ready to be isolated")
+        heapq.heappop(self._suspects_ready)
+        record.queued = False
+        count = record.delivery_count
+        record.delivery_count = count + 1
+        self._recount(record.offset, count, count + 1)
+        self._max_counted = max(self._max_counted, record.offset)
+        self._isolating = record
+        self._version += 1
+        return IsolationCharge(self.topic, self.partition, record.offset, count + 1)
+
+    def commit_point(self) -> CommitPoint:
+        """What to commit now: offset, metadata (version 2 in horizon mode) and its horizon."""
+        state = self.commit_state()
+        metadata = encode(state, self.config.metadata_max_bytes)
+        if not self._revoked:
+            self._points += 1
+        if state.horizon is not None:
+            # The header always fits the smallest budget (64): a point never loses its horizon.
+            assert metadata is not None
+            if not self._revoked and state.horizon > self._issued:
+                self._issued = state.horizon
+        charged = state.charged
+        return CommitPoint(
+            self.topic,
+            self.partition,
+            state.base_offset,
+            metadata or "",
+            state.horizon,
+            charged,
+            None if charged is None else state.counts[charged],
+            self._points,
+        )
+
+    def committed(self, point: CommitPoint, now_ms: int) -> Attempt | None:
+        """The broker confirmed ``point``: hand-outs may reach its horizon, and if it carried the
+        charge of the record being isolated, that record's attempt is returned: send it."""
+        if self._revoked:
+            raise LedgerClosed(f"{self._id_prefix} was revoked")
+        if point.topic != self.topic or point.partition != self.partition:
+            raise IllegalTransition(f"a commit point of {point.topic}/{point.partition}")
+        if point.horizon is not None and (not self._horizon or point.horizon > self._issued):
+            raise IllegalTransition(f"horizon {point.horizon} was never issued by this ledger")
+        if point.serial > self._points:
+            raise IllegalTransition(f"commit point {point.serial} was never made by this ledger")
+        if point.horizon is not None and point.horizon > self._confirmed:
+            self._confirmed = point.horizon
+        if self._unflushed_after is not None and point.serial > self._unflushed_after:
+            self._unflushed_after = None
+        record = self._isolating
+        if (
+            record is None
+            or self._unflushed_after is not None  # the previous outcome is not committed yet
+            or point.charged != record.offset
+            or point.charged_count != record.delivery_count
+            or record.state is not _AVAILABLE
+        ):
+            return None
+        now = self._tick(now_ms)
+        self._version += 1
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        attempt_id = f"{self._id_prefix}{record.offset}{self._id_epoch}{seq}"
+        deadline = now + self.config.lock_duration_ms
+        record.attempt_id = attempt_id
+        record.lock_deadline_ms = deadline
+        record.state = _ACQUIRED
+        self._live[attempt_id] = record
+        self._attempts_total += 1
+        self._handed_top = max(self._handed_top, record.offset)
+        return _attempt(
+            self.topic,
+            self.partition,
+            record.offset,
+            attempt_id,
+            record.delivery_count,
+            deadline,
+            record.key,
+            record.item,
+        )
+
+    def horizon_status(self) -> HorizonStatus:
+        record = self._isolating
+        if not self._horizon:
+            phase = IsolationPhase.NONE
+        elif record is not None:
+            phase = (
+                IsolationPhase.CHARGED if record.state is _AVAILABLE else IsolationPhase.IN_FLIGHT
+            )
+        elif self._unflushed_after is not None:
+            phase = IsolationPhase.SETTLING
+        elif self._next_suspect() is not None:
+            phase = IsolationPhase.READY
+        elif self._n_suspects:
+            phase = IsolationPhase.WAITING
+        else:
+            phase = IsolationPhase.NONE
+        held = False
+        if self._horizon and not self._revoked:
+            ready = self._ready
+            while ready:
+                top = self._records.get(ready[0])
+                if top is not None and top.queued:
+                    held = ready[0] > self._confirmed
+                    break
+                heapq.heappop(ready)
+        return HorizonStatus(
+            mode=self.config.crash_accounting,
+            horizon_committed=self._confirmed if self._horizon else None,
+            horizon_wanted=self.horizon_wanted(),
+            held=held,
+            isolation=phase,
+            isolating_offset=record.offset if record is not None else None,
+            suspects_left=self._n_suspects,
+            suspects_total=self._suspects_total,
+            isolated_total=self._isolated_total,
+        )
+
     # -- archiving -------------------------------------------------------------------------------
 
     def _start_archiving(
         self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None
     ) -> None:
+        if record.suspect:
+            self._clear_suspect(record)  # restored at the limit: no delivery, DLQ now
         record.state = _ARCHIVING
         record.reason = reason
         record.error = error
@@ -895,7 +1336,13 @@ class PartitionLedger:
     # -- persistence -----------------------------------------------------------------------------
 
     def commit_state(self) -> CommitState:
-        """The state to persist with ``committable_offset()`` (counts of in-flight included)."""
+        """The state to persist with ``committable_offset()``.
+
+        Write-ahead mode: the counts of attempts in flight included.  Horizon mode: not included
+        (only the isolated one's), and the horizon is the one the next commit point carries.
+        """
+        if self._final is not None:
+            return self._final
         base = self.committable_offset()
         upper = self._max_done
         done: list[tuple[int, int]] = []
@@ -932,7 +1379,16 @@ class PartitionLedger:
                 o: c for o, c in self._restored_counts.items() if o >= following
             }
             counts.update(self._restored_counts)
-        return CommitState(base, tuple(done), counts)
+        if not self._horizon:
+            return CommitState(base, tuple(done), counts)
+        isolating = self._isolating
+        return CommitState(
+            base,
+            tuple(done),
+            counts,
+            self._horizon_target(),
+            isolating.offset if isolating is not None else None,
+        )
 
     def encode_metadata(self) -> str:
         """The commit metadata string (may be a safe prefix encoding: see ``commitstate.encode``)."""
@@ -952,8 +1408,10 @@ class PartitionLedger:
         v = _vlen(max(self._last_added, self._restored_top) - base + 2)
         ranges = self._n_ranges + len(self._restored_done) - self._restored_index
         runs = self._n_count_runs + len(self._restored_counts)
-        # base (<= 9 bytes), done kind (1), two list lengths (<= 3 each); counts < 2**21.
-        return 16 + ranges * 2 * v + runs * (2 * v + 3)
+        # base (<= 9 bytes), done kind (1), two list lengths (<= 3 each); counts < 2**21; version
+        # 2's header: horizon (<= 10), charged kind (1), its offset and count (<= 13).
+        header = 40 if self._horizon else 16
+        return header + ranges * 2 * v + runs * (2 * v + 3)
 
     def _metadata_estimate(self) -> int:
         """Encoded size estimate in characters, O(1).
@@ -1048,21 +1506,52 @@ class PartitionLedger:
     def revoke(self) -> CommitState:
         """The partition is revoked: fence every live attempt and return the state to commit.
 
-        In-flight attempts stay counted in the returned state (a crash or a rebalance costs at
-        most the attempt in flight); their ids answer ExpiredAttempt from now on.
+        Write-ahead mode: in-flight attempts stay counted in the returned state (a crash or a
+        rebalance costs at most the attempt in flight).  Horizon mode: they are not counted, and
+        the state's horizon covers only what is unsettled (see the module docstring: nothing in
+        flight and no suspect left means no isolation pass for the next owner).  Their ids answer
+        ExpiredAttempt from now on.
         """
+        if self._horizon and not self._revoked:
+            self._final = self._final_state()
         state = self.commit_state()
         if not self._revoked:
             self._revoked = True
             for record in self._live.values():
                 record.attempt_id = None
                 record.state = _AVAILABLE
+                record.pending = False
             self._live.clear()
             self._ready.clear()
+            self._suspects_ready.clear()
             self._backoff.clear()
             self._archive.clear()
             self._version += 1
         return state
+
+    def _final_state(self) -> CommitState:
+        """Horizon mode, at revoke: the state with the lowest horizon that is still exact."""
+        isolating = self._isolating
+        if isolating is not None and isolating.state is _AVAILABLE:
+            # Charged, never handed out: the charge goes back; it stays a suspect.
+            count = isolating.delivery_count
+            isolating.delivery_count = count - 1
+            self._recount(isolating.offset, count, count - 1)
+            self._isolating = isolating = None
+        state = self.commit_state()
+        top = state.base_offset - 1
+        for record in self._live.values():  # answers lost: the next owner isolates up to them
+            if record.offset > top:  # noqa: PLR1730
+                top = record.offset
+        if self._n_suspects or self._last_added < self._suspect_top:
+            top = max(top, self._suspect_top)  # suspects not settled (or not fetched) stay so
+        return CommitState(
+            state.base_offset,
+            state.done,
+            state.counts,
+            top,
+            isolating.offset if isolating is not None else None,
+        )
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -1098,6 +1587,12 @@ class PartitionLedger:
             in_flight=acquired,
             paused=self._paused,
             committable_offset=self.committable_offset(),
+            suspects=self._n_suspects,
+            isolation_active=(
+                self._isolating is not None
+                or self._n_suspects > 0
+                or self._unflushed_after is not None
+            ),
         )
 
     def _tick(self, now_ms: int) -> int:

@@ -12,17 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.commitstate import (
+    DEFAULT_MAX_ENTRIES,
     MAGIC,
+    MAGIC_V2,
     MAX_OFFSET,
     CommitState,
+    CommitStateError,
     chars_for_payload,
     decode,
     encode,
     encoded_length,
+    parse,
     payload_bound,
 )
 
-ASCII_SAFE = re.compile(r"^dlq1:[A-Za-z0-9_-]*$")
+ASCII_SAFE = re.compile(r"^dlq[12]:[A-Za-z0-9_-]*$")
 BIG = 10**9
 
 
@@ -33,6 +37,15 @@ def roundtrip(state: CommitState, budget: int = 10**9) -> CommitState:
     decoded = decode(text)
     assert decoded is not None
     return decoded
+
+
+def uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def body_flag(text: str) -> int:
@@ -83,6 +96,40 @@ def test_invalid_states_are_rejected(
         CommitState(base, done, counts)
 
 
+@pytest.mark.parametrize(
+    ("horizon", "charged", "counts", "message"),
+    [
+        (8, None, {}, "horizon 8 below base"),
+        (MAX_OFFSET + 1, None, {}, "horizon"),
+        (None, 12, {12: 1}, "needs a horizon"),
+        (20, 12, {}, "needs a count"),
+        (11, 12, {12: 1}, "at or below the horizon"),
+    ],
+)
+def test_invalid_version_2_states_are_rejected(
+    horizon: int | None, charged: int | None, counts: dict[int, int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        CommitState(10, (), counts, horizon, charged)
+
+
+def test_version_follows_the_horizon() -> None:
+    assert CommitState(10).version == 1
+    assert CommitState(10, horizon=9).version == 2  # a horizon below the base: no suspects
+    assert encode(CommitState(10), 100) == decode_v1_literal_state_text(10)
+    text = encode(CommitState(10, horizon=9), 100)
+    assert text is not None and text.startswith(MAGIC_V2)
+
+
+def decode_v1_literal_state_text(base: int) -> str:
+    return valid_body(uvarint(base) + b"\x00\x00")
+
+
+def test_truncated_keeps_the_horizon_and_the_charged_count() -> None:
+    state = CommitState(0, ((2, 5), (8, 9)), {0: 1, 6: 3, 10: 2}, horizon=12, charged=10)
+    assert state.truncated(4) == CommitState(0, ((2, 4),), {0: 1, 10: 2}, 12, 10)
+
+
 def test_truncated_keeps_the_low_offsets() -> None:
     state = CommitState(0, ((2, 5), (8, 9)), {0: 1, 6: 3, 10: 2})
     assert state.truncated(4) == CommitState(0, ((2, 4),), {0: 1})
@@ -108,6 +155,131 @@ def test_truncated_keeps_the_low_offsets() -> None:
     ],
 )
 def test_roundtrip_examples(state: CommitState) -> None:
+    assert roundtrip(state) == state
+    with_horizon = CommitState(
+        state.base_offset, state.done, state.counts, horizon=state.base_offset - 1
+    )
+    assert roundtrip(with_horizon) == with_horizon
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        CommitState(0, horizon=-1),
+        CommitState(0, horizon=0),
+        CommitState(5, (), {5: 1}, horizon=5, charged=5),
+        CommitState(100, ((102, 105), (110, 111)), {100: 2, 101: 1, 107: 4}, 2000, 107),
+        CommitState(MAX_OFFSET, (), {MAX_OFFSET: 9}, MAX_OFFSET, MAX_OFFSET),
+        CommitState(3, (), {3: 10**6, 2**40: 1}, 2**40, 2**40),
+    ],
+)
+def test_version_2_roundtrip_examples(state: CommitState) -> None:
+    text = encode(state, BIG)
+    assert text is not None and text.startswith(MAGIC_V2)
+    assert decode(text) == state
+    assert len(text) <= chars_for_payload(payload_bound(state))
+
+
+def test_version_1_metadata_written_before_version_2_still_decodes() -> None:
+    # Written by main before version 2 existed: the bytes of version 1 did not change either.
+    old = "dlq1:AGQCCg4CAwAAAQAAAAUAA6d_yNU"
+    state = CommitState(100, ((102, 105), (110, 111)), {100: 2, 101: 1, 107: 4})
+    assert decode(old) == state
+    assert decode(old) is not None and decode(old).horizon is None  # type: ignore[union-attr]
+    assert encode(state, 4096) == old
+
+
+def test_version_2_literal() -> None:
+    text = "dlq2:AGQVAQcDAgoOAgMAAAEAAAAFAANBedGz"
+    state = CommitState(100, ((102, 105), (110, 111)), {100: 2, 101: 1, 107: 4}, 120, 107)
+    assert decode(text) == state
+    assert encode(state, 4096) == text
+
+
+def test_a_prefix_encoding_never_drops_the_horizon_or_the_charged_count() -> None:
+    rng = random.Random(5)
+    counts = {1000 + 2 * i: rng.randint(1, 200) for i in range(400)}
+    state = CommitState(1000, (), counts, horizon=5000, charged=1798)
+    text = encode(state, 200)
+    assert text is not None and len(text) <= 200
+    decoded = decode(text)
+    assert decoded is not None
+    assert decoded.horizon == 5000 and decoded.charged == 1798
+    assert decoded.count(1798) == counts[1798]
+    assert len(decoded.counts) < len(counts)  # truncated indeed
+    # The smallest v2 state with the largest values fits the smallest budget the ledger accepts.
+    tiny = CommitState(MAX_OFFSET - 1, (), {MAX_OFFSET: 2**20}, MAX_OFFSET, MAX_OFFSET)
+    assert encode(tiny, 64) is not None
+
+
+def test_a_charged_count_that_disagrees_with_the_counts_is_corrupt() -> None:
+    header = uvarint(5) + uvarint(10) + b"\x01" + uvarint(1) + uvarint(2)  # charged 6: count 3
+    assert decode(valid_body(header + b"\x00" + b"\x01\x01\x00\x02", MAGIC_V2)) == CommitState(
+        5, (), {6: 3}, 14, 6
+    )
+    assert decode(valid_body(header + b"\x00" + b"\x01\x01\x00\x00", MAGIC_V2)) is None
+    assert decode(valid_body(header + b"\x00\x00", MAGIC_V2)) == CommitState(5, (), {6: 3}, 14, 6)
+    bad_kind = uvarint(5) + uvarint(10) + b"\x02"
+    with pytest.raises(CommitStateError, match="charged kind"):
+        parse(valid_body(bad_kind + b"\x00\x00", MAGIC_V2))
+    # A charged offset above the horizon is not a valid state.
+    above = uvarint(5) + uvarint(1) + b"\x01" + uvarint(3) + uvarint(0)
+    assert decode(valid_body(above + b"\x00\x00", MAGIC_V2)) is None
+
+
+# -- decoding bounds (issue 20) ------------------------------------------------------------------
+
+
+def alternating_bitset_bomb() -> str:
+    """Issue 20's finding: about 1,400 characters that inflate to 4.19 million done ranges."""
+    nbytes = (1 << 20) - 16
+    payload = b"\x00\x02" + uvarint(nbytes * 8) + b"\x55" * nbytes + b"\x00"
+    return valid_body(payload, packed=True)
+
+
+def test_a_small_string_that_inflates_to_millions_of_ranges_is_corrupt() -> None:
+    bomb = alternating_bitset_bomb()
+    assert len(bomb) < 1500  # within Kafka's default offset.metadata.max.bytes of 4096
+    assert decode(bomb) is None  # before the bound: a state of 4,194,240 done ranges
+    with pytest.raises(CommitStateError, match="bitset of 8388480 bits"):
+        parse(bomb)
+
+
+def test_decoding_bounds_ranges_counts_and_bitset_bits() -> None:
+    n = DEFAULT_MAX_ENTRIES
+    # Run-length ranges: n + 1 single-offset ranges one apart.
+    rle = b"\x00\x01" + uvarint(n + 1) + b"\x01\x00" * (n + 1) + b"\x00"
+    with pytest.raises(CommitStateError, match=f"{n + 1} done ranges"):
+        parse(valid_body(rle, packed=True))
+    ok = b"\x00\x01" + uvarint(n) + b"\x01\x00" * n + b"\x00"
+    assert len(parse(valid_body(ok, packed=True)).done) == n
+    # Counts: one run of n + 1 offsets.
+    run = b"\x00\x00\x01\x00" + uvarint(n) + b"\x00"
+    with pytest.raises(CommitStateError, match="counted offsets"):
+        parse(valid_body(run))
+    assert len(parse(valid_body(b"\x00\x00\x01\x00" + uvarint(n - 1) + b"\x00")).counts) == n
+    # A bitset within the bit bound but with too many ranges.
+    nbytes = n // 4 + 8  # four ranges a byte
+    bits = b"\x00\x02" + uvarint(nbytes * 8) + b"\x55" * nbytes + b"\x00"
+    with pytest.raises(CommitStateError, match="more than 65536 done ranges"):
+        parse(valid_body(bits, packed=True))
+    # The caller's own bound.
+    assert decode(valid_body(ok, packed=True), max_entries=n - 1) is None
+    small = CommitState(0, ((2, 3), (4, 5), (6, 7)), {0: 1, 1: 1})
+    text = encode(small, BIG)
+    assert text is not None
+    assert decode(text, max_entries=3) == small
+    assert decode(text, max_entries=2) is None
+
+
+def test_a_sparse_bitset_decodes_quickly_and_exactly() -> None:
+    # Long runs of whole 0x00 / 0xFF bytes take the fast path; the edges are bit-exact.
+    bits = bytearray(b"\x00" * 5000 + b"\xff" * 3000 + b"\x0f" + b"\x00" * 10 + b"\xf0")
+    nbits = len(bits) * 8 - 3  # the last byte's top three bits fall outside
+    payload = b"\x00\x02" + uvarint(nbits) + bytes(bits) + b"\x00"
+    state = parse(valid_body(payload, packed=True))
+    assert state.done == ((40001, 64005), (64093, 64094 + 0))
+
     assert roundtrip(state) == state
 
 
@@ -213,9 +385,10 @@ def test_foreign_or_corrupt_metadata_decodes_to_none(metadata: str) -> None:
     assert decode(metadata) is None
 
 
-def valid_body(payload: bytes) -> str:
+def valid_body(payload: bytes, magic: str = MAGIC, *, packed: bool = False) -> str:
     inner = payload + zlib.crc32(payload).to_bytes(4, "big")
-    return MAGIC + base64.urlsafe_b64encode(b"\x00" + inner).rstrip(b"=").decode()
+    body = b"\x01" + zlib.compress(inner, 9) if packed else b"\x00" + inner
+    return magic + base64.urlsafe_b64encode(body).rstrip(b"=").decode()
 
 
 def test_checksummed_but_invalid_payloads_decode_to_none() -> None:
@@ -316,3 +489,36 @@ def test_decode_never_raises_on_text(text: str) -> None:
 def test_decode_never_raises_on_bytes(raw: bytes) -> None:
     result = decode(MAGIC + base64.urlsafe_b64encode(raw).rstrip(b"=").decode())
     assert result is None or isinstance(result, CommitState)
+
+
+@st.composite
+def states_v2(draw: st.DrawFn) -> CommitState:
+    state = draw(states())
+    top = max([e for _, e in state.done] + [o + 1 for o in state.counts] + [state.base_offset])
+    horizon = min(
+        MAX_OFFSET, state.base_offset - 1 + draw(st.integers(0, top - state.base_offset + 60))
+    )
+    chargeable = [o for o in state.counts if o <= horizon]
+    charged = draw(st.sampled_from([None, *chargeable]))
+    return CommitState(state.base_offset, state.done, state.counts, horizon, charged)
+
+
+@settings(max_examples=150, deadline=None)
+@given(states_v2(), st.integers(40, 400))
+def test_version_2_roundtrip_and_prefix_property(state: CommitState, budget: int) -> None:
+    text = encode(state, BIG)
+    assert text is not None and text.startswith(MAGIC_V2)
+    assert decode(text) == state
+    assert len(text) <= chars_for_payload(payload_bound(state))
+    fitted = encode(state, budget)
+    if fitted is None:
+        return
+    assert len(fitted) <= budget
+    decoded = decode(fitted)
+    assert decoded is not None
+    assert decoded.horizon == state.horizon and decoded.charged == state.charged
+    if state.charged is not None:
+        assert decoded.count(state.charged) == state.count(state.charged)
+    kept = [o for o in decoded.counts if o != state.charged]
+    cut = max([e for _, e in decoded.done] + [o + 1 for o in kept] + [0])
+    assert decoded == state.truncated(cut)

@@ -28,7 +28,12 @@ from sidecar.backoff import RetryPolicy
 from sidecar.commitstate import MAX_OFFSET, CommitState, decode, encode, payload_bound
 from sidecar.ledger import (
     Ack,
+    ArchiveReason,
+    Attempt,
+    CommitPoint,
+    CrashAccounting,
     ExpiredAttempt,
+    IsolationPhase,
     LedgerConfig,
     Ordering,
     PartitionLedger,
@@ -360,3 +365,359 @@ class LedgerMachine(RuleBasedStateMachine):
 
 LedgerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 test_ledger_machine = LedgerMachine.TestCase
+
+
+# -- horizon mode: deaths and restarts -------------------------------------------------------------
+
+
+class HorizonMachine(RuleBasedStateMachine):
+    """Horizon crash accounting, with the broker's stored commit and deaths modelled.
+
+    The model is the engine: it hands out what ``acquire`` and ``committed`` return, commits one
+    point at a time (made, then landed), isolates when the ledger wants it and nothing is in
+    flight, and on a death (a random one, or the killer handed out) rebuilds the ledger from the
+    stored commit -- a commit under way may have landed or not.  Invariants, checked at every step
+    or at every death / revoke against the state the next owner reads:
+
+    - *horizon*: every attempt in flight is at or below the stored horizon (a hand-out never
+      outruns the persisted "may have been delivered" mark);
+    - *safety*: the stored offset is at most the lowest record not done, and no record that is not
+      done is stored as done;
+    - *no charge for a death*: a record's stored count <= the failed outcomes seen for it (release,
+      expiry, reject) + the isolated attempts of it whose outcome a death or revoke lost;
+    - *no count without a hand-out*: stored count <= its hand-outs + the deaths that came while it
+      was charged and not sent (at most one record per death);
+    - *killer* (killer runs: one record kills the process on every hand-out; other deaths may
+      happen too): at each of its deaths no other record is being isolated, and if it is, it is
+      alone in flight; it is dead-lettered for its count after at most ``limit + 1`` of its
+      deaths; any other record dead-lettered for its count failed, or lost an isolated attempt to
+      a death it did not cause, ``limit`` times.
+    """
+
+    ledger: PartitionLedger
+    config: LedgerConfig
+
+    @initialize(
+        ordering=st.sampled_from(list(Ordering)),
+        limit=st.integers(1, 3),
+        window=st.sampled_from([2, 4, 16]),
+        locks=st.sampled_from([1, 3, 40]),
+        killer=st.one_of(st.none(), st.integers(0, 8)),
+        budget=st.sampled_from([200, 4096]),
+    )
+    def setup(
+        self,
+        ordering: Ordering,
+        limit: int,
+        window: int,
+        locks: int,
+        killer: int | None,
+        budget: int,
+    ) -> None:
+        self.config = LedgerConfig(
+            delivery_count_limit=limit,
+            lock_duration_ms=LOCK_MS,
+            max_record_locks=locks,
+            max_buffered_records=50,
+            ordering=ordering,
+            retry=RetryPolicy(initial_ms=10, max_ms=40, jitter=0.5),
+            metadata_max_bytes=4096 if killer is not None else budget,
+            crash_accounting=CrashAccounting.HORIZON,
+            horizon_window=window,
+        )
+        self.killer_mode = killer is not None
+        self.killer_index = killer  # the killer is the record fetched at this index
+        self.killer: int | None = None
+        self.killer_deaths = 0
+        self.start = 1000
+        self.stored_offset = self.start
+        self.stored_metadata = ""
+        self.epoch = 0
+        self.ledger = PartitionLedger("t", 7, self.start, self.config)
+        self.now = 0
+        self.next_offset = self.start
+        self.keys: dict[int, bytes | None] = {}
+        self.fetched: list[int] = []
+        self.done: set[int] = set()
+        self.handouts: dict[int, int] = {}
+        self.failures: dict[int, int] = {}
+        self.lost_isolated: dict[int, int] = {}
+        self.unsent_deaths: dict[int, int] = {}
+        self.live: dict[str, int] = {}
+        self.archived: dict[int, int] = {}
+        self.in_commit: CommitPoint | None = None
+        self.points_made = 0
+        self.in_commit_seq = 0
+        self.isolating: int | None = None
+        self.isolation_sent = False
+        # The isolated attempt's outcome, not committed yet: (offset, points made before it, sent).
+        self.unflushed: tuple[int, int, bool] | None = None
+
+    # -- the engine --------------------------------------------------------------------------------
+
+    def stored(self) -> CommitState:
+        state = decode(self.stored_metadata) if self.stored_metadata else None
+        return state if state is not None else CommitState(self.stored_offset)
+
+    def send(self, attempts: list[Attempt]) -> None:
+        horizon = self.stored().horizon
+        died = False
+        for attempt in attempts:
+            offset = attempt.offset
+            assert horizon is not None and offset <= horizon, (offset, horizon)
+            assert offset not in self.done
+            self.handouts[offset] = self.handouts.get(offset, 0) + 1
+            self.live[attempt.attempt_id] = offset
+            assert attempt.delivery_count <= self.handouts[offset] + self.unsent_deaths.get(
+                offset, 0
+            )
+            if offset == self.isolating:
+                self.isolation_sent = True
+            died = died or offset == self.killer
+        if died:
+            self.die(landed=False, by_killer=True)
+
+    def outcome(self, offset: int, *, failed: bool) -> None:
+        if failed:
+            self.failures[offset] = self.failures.get(offset, 0) + 1
+        if offset == self.isolating:
+            self.isolating = None
+            self.unflushed = (offset, self.points_made, True)
+
+    def rebuild(self, restored: CommitState | None) -> None:
+        # Done after the last stored commit is not done for the next owner: redelivered.
+        self.done = {o for o in self.done if restored is not None and restored.is_done(o)} | {
+            o for o in self.done if o < self.stored_offset
+        }
+        self.live.clear()
+        self.isolating = None
+        self.in_commit = None
+        self.unflushed = None
+        self.epoch += 1
+        self.ledger = PartitionLedger(
+            "t", 7, self.stored_offset, self.config, restored, epoch=self.epoch
+        )
+        for offset in self.fetched:
+            if offset >= self.stored_offset:
+                added = self.ledger.add(offset, self.keys[offset], None, self.now)
+                assert added == (restored is None or not restored.is_done(offset))
+
+    def check_stored(self, *, charging: set[int | None] | None = None) -> None:
+        """``charging``: records whose isolation charge may be stored ahead of its outcome."""
+        charging = charging or set()
+        state = self.stored()
+        not_done = [o for o in self.fetched if o not in self.done]
+        if not_done:
+            assert state.base_offset <= min(not_done)
+        for offset in not_done:
+            assert not state.is_done(offset), f"{offset} stored as done"
+        for offset, count in state.counts.items():
+            failed = self.failures.get(offset, 0) + (offset in charging)
+            assert count <= failed + self.lost_isolated.get(offset, 0), (
+                f"{offset}: stored count {count}, {failed} failures: charged for a death"
+            )
+            sent = self.handouts.get(offset, 0) + (offset in charging)
+            assert count <= sent + self.unsent_deaths.get(offset, 0)
+
+    def die(self, *, landed: bool, by_killer: bool = False) -> None:
+        if by_killer:
+            # Only the killer kills: a death charges it alone, or (its first) no one.
+            assert self.isolating in (None, self.killer), "an innocent isolated at a death"
+            assert self.unflushed is None, "handed out before an isolated outcome was committed"
+            if self.isolating is not None:
+                assert sorted(self.live.values()) == [self.killer], "isolated, not alone"
+        if self.in_commit is not None and landed:
+            self.stored_offset = self.in_commit.offset
+            self.stored_metadata = self.in_commit.metadata
+        if self.isolating is not None:
+            offset = self.isolating
+            self.lost_isolated[offset] = self.lost_isolated.get(offset, 0) + 1
+            if not self.isolation_sent:
+                self.unsent_deaths[offset] = self.unsent_deaths.get(offset, 0) + 1
+        if self.unflushed is not None:
+            offset, _, sent = self.unflushed
+            self.lost_isolated[offset] = self.lost_isolated.get(offset, 0) + 1
+            if not sent:
+                self.unsent_deaths[offset] = self.unsent_deaths.get(offset, 0) + 1
+        if by_killer:
+            self.killer_deaths += 1
+        self.check_stored()
+        self.rebuild(decode(self.stored_metadata) if self.stored_metadata else None)
+
+    # -- rules -------------------------------------------------------------------------------------
+
+    @rule(
+        batch=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(KEYS)), min_size=1, max_size=12)
+    )
+    def add(self, batch: list[tuple[int, bytes | None]]) -> None:
+        for gap, key in batch:
+            offset = self.next_offset + gap
+            assert self.ledger.add(offset, key, None, self.now)
+            self.keys[offset] = key
+            self.fetched.append(offset)
+            self.next_offset = offset + 1
+            if self.killer_index == len(self.fetched) - 1:
+                self.killer = offset
+
+    @rule(max_n=st.integers(1, 10))
+    def acquire(self, max_n: int) -> None:
+        self.send(self.ledger.acquire(self.now, max_n))
+
+    @precondition(lambda self: self.in_commit is None)
+    @rule()
+    def start_commit(self) -> None:
+        self.in_commit = self.ledger.commit_point()
+        self.points_made += 1
+        self.in_commit_seq = self.points_made
+
+    @precondition(lambda self: self.in_commit is not None)
+    @rule()
+    def land_commit(self) -> None:
+        point = self.in_commit
+        assert point is not None
+        self.in_commit = None
+        self.stored_offset, self.stored_metadata = point.offset, point.metadata
+        if self.unflushed is not None and self.in_commit_seq > self.unflushed[1]:
+            self.unflushed = None
+        charging = {self.isolating, None if self.unflushed is None else self.unflushed[0]}
+        self.check_stored(charging=charging)
+        attempt = self.ledger.committed(point, self.now)
+        if attempt is not None:
+            assert attempt.offset == self.isolating
+            self.send([attempt])
+
+    @precondition(lambda self: self.ledger.in_flight == 0)
+    @rule()
+    def isolate(self) -> None:
+        if not self.ledger.wants_isolation:
+            return
+        charge = self.ledger.isolate(self.now)
+        assert self.ledger.horizon_status().isolation is IsolationPhase.CHARGED
+        self.isolating = charge.offset
+        self.isolation_sent = False
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), ack=st.sampled_from(list(Ack)))
+    def answer(self, data: st.DataObject, ack: Ack) -> None:
+        attempt_id = data.draw(st.sampled_from(sorted(self.live)))
+        offset = self.live[attempt_id]
+        try:
+            result = self.ledger.answer(attempt_id, ack, self.now)
+        except ExpiredAttempt:
+            return  # its lock ran out: tick() sees the expiry
+        if ack is Ack.RENEW:
+            return
+        del self.live[attempt_id]
+        if ack is Ack.ACCEPT:
+            self.done.add(offset)
+            self.outcome(offset, failed=False)
+        else:
+            self.outcome(offset, failed=True)
+            assert result.delivery_count <= self.failures[offset] + self.lost_isolated.get(
+                offset, 0
+            )
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def not_attempted(self, data: st.DataObject) -> None:
+        attempt_id = data.draw(st.sampled_from(sorted(self.live)))
+        offset = self.live[attempt_id]
+        try:
+            self.ledger.not_attempted(attempt_id, self.now)
+        except ExpiredAttempt:
+            return
+        del self.live[attempt_id]
+        self.handouts[offset] -= 1  # it never left
+        if offset == self.isolating:
+            self.isolating = None
+            # The charge may still be stored, until a point made from now on lands.
+            self.unflushed = (offset, self.points_made, False)
+
+    @rule(ms=st.integers(0, 150))
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        for result in self.ledger.expire(self.now):
+            offset = self.live.pop(result.attempt_id)
+            self.outcome(offset, failed=True)
+
+    @rule(write=st.booleans())
+    def archive(self, write: bool) -> None:
+        limit = self.config.delivery_count_limit
+        for request in self.ledger.to_archive():
+            offset = request.offset
+            if request.reason is ArchiveReason.DELIVERY_COUNT_EXCEEDED:
+                if offset == self.killer:
+                    assert self.killer_deaths <= limit + 1
+                else:
+                    charged = self.failures.get(offset, 0) + self.lost_isolated.get(offset, 0)
+                    assert charged >= limit, f"{offset} dead-lettered"
+            if write:
+                self.ledger.dlq_written(offset)
+                self.archived[offset] = request.delivery_count
+                self.done.add(offset)
+            else:
+                self.ledger.dlq_failed(offset)
+
+    @rule(landed=st.booleans())
+    def crash(self, landed: bool) -> None:
+        """A death no record caused (OOM kill, node drain, a deploy)."""
+        self.die(landed=landed)
+
+    @rule()
+    def revoke(self) -> None:
+        """A rebalance: the engine commits the final state (a commit under way is dropped)."""
+        state = self.ledger.revoke()
+        for offset in self.live.values():
+            assert state.horizon is not None and offset <= state.horizon
+        if self.isolating is not None and self.isolation_sent:
+            self.lost_isolated[self.isolating] = self.lost_isolated.get(self.isolating, 0) + 1
+        self.stored_offset = state.base_offset
+        self.stored_metadata = self.ledger.encode_metadata()
+        self.check_stored()
+        self.rebuild(decode(self.stored_metadata) if self.stored_metadata else None)
+
+    # -- invariants --------------------------------------------------------------------------------
+
+    @invariant()
+    def in_flight_within_the_stored_horizon(self) -> None:
+        horizon = self.stored().horizon
+        for offset in self.live.values():
+            assert horizon is not None and offset <= horizon
+        assert self.ledger.in_flight == len(self.live)
+        status = self.ledger.horizon_status()
+        assert status.suspects_left >= 0
+        if status.isolation in (IsolationPhase.CHARGED, IsolationPhase.IN_FLIGHT):
+            assert self.ledger.in_flight == (status.isolation is IsolationPhase.IN_FLIGHT)
+
+    def teardown(self) -> None:
+        # Liveness: commits land, suspects are isolated, the app accepts every innocent record.
+        for _ in range(30 * len(self.fetched) + 50):
+            if self.in_commit is None:
+                self.start_commit()
+            self.land_commit()
+            if self.ledger.in_flight == 0 and self.ledger.wants_isolation:
+                self.isolate()
+                continue
+            for attempt_id, offset in list(self.live.items()):
+                self.ledger.answer(attempt_id, Ack.ACCEPT, self.now)
+                del self.live[attempt_id]
+                self.done.add(offset)
+                self.outcome(offset, failed=False)
+            for request in self.ledger.to_archive():
+                self.ledger.dlq_written(request.offset)
+                self.archived[request.offset] = request.delivery_count
+                self.done.add(request.offset)
+            if self.ledger.is_idle:
+                break
+            self.now += 50
+            self.send(self.ledger.acquire(self.now, 100))
+        assert self.ledger.is_idle, (self.ledger.statistics(), self.ledger.horizon_status())
+        assert not [o for o in self.fetched if o not in self.done]
+        if self.killer is not None:
+            limit = self.config.delivery_count_limit
+            assert self.archived.get(self.killer) == limit
+            assert self.killer_deaths <= limit + 1
+
+
+HorizonMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+test_horizon_machine = HorizonMachine.TestCase
