@@ -1,4 +1,4 @@
-"""HTTP hot-path benchmark: AppClient → sidecar.httpserver, and wire CPU cost per request.
+"""HTTP hot-path benchmark: AppClient → sidecar.http.server, and wire CPU cost per request.
 
 Run with ``python -m bench.http_bench`` (not a test). The server runs in a child process (so
 client and server do not share one trio loop or one core) and answers every POST with an empty
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import httptools
 import trio
 
-from sidecar.appclient import AppClient, AppTarget
-from sidecar.httpserver import Request, Response, serve_http
-from sidecar.wire import RecordView, format_single_request, interpret_single
+from sidecar.core.wire import RecordView, format_single_request, interpret_single
+from sidecar.http.appclient import AppClient, AppTarget
+from sidecar.http.server import Request, Response, serve_http
 
 RECORD = RecordView(
     topic="orders",

@@ -22,8 +22,15 @@ import statistics
 import sys
 import time
 
-from sidecar.commitstate import CommitState, encode, encoded_length
-from sidecar.ledger import Ack, Attempt, CrashAccounting, LedgerConfig, Ordering, PartitionLedger
+from sidecar.core.commitstate import CommitState, encode, encoded_length
+from sidecar.core.ledger import (
+    Ack,
+    Attempt,
+    CrashAccounting,
+    LedgerConfig,
+    Ordering,
+    PartitionLedger,
+)
 
 KEYS = [b"key-%d" % i for i in range(10_000)]
 

@@ -440,7 +440,7 @@ def measure_app_alone(app: App, seconds: float) -> dict[str, Any]:
     import trio
 
     from bench.http_bench import load
-    from sidecar.appclient import AppTarget
+    from sidecar.http.appclient import AppTarget
 
     out: dict[str, Any] = {}
     for transport in ("tcp", "unix"):

@@ -18,21 +18,21 @@ _EXPORTS = {
     "load_config": "sidecar.config",
     "parse_config": "sidecar.config",
     # the pure delivery core
-    "PartitionLedger": "sidecar.ledger",
-    "LedgerConfig": "sidecar.ledger",
-    "Ack": "sidecar.outcome",
-    "Ordering": "sidecar.ledger",
-    "RecordState": "sidecar.ledger",
-    "RetryPolicy": "sidecar.backoff",
-    "CommitState": "sidecar.commitstate",
+    "PartitionLedger": "sidecar.core.ledger",
+    "LedgerConfig": "sidecar.core.ledger",
+    "Ack": "sidecar.core.outcome",
+    "Ordering": "sidecar.core.ledger",
+    "RecordState": "sidecar.core.ledger",
+    "RetryPolicy": "sidecar.core.backoff",
+    "CommitState": "sidecar.core.commitstate",
     # the wire contract and DLQ records
-    "Answer": "sidecar.wire",
-    "RecordView": "sidecar.wire",
-    "FailedRecord": "sidecar.dlq",
-    "build_dlq_record": "sidecar.dlq",
+    "Answer": "sidecar.core.wire",
+    "RecordView": "sidecar.core.wire",
+    "FailedRecord": "sidecar.kafka.dlq",
+    "build_dlq_record": "sidecar.kafka.dlq",
     # running it
-    "run_sidecar": "sidecar.daemon",
-    "Engine": "sidecar.pipeline",
+    "run_sidecar": "sidecar.service.daemon",
+    "Engine": "sidecar.engines.pipeline",
 }
 
 __all__ = [

@@ -65,8 +65,8 @@ def cmd_run(config_path: str) -> int:
     import trio
 
     from sidecar.config import Config
-    from sidecar.daemon import run_sidecar
-    from sidecar.logs import setup_logging
+    from sidecar.service.daemon import run_sidecar
+    from sidecar.telemetry.logs import setup_logging
 
     config = _load(config_path)
     if not isinstance(config, Config):

@@ -24,9 +24,9 @@ import trio
 import yaml
 from confluent_kafka import Message
 
-from sidecar.httpserver import Request, Response, serve_http
-from sidecar.source import AssignedPartition, OffsetToCommit
-from sidecar.wire import decode_kafka_header, decode_key
+from sidecar.core.wire import decode_kafka_header, decode_key
+from sidecar.http.server import Request, Response, serve_http
+from sidecar.kafka.source import AssignedPartition, OffsetToCommit
 
 ROOT = Path(__file__).resolve().parent.parent
 

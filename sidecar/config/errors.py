@@ -9,7 +9,7 @@ Imports: only `sidecar.errors` (the root error); not the rest of `sidecar.config
 
 from __future__ import annotations
 
-from sidecar.errors import SidecarError
+from sidecar.core.errors import SidecarError
 
 
 class ConfigError(SidecarError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sidecar.dlq import (
+from sidecar.kafka.dlq import (
     DLQ_HEADER_PREFIX,
     H_COPY_DROPPED,
     H_DELIVERY_COUNT,

@@ -9,7 +9,7 @@ Owns replaying and its bookkeeping:
   name but other filters is refused (records a filter skipped were committed past, so another filter under the
   same name would silently miss them);
 - loop protection: replayed records carry `__dlq.replay.*` markers; the DLQ writer keeps them
-  (`sidecar.dlq.REPLAY_HEADER_PREFIX`), and a record whose replay count reached `--max-replays` is skipped;
+  (`sidecar.kafka.dlq.REPLAY_HEADER_PREFIX`), and a record whose replay count reached `--max-replays` is skipped;
 - headers-only DLQ records are replayed from the source topic (`sidecar.ops.dlq_fetch`);
 - pacing: `--rate` through `TokenBucket` (pure, the caller passes the clock).
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from sidecar.dlq import DLQ_HEADER_PREFIX
+from sidecar.kafka.dlq import DLQ_HEADER_PREFIX
 from sidecar.ops.dlq_entries import (
     H_REPLAY_COUNT,
     H_REPLAY_FROM,

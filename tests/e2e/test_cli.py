@@ -14,7 +14,7 @@ import pytest
 import trio
 import yaml
 
-from sidecar.httpserver import Response
+from sidecar.http.server import Response
 from tests.harness import (
     ROOT,
     RecordingApp,

@@ -7,8 +7,8 @@ answer (healthy: the same answers and journal lines as `AppServer`), writes brok
 What the sidecar must make of each garbage answer is SPEC §5 and the README's "app contract": a request that
 was sent and then failed is an attempt and a release, never an accept — except a 2xx whose body is not
 declared JSON, which is an accept by its status. Every variant below carries that expected meaning (the word
-the app journals) and the error class the sidecar reports for it (`sidecar/appclient.py`,
-`sidecar/wire.py`), which a DLQ record archived at the delivery limit names in
+the app journals) and the error class the sidecar reports for it (`sidecar/http/appclient.py`,
+`sidecar/core/wire.py`), which a DLQ record archived at the delivery limit names in
 `__dlq.errors.exception.class.name`.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import httptools
 import trio
 
-from sidecar.httpserver import Request, Response
+from sidecar.http.server import Request, Response
 from tests.faults.workload import AppServer, Seen
 
 HEALTHY, GARBAGE, HANG = "healthy", "garbage", "hang"

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from sidecar.httpserver import Request, Response, json_response, serve_http
+from sidecar.http.server import Request, Response, json_response, serve_http
 from tests.checker import (
     H_OFFSET,
     H_PARTITION,

@@ -1,7 +1,7 @@
 """AppClient against real servers on TCP loopback and Unix sockets.
 
 Most servers here are hand-written on raw trio streams so that they can misbehave on purpose
-(close early, reset, stall, send garbage); one test uses sidecar.httpserver for a full round
+(close early, reset, stall, send garbage); one test uses sidecar.http.server for a full round
 trip of the wire contract.
 """
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from sidecar.appclient import (
+from sidecar.core.wire import AppError, RecordView, decode_kafka_header
+from sidecar.http.appclient import (
     APP_CONNECTION_LOST,
     APP_TIMEOUT,
     MALFORMED_RESPONSE,
@@ -28,8 +29,7 @@ from sidecar.appclient import (
     AppRequestFailed,
     AppTarget,
 )
-from sidecar.httpserver import Request, Response, json_response, serve_http
-from sidecar.wire import AppError, RecordView, decode_kafka_header
+from sidecar.http.server import Request, Response, json_response, serve_http
 from tests.harness import wait_until
 
 REQUEST = b"POST /r HTTP/1.1\r\nHost: test\r\nContent-Length: 5\r\n\r\nhello"
@@ -510,7 +510,7 @@ async def test_cancelled_request_discards_its_connection(transport: str) -> None
 
 
 # ---------------------------------------------------------------------------------------------
-# deliver(): the wire contract end to end, against sidecar.httpserver
+# deliver(): the wire contract end to end, against sidecar.http.server
 
 
 @asynccontextmanager

@@ -20,8 +20,8 @@ from typing import Any
 
 import trio
 
-from sidecar.httpserver import Response
-from sidecar.record import is_delivery_id
+from sidecar.core.record import is_delivery_id
+from sidecar.http.server import Response
 from tests.harness import (
     Delivery,
     RecordingApp,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from sidecar.httpserver import Response
+from sidecar.http.server import Response
 from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec

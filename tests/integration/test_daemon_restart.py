@@ -13,8 +13,8 @@ from pathlib import Path
 
 import trio
 
-from sidecar.commitstate import decode
-from sidecar.httpserver import Response
+from sidecar.core.commitstate import decode
+from sidecar.http.server import Response
 from tests.harness import (
     Delivery,
     RecordingApp,

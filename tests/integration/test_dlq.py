@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from sidecar.httpserver import Response, json_response
+from sidecar.http.server import Response, json_response
 from tests.harness import (
     Delivery,
     RecordingApp,

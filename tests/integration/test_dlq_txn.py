@@ -11,9 +11,9 @@ import pytest
 import trio
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from sidecar import dlq as dlq_module
-from sidecar.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
-from sidecar.httpserver import Response
+from sidecar.http.server import Response
+from sidecar.kafka import dlq as dlq_module
+from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
 from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
 from tests.kafkatools import Broker, Rec
 

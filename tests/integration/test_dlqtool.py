@@ -14,8 +14,8 @@ import pytest
 import trio
 from confluent_kafka import TopicPartition
 
-from sidecar.dlq import CAUSE_REJECTED, FailedRecord, build_dlq_record
-from sidecar.httpserver import Response, json_response
+from sidecar.http.server import Response, json_response
+from sidecar.kafka.dlq import CAUSE_REJECTED, FailedRecord, build_dlq_record
 from sidecar.ops.dlq_command import add_dlq_parser, cmd_dlq
 from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME, DlqEntry
 from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from sidecar.httpserver import Response
+from sidecar.http.server import Response
 from tests.harness import (
     Delivery,
     RecordingApp,

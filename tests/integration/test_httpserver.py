@@ -1,4 +1,4 @@
-"""sidecar.httpserver over real TCP and Unix sockets, driven by raw clients."""
+"""sidecar.http.server over real TCP and Unix sockets, driven by raw clients."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from sidecar.httpserver import Limits, Request, Response, ServerStats, serve_http
+from sidecar.http.server import Limits, Request, Response, ServerStats, serve_http
 
 
 async def echo(request: Request) -> Response:

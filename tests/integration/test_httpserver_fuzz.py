@@ -32,7 +32,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.httpserver import Limits, Listen, Request, Response, ServerStats, serve_http
+from sidecar.http.server import Limits, Listen, Request, Response, ServerStats, serve_http
 
 LIMITS = Limits(max_request_bytes=64 * 1024, request_timeout_s=5.0, send_timeout_s=5.0)
 FUZZ = settings(

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from sidecar.config import load_config
-from sidecar.daemon import run_sidecar
-from sidecar.httpserver import Request, Response, json_response, serve_http
-from sidecar.pipeline import Engine
-from sidecar.tracing import Tracing
+from sidecar.engines.pipeline import Engine
+from sidecar.http.server import Request, Response, json_response, serve_http
+from sidecar.service.daemon import run_sidecar
+from sidecar.telemetry.tracing import Tracing
 from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec

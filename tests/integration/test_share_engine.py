@@ -27,14 +27,14 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import load_config
-from sidecar.httpserver import Response, json_response
-from sidecar.share_engine import (
+from sidecar.engines.share_group import (
     ShareGroupsUnavailable,
     check_broker_configs,
     read_share_settings,
     refusal_from_error,
     share_consumer_properties,
 )
+from sidecar.http.server import Response, json_response
 from tests.harness import (
     Delivery,
     RecordingApp,

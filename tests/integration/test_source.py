@@ -6,7 +6,7 @@ import pytest
 import trio
 from confluent_kafka import Consumer, TopicPartition
 
-from sidecar.source import KafkaSource, OffsetToCommit
+from sidecar.kafka.source import KafkaSource, OffsetToCommit
 from tests.harness import RecordingListener, wait_until
 from tests.kafkatools import Broker, Rec
 

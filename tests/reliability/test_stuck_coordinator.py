@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from sidecar.source import CommitTimeout, KafkaSource, OffsetToCommit
+from sidecar.kafka.source import CommitTimeout, KafkaSource, OffsetToCommit
 from tests.faults.broker import PrivateBroker
 from tests.faults.proxy import BLACKHOLE, PASS, FaultProxy
 from tests.faults.workload import assert_clean, open_run, plan_records

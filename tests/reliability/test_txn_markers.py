@@ -18,8 +18,8 @@ import trio
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sidecar import dlq as dlq_module
-from sidecar.dlq import CAUSE_REJECTED, DlqWriter, FailedRecord
+from sidecar.kafka import dlq as dlq_module
+from sidecar.kafka.dlq import CAUSE_REJECTED, DlqWriter, FailedRecord
 from tests.faults.broker import PrivateBroker
 
 # Fence a silent broker within seconds instead of the default 9.

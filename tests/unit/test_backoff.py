@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.backoff import RETRY_AFTER_MAX_MS, RetryPolicy
+from sidecar.core.backoff import RETRY_AFTER_MAX_MS, RetryPolicy
 
 
 def test_defaults_double_from_one_second_up_to_a_minute() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.commitstate import (
+from sidecar.core.commitstate import (
     DEFAULT_MAX_ENTRIES,
     MAGIC,
     MAGIC_V2,

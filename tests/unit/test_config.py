@@ -35,7 +35,7 @@ from sidecar.config import (
     parse_listen,
     topic_name_error,
 )
-from sidecar.wire import format_single_request
+from sidecar.core.wire import format_single_request
 from tests.unit.test_wire import ParsedRequest, make_record
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.yaml"

@@ -1,14 +1,14 @@
-"""The DLQ step (sidecar.deadletter): archived record → plan → FailedRecord → DLQ record."""
+"""The DLQ step (sidecar.core.deadletter): archived record → plan → FailedRecord → DLQ record."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.deadletter import ArchiveOutcome, DeadLetterPlan, archived_log_fields, dead_letter
-from sidecar.dlq import H_EXC_CLASS, H_MESSAGE, build_dlq_record
-from sidecar.outcome import DELIVERY_COUNT_EXCEEDED, ArchiveReason, ErrorInfo
-from sidecar.record import CustomDeadLetter, SourceRecord, Tracked
+from sidecar.core.deadletter import ArchiveOutcome, DeadLetterPlan, archived_log_fields, dead_letter
+from sidecar.core.outcome import DELIVERY_COUNT_EXCEEDED, ArchiveReason, ErrorInfo
+from sidecar.core.record import CustomDeadLetter, SourceRecord, Tracked
+from sidecar.kafka.dlq import H_EXC_CLASS, H_MESSAGE, build_dlq_record
 
 REC = SourceRecord(
     topic="orders",

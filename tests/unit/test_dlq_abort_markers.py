@@ -12,7 +12,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from sidecar import dlq
+from sidecar.kafka import dlq
 
 TP0, TP1 = ("dlq.t", 0), ("dlq.t", 1)
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.dlq import (
+from sidecar.kafka.dlq import (
     CAUSE_DELIVERY_COUNT,
     CAUSE_REJECTED,
     H_DELIVERY_COUNT,

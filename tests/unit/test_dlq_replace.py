@@ -16,7 +16,7 @@ import pytest
 import trio
 from confluent_kafka import KafkaError, KafkaException
 
-from sidecar import dlq
+from sidecar.kafka import dlq
 
 FENCED = KafkaException(
     KafkaError(KafkaError._FENCED, "This instance has been fenced by a newer instance", fatal=True)

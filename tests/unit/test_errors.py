@@ -1,17 +1,17 @@
-"""One root for the sidecar's errors, as drawn in sidecar/errors.py."""
+"""One root for the sidecar's errors, as drawn in sidecar/core/errors.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.appclient import AppClientError, AppNotReachable, AppRequestFailed
 from sidecar.config import ConfigError
-from sidecar.dlq import DlqFatalError, DlqStartupError, DlqTxnAbortable, DlqTxnStuck
-from sidecar.errors import CommitFailed, DlqError, KafkaClientError, SidecarError
-from sidecar.ledger import ExpiredAttempt, LedgerError, UnknownAttempt
-from sidecar.share_engine import ShareGroupsUnavailable
-from sidecar.source import SourceError
-from sidecar.wire import WireError
+from sidecar.core.errors import CommitFailed, DlqError, KafkaClientError, SidecarError
+from sidecar.core.ledger import ExpiredAttempt, LedgerError, UnknownAttempt
+from sidecar.core.wire import WireError
+from sidecar.engines.share_group import ShareGroupsUnavailable
+from sidecar.http.appclient import AppClientError, AppNotReachable, AppRequestFailed
+from sidecar.kafka.dlq import DlqFatalError, DlqStartupError, DlqTxnAbortable, DlqTxnStuck
+from sidecar.kafka.source import SourceError
 
 
 @pytest.mark.parametrize(
@@ -42,9 +42,9 @@ def test_the_hierarchy_is_as_drawn(error: type[Exception], parent: type[Exceptio
 
 
 def test_the_drawing_names_every_class() -> None:
-    import sidecar.errors
+    import sidecar.core.errors
 
-    drawing = sidecar.errors.__doc__ or ""
+    drawing = sidecar.core.errors.__doc__ or ""
     for name in [
         "ConfigError",
         "WireError",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.httplimits import SLICE_BYTES, LimitExceeded, MeteredCollector
+from sidecar.http.limits import SLICE_BYTES, LimitExceeded, MeteredCollector
 
 LIMIT = 64 * 1024
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.config import Config, ConfigError, load_config, parse_config
-from sidecar.wire import (
+from sidecar.core.wire import (
     ACK_REQUEST_WORDS,
     MALFORMED_ANSWER,
     MAX_RETRY_AFTER_MS,

@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from sidecar.backoff import RetryPolicy
-from sidecar.commitstate import MAX_OFFSET, CommitState, decode
-from sidecar.ledger import (
+from sidecar.core.backoff import RetryPolicy
+from sidecar.core.commitstate import MAX_OFFSET, CommitState, decode
+from sidecar.core.ledger import (
     Ack,
     AnswerResult,
     ArchiveReason,

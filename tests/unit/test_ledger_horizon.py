@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.backoff import RetryPolicy
-from sidecar.commitstate import CommitState, decode, encode
-from sidecar.ledger import (
+from sidecar.core.backoff import RetryPolicy
+from sidecar.core.commitstate import CommitState, decode, encode
+from sidecar.core.ledger import (
     Ack,
     ArchiveReason,
     Attempt,

@@ -24,9 +24,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sidecar.backoff import RetryPolicy
-from sidecar.commitstate import MAX_OFFSET, CommitState, decode, encode, payload_bound
-from sidecar.ledger import (
+from sidecar.core.backoff import RetryPolicy
+from sidecar.core.commitstate import MAX_OFFSET, CommitState, decode, encode, payload_bound
+from sidecar.core.ledger import (
     Ack,
     ArchiveReason,
     Attempt,

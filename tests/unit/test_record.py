@@ -1,4 +1,4 @@
-"""The record read once at intake, and delivery ids that cannot be guessed (sidecar.record).
+"""The record read once at intake, and delivery ids that cannot be guessed (sidecar.core.record).
 
 Issue 20: delivery ids were `topic/partition/offset/epoch.seq` (share engine:
 `topic/partition/offset.count.seq`), so one id and /v1/status were enough to find live ones. Now an
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sidecar.record import (
+from sidecar.core.record import (
     DELIVERY_ID_BYTES,
     CustomDeadLetter,
     LiveIds,
@@ -25,7 +25,7 @@ from sidecar.record import (
     new_delivery_id,
     source_record,
 )
-from sidecar.wire import AckItem, Answer
+from sidecar.core.wire import AckItem, Answer
 
 
 class FakeMessage:

@@ -9,7 +9,7 @@ import logging
 import pytest
 from confluent_kafka import KafkaError
 
-from sidecar.source import KafkaSource, broker_error_reason
+from sidecar.kafka.source import KafkaSource, broker_error_reason
 
 AUTH = KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: invalid credentials")
 TLS = KafkaError(KafkaError._SSL, "SSL handshake failed: certificate verify failed")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from sidecar.source import KafkaSource
+from sidecar.kafka.source import KafkaSource
 
 
 class FakeConsumer:
@@ -39,7 +39,7 @@ class Tp:
 def test_a_partition_level_error_is_retried_not_taken_for_no_offset(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("sidecar.source.time.sleep", lambda _s: None)
+    monkeypatch.setattr("sidecar.kafka.source.time.sleep", lambda _s: None)
     consumer = FakeConsumer(
         [
             [Tp(-1001, KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT))],
@@ -53,7 +53,7 @@ def test_a_partition_level_error_is_retried_not_taken_for_no_offset(
 
 
 def test_a_non_retriable_error_is_raised_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("sidecar.source.time.sleep", lambda _s: None)
+    monkeypatch.setattr("sidecar.kafka.source.time.sleep", lambda _s: None)
     consumer = FakeConsumer([KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))])
     with pytest.raises(KafkaException):
         KafkaSource._read_committed(consumer, [TopicPartition("t", 0)])  # type: ignore[arg-type]
@@ -62,12 +62,12 @@ def test_a_non_retriable_error_is_raised_at_once(monkeypatch: pytest.MonkeyPatch
 
 def test_retries_stop_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr("sidecar.source.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("sidecar.kafka.source.time.monotonic", lambda: clock[0])
 
     def sleep(s: float) -> None:
         clock[0] += 5.0
 
-    monkeypatch.setattr("sidecar.source.time.sleep", sleep)
+    monkeypatch.setattr("sidecar.kafka.source.time.sleep", sleep)
     consumer = FakeConsumer([KafkaException(KafkaError(KafkaError._TIMED_OUT))] * 20)
     with pytest.raises(KafkaException):
         KafkaSource._read_committed(consumer, [TopicPartition("t", 0)])  # type: ignore[arg-type]

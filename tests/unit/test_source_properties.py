@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.source import consumer_properties
+from sidecar.kafka.source import consumer_properties
 
 
 def test_defaults_the_sidecar_sets_and_the_user_may_override() -> None:

@@ -18,7 +18,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.wire import (
+from sidecar.core.wire import (
     MAX_RETRY_AFTER_MS,
     AckItem,
     Answer,

@@ -1,6 +1,6 @@
 """One attempt on its way to the app: the client that sends it, its wire view and its span.
 
-Owns the translation from a :class:`~sidecar.record.Tracked` record in the sidecar's care to what the
+Owns the translation from a :class:`~sidecar.core.record.Tracked` record in the sidecar's care to what the
 HTTP layer sends (:func:`attempt_view`, a ``wire.RecordView`` built from the record read once at
 intake), the CONSUMER span around the attempt, and the app client built from the configuration.
 
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.appclient import AppClient, AppTarget
 from sidecar.config import Config
-from sidecar.outcome import APP_NOT_REACHABLE, SHUTDOWN
-from sidecar.record import Tracked
-from sidecar.tracing import AttemptContext, Tracing
-from sidecar.wire import Answer, RecordView
+from sidecar.core.outcome import APP_NOT_REACHABLE, SHUTDOWN
+from sidecar.core.record import Tracked
+from sidecar.core.wire import Answer, RecordView
+from sidecar.http.appclient import AppClient, AppTarget
+from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 __all__ = ["abandon_attempt_span", "app_client_for", "attempt_view", "end_attempt_span"]
 

@@ -44,22 +44,27 @@ from typing import Any, Literal, Protocol
 import trio
 from opentelemetry import trace
 
-from sidecar.appclient import AppClient, AppNotReachable, AppTarget
 from sidecar.config import AppMode, Config, ErrorsTolerance
-from sidecar.deadletter import (
+from sidecar.core.deadletter import (
     ArchiveOutcome,
     DeadLetterPlan,
     FailedRecord,
     archived_log_fields,
     dead_letter,
 )
-from sidecar.delivery import abandon_attempt_span, app_client_for, attempt_view, end_attempt_span
-from sidecar.dlq import DlqFatalError, DlqWriter
-from sidecar.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
-from sidecar.record import LiveIds, Tracked, custom_dead_letter
-from sidecar.source import SourceError, check_cluster_sync
-from sidecar.tracing import Tracing
-from sidecar.wire import AckItem, Answer
+from sidecar.core.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
+from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
+from sidecar.core.wire import AckItem, Answer
+from sidecar.engines.delivery import (
+    abandon_attempt_span,
+    app_client_for,
+    attempt_view,
+    end_attempt_span,
+)
+from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.kafka.dlq import DlqFatalError, DlqWriter
+from sidecar.kafka.source import SourceError, check_cluster_sync
+from sidecar.telemetry.tracing import Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
 CLUSTER_RETRY_MAX_S = 10.0

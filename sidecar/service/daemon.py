@@ -7,7 +7,7 @@ drain; the commits that follow are still safe because a committed offset never p
 A fatal error (a DLQ write that cannot succeed, `errors.tolerance: none`) follows the same path without the
 drain and exits 1.
 
-The engine (`sidecar.pipeline.Engine`) runs that order itself: this module starts it with
+The engine (`sidecar.engines.pipeline.Engine`) runs that order itself: this module starts it with
 `nursery.start(engine.run)`, serves the local API beside it, and steers it only through `request_stop()` and
 `skip_drain()`.
 """
@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 import trio
 
-from sidecar.api import LocalApi
 from sidecar.config import Config
 from sidecar.config import Engine as EngineKind
-from sidecar.dlq import DlqStartupError
-from sidecar.httpserver import Limits, serve_http
-from sidecar.pipeline import Engine, Pipeline
-from sidecar.tracing import Tracing
+from sidecar.engines.pipeline import Engine, Pipeline
+from sidecar.http.server import Limits, serve_http
+from sidecar.kafka.dlq import DlqStartupError
+from sidecar.service.api import LocalApi
+from sidecar.telemetry.tracing import Tracing
 
 log = logging.getLogger("sidecar.daemon")
 
@@ -86,10 +86,10 @@ def open_engine(
 ) -> Engine:
     """The engine `config.engine` names: the pipeline around that engine's delivery state."""
     if config.engine is EngineKind.SHARE:
-        from sidecar.share_engine import ShareGroupEngine
+        from sidecar.engines.share_group import ShareGroupEngine
 
         return Pipeline(config, ShareGroupEngine, tracing=tracing)
-    from sidecar.engine import ConsumerGroupEngine
+    from sidecar.engines.consumer_group import ConsumerGroupEngine
 
     return Pipeline(
         config, functools.partial(ConsumerGroupEngine, write_ahead=write_ahead), tracing=tracing
@@ -114,7 +114,7 @@ async def run_sidecar(
 
     metrics = None
     if config.metrics.enable:
-        from sidecar.metrics import Metrics
+        from sidecar.service.metrics import Metrics
 
         metrics = Metrics(engine)
     api = LocalApi(

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from sidecar.errors import KafkaClientError
+from sidecar.core.errors import KafkaClientError
 
 log = logging.getLogger("sidecar.source")
 

@@ -31,9 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.config import is_loopback_host
-from sidecar.httpserver import Request, Response, ServerStats, json_response
-from sidecar.pipeline import Engine
-from sidecar.wire import AckItem, WireError, format_ack_response, parse_ack_request
+from sidecar.core.wire import AckItem, WireError, format_ack_response, parse_ack_request
+from sidecar.engines.pipeline import Engine
+from sidecar.http.server import Request, Response, ServerStats, json_response
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
 Route = Callable[[Request], Awaitable[Response]]

@@ -9,7 +9,7 @@
 
 The engine performs the write (plain or transactional) and reports which :class:`ArchiveOutcome`
 it got; the record is done for WRITTEN and NO_DLQ only. :class:`FailedRecord` is what
-:func:`sidecar.dlq.build_dlq_record` turns into the record's bytes and ``__dlq.errors.*`` headers.
+:func:`sidecar.kafka.dlq.build_dlq_record` turns into the record's bytes and ``__dlq.errors.*`` headers.
 
 Pure: no trio, no Kafka, no I/O, no clock. Must import only the core (:mod:`sidecar.outcome`,
 :mod:`sidecar.record`).
@@ -21,8 +21,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.outcome import ArchiveReason, ErrorInfo, dead_letter_error
-from sidecar.record import Header, Tracked
+from sidecar.core.outcome import ArchiveReason, ErrorInfo, dead_letter_error
+from sidecar.core.record import Header, Tracked
 
 __all__ = [
     "ArchiveOutcome",

@@ -22,7 +22,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from sidecar.backoff import RetryPolicy
+from sidecar.core.backoff import RetryPolicy
 
 __all__ = [
     "ACK_BY_WORD",

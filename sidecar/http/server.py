@@ -48,7 +48,7 @@ from typing import Literal, TypeAlias
 import httptools
 import trio
 
-from sidecar.httplimits import LimitExceeded, MeteredCollector
+from sidecar.http.limits import LimitExceeded, MeteredCollector
 
 __all__ = [
     "Handler",

@@ -25,9 +25,9 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
-from sidecar.deadletter import FailedRecord
-from sidecar.errors import DlqError
-from sidecar.outcome import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED  # noqa: F401 (re-exported)
+from sidecar.core.deadletter import FailedRecord
+from sidecar.core.errors import DlqError
+from sidecar.core.outcome import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED  # noqa: F401 (re-exported)
 
 log = logging.getLogger("sidecar.dlq")
 

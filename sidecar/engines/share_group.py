@@ -54,8 +54,8 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import Config, Ordering
-from sidecar.deadletter import FailedRecord
-from sidecar.outcome import (
+from sidecar.core.deadletter import FailedRecord
+from sidecar.core.outcome import (
     ACK_BY_WORD,
     LOCK_TIMEOUT,
     SHUTDOWN,
@@ -65,10 +65,10 @@ from sidecar.outcome import (
     decide,
     error_info,
 )
-from sidecar.pipeline import AckResult, Delivery, Pipeline
-from sidecar.record import Tracked, source_record
-from sidecar.source import SourceError
-from sidecar.wire import AckItem, Answer, AppError
+from sidecar.core.record import Tracked, source_record
+from sidecar.core.wire import AckItem, Answer, AppError
+from sidecar.engines.pipeline import AckResult, Delivery, Pipeline
+from sidecar.kafka.source import SourceError
 
 log = logging.getLogger("sidecar.share")
 

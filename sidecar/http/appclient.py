@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import httptools
 import trio
 
-from sidecar.errors import SidecarError
-from sidecar.httplimits import LimitExceeded, MeteredCollector
-from sidecar.wire import (
+from sidecar.core.errors import SidecarError
+from sidecar.core.outcome import APP_CONNECTION_LOST, APP_TIMEOUT, MALFORMED_RESPONSE
+from sidecar.core.wire import (
     Answer,
     AppError,
     RecordView,
@@ -55,6 +55,7 @@ from sidecar.wire import (
     interpret_batch,
     interpret_single,
 )
+from sidecar.http.limits import LimitExceeded, MeteredCollector
 
 __all__ = [
     "APP_CONNECTION_LOST",
@@ -68,9 +69,6 @@ __all__ = [
     "RawResponse",
 ]
 
-APP_TIMEOUT = "sidecar.AppTimeout"
-APP_CONNECTION_LOST = "sidecar.AppConnectionLost"
-MALFORMED_RESPONSE = "sidecar.MalformedResponse"
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024

@@ -2,17 +2,17 @@
 
     SidecarError
     ├── ConfigError ............ the configuration is invalid (exit 2)                  sidecar.config
-    ├── WireError .............. malformed input to a wire parser or formatter          sidecar.wire
-    ├── LedgerError ............ an illegal call on a partition's ledger                sidecar.ledger
+    ├── WireError .............. malformed input to a wire parser or formatter          sidecar.core.wire
+    ├── LedgerError ............ an illegal call on a partition's ledger                sidecar.core.ledger
     │   ├── UnknownAttempt, ExpiredAttempt, IllegalTransition, LedgerClosed
-    ├── AppClientError ......... talking to the app over HTTP                           sidecar.appclient
+    ├── AppClientError ......... talking to the app over HTTP                           sidecar.http.appclient
     │   ├── AppNotReachable .... nothing listening: not an attempt (socket errors end here)
     │   └── AppRequestFailed ... sent, then failed: an attempt (timeouts, resets, bad HTTP)
     ├── KafkaClientError ....... librdkafka (`KafkaException`) seen through the sidecar
-    │   ├── SourceError ........ the consumer cannot continue (exit 1)                  sidecar.source
-    │   │   └── ShareGroupsUnavailable ... the cluster cannot run this share group     sidecar.share_engine
-    │   └── CommitFailed ....... one offset commit failed; the next one retries it     sidecar.engine
-    └── DlqError ............... the dead-letter queue                                  sidecar.dlq
+    │   ├── SourceError ........ the consumer cannot continue (exit 1)                  sidecar.kafka.source
+    │   │   └── ShareGroupsUnavailable ... the cluster cannot run this share group     sidecar.engines.share_group
+    │   └── CommitFailed ....... one offset commit failed; the next one retries it     sidecar.engines.consumer_group
+    └── DlqError ............... the dead-letter queue                                  sidecar.kafka.dlq
         ├── DlqStartupError .... a DLQ topic is missing or unusable at start-up (exit 1)
         ├── DlqFatalError ...... a DLQ write that cannot succeed: stop, never drop (exit 1)
         └── DlqTxnAbortable .... a DLQ transaction to abort and redo

@@ -50,23 +50,23 @@ from typing import Any, cast
 import trio
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from sidecar import ledger as L
-from sidecar.backoff import RetryPolicy
-from sidecar.commitstate import decode as decode_state
 from sidecar.config import AppMode, Config
-from sidecar.deadletter import ArchiveOutcome, FailedRecord
-from sidecar.dlq import DlqFatalError, DlqTxnAbortable
-from sidecar.errors import CommitFailed
-from sidecar.outcome import Ack, error_info
-from sidecar.pipeline import AckResult, Delivery, PartitionKey, Pipeline
-from sidecar.record import Tracked, source_record
-from sidecar.source import (
+from sidecar.core import ledger as L
+from sidecar.core.backoff import RetryPolicy
+from sidecar.core.commitstate import decode as decode_state
+from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
+from sidecar.core.errors import CommitFailed
+from sidecar.core.outcome import Ack, error_info
+from sidecar.core.record import Tracked, source_record
+from sidecar.core.wire import AckItem, Answer
+from sidecar.engines.pipeline import AckResult, Delivery, PartitionKey, Pipeline
+from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable
+from sidecar.kafka.source import (
     AssignedPartition,
     CommitTimeout,
     KafkaSource,
     OffsetToCommit,
 )
-from sidecar.wire import AckItem, Answer
 
 log = logging.getLogger("sidecar.engine")
 
@@ -710,7 +710,7 @@ class ConsumerGroupEngine:
                         return await self._txn_fatal(items, marked, str(abort_exc))
                 except DlqFatalError as exc:
                     return await self._txn_fatal(items, marked, str(exc))
-                # One batch's dispatch boundary (allowed here, see sidecar.errors): stop the
+                # One batch's dispatch boundary (allowed here, see sidecar.core.errors): stop the
                 # sidecar with the reason, never crash the transaction loop.
                 except Exception as exc:
                     return await self._txn_fatal(items, marked, f"DLQ transaction failed: {exc!r}")

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias, cast
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
-from sidecar.errors import SidecarError
+from sidecar.core.errors import SidecarError
 
 __all__ = [
     "ACK_REQUEST_WORDS",

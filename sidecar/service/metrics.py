@@ -2,7 +2,7 @@
 
 A custom collector keeps the hot path free of metric calls: the engine counts in plain integers and this
 module turns them into Prometheus families when `/metrics` is scraped. It reads the engine only through
-the `sidecar.pipeline.Engine` interface.
+the `sidecar.engines.pipeline.Engine` interface.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from sidecar.pipeline import Engine
+    from sidecar.engines.pipeline import Engine
 
 
 class EngineCollector(Collector):

@@ -13,7 +13,7 @@ Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``
 ``dlq_written``, ``dlq_failed``, ``revoke``, and in horizon mode ``isolate`` and ``committed``);
 outputs are small frozen values (:class:`Attempt`, :class:`AnswerResult`, :class:`ArchiveRequest`,
 :class:`CommitPoint`, :class:`IsolationCharge`, :class:`HorizonStatus`,
-:class:`~sidecar.commitstate.CommitState`).  An illegal call raises a :class:`LedgerError` and
+:class:`~sidecar.core.commitstate.CommitState`).  An illegal call raises a :class:`LedgerError` and
 leaves the ledger unchanged.  The committable offset, the state to commit and the horizon to commit
 are derived from the records held, never stored.
 
@@ -100,8 +100,8 @@ import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields
 
-from sidecar.backoff import RetryPolicy
-from sidecar.commitstate import (
+from sidecar.core.backoff import RetryPolicy
+from sidecar.core.commitstate import (
     MAX_OFFSET,
     CommitState,
     chars_for_payload,
@@ -109,8 +109,8 @@ from sidecar.commitstate import (
     encoded_length,
     payload_bound,
 )
-from sidecar.errors import SidecarError
-from sidecar.outcome import COUNT_EXHAUSTED, LOCK_TIMEOUT, Ack, ArchiveReason, ErrorInfo
+from sidecar.core.errors import SidecarError
+from sidecar.core.outcome import COUNT_EXHAUSTED, LOCK_TIMEOUT, Ack, ArchiveReason, ErrorInfo
 
 __all__ = [
     "Ack",

@@ -1,0 +1,8 @@
+"""HTTP adapters on trio (httptools): the server for the local API and test apps, the client to the app.
+
+    server     HTTP/1.1 server framing, keep-alive, hard limits, TCP and Unix sockets
+    appclient  the keep-alive client that pushes records to the app; "not reachable" vs "failed"
+    limits     byte and time limits shared by both sides
+
+May import `sidecar.core`; never Kafka, the engines or the service.
+"""

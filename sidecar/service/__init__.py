@@ -1,0 +1,4 @@
+"""The running service: `dlq-sidecar run` (daemon), the local API's two listeners (api), Prometheus (metrics).
+
+May import everything below it (engines, adapters, config, core); never the operator tools.
+"""
