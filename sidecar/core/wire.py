@@ -394,6 +394,16 @@ _CE_NOT_STRING = re.compile(
     + "]"
 )
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+# RFC 3986: the characters of a URI-reference (unreserved, reserved, '%'), as a delete table.
+_URI_REFERENCE_CHARS = str.maketrans(
+    dict.fromkeys(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:/?#[]@!$&'()*+,;=%"
+    )
+)
+_CE_NOT_FROM_RECORD = frozenset({"specversion", "data"})
 # Extension attributes the sidecar sets on every event of a CloudEvents batch, overriding any a
 # record carries: the answer names records by ``deliveryid``.
 CLOUDEVENTS_BATCH_EXTENSIONS = (
@@ -451,9 +461,9 @@ def cloudevent_attributes(record: RecordView, cloudevents: CloudEventsFormat) ->
     record, since a topic name cannot hold ``/``; the same on every redelivery, as a duplicate
     should be), ``source`` and ``type`` from their templates, ``time`` from the record timestamp
     when it has one, and ``partitionkey`` from a key that is a non-empty String. Then every record
-    header ``ce_<name>`` (Kafka binding, names case-insensitive) whose name is an attribute name
-    and whose value is a String adds or replaces attribute ``<name>``, the last one winning —
-    except ``ce_specversion``: what the sidecar sends is always a 1.0 event. The record's
+    header ``ce_<name>`` (Kafka binding, names case-insensitive) whose value is a valid value of
+    that attribute (:func:`_record_attribute_ok`) adds or replaces attribute ``<name>``, the last
+    one winning; never ``specversion``: what the sidecar sends is always a 1.0 event. The record's
     ``content-type`` header (or, failing that, a ``ce_datacontenttype`` header) becomes
     ``datacontenttype`` when it is visible ASCII.
     """
@@ -487,7 +497,7 @@ def cloudevent_attributes(record: RecordView, cloudevents: CloudEventsFormat) ->
             continue
         attribute = lowered[3:]
         text = _ce_string(value)
-        if text is None or not _CE_ATTRIBUTE.fullmatch(attribute) or attribute == "specversion":
+        if text is None or not _record_attribute_ok(attribute, text):
             continue
         if attribute == "datacontenttype":
             if text.strip() and _is_header_safe(text):
@@ -498,6 +508,32 @@ def cloudevent_attributes(record: RecordView, cloudevents: CloudEventsFormat) ->
     if content_type is not None:
         attributes["datacontenttype"] = content_type
     return attributes
+
+
+def _is_rfc3339(text: str) -> bool:
+    if not _RFC3339.fullmatch(text):
+        return False
+    try:
+        datetime.datetime.fromisoformat(text.upper())
+    except ValueError:
+        return False  # a well-shaped but impossible date or time (month 13, second 60)
+    return True
+
+
+def _record_attribute_ok(attribute: str, text: str) -> bool:
+    """Whether a record's ``ce_<attribute>`` header may become that attribute.
+
+    A header that would make the event invalid is left out (the derived value stands): an empty
+    value, a name that is not an attribute name, the reserved ``data`` and ``specversion``, a
+    ``time`` that is not RFC 3339, a ``source``/``dataschema`` that is not a URI-reference.
+    """
+    if not text or not _CE_ATTRIBUTE.fullmatch(attribute) or attribute in _CE_NOT_FROM_RECORD:
+        return False
+    if attribute == "time":
+        return _is_rfc3339(text)
+    if attribute in ("source", "dataschema"):
+        return not text.translate(_URI_REFERENCE_CHARS)
+    return True
 
 
 def _binary_mode(record: RecordView, cloudevents: CloudEventsFormat) -> tuple[str, bytes]:
