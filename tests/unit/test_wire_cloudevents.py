@@ -43,7 +43,9 @@ def http_event(record: RecordView, ce: CloudEventsFormat = CE) -> tuple[ParsedRe
     return request, ce_http.from_binary(message, JSONFormat(), CloudEvent)
 
 
-def batch_events(records: list[RecordView]) -> tuple[ParsedRequest, list[dict[str, Any]], list[Any]]:
+def batch_events(
+    records: list[RecordView],
+) -> tuple[ParsedRequest, list[dict[str, Any]], list[Any]]:
     request = ParsedRequest(format_batch_request(records, "localhost", "/events", (), CE))
     raw = json.loads(request.body)
     assert isinstance(raw, list)
