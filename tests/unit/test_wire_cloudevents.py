@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from cloudevents.core.bindings import http as ce_http
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
@@ -32,7 +33,14 @@ from sidecar.core.wire import (
     format_single_request,
     interpret_batch,
 )
-from tests.unit.test_wire import ParsedRequest, make_record
+from tests.unit.test_wire import (
+    FRAMING,
+    OPENAPI_PATH,
+    ParsedRequest,
+    documented_headers,
+    make_record,
+    schema_errors,
+)
 
 CE = CloudEventsFormat(source="kafka://broker-0:9092/{topic}", type="com.example.{topic}.record")
 
@@ -356,3 +364,42 @@ def test_the_same_record_redelivered_keeps_its_id() -> None:
     first = cloudevent_attributes(make_record(delivery_count=1, delivery_id="a"), CE)
     again = cloudevent_attributes(make_record(delivery_count=2, delivery_id="b"), CE)
     assert first == again
+
+
+# ---------------------------------------------------------------------------------------------
+# openapi.yaml documents what is sent
+
+
+@pytest.fixture(scope="module")
+def openapi() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(OPENAPI_PATH.read_text(encoding="utf-8"))
+    return document
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        make_record(),
+        make_record(key=None, value=None, timestamp_ms=None, timestamp_type="none", headers=()),
+        make_record(headers=(("content-type", b"application/json"), ("ce_id", b"x"))),
+    ],
+)
+def test_binary_mode_sends_only_documented_headers(
+    openapi: dict[str, Any], record: RecordView
+) -> None:
+    request, _ = http_event(record)
+    sent = {name.lower() for name, _ in request.headers}
+    assert sent - FRAMING <= set(documented_headers(openapi))
+
+
+def test_cloudevents_batch_matches_the_documented_schema(openapi: dict[str, Any]) -> None:
+    records = [
+        make_record(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        make_record(key=None, value=None, timestamp_ms=None, timestamp_type="none"),
+        make_record(headers=(("content-type", b"text/plain"), ("ce_subject", b"s"))),
+    ]
+    _, raw, _ = batch_events(records)
+    content = openapi["webhooks"]["deliverBatch"]["post"]["requestBody"]["content"]
+    schema = content[CLOUDEVENTS_BATCH_CONTENT_TYPE]["schema"]
+    assert schema_errors(openapi, schema, raw) == []
+    assert schema_errors(openapi, schema, [{"id": "x"}])  # the schema can fail
