@@ -387,13 +387,16 @@ CLOUDEVENTS_BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
 _CE_ATTRIBUTE = re.compile(r"[a-z0-9]+")
 # HTTP binding §3.1.3.2: space, '"', '%' and everything outside U+0021..U+007E are percent-encoded.
 _CE_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"%')
+_CE_HEADER_SAFE_BYTES = _CE_HEADER_SAFE.encode("ascii")
 # The core type system's String excludes control characters, surrogates and noncharacters.
 _CE_NOT_STRING = re.compile(
     "[\x00-\x1f\x7f-\x9f\ufdd0-\ufdef"
     + "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
     + "]"
 )
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+# Years 1..9999, the range RFC 3339 (and datetime) can write: 0001-01-01 .. 9999-12-31T23:59:59.
+_FIRST_SECOND = -62_135_596_800
+_LAST_SECOND = 253_402_300_799
 _RFC3339 = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
@@ -439,13 +442,13 @@ def _ce_string(data: bytes) -> str | None:
 def cloudevents_time(timestamp_ms: int) -> str | None:
     """A Kafka timestamp as an RFC 3339 UTC time with milliseconds; None outside years 1..9999."""
     seconds, millis = divmod(timestamp_ms, 1000)
-    try:
-        when = _EPOCH + datetime.timedelta(seconds=seconds)
-    except OverflowError:
+    if not _FIRST_SECOND <= seconds <= _LAST_SECOND:
         return None
+    # time.gmtime is several times cheaper than datetime arithmetic, and exact on integers.
+    tm = time.gmtime(seconds)
     return (
-        f"{when.year:04d}-{when.month:02d}-{when.day:02d}T"
-        f"{when.hour:02d}:{when.minute:02d}:{when.second:02d}.{millis:03d}Z"
+        f"{tm.tm_year:04d}-{tm.tm_mon:02d}-{tm.tm_mday:02d}T"
+        f"{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}.{millis:03d}Z"
     )
 
 
@@ -536,6 +539,12 @@ def _record_attribute_ok(attribute: str, text: str) -> bool:
     return True
 
 
+def _ce_header_value(value: str) -> str:
+    if value.isascii() and not value.encode("ascii").translate(None, _CE_HEADER_SAFE_BYTES):
+        return value  # the common case: nothing to percent-encode
+    return quote(value, safe=_CE_HEADER_SAFE)
+
+
 def _binary_mode(record: RecordView, cloudevents: CloudEventsFormat) -> tuple[str, bytes]:
     """The Content-Type and ``ce-*`` header lines of one record in binary mode.
 
@@ -546,9 +555,7 @@ def _binary_mode(record: RecordView, cloudevents: CloudEventsFormat) -> tuple[st
     content_type = attributes.pop("datacontenttype", None)
     if content_type is not None and is_structured_content_type(content_type):
         return content_type, b""
-    lines = [
-        f"ce-{name}: {quote(value, safe=_CE_HEADER_SAFE)}\r\n" for name, value in attributes.items()
-    ]
+    lines = [f"ce-{name}: {_ce_header_value(value)}\r\n" for name, value in attributes.items()]
     return content_type or "application/octet-stream", "".join(lines).encode("ascii")
 
 

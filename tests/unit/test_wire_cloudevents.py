@@ -210,6 +210,18 @@ def test_time_is_rfc3339_utc_with_milliseconds(timestamp_ms: int, expected: str 
     assert cloudevents_time(timestamp_ms) == expected
 
 
+@given(st.integers(-62_135_596_800_000, 253_402_300_799_999))
+def test_time_agrees_with_datetime(timestamp_ms: int) -> None:
+    seconds, millis = divmod(timestamp_ms, 1000)
+    when = datetime.datetime(1, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(
+        seconds=seconds + 62_135_596_800, milliseconds=millis
+    )
+    assert cloudevents_time(timestamp_ms) == when.isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+    assert cloudevents_time(-62_135_596_800_001) is None  # before year 1
+
+
 def test_no_timestamp_no_time() -> None:
     assert "time" not in cloudevent_attributes(make_record(timestamp_ms=None), CE)
 
