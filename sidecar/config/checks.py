@@ -103,6 +103,14 @@ def _check_dlq_topic(config: Config) -> None:
 def _check_cloudevents_source(config: Config) -> None:
     if config.app.format is not AppFormat.CLOUDEVENTS:
         return
+    for name in config.app.headers:
+        if name.lower().startswith("ce-"):
+            # A static ce-* header would repeat or contradict the event's own attribute.
+            raise _Invalid(
+                f"app.headers.{name}",
+                "with app.format: cloudevents the ce-* headers are the event's attributes; set "
+                "app.cloudevents.source / app.cloudevents.type, or ce_* headers on the records",
+            )
     template = config.cloudevents_source
     for topic in config.source.topics:
         source = template.replace("{topic}", topic)

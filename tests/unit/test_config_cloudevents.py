@@ -70,6 +70,11 @@ def test_source_and_type_are_configurable() -> None:
         ({"cloudevents.type": ""}, "app.cloudevents.type", "must not be empty"),
         ({"cloudevents.type": "a\tb"}, "app.cloudevents.type", "no control characters"),
         ({"cloudevents.typo": "x"}, "app.cloudevents.typo", ""),
+        (
+            {"format": "cloudevents", "headers": {"CE-Source": "/x"}},
+            "app.headers.CE-Source",
+            "the ce-* headers are the event's attributes",
+        ),
     ],
 )
 def test_bad_values_name_the_key(app: dict[str, Any], path: str, reason: str) -> None:
@@ -80,4 +85,5 @@ def test_bad_values_name_the_key(app: dict[str, Any], path: str, reason: str) ->
 
 
 def test_the_source_is_only_checked_when_it_is_used() -> None:
-    parse_config(config(**{"cloudevents.source": "/a b"}))  # raw format: unused, not an error
+    # Raw format: the source is unused and a ce-* header is just a header, not an error.
+    parse_config(config(**{"cloudevents.source": "/a b", "headers": {"ce-x": "1"}}))
