@@ -230,3 +230,37 @@ async def test_batch_mode_sends_a_cloudevents_json_batch(
     assert mapped.get_source() == "/shop/checkout"
     assert mapped.get_datacontenttype() == "application/json"
     assert mapped.get_data() == b'{"order": 17}'  # data_base64: byte-exact
+
+
+async def test_the_share_engine_sends_the_same_cloudevents(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    app = CloudEventsApp(batch=False)
+    app.reject = {f"{topic}/0/0"}
+    async with serving(app, "tcp") as where:
+        cfg = write_config(
+            tmp_path / "sidecar.yaml",
+            bootstrap=broker.bootstrap,
+            group=f"g-{unique}",
+            topics=[topic],
+            extra={
+                **FAST,
+                "engine": "share",
+                "ordering": "none",
+                "errors.deadletterqueue.topic.name": f"dlq.{topic}",
+            },
+            app_extra={"format": "cloudevents"},
+            **where,
+        )
+        await trio.to_thread.run_sync(broker.produce, topic, source_records())
+        async with sidecar(cfg) as sc:
+            await wait_until(lambda: len(app.events) >= 3, 120, "every record")
+            dlq = await trio.to_thread.run_sync(lambda: broker.read_topic(f"dlq.{topic}", 1))
+            assert await sc.stop() == 0
+    assert not app.failures
+    ids = sorted(event.get_id() for event, _ in app.events)
+    assert ids == sorted([f"{topic}/0/0", f"{topic}/0/1", "order-17-placed"])
+    plain = next(event for event, _ in app.events if event.get_id() == f"{topic}/0/0")
+    assert plain.get_type() == "dlq-sidecar.kafka.record"  # the default type
+    assert len(dlq) == 1 and dict(dlq[0].headers)["__dlq.errors.offset"] == b"0"
