@@ -1,8 +1,9 @@
 """The HTTP wire contract between the sidecar and the application (SPEC §5, §6), sans-IO.
 
 This module owns the exact bytes of the requests the sidecar sends to the app (single and batch
-mode), the interpretation of the app's answers into acks, and the parsing of the sidecar's own
-``POST /v1/acks`` body. ``openapi.yaml`` at the repository root documents the same contract and
+mode, in the sidecar's raw format or as CloudEvents: binary mode for one record, the JSON batch
+format for many), the interpretation of the app's answers into acks (the same for both formats),
+and the parsing of the sidecar's own ``POST /v1/acks`` body. ``openapi.yaml`` at the repository root documents the same contract and
 ``tests/unit/test_wire.py`` checks the two against each other.
 
 Pure functions and frozen values only: no sockets, no trio, no Kafka, no logging. The one clock
