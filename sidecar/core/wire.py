@@ -555,7 +555,11 @@ def _binary_mode(record: RecordView, cloudevents: CloudEventsFormat) -> tuple[st
     attributes = cloudevent_attributes(record, cloudevents)
     content_type = attributes.pop("datacontenttype", None)
     if content_type is not None and is_structured_content_type(content_type):
-        return content_type, b""
+        if record.value is not None:
+            return content_type, b""
+        # A null value is no event to pass through; declaring an event format over the empty
+        # body would make the receiver parse it as one.
+        content_type = None
     lines = [f"ce-{name}: {_ce_header_value(value)}\r\n" for name, value in attributes.items()]
     return content_type or "application/octet-stream", "".join(lines).encode("ascii")
 

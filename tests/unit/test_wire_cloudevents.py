@@ -189,6 +189,14 @@ def test_a_structured_mode_record_goes_through_as_it_is() -> None:
     assert event.get_id() == "s-1"
 
 
+def test_a_structured_content_type_over_a_null_value_is_binary_mode() -> None:
+    record = make_record(value=None, headers=(("content-type", b"application/cloudevents+json"),))
+    request, event = http_event(record)
+    assert request.value("Content-Type") == "application/octet-stream"
+    assert event.get_id() == "orders/3/42"
+    assert request.value("Kafka-Value-Null") == "true"
+
+
 def test_keys_that_are_not_strings_are_not_a_partitionkey() -> None:
     for key in (None, b"", b"\xff\x00", b"tab\there"):
         attributes = cloudevent_attributes(make_record(key=key), CE)
