@@ -31,6 +31,7 @@ from sidecar.config.syntax import ListenAddress, is_loopback_host, parse_listen,
 from sidecar.config.values import (
     ApiConfig,
     AppConfig,
+    AppFormat,
     AppMode,
     Config,
     DeadLetterQueueConfig,
@@ -52,6 +53,7 @@ from sidecar.config.values import (
 __all__ = [
     "ApiConfig",
     "AppConfig",
+    "AppFormat",
     "AppMode",
     "Config",
     "ConfigError",

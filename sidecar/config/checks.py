@@ -14,7 +14,12 @@ from __future__ import annotations
 from sidecar.config.errors import _Invalid
 from sidecar.config.schema import _DLQ
 from sidecar.config.syntax import is_loopback_host, topic_name_error
-from sidecar.config.values import ApiConfig, Config, Engine
+from sidecar.config.values import ApiConfig, AppFormat, Config, Engine
+
+# RFC 3986: the characters a URI-reference may hold (unreserved, reserved, and '%' escapes).
+_URI_CHARS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~:/?#[]@!$&'()*+,;=%"
+)
 
 
 def _check(config: Config) -> None:
@@ -46,6 +51,7 @@ def _check(config: Config) -> None:
         )
     _check_api_listeners(config.api)
     _check_dlq_topic(config)
+    _check_cloudevents_source(config)
 
 
 def _check_api_listeners(api: ApiConfig) -> None:
@@ -92,3 +98,27 @@ def _check_dlq_topic(config: Config) -> None:
             if "{" in name or "}" in name:
                 problem += " (only '{topic}' is substituted)"
             raise _Invalid(path, f"{shown} is not a valid topic name: {problem}")
+
+
+def _check_cloudevents_source(config: Config) -> None:
+    if config.app.format is not AppFormat.CLOUDEVENTS:
+        return
+    for name in config.app.headers:
+        if name.lower().startswith("ce-"):
+            # A static ce-* header would repeat or contradict the event's own attribute.
+            raise _Invalid(
+                f"app.headers.{name}",
+                "with app.format: cloudevents the ce-* headers are the event's attributes; set "
+                "app.cloudevents.source / app.cloudevents.type, or ce_* headers on the records",
+            )
+    template = config.cloudevents_source
+    for topic in config.source.topics:
+        source = template.replace("{topic}", topic)
+        bad = sorted({ch for ch in source if ch not in _URI_CHARS})
+        if bad:
+            shown = ", ".join(repr(ch) for ch in bad[:5])
+            hint = " (only '{cluster}' and '{topic}' are substituted)" if "{" in bad else ""
+            raise _Invalid(
+                "app.cloudevents.source",
+                f"{source!r} is not a URI-reference: it holds {shown}{hint}",
+            )

@@ -37,6 +37,7 @@ from sidecar.config.syntax import _unix_path_error, parse_listen, topic_name_err
 from sidecar.config.values import (
     ApiConfig,
     AppConfig,
+    AppFormat,
     AppMode,
     Config,
     DeadLetterQueueConfig,
@@ -211,6 +212,16 @@ def _check_api_token(value: str) -> str | None:
     return None
 
 
+# The CloudEvents String type excludes control characters (core spec, "Type System").
+_CE_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _cloudevents_string_error(value: str) -> str | None:
+    if _CE_CONTROL.search(value):
+        return "must be a CloudEvents String: no control characters"
+    return None
+
+
 _MS_HOUR = 3_600_000
 _MS_DAY = 86_400_000
 
@@ -236,6 +247,15 @@ _APP_KEYS = (
     ),
     _Key(
         "headers", _Custom(_read_headers, "a mapping of header name to value"), AppConfig, "headers"
+    ),
+    _Key("format", _Choice(AppFormat), AppConfig, "format"),
+    # The source is checked as a URI-reference in `checks`, once `{cluster}` and `{topic}` are known.
+    _Key("cloudevents.source", _Str(allow_empty=False), AppConfig, "cloudevents_source"),
+    _Key(
+        "cloudevents.type",
+        _Str(allow_empty=False, check=_cloudevents_string_error),
+        AppConfig,
+        "cloudevents_type",
     ),
 )
 

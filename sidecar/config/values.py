@@ -39,6 +39,13 @@ class AppMode(StrEnum):
     BATCH = "batch"
 
 
+class AppFormat(StrEnum):
+    """What a request to the app looks like (app.format): the sidecar's own format, or CloudEvents."""
+
+    RAW = "raw"
+    CLOUDEVENTS = "cloudevents"
+
+
 class StatusAck(StrEnum):
     """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping)."""
 
@@ -105,6 +112,9 @@ class AppConfig:
     connect_backoff_max_ms: int = 5000
     status_mapping: Mapping[int, StatusAck] = field(default_factory=_empty_mapping)
     headers: Mapping[str, str] = field(default_factory=_empty_mapping)
+    format: AppFormat = AppFormat.RAW
+    cloudevents_source: str = "kafka://{cluster}/{topic}"
+    cloudevents_type: str = "dlq-sidecar.kafka.record"
     host: str = field(init=False)
     port: int = field(init=False)
     authority: str = field(init=False)
@@ -240,6 +250,17 @@ class Config:
     def dlq_topic_for(self, source_topic: str) -> str | None:
         """The DLQ topic for records of `source_topic`, or None when no DLQ is configured."""
         return self.errors.dlq.topic_for(source_topic)
+
+    @property
+    def cloudevents_source(self) -> str:
+        """`app.cloudevents.source` with ``{cluster}`` replaced (``{topic}`` is left for each record).
+
+        ``{cluster}`` is the first of ``kafka.bootstrap.servers`` without a ``PROTOCOL://``
+        prefix: the sidecar has no cheaper stable name for the cluster at start-up.
+        """
+        first = str(self.kafka["bootstrap.servers"]).split(",")[0].strip()
+        cluster = first.split("://", 1)[-1]
+        return self.app.cloudevents_source.replace("{cluster}", cluster)
 
     def to_dict(self, *, mask_secrets: bool = True) -> dict[str, Any]:
         """The effective configuration in the YAML file's own shape and key names (JSON-safe).

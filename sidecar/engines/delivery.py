@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.config import Config
+from sidecar.config import AppFormat, Config
 from sidecar.core.outcome import APP_NOT_REACHABLE, SHUTDOWN
 from sidecar.core.record import Tracked
-from sidecar.core.wire import Answer, RecordView
+from sidecar.core.wire import Answer, CloudEventsFormat, RecordView
 from sidecar.http.appclient import AppClient, AppTarget
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
@@ -31,6 +31,9 @@ def app_client_for(config: Config) -> AppClient:
             path=app.path,
             extra_headers=tuple(app.headers.items()),
             authority=app.authority if app.unix_socket is None else None,
+            cloudevents=CloudEventsFormat(config.cloudevents_source, app.cloudevents_type)
+            if app.format is AppFormat.CLOUDEVENTS
+            else None,
         ),
         max_connections=app.max_in_flight,
         status_mapping={k: str(v) for k, v in app.status_mapping.items()},

@@ -49,6 +49,7 @@ from sidecar.core.outcome import APP_CONNECTION_LOST, APP_TIMEOUT, MALFORMED_RES
 from sidecar.core.wire import (
     Answer,
     AppError,
+    CloudEventsFormat,
     RecordView,
     format_batch_request,
     format_single_request,
@@ -110,6 +111,7 @@ class AppTarget:
     path: str = "/"
     extra_headers: tuple[tuple[str, str], ...] = ()
     authority: str | None = None
+    cloudevents: CloudEventsFormat | None = None  # set: requests are CloudEvents (app.format)
 
     @property
     def host_header(self) -> str:
@@ -435,7 +437,11 @@ class AppClient:
         class (it was an attempt); :class:`AppNotReachable` propagates (it was not).
         """
         request = format_single_request(
-            record, self._host_header, self.target.path, self.target.extra_headers
+            record,
+            self._host_header,
+            self.target.path,
+            self.target.extra_headers,
+            self.target.cloudevents,
         )
         try:
             response = await self.send(request, timeout_s)
@@ -450,7 +456,11 @@ class AppClient:
     ) -> dict[str, Answer]:
         """Push records in batch mode; one :class:`Answer` per delivery id (see deliver)."""
         request = format_batch_request(
-            records, self._host_header, self.target.path, self.target.extra_headers
+            records,
+            self._host_header,
+            self.target.path,
+            self.target.extra_headers,
+            self.target.cloudevents,
         )
         ids = [record.delivery_id for record in records]
         try:

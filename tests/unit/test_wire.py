@@ -23,6 +23,7 @@ from sidecar.core.wire import (
     AckItem,
     Answer,
     AppError,
+    CloudEventsFormat,
     RecordView,
     WireError,
     decode_kafka_header,
@@ -923,6 +924,11 @@ def test_documented_headers_are_all_produced_by_some_record(openapi: dict[str, A
         make_record(),
     ]
     sent = {name.lower() for r in records for name, _ in parse_single(r).headers}
+    # The ce-* headers come with app.format: cloudevents.
+    cloudevents = CloudEventsFormat("kafka://b:9092/{topic}", "t")
+    sent |= {
+        name.lower() for name, _ in parse_single(make_record(), cloudevents=cloudevents).headers
+    }
     assert set(documented_headers(openapi)) <= sent
 
 
