@@ -14,7 +14,14 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sidecar import dlq as dlq_module
 from sidecar.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
 from sidecar.httpserver import Response
-from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import (
+    RecordingApp,
+    free_port,
+    running_app,
+    sidecar,
+    wait_until,
+    write_config,
+)
 from tests.kafkatools import Broker, Rec
 
 
@@ -77,7 +84,13 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
                 sc.proc.send_signal(signal.SIGKILL)
                 assert await sc.wait_exit(30) == -signal.SIGKILL
                 kills += 1
+        # The rounds share one log file; the last sidecar's "running" line is the next one.
+        running = "dlq-sidecar running"
+        runs = cfg.with_suffix(".log").read_text(errors="replace").count(running)
         async with sidecar(cfg) as sc:
+            # Its API answers before its SIGTERM handler is installed (after the DLQ producer's
+            # init_transactions): a stop in between would end it with the default action (-15).
+            await wait_until(lambda: sc.log_text().count(running) > runs, 60, "the sidecar running")
             ends = broker.end_offsets(topic, [0, 1])
             await _wait_thread(
                 lambda: all(
