@@ -461,11 +461,10 @@ class DlqWriter:
                         err = _kafka_error(exc)
                         if self._is_abandoned(producer):
                             # A producer being replaced (or already replaced) reports its own
-                            # fencing: the successor's init_transactions() fenced it, possibly
-                            # before the swap below could take this lock. It is never used again.
-                            log.info(
-                                "the replaced DLQ producer reported its fencing (%s); ignored", err
-                            )
+                            # fencing (the successor's init_transactions() fenced it, possibly
+                            # before the swap below could take this lock) or the fatal error it
+                            # is replaced for. It is never used again.
+                            log.info("the replaced DLQ producer reported %s; ignored", err)
                         elif self.transactional_id and replaceable(err):
                             # A transactional producer's fatal error also fails the transaction
                             # call under way (if any), which ends its transaction by replacing
