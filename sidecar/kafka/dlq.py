@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._listoffsets import OffsetSpec
@@ -75,6 +82,14 @@ ABORT_SETTLE_S = 3.0
 ABORT_REPAIR_ROUNDS = 2
 ABORT_CHECK_BUDGET_S = 20.0
 PROBE_HEADER = "__dlq.sidecar.abort.probe"
+
+# A commit whose outcome is unknown (commit_transaction() failed fatally, overstayed its watchdog, kept
+# timing out, or its transaction could not be aborted afterwards) is settled instead of stopping the
+# sidecar: the producer is replaced (the new one's init_transactions() returns once the coordinator has
+# ended the old transaction, completing a commit that reached it and aborting anything else), then the
+# group's committed offsets are read, stable ones only (UNSTABLE_OFFSET_COMMIT is waited out), for up
+# to OUTCOME_READ_BUDGET_S and compared with what the transaction sent (`transaction_committed`).
+OUTCOME_READ_BUDGET_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,11 +318,16 @@ class DlqWriter:
         self.transactional_id: str | None = None  # set before run() for the transactional mode
         self._handle_lock = trio.Lock()  # one call on the producer handle at a time (FIFO)
         self._stuck = False  # a transaction call on the producer overstayed its watchdog
+        # The producer's fatal error, when replacing the producer recovers from it (`replaceable`):
+        # the producer is replaced before it is used again.
+        self._broken: KafkaError | None = None
         self._in_txn = False  # begun and not yet committed or aborted
         self._abandoned: list[Producer] = []  # fenced producers a thread may still be blocked in
         # DLQ partitions the open transaction has written to (or tried to), checked after an abort.
         self._txn_touched: set[tuple[str, int]] = set()
         self.abort_markers_repaired = 0
+        self.producers_replaced = 0
+        self.outcomes_settled = 0  # commits whose unknown outcome was read from the group's offsets
         self._partitions: dict[str, int] = {}
         self._max_bytes: dict[str, int | None] = {}
         self._token: trio.lowlevel.TrioToken | None = None
@@ -417,15 +437,25 @@ class DlqWriter:
                     try:
                         await trio.to_thread.run_sync(producer.poll, 0.02, abandon_on_cancel=True)
                     except KafkaException as exc:
-                        if not self._is_abandoned(producer):
+                        err = _kafka_error(exc)
+                        if self._is_abandoned(producer):
+                            # A producer being replaced (or already replaced) reports its own
+                            # fencing (the successor's init_transactions() fenced it, possibly
+                            # before the swap below could take this lock) or the fatal error it
+                            # is replaced for. It is never used again.
+                            log.info("the replaced DLQ producer reported %s; ignored", err)
+                        elif self.transactional_id and replaceable(err):
+                            # A transactional producer's fatal error also fails the transaction
+                            # call under way (if any), which ends its transaction by replacing
+                            # the producer; the next transaction begins on a new one anyway.
+                            log.warning(
+                                "the transactional DLQ producer failed (%s); it is replaced "
+                                "before its next use",
+                                err,
+                            )
+                            self._broken = err
+                        else:
                             raise
-                        # A producer being replaced (or already replaced) reports its own
-                        # fencing: the successor's init_transactions() fenced it, possibly before
-                        # the swap below could take this lock. It is never used again.
-                        log.info(
-                            "the replaced DLQ producer reported its fencing (%s); ignored",
-                            _kafka_error(exc),
-                        )
                 await trio.lowlevel.checkpoint()
         finally:
             self._polling = False
@@ -435,9 +465,11 @@ class DlqWriter:
     # -- transactional mode: DLQ records and the offset commit in one Kafka transaction -------------
     #
     # librdkafka's rules (rdkafka.h): an error from a transaction call is fatal (the producer is
-    # unusable: stop), requires an abort (abort_transaction(), then the transaction may be redone), or
+    # unusable), requires an abort (abort_transaction(), then the transaction may be redone), or
     # is retriable (call the same function again; a timed-out commit_transaction() resumes where it
-    # was). Anything else leaves the transaction in an unknown state, and only aborting it is safe.
+    # was). A fatal error stops the sidecar only when a new producer cannot get past it (`replaceable`):
+    # otherwise the producer is replaced, which ends its transaction. Before commit_transaction() that
+    # is an abort, and the transaction is redone; after it the outcome is read (`_settle_outcome`).
 
     async def _txn_call(self, what: str, fn: Callable[[Producer], Any]) -> Any:
         """Run `fn(producer)` in a thread; DlqTxnStuck when it is still blocked after the watchdog."""
@@ -452,11 +484,24 @@ class DlqWriter:
         raise DlqTxnStuck(f"{what} still blocked after {TXN_CALL_WATCHDOG_S:.0f} s")
 
     async def txn_begin(self) -> None:
+        if self._broken is not None:
+            await self._replace_producer()
         try:
             await self._txn_call("begin_transaction", lambda p: p.begin_transaction())
         except KafkaException as exc:
-            # Begin fails only on a producer in the wrong state (an earlier transaction not ended).
-            raise DlqFatalError(f"cannot begin a DLQ transaction: {_kafka_error(exc)}") from exc
+            # Begin fails only on a producer in the wrong state (an earlier transaction not ended),
+            # or on one that failed fatally since: a new producer gets past the latter.
+            err = _kafka_error(exc)
+            if not (err.fatal() and replaceable(err)):
+                raise DlqFatalError(f"cannot begin a DLQ transaction: {err}") from exc
+            log.warning("begin_transaction: %s; replacing the producer", err)
+            await self._replace_producer()
+            try:
+                await self._txn_call("begin_transaction", lambda p: p.begin_transaction())
+            except KafkaException as again:
+                raise DlqFatalError(
+                    f"cannot begin a DLQ transaction: {_kafka_error(again)}"
+                ) from again
         self._in_txn = True
         self._txn_touched = set()
 
@@ -466,10 +511,13 @@ class DlqWriter:
         A record known to be too large goes headers-only up front: inside a transaction a failed
         produce poisons the whole transaction, so there is no retry-and-fall-back as in `write`.
         A retriable failure (a broker restart, a timeout) raises DlqTxnAbortable: the transaction is
-        aborted and redone; anything else is fatal.
+        aborted and redone; so does a fatal error that a new producer recovers from (`replaceable`);
+        anything else is fatal.
         """
         if dlq_topic not in self._partitions:
             await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
+        if self._broken is not None:
+            raise DlqTxnAbortable(f"the transactional DLQ producer failed: {self._broken}")
         record = build_dlq_record(
             failed,
             dlq_topic,
@@ -500,7 +548,12 @@ class DlqWriter:
                 f"transactional DLQ write of {failed.topic}[{failed.partition}]@{failed.offset} to "
                 f"{dlq_topic} failed: {err.name()}: {err.str()}"
             )
-            if not err.fatal() and (
+            if err.fatal():
+                if not replaceable(err):
+                    raise DlqFatalError(what)
+                self._broken = err
+                raise DlqTxnAbortable(what)
+            if (
                 err.retriable()
                 or err.txn_requires_abort()
                 or err.code() in _RETRIABLE_CODES
@@ -517,10 +570,18 @@ class DlqWriter:
     async def txn_commit(self, offsets: list[TopicPartition], group_metadata: object) -> None:
         """Add `offsets` to the open transaction and commit it.
 
-        DlqTxnAbortable: not committed, abort it (then it may be redone). DlqFatalError: the producer is
-        unusable or the outcome is unknown (a commit that kept timing out): stop.
+        Returns once it committed. DlqTxnAbortable: it did not commit; abort it (a no-op when it has
+        been ended here already), then it may be redone. DlqFatalError: the producer cannot go on
+        (`replaceable`), or the outcome stayed unknown (the group's offsets unreadable).
+
+        Once commit_transaction() has been called, the commit may have reached the coordinator
+        whatever the call says, and an abort then is refused (INVALID_TXN_STATE, fatal) or would
+        let a redo write the DLQ records twice. So every way out of the commit but a success ends
+        the transaction here and knows how: an abort that succeeded, or `_settle_outcome`.
         """
         started = trio.current_time()
+        if self._broken is not None:
+            raise DlqTxnAbortable(f"the transactional DLQ producer failed: {self._broken}")
         while offsets:
             try:
                 await self._txn_call(
@@ -531,9 +592,13 @@ class DlqWriter:
                 )
                 break
             except KafkaException as exc:
+                # Not committing yet: whatever went wrong, an abort (or a fencing) ends it.
                 err = _kafka_error(exc)
                 if err.fatal():
-                    raise DlqFatalError(f"send_offsets_to_transaction: {err}") from exc
+                    if not replaceable(err):
+                        raise DlqFatalError(f"send_offsets_to_transaction: {err}") from exc
+                    self._broken = err
+                    raise DlqTxnAbortable(f"send_offsets_to_transaction: {err}") from exc
                 if (
                     not err.retriable()
                     or err.txn_requires_abort()
@@ -551,35 +616,136 @@ class DlqWriter:
                 self._txn_touched = set()
                 return
             except DlqTxnStuck as exc:
-                # commit_transaction() keeps to its timeout; if it did not, the commit may have
-                # reached the coordinator: neither redo nor abort is known to be safe.
-                raise DlqFatalError(
-                    f"the DLQ transaction commit's outcome is unknown: {exc}"
-                ) from exc
+                # commit_transaction() keeps to its timeout; one that did not may have reached
+                # the coordinator.
+                why = str(exc)
             except KafkaException as exc:
                 err = _kafka_error(exc)
-                if err.txn_requires_abort() and not err.fatal():
-                    raise DlqTxnAbortable(f"commit_transaction: {err}") from exc
-                if err.fatal() or not err.retriable():
+                if err.fatal() and not replaceable(err):
                     raise DlqFatalError(f"commit_transaction: {err}") from exc
-                if trio.current_time() - started > TXN_RETRY_BUDGET_S:
-                    raise DlqFatalError(
-                        f"commit_transaction kept failing for {TXN_RETRY_BUDGET_S:.0f} s: {err}"
-                    ) from exc
-                # Retriable (a timeout): the commit goes on in the background; calling the function
-                # again resumes it.
-                log.warning("commit_transaction: %s; calling it again", err)
-                await trio.sleep(0.5)
+                if err.txn_requires_abort() and not err.fatal():
+                    # librdkafka failed the transaction, but an EndTxn(commit) sent before may
+                    # still have reached the coordinator (rd_kafka_txn_handle_EndTxn): only an
+                    # abort that succeeds proves it did not.
+                    if await self._abort_after_commit(f"commit_transaction: {err}"):
+                        raise DlqTxnAbortable(f"commit_transaction: {err}") from exc
+                    why = f"commit_transaction: {err}, and its abort failed"
+                elif err.retriable() and not err.fatal():
+                    if trio.current_time() - started <= TXN_RETRY_BUDGET_S:
+                        # A timeout: the commit goes on in the background; calling the function
+                        # again resumes it.
+                        log.warning("commit_transaction: %s; calling it again", err)
+                        await trio.sleep(0.5)
+                        continue
+                    why = f"commit_transaction kept failing for {TXN_RETRY_BUDGET_S:.0f} s: {err}"
+                else:
+                    why = f"commit_transaction: {err}"
+            if await self._settle_outcome(offsets, why):
+                return
+            raise DlqTxnAbortable(f"{why}; it did not commit")
+
+    async def _abort_after_commit(self, why: str) -> bool:
+        """Abort a transaction whose commit failed; True when the abort succeeded (it did not commit).
+
+        False when abort_transaction() failed or overstayed: the outcome is then unknown."""
+        log.warning("%s; aborting the transaction", why)
+        touched = self._txn_touched
+        try:
+            await self._txn_call(
+                "abort_transaction", lambda p: p.abort_transaction(TXN_CALL_TIMEOUT_S)
+            )
+        except (KafkaException, DlqTxnStuck) as exc:
+            err = _kafka_error(exc) if isinstance(exc, KafkaException) else None
+            if err is not None and err.fatal() and not replaceable(err):
+                raise DlqFatalError(f"abort_transaction: {err}") from exc
+            if err is not None and err.fatal():
+                self._broken = err
+            log.warning("abort_transaction after a failed commit: %s", exc)
+            return False
+        self._in_txn = False
+        self._txn_touched = set()
+        if touched:
+            await self._check_abort_markers(touched)
+        return True
+
+    async def _settle_outcome(self, offsets: list[TopicPartition], why: str) -> bool:
+        """End a transaction whose commit's outcome is unknown and learn it: True when it committed.
+
+        The new producer's init_transactions() fences the old one and returns once the coordinator
+        has ended the old transaction, as it will stay; the group's stable committed offsets then
+        say which way (`transaction_committed`). An aborted one's DLQ partitions are checked for
+        the ABORT marker. DlqFatalError when the offsets cannot be read (see OUTCOME_READ_BUDGET_S).
+        """
+        if not offsets:
+            raise DlqFatalError(f"the DLQ transaction commit's outcome is unknown: {why}")
+        log.warning(
+            "the DLQ transaction commit's outcome is unknown (%s); fencing the producer and reading "
+            "the group's committed offsets to learn it",
+            why,
+        )
+        touched, self._txn_touched = self._txn_touched, set()
+        await self._replace_producer()
+        parts = sorted({(tp.topic, tp.partition) for tp in offsets})
+        committed = await self._group_offsets(
+            parts, deadline=trio.current_time() + OUTCOME_READ_BUDGET_S
+        )
+        if committed is None:
+            raise DlqFatalError(
+                f"the DLQ transaction commit's outcome is unknown ({why}): the group's committed "
+                f"offsets for {_names(parts)} could not be read within {OUTCOME_READ_BUDGET_S:.0f} s"
+            )
+        self.outcomes_settled += 1
+        if transaction_committed(offsets, committed):
+            log.warning("the DLQ transaction had committed (the group's offsets are its own)")
+            return True
+        log.warning("the DLQ transaction had not committed; it is redone")
+        if touched:
+            await self._check_abort_markers(touched)
+        return False
+
+    async def _group_offsets(
+        self, parts: list[tuple[str, int]], *, deadline: float
+    ) -> dict[tuple[str, int], tuple[int, str | None]] | None:
+        """The group's stable committed offset and metadata of each partition, retried until
+        `deadline` (a pending transactional commit, a coordinator loading); None when not read."""
+        while True:
+            try:
+                return await trio.to_thread.run_sync(self._group_offsets_sync, parts)
+            except (KafkaException, TimeoutError) as exc:
+                if trio.current_time() + 0.5 > deadline:
+                    log.warning("reading the group's committed offsets: %s", exc)
+                    return None
+                log.debug("reading the group's committed offsets: %s; again", exc)
+            await trio.sleep(0.5)
+
+    def _group_offsets_sync(
+        self, parts: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, str | None]]:
+        admin = self.admin()  # referenced until the results are in: a dropped client never answers
+        request = ConsumerGroupTopicPartitions(self.group, [TopicPartition(t, p) for t, p in parts])
+        futures = admin.list_consumer_group_offsets(
+            [request], require_stable=True, request_timeout=5
+        )
+        result = futures[self.group].result(timeout=10)
+        out: dict[tuple[str, int], tuple[int, str | None]] = {}
+        for tp in result.topic_partitions or []:
+            if tp.error is not None:
+                # UNSTABLE_OFFSET_COMMIT: a transactional commit is still pending on it.
+                raise KafkaException(tp.error)
+            out[(tp.topic, tp.partition)] = (tp.offset, tp.metadata)
+        return out
 
     async def txn_abort(self) -> None:
         """End the open transaction without committing it. DlqFatalError when that cannot be done.
 
-        An abort that fails or overstays (or a producer stuck in an earlier call, which makes
-        abort_transaction() answer "conflicting call in progress") is done by fencing instead: a new
-        producer with the same transactional.id; its init_transactions() aborts the transaction.
-        Then the DLQ partitions it wrote to are checked for the ABORT marker (KAFKA-20734).
+        Only for a transaction that did not commit: `txn_commit` settles the ones it has tried to
+        commit. An abort that fails or overstays (or a producer stuck in an earlier call, which
+        makes abort_transaction() answer "conflicting call in progress", or one that failed
+        fatally) is done by fencing instead: a new producer with the same transactional.id; its
+        init_transactions() aborts the transaction. Then the DLQ partitions it wrote to are checked
+        for the ABORT marker (KAFKA-20734).
         """
-        if not self._in_txn and not self._stuck:
+        if not self._in_txn and not self._stuck and self._broken is None:
             return
         touched, self._txn_touched = self._txn_touched, set()
         await self._end_open_txn()
@@ -588,7 +754,7 @@ class DlqWriter:
 
     async def _end_open_txn(self) -> None:
         started = trio.current_time()
-        while not self._stuck:
+        while not self._stuck and self._broken is None:
             try:
                 await self._txn_call(
                     "abort_transaction", lambda p: p.abort_transaction(TXN_CALL_TIMEOUT_S)
@@ -600,7 +766,13 @@ class DlqWriter:
             except KafkaException as exc:
                 err = _kafka_error(exc)
                 if err.fatal():
-                    raise DlqFatalError(f"abort_transaction: {err}") from exc
+                    if not replaceable(err):
+                        raise DlqFatalError(f"abort_transaction: {err}") from exc
+                    # E.g. INVALID_TXN_STATE: librdkafka sends EndTxn(abort) for a transaction
+                    # whose AddPartitionsToTxn failed in transport (it cannot know whether the
+                    # coordinator got it), and the coordinator, which never did, refuses it.
+                    log.warning("abort_transaction: %s; replacing the producer", err)
+                    break
                 if not err.retriable() or trio.current_time() - started > TXN_RETRY_BUDGET_S:
                     log.warning("abort_transaction: %s; replacing the producer", err)
                     break
@@ -716,7 +888,8 @@ class DlqWriter:
         )
         log.warning(
             "replacing the transactional DLQ producer (transactional.id %s): the new one fences "
-            "the old and aborts its open transaction",
+            "the old and ends its open transaction (a commit that reached the coordinator is "
+            "completed, anything else aborted)",
             self.transactional_id,
         )
         try:
@@ -728,7 +901,9 @@ class DlqWriter:
         async with self._handle_lock:
             self._producer = producer
             self._stuck = False
+            self._broken = None
             self._in_txn = False
+        self.producers_replaced += 1
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
@@ -898,6 +1073,52 @@ def _names(parts: Sequence[tuple[str, int]]) -> str:
 def _kafka_error(exc: KafkaException) -> KafkaError:
     err = exc.args[0] if exc.args else None
     return err if isinstance(err, KafkaError) else KafkaError(KafkaError._FAIL, str(exc))
+
+
+# Fatal producer errors that a new producer with the same transactional.id cannot get past, or must not
+# try to: another live producer holds our transactional.id (two sidecars with one id; replacing ours
+# would fence theirs, and theirs ours, in turn), or the client is not allowed or not able to do
+# transactions at all. Every other fatal error (INVALID_TXN_STATE, an idempotence sequence error, ...)
+# is librdkafka giving up on its own transactional state: a new producer starts from the coordinator's.
+_FATAL_FOR_GOOD = {
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError.UNSUPPORTED_VERSION,
+    KafkaError._UNSUPPORTED_FEATURE,
+    KafkaError.INVALID_TRANSACTION_TIMEOUT,
+}
+
+
+def replaceable(err: KafkaError) -> bool:
+    """True for a fatal transactional-producer error that replacing the producer recovers from."""
+    return err.code() not in _FATAL_FOR_GOOD
+
+
+CommittedOffsets = Mapping[tuple[str, int], tuple[int, str | None]]
+
+
+def transaction_committed(sent: Sequence[TopicPartition], committed: CommittedOffsets) -> bool:
+    """Whether a transaction whose outcome was unknown committed, from the group's stable committed
+    offsets once it has ended (read after a fencing): True when a partition's committed offset and
+    metadata are exactly what the transaction sent.
+
+    One partition is enough, and needed: a transaction commits all its offsets or none, but a partition
+    lost meanwhile may have moved on under its next owner. An aborted transaction leaves the earlier
+    commit, and that always differs: the transaction carries a record newly counted done on each of its
+    partitions (a higher offset, or the done record in the metadata).
+    """
+    for tp in sent:
+        got = committed.get((tp.topic, tp.partition))
+        if got is not None and got[0] == tp.offset and (got[1] or "") == (tp.metadata or ""):
+            return True
+    return False
 
 
 # Delivery reports of records purged by an abort: the transaction they were in is gone.

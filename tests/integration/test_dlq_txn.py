@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sidecar.http.server import Response
 from sidecar.kafka import dlq as dlq_module
 from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
-from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import RecordingApp, free_port, running_app, sidecar, wait_until, write_config
 from tests.kafkatools import Broker, Rec
 
 
@@ -77,7 +77,13 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
                 sc.proc.send_signal(signal.SIGKILL)
                 assert await sc.wait_exit(30) == -signal.SIGKILL
                 kills += 1
+        # The rounds share one log file; the last sidecar's "running" line is the next one.
+        running = "dlq-sidecar running"
+        runs = cfg.with_suffix(".log").read_text(errors="replace").count(running)
         async with sidecar(cfg) as sc:
+            # Its API answers before its SIGTERM handler is installed (after the DLQ producer's
+            # init_transactions): a stop in between would end it with the default action (-15).
+            await wait_until(lambda: sc.log_text().count(running) > runs, 60, "the sidecar running")
             ends = broker.end_offsets(topic, [0, 1])
             await _wait_thread(
                 lambda: all(
@@ -254,3 +260,49 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
     raw = await trio.to_thread.run_sync(_read_uncommitted, broker.bootstrap, dlq_topic)
     assert [off for off, _ in raw] == [0, 2, 4]
     assert (dlq_module.PROBE_HEADER, b"abort-only") in raw[1][1]
+
+
+async def test_an_unknown_commit_outcome_is_read_from_the_groups_stable_offsets(
+    broker: Broker, unique: str
+) -> None:
+    """A commit whose outcome is unknown is settled by fencing the producer and reading the group's
+    stable committed offsets (tests/unit/test_dlq_txn_outcome.py has the decisions). On the real broker:
+    a transaction that committed reads as committed and its record stays, once; one left open with its
+    offsets sent (a pending transactional offset commit, which answers UNSTABLE_OFFSET_COMMIT until it
+    ends) is aborted by the fencing and reads as not committed, and neither its record nor its offsets
+    become visible; the redone transaction then commits."""
+    src = broker.create_topic(f"src-{unique}", partitions=1)
+    dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
+    group = f"g-{unique}"
+    writer = _txn_writer(broker.bootstrap, group, f"txn-{unique}")
+    await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+    member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    group_metadata = member.consumer_group_metadata()
+    member.close()
+    first = [TopicPartition(src, 0, 4, metadata="first")]
+    second = [TopicPartition(src, 0, 8, metadata="second")]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 3, group), dlq_topic)
+        await writer.txn_commit(first, group_metadata)
+        assert await writer._settle_outcome(first, "test: committed") is True
+        assert writer.producers_replaced == 1
+
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 7, group), dlq_topic)
+        offsets = list(second)
+        await trio.to_thread.run_sync(
+            lambda: writer._producer.send_offsets_to_transaction(offsets, group_metadata, 10)  # type: ignore[union-attr]
+        )
+        assert await writer._settle_outcome(second, "test: left open") is False
+        assert writer.producers_replaced == 2
+        assert await trio.to_thread.run_sync(broker.committed, group, src, [0]) == {0: (4, "first")}
+
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(src, 7, group), dlq_topic)
+        await writer.txn_commit(second, group_metadata)
+        nursery.cancel_scope.cancel()
+    got = await _committed_once_visible(broker, dlq_topic)
+    assert [r.value for r in got] == [b"v3", b"v7"]
+    assert (await trio.to_thread.run_sync(broker.committed, group, src, [0]))[0] == (8, "second")
