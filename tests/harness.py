@@ -16,6 +16,7 @@ socket). Kafka helpers live in tests/kafkatools.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -589,6 +590,10 @@ class Rig:
         """Another sidecar subprocess (`sidecar(...)`), on this rig's config unless given one."""
         return sidecar(config_path or self.config_path, **kwargs)
 
+    def serve_app(self) -> Any:
+        """Serve the app at the rig's TCP endpoint now (after `running_sidecar(..., serve=False)`)."""
+        return serving(self.app, "tcp", port=self.endpoint.port)
+
     async def produce(self, recs: list[Rec]) -> None:
         await produce(self.broker, self.topic, recs)
 
@@ -623,6 +628,7 @@ async def running_sidecar(
     kafka_extra: dict[str, Any] | None = None,
     api_listen: str | None = None,
     produce_first: list[Rec] | None = None,
+    serve: bool = True,
     start: bool = True,
     wait: Wait = "api",
     mode: Literal["process", "in_process"] = "process",
@@ -638,7 +644,8 @@ async def running_sidecar(
     `python -m sidecar`), waited for per `wait` ("api": its API answers; "assigned": its partitions are
     assigned; "none"), or `run_sidecar` in this process (`mode="in_process"`, `run_kwargs` passed on;
     stop it with `rig.in_process.request_stop()`, the block then waits for it to return). `start=False`
-    stops before the sidecar (start them with `rig.sidecar()`). Everything stops when the block ends.
+    stops before the sidecar (start them with `rig.sidecar()`); `serve=False` leaves the app's TCP port
+    unserved (an app that is down) until `rig.serve_app()`. Everything stops when the block ends.
     """
     if topic is None:
         assert unique is not None, "running_sidecar needs `topic` or `unique`"
@@ -651,7 +658,12 @@ async def running_sidecar(
         group = f"g-{unique}"
     if app is None:
         app = RecordingApp()
-    async with serving(app, transport, port=port) as endpoint:
+    async with contextlib.AsyncExitStack() as stack:
+        if serve:
+            endpoint = await stack.enter_async_context(serving(app, transport, port=port))
+        else:
+            assert transport == "tcp", "an app that is down listens on TCP later"
+            endpoint = AppEndpoint(port=port or free_port())
         rig = Rig(
             broker=broker,
             tmp_path=tmp_path,
