@@ -558,6 +558,7 @@ class Rig:
     extra: dict[str, Any] | None = None
     app_extra: dict[str, Any] | None = None
     kafka_extra: dict[str, Any] | None = None
+    topics: list[str] = field(default_factory=list)
     _sc: Sidecar | None = None
     in_process: InProcessSidecar | None = None
 
@@ -576,7 +577,7 @@ class Rig:
         kwargs: dict[str, Any] = {
             "bootstrap": self.broker.bootstrap,
             "group": self.group,
-            "topics": [self.topic],
+            "topics": self.topics or [self.topic],
             "app_url": self.endpoint.url(self.path),
             "unix_socket": self.endpoint.unix_socket,
             "extra": self.extra,
@@ -617,6 +618,7 @@ async def running_sidecar(
     *,
     unique: str | None = None,
     topic: str | None = None,
+    topics: list[str] | None = None,
     group: str | None = None,
     partitions: int = 1,
     transport: Transport = "tcp",
@@ -637,7 +639,8 @@ async def running_sidecar(
 ) -> AsyncIterator[Rig]:
     """A running sidecar with this app and config: the one prelude of the end-to-end tests.
 
-    In order: the topic (`topic`, or `src-{unique}` created with `partitions`), the group (`group`, or
+    In order: the topic (`topic`, or `src-{unique}` created with `partitions`; `topics` for several,
+    created by the caller), the group (`group`, or
     `g-{unique}`), `app` (a `RecordingApp` by default; any handler) served over `transport`, the config
     at `tmp_path/config_name` (`write_config` with `extra`, `app_extra`, `kafka_extra`, `api_listen`),
     `produce_first` produced, then the sidecar: a subprocess (`mode="process"`, `command` instead of
@@ -647,6 +650,8 @@ async def running_sidecar(
     stops before the sidecar (start them with `rig.sidecar()`); `serve=False` leaves the app's TCP port
     unserved (an app that is down) until `rig.serve_app()`. Everything stops when the block ends.
     """
+    if topic is None and topics:
+        topic = topics[0]
     if topic is None:
         assert unique is not None, "running_sidecar needs `topic` or `unique`"
         name = f"src-{unique}"
@@ -677,6 +682,7 @@ async def running_sidecar(
             extra=extra,
             app_extra=app_extra,
             kafka_extra=kafka_extra,
+            topics=list(topics or []),
         )
         rig.config(config_name, api_listen=api_listen)
         if produce_first is not None:
