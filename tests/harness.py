@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from confluent_kafka import Message
 from sidecar.core.wire import decode_kafka_header, decode_key
 from sidecar.http.server import Request, Response, json_response, serve_http
 from sidecar.kafka.source import AssignedPartition, OffsetToCommit
+from sidecar.ops.kafka_broker import free_port
 from tests.kafkatools import Broker, Rec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,12 +68,6 @@ class RecordingListener:
 
     async def on_messages(self, messages: Sequence[Message]) -> None:
         self.messages.extend(messages)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -449,6 +443,38 @@ def by_value(d: Delivery) -> Response:
     return Response(200)
 
 
+def by_value_records(n: int, partitions: int = 3) -> list[Rec]:
+    """Records for `by_value`: values `accept:i`, `reject:i`, `release:i` in turn over `partitions`,
+    97 keys (every 30th record from the second has none), headers `seq`, a binary one and a repeated
+    one; every 30th from the fifth also carries a forged `__dlq.errors.topic` (the sidecar must
+    overwrite it, not duplicate it)."""
+    kinds = ["accept", "reject", "release"]
+    recs = []
+    for i in range(n):
+        key: bytes | None = f"k{i % 97}".encode() if i % 30 != 1 else None
+        headers: tuple[tuple[str, bytes | None], ...] = (
+            ("seq", str(i).encode()),
+            ("bin", b"\xff\x00"),
+            ("rep", b"a"),
+            ("rep", b"b"),
+        )
+        if i % 30 == 4:
+            headers = (*headers, ("__dlq.errors.topic", b"spoofed"))
+        value = f"{kinds[i % 3]}:{i}".encode()
+        recs.append(Rec(key=key, value=value, headers=headers, partition=i % partitions))
+    return recs
+
+
+def restartable_member(unique: str) -> dict[str, Any]:
+    """Kafka settings for a sidecar killed and restarted in a test: a short session, and static
+    membership, so a restarted sidecar takes over its dead incarnation at once."""
+    return {
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+        "group.instance.id": f"sidecar-{unique}",
+    }
+
+
 def counts_by_value(deliveries: list[Delivery]) -> dict[bytes | None, list[int]]:
     """The delivery counts each value was seen with, in arrival order."""
     out: dict[bytes | None, list[int]] = defaultdict(list)
@@ -560,7 +586,7 @@ class Rig:
     kafka_extra: dict[str, Any] | None = None
     topics: list[str] = field(default_factory=list)
     _sc: Sidecar | None = None
-    in_process: InProcessSidecar | None = None
+    in_process: InProcessSidecar = field(default_factory=InProcessSidecar)
 
     @property
     def sc(self) -> Sidecar:
@@ -706,7 +732,7 @@ async def _in_process(rig: Rig, run_kwargs: dict[str, Any]) -> AsyncIterator[Non
     from sidecar.service.daemon import run_sidecar
 
     cfg = load_config(rig.config_path)
-    handle = rig.in_process = InProcessSidecar()
+    handle = rig.in_process
 
     async def run() -> None:
         handle.codes.append(await run_sidecar(cfg, on_engine=handle.engines.append, **run_kwargs))
