@@ -38,6 +38,7 @@ from confluent_kafka import Message
 
 from sidecar.core.wire import decode_kafka_header, decode_key
 from sidecar.http.server import Request, Response, json_response, serve_http
+from sidecar.kafka.dlq import DlqWriter
 from sidecar.kafka.source import AssignedPartition, OffsetToCommit
 from sidecar.ops.kafka_broker import free_port
 from tests.kafkatools import Broker, Rec
@@ -350,11 +351,10 @@ async def sidecar(
     *,
     wait_api: bool = True,
     command: Sequence[str] | None = None,
-    exit_signal: int = signal.SIGTERM,
 ) -> AsyncIterator[Sidecar]:
     """The sidecar as a subprocess: `python -m sidecar` (or `command`, e.g. the console script) with
     `run -c config_path`, its output in `config_path` with a `.log` suffix. Still running when the block
-    ends, it gets `exit_signal`, then SIGKILL after 30 s."""
+    ends, it gets SIGTERM, then SIGKILL after 30 s."""
     cfg = yaml.safe_load(config_path.read_text())
     log_path = config_path.with_suffix(".log")
     log_file = open(log_path, "ab")  # noqa: SIM115 - closed below, after the process ends
@@ -374,13 +374,35 @@ async def sidecar(
         yield sc
     finally:
         if proc.returncode is None:
-            proc.send_signal(exit_signal)
+            proc.send_signal(signal.SIGTERM)
             with trio.move_on_after(30):
                 await proc.wait()
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
         log_file.close()
+
+
+@contextmanager
+def sidecar_process(config_path: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The sidecar as a subprocess for synchronous code (`python -m sidecar run -c config_path`, its
+    output in `log_path`); terminated at the end (SIGTERM, then SIGKILL after 30 s)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "run", "-c", str(config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 async def wait_until(
@@ -473,6 +495,22 @@ def restartable_member(unique: str) -> dict[str, Any]:
         "heartbeat.interval.ms": 1000,
         "group.instance.id": f"sidecar-{unique}",
     }
+
+
+def transactional_dlq_writer(bootstrap: str, group: str, transactional_id: str) -> DlqWriter:
+    """A transactional DLQ writer on its own (no sidecar): copies on, no auto-creation, one partition."""
+    writer = DlqWriter(
+        {"bootstrap.servers": bootstrap},
+        group,
+        copy_record=True,
+        stacktrace_max_bytes=1024,
+        retries_timeout_ms=10_000,
+        auto_create=False,
+        topic_partitions=1,
+        topic_replication_factor=1,
+    )
+    writer.transactional_id = transactional_id
+    return writer
 
 
 def counts_by_value(deliveries: list[Delivery]) -> dict[bytes | None, list[int]]:
