@@ -14,6 +14,8 @@ from tests.harness import (
     Delivery,
     RecordingApp,
     by_value,
+    by_value_records,
+    restartable_member,
     running_sidecar,
     write_config,
 )
@@ -31,34 +33,14 @@ async def test_dlq_holds_exactly_rejected_and_released_to_limit(
 ) -> None:
     n = 3000 if copy else 600
     limit = 3
-    topic = broker.create_topic(f"src-{unique}", partitions=3)
-    group = f"g-{unique}"
-    dlq = f"dlq.{topic}"
-    kinds = ["accept", "reject", "release"]
-    recs = []
-    for i in range(n):
-        kind = kinds[i % 3]
-        value: bytes | None = f"{kind}:{i}".encode()
-        key: bytes | None = f"k{i % 97}".encode()
-        if i % 30 == 1:
-            key = None
-        headers: tuple[tuple[str, bytes | None], ...] = (
-            ("seq", str(i).encode()),
-            ("bin", b"\xff\x00"),
-            ("rep", b"a"),
-            ("rep", b"b"),
-        )
-        if i % 30 == 4:
-            # Same-named as a context header: must be overwritten, not duplicated.
-            headers = (*headers, ("__dlq.errors.topic", b"spoofed"))
-        recs.append(Rec(key=key, value=value, headers=headers, partition=i % 3))
+    recs = by_value_records(n)
     app = RecordingApp(policy=by_value)
     async with running_sidecar(
         broker,
         tmp_path,
         app,
-        topic=topic,
-        group=group,
+        unique=unique,
+        partitions=3,
         path="/",
         extra={
             "share.delivery.count.limit": limit,
@@ -68,7 +50,7 @@ async def test_dlq_holds_exactly_rejected_and_released_to_limit(
         },
         produce_first=recs,
     ) as rig:
-        sc = rig.sc
+        topic, group, dlq, sc = rig.topic, rig.group, rig.dlq_topic, rig.sc
         expected_dlq = sum(1 for i in range(n) if i % 3 != 0)
         await _wait_thread(
             lambda: broker.count_records(dlq) >= expected_dlq,
@@ -347,12 +329,7 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
         path="/",
         extra={"share.delivery.count.limit": limit},
         app_extra={"max.in.flight": 1},
-        kafka_extra={
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-            # Static membership: a restarted sidecar takes over its dead incarnation at once.
-            "group.instance.id": f"sidecar-{unique}",
-        },
+        kafka_extra=restartable_member(unique),
         start=False,
     ) as rig:
         await _in_thread(

@@ -39,6 +39,7 @@ from tests.harness import (
     RecordingApp,
     Sidecar,
     by_value,
+    by_value_records,
     running_sidecar,
     wait_until,
     write_config,
@@ -88,59 +89,40 @@ async def test_share_dlq_holds_exactly_rejected_and_released_to_limit(
     """test_dlq's scenario with engine: share: rejected and released-to-limit records in the DLQ once each."""
     n = 900 if copy else 300
     limit = 3
-    topic = broker.create_topic(f"src-{unique}", partitions=3)
-    group = f"g-{unique}"
-    dlq = f"dlq.{topic}"
-    kinds = ["accept", "reject", "release"]
-    recs = []
-    for i in range(n):
-        kind_name = kinds[i % 3]
-        key: bytes | None = f"k{i % 97}".encode() if i % 30 != 1 else None
-        headers: tuple[tuple[str, bytes | None], ...] = (
-            ("seq", str(i).encode()),
-            ("bin", b"\xff\x00"),
-            ("rep", b"a"),
-            ("rep", b"b"),
-        )
-        if i % 30 == 4:
-            headers = (*headers, ("__dlq.errors.topic", b"spoofed"))
-        recs.append(
-            Rec(key=key, value=f"{kind_name}:{i}".encode(), headers=headers, partition=i % 3)
-        )
+    recs = by_value_records(n)
     app = RecordingApp(policy=by_value)
     expected_dlq = sum(1 for i in range(n) if i % 3 != 0)
     async with running_sidecar(
         broker,
         tmp_path,
         app,
-        topic=topic,
-        group=group,
+        unique=unique,
+        partitions=3,
         path="/",
         extra={
             **SHARE,
             "share.delivery.count.limit": limit,
             "errors.deadletterqueue.copy.record.enable": copy,
         },
-        start=False,
-    ) as rig:
         # Produced before the group exists: share.auto.offset.reset=earliest (set by the sidecar
         # from auto.offset.reset) is what makes the group read them.
-        await trio.to_thread.run_sync(broker.produce, topic, recs)
-        async with rig.sidecar() as sc:
-            await _wait_thread(
-                lambda: broker.count_records(dlq) >= expected_dlq, 180, "the DLQ records"
-            )
-            await wait_until(
-                lambda: (
-                    sum(1 for d in app.deliveries if d.value and d.value.startswith(b"accept"))
-                    >= n // 3
-                ),
-                60,
-                "every accept record",
-            )
-            await trio.sleep(2)  # anything redelivered by mistake would show up here
-            st = await sc.status()
-            assert await sc.stop() == 0, sc.log_text()[-3000:]
+        produce_first=recs,
+    ) as rig:
+        topic, group, dlq, sc = rig.topic, rig.group, rig.dlq_topic, rig.sc
+        await _wait_thread(
+            lambda: broker.count_records(dlq) >= expected_dlq, 180, "the DLQ records"
+        )
+        await wait_until(
+            lambda: (
+                sum(1 for d in app.deliveries if d.value and d.value.startswith(b"accept"))
+                >= n // 3
+            ),
+            60,
+            "every accept record",
+        )
+        await trio.sleep(2)  # anything redelivered by mistake would show up here
+        st = await sc.status()
+        assert await sc.stop() == 0, sc.log_text()[-3000:]
 
     assert (
         await trio.to_thread.run_sync(broker.group_config, group, "share.auto.offset.reset")
