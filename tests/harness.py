@@ -7,11 +7,14 @@ The one entry point for "a running sidecar with this app policy and config" is `
 the topic, serves the app (TCP or a Unix socket), writes the config, produces the records given, starts the
 sidecar (a subprocess, or `run_sidecar` in this process) and waits for it; it yields a `Rig` that knows all
 of them. The building blocks stay usable on their own: `serving` (an app on a transport, yielding an
-`AppEndpoint`), `write_config`, `sidecar` (one subprocess), `running_app`.
+`AppEndpoint`), `write_config`, `sidecar` (one subprocess), `running_app`; `sidecar_process` is the
+subprocess for synchronous tests.
 
 Small shared helpers: the waits (`wait_until`, `wait_until_thread`, `wait_status`, `wait_committed_at_end`),
-answers (`json_answer`, `by_value`), `counts_by_value`, `short_tmp` (a directory short enough for a Unix
-socket). Kafka helpers live in tests/kafkatools.py.
+answers (`json_answer`, the `by_value` policy and its `by_value_records`), `counts_by_value`, `FAST`
+settings, `restartable_member` (Kafka settings for a sidecar a test kills), `transactional_dlq_writer`,
+`short_tmp` (a directory short enough for a Unix socket). Kafka helpers live in tests/kafkatools.py (e.g.
+`Rec.headers_by_name`, `Broker.set_group_config`).
 """
 
 from __future__ import annotations
