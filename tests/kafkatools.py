@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 Header = tuple[str, bytes | None]
 
@@ -32,6 +39,20 @@ class Rec:
     partition: int | None = None
     offset: int | None = None
     timestamp_ms: int | None = None
+
+    def headers_by_name(self) -> dict[str, list[bytes | None]]:
+        """Every header value, by name, in record order."""
+        out: dict[str, list[bytes | None]] = {}
+        for k, v in self.headers:
+            out.setdefault(k, []).append(v)
+        return out
+
+    def header(self, name: str) -> str | None:
+        """The first `name` header as text (None when absent or null)."""
+        for key, value in self.headers:
+            if key == name:
+                return None if value is None else value.decode()
+        return None
 
 
 @dataclass(frozen=True)
@@ -274,6 +295,24 @@ class Broker:
             return {tp.partition: (tp.offset, tp.metadata) for tp in tps}
         finally:
             consumer.close()
+
+    def set_group_config(self, group: str, configs: Mapping[str, str]) -> None:
+        """Set a group's dynamic configs (e.g. `share.delivery.count.limit`)."""
+        res = ConfigResource(
+            ResourceType.GROUP,
+            group,
+            incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in configs.items()
+            ],
+        )
+        self.admin.incremental_alter_configs([res])[res].result(timeout=15)
+
+    def group_config(self, group: str, name: str) -> str | None:
+        """One of a group's configs as the broker describes it (None when it has no such entry)."""
+        res = ConfigResource(ResourceType.GROUP, group)
+        entry = self.admin.describe_configs([res])[res].result(timeout=15).get(name)
+        return None if entry is None else str(entry.value)
 
     def end_offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
         consumer = Consumer(self._conf(**{"group.id": "wm-" + uuid.uuid4().hex[:8]}))

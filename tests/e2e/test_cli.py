@@ -6,9 +6,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -18,12 +17,9 @@ from sidecar.http.server import Response
 from tests.harness import (
     ROOT,
     RecordingApp,
-    Sidecar,
-    free_port,
-    running_app,
+    running_sidecar,
     wait_until,
     wait_until_thread,
-    write_config,
 )
 from tests.kafkatools import Broker, Rec
 
@@ -186,55 +182,31 @@ def test_run_with_a_bad_config_exits_2_before_connecting(tmp_path: Path) -> None
 # --------------------------------------------------------------------------------------------- signals
 
 
-@asynccontextmanager
-async def running_cli(config_path: Path) -> AsyncIterator[Sidecar]:
-    log_path = config_path.with_suffix(".log")
-    api = yaml.safe_load(config_path.read_text())["api"]["listen"]
-    with open(log_path, "wb") as log_file:
-        proc = await trio.lowlevel.open_process(
-            [_script(), "run", "-c", str(config_path)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=str(ROOT),
-        )
-        sc = Sidecar(proc, config_path, api, log_path)
-        try:
-            await sc.wait_api()
-            yield sc
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-
-
-async def _start(
-    broker: Broker, unique: str, tmp_path: Path, app: RecordingApp, n: int, **extra: object
-) -> tuple[str, str, int]:
-    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
-    await trio.to_thread.run_sync(
-        broker.produce, topic, [Rec(key=f"k{i}".encode(), value=b"v") for i in range(n)]
+def _running(
+    broker: Broker, unique: str, tmp_path: Path, app: RecordingApp, n: int, **extra: Any
+) -> Any:
+    """`n` records in a fresh topic, the app, and the installed console script running them."""
+    return running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        extra=extra or None,
+        produce_first=[Rec(key=f"k{i}".encode(), value=b"v") for i in range(n)],
+        command=[_script()],
     )
-    return topic, f"g-{unique}", free_port()
 
 
 async def test_sigterm_drains_commits_and_exits_0(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
     app = RecordingApp()
-    topic, group, port = await _start(broker, unique, tmp_path, app, 20)
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-        )
-        async with running_cli(cfg) as sc:
-            await wait_until(lambda: len(app.deliveries) >= 20, 60, "20 deliveries")
-            start = trio.current_time()
-            assert await sc.stop(signal.SIGTERM, timeout_s=30) == 0, sc.log_text()[-2000:]
-            assert trio.current_time() - start < 15
+    async with _running(broker, unique, tmp_path, app, 20) as r:
+        topic, group, sc = r.topic, r.group, r.sc
+        await wait_until(lambda: len(app.deliveries) >= 20, 60, "20 deliveries")
+        start = trio.current_time()
+        assert await sc.stop(signal.SIGTERM, timeout_s=30) == 0, sc.log_text()[-2000:]
+        assert trio.current_time() - start < 15
     assert "stopped cleanly" in sc.log_text()
     end = (await trio.to_thread.run_sync(broker.end_offsets, topic, [0]))[0]
     await wait_until_thread(
@@ -247,36 +219,34 @@ async def test_second_sigterm_cuts_a_long_drain_short(
 ) -> None:
     # Every record is deferred and never answered: the drain would wait its full minute.
     app = RecordingApp(policy=lambda _d: Response(202))
-    topic, group, port = await _start(broker, unique, tmp_path, app, 5)
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-            extra={"shutdown.drain.timeout.ms": 60000, "share.record.lock.duration.ms": 120000},
-        )
-        async with running_cli(cfg) as sc:
-            await wait_until(lambda: len(app.deliveries) >= 5, 60, "5 deliveries")
-            sc.proc.send_signal(signal.SIGTERM)
-            first_sigterm = trio.current_time()
+    async with _running(
+        broker,
+        unique,
+        tmp_path,
+        app,
+        5,
+        **{"shutdown.drain.timeout.ms": 60000, "share.record.lock.duration.ms": 120000},
+    ) as r:
+        topic, group, sc = r.topic, r.group, r.sc
+        await wait_until(lambda: len(app.deliveries) >= 5, 60, "5 deliveries")
+        sc.proc.send_signal(signal.SIGTERM)
+        first_sigterm = trio.current_time()
 
-            async def draining() -> bool:
-                code, st = await sc.get("/v1/status")
-                return code == 200 and st["draining"] is True
-
-            with trio.fail_after(30):
-                while sc.proc.poll() is None and not await draining():
-                    await trio.sleep(0.1)
-            # Still running 1.5 s after the first SIGTERM: it waits for the drain (60 s).
-            await trio.sleep_until(first_sigterm + 1.5)
-            assert sc.proc.returncode is None, "the first SIGTERM did not wait for the drain"
+        async def draining() -> bool:
             code, st = await sc.get("/v1/status")
-            assert code == 200 and st["draining"] is True, st
-            start = trio.current_time()
-            assert await sc.stop(signal.SIGTERM, timeout_s=30) == 0, sc.log_text()[-2000:]
-            assert trio.current_time() - start < 20, "the second SIGTERM did not cut the drain"
+            return code == 200 and st["draining"] is True
+
+        with trio.fail_after(30):
+            while sc.proc.poll() is None and not await draining():
+                await trio.sleep(0.1)
+        # Still running 1.5 s after the first SIGTERM: it waits for the drain (60 s).
+        await trio.sleep_until(first_sigterm + 1.5)
+        assert sc.proc.returncode is None, "the first SIGTERM did not wait for the drain"
+        code, st = await sc.get("/v1/status")
+        assert code == 200 and st["draining"] is True, st
+        start = trio.current_time()
+        assert await sc.stop(signal.SIGTERM, timeout_s=30) == 0, sc.log_text()[-2000:]
+        assert trio.current_time() - start < 20, "the second SIGTERM did not cut the drain"
     assert "again" in sc.log_text()
     # Nothing was answered: the committed offset must not pass the deferred records.
     committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0])

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trio
-
 from tests.harness import (
     RecordingApp,
-    free_port,
-    running_app,
-    sidecar,
+    running_sidecar,
     wait_until,
     wait_until_thread,
-    write_config,
 )
 from tests.kafkatools import Broker, Rec
-
-
-async def _produce(broker: Broker, topic: str, recs: list[Rec]) -> None:
-    await trio.to_thread.run_sync(broker.produce, topic, recs)
 
 
 async def test_accept_all_5000_over_three_partitions(
@@ -28,33 +19,25 @@ async def test_accept_all_5000_over_three_partitions(
     topic = broker.create_topic(f"src-{unique}", partitions=3)
     group = f"g-{unique}"
     app = RecordingApp()
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-        )
-        recs = [
-            Rec(key=f"k{i % 50}".encode(), value=f"v{i}".encode(), partition=i % 3)
-            for i in range(5000)
-        ]
-        await _produce(broker, topic, recs)
-        async with sidecar(cfg) as sc:
-            await wait_until(lambda: len(app.seen()) >= 5000, 120, "5000 deliveries")
-            # Committed offsets reach the end of every partition.
-            ends = broker.end_offsets(topic, [0, 1, 2])
+    recs = [
+        Rec(key=f"k{i % 50}".encode(), value=f"v{i}".encode(), partition=i % 3) for i in range(5000)
+    ]
+    async with running_sidecar(
+        broker, tmp_path, app, topic=topic, group=group, produce_first=recs
+    ) as rig:
+        sc = rig.sc
+        await wait_until(lambda: len(app.seen()) >= 5000, 120, "5000 deliveries")
+        # Committed offsets reach the end of every partition.
+        ends = broker.end_offsets(topic, [0, 1, 2])
 
-            def committed_at_end() -> bool:
-                got = broker.committed(group, topic, [0, 1, 2])
-                return all(got[p][0] == ends[p] for p in range(3))
+        def committed_at_end() -> bool:
+            got = broker.committed(group, topic, [0, 1, 2])
+            return all(got[p][0] == ends[p] for p in range(3))
 
-            await wait_until_thread(committed_at_end, 60, "commits at the partition ends")
-            status = await sc.status()
-            assert status["counters"]["delivered"].get("accept") == 5000
-            assert await sc.stop() == 0
+        await wait_until_thread(committed_at_end, 60, "commits at the partition ends")
+        status = await sc.status()
+        assert status["counters"]["delivered"].get("accept") == 5000
+        assert await sc.stop() == 0
     assert app.seen() == {(i % 3, i // 3) for i in range(5000)} or len(app.seen()) == 5000
     assert not app.key_overlap  # key ordering: never two in flight for one key
     # Per key, offsets arrive in increasing order (partition-local offsets; a key lives in one partition here

@@ -7,14 +7,8 @@ committed offsets.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,105 +17,42 @@ import trio
 from sidecar.core.record import is_delivery_id
 from sidecar.http.server import Response
 from tests.harness import (
+    FAST,
     Delivery,
     RecordingApp,
-    Sidecar,
-    free_port,
-    running_app,
-    sidecar,
+    Rig,
+    counts_by_value,
+    json_answer,
+    produce,
+    running_sidecar,
+    short_tmp,
+    wait_assigned,
+    wait_committed_at_end,
+    wait_status,
     wait_until,
-    wait_until_thread,
-    write_config,
 )
 from tests.kafkatools import Broker, Rec
 
-# Small lock durations and backoffs keep every test well under its time budget.
-FAST: dict[str, Any] = {
-    "errors.retry.delay.initial.ms": 50,
-    "errors.retry.delay.max.ms": 100,
-    "commit.interval.ms": 100,
-    "shutdown.drain.timeout.ms": 2000,
-}
+# FAST, json_answer, produce, counts_by_value and the waits live in tests/harness.py now; they stay
+# importable from here (tests/integration/test_daemon_restart.py imports them).
+__all__ = [
+    "FAST",
+    "Rig",
+    "counts_by_value",
+    "header",
+    "json_answer",
+    "produce",
+    "rig",
+    "short_tmp",
+    "wait_assigned",
+    "wait_committed_at_end",
+    "wait_status",
+]
+
+header = Rec.header
 
 
-def json_answer(obj: object, status: int = 200) -> Response:
-    return Response(status, (("Content-Type", "application/json"),), json.dumps(obj).encode())
-
-
-def header(rec: Rec, name: str) -> str | None:
-    for key, value in rec.headers:
-        if key == name:
-            return None if value is None else value.decode()
-    return None
-
-
-async def produce(broker: Broker, topic: str, recs: list[Rec]) -> None:
-    await trio.to_thread.run_sync(broker.produce, topic, recs)
-
-
-async def wait_committed_at_end(
-    broker: Broker, group: str, topic: str, partitions: int, timeout_s: float = 60
-) -> None:
-    parts = list(range(partitions))
-    ends = await trio.to_thread.run_sync(broker.end_offsets, topic, parts)
-
-    def at_end() -> bool:
-        got = broker.committed(group, topic, parts)
-        return all(got[p][0] == ends[p] for p in parts)
-
-    await wait_until_thread(at_end, timeout_s, f"committed offsets at the ends {ends}")
-
-
-async def wait_status(sc: Sidecar, predicate: Any, timeout_s: float, what: str) -> dict[str, Any]:
-    with trio.move_on_after(timeout_s):
-        while True:
-            st = await sc.status()
-            if predicate(st):
-                return st
-            await trio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {await sc.status()}")
-
-
-async def wait_assigned(sc: Sidecar, partitions: int, timeout_s: float = 60) -> None:
-    """Until the consumer owns `partitions` partitions (status lists a partition only once it
-    has a committed offset or a fetched record, so ask readiness and the lag table instead)."""
-    with trio.move_on_after(timeout_s):
-        while True:
-            _code, ready = await sc.get("/readyz")
-            if ready["checks"]["assigned"]:
-                # the librdkafka assignment is all-or-nothing per rebalance here: one group member
-                return
-            await trio.sleep(0.1)
-    raise AssertionError(f"not assigned after {timeout_s}s:\n{sc.log_text()[-3000:]}")
-
-
-@dataclass
-class Rig:
-    broker: Broker
-    topic: str
-    group: str
-    partitions: int
-    app: RecordingApp
-    sc: Sidecar
-
-    @property
-    def dlq_topic(self) -> str:
-        return f"dlq.{self.topic}"
-
-    async def produce(self, recs: list[Rec]) -> None:
-        await produce(self.broker, self.topic, recs)
-
-    async def committed_at_end(self, timeout_s: float = 60) -> None:
-        await wait_committed_at_end(self.broker, self.group, self.topic, self.partitions, timeout_s)
-
-    async def read_dlq(self, expected: int) -> list[Rec]:
-        return await trio.to_thread.run_sync(
-            lambda: self.broker.read_topic(self.dlq_topic, expected, timeout_s=60)
-        )
-
-
-@asynccontextmanager
-async def rig(
+def rig(
     broker: Broker,
     unique: str,
     tmp_path: Path,
@@ -130,33 +61,18 @@ async def rig(
     partitions: int = 1,
     extra: dict[str, Any] | None = None,
     app_extra: dict[str, Any] | None = None,
-) -> AsyncIterator[Rig]:
+) -> Any:
     """A topic, an app over TCP and a sidecar in front of it, assigned and ready."""
-    topic = await trio.to_thread.run_sync(
-        lambda: broker.create_topic(f"src-{unique}", partitions=partitions)
+    return running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        partitions=partitions,
+        extra={**FAST, **(extra or {})},
+        app_extra=app_extra,
+        wait="assigned",
     )
-    group = f"g-{unique}"
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-            extra={**FAST, **(extra or {})},
-            app_extra=app_extra,
-        )
-        async with sidecar(cfg) as sc:
-            await wait_assigned(sc, partitions)
-            yield Rig(broker, topic, group, partitions, app, sc)
-
-
-def counts_by_value(deliveries: list[Delivery]) -> dict[bytes | None, list[int]]:
-    out: dict[bytes | None, list[int]] = defaultdict(list)
-    for d in deliveries:
-        out[d.value].append(d.delivery_count)
-    return out
 
 
 # --------------------------------------------------------------------------------------------- answers
@@ -473,16 +389,6 @@ async def test_deferred_answers_through_the_ack_api(
 # --------------------------------------------------------------------------------------------- bytes
 
 
-@contextmanager
-def short_tmp() -> Iterator[Path]:
-    # Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="dlqs-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 async def test_records_reach_a_unix_socket_app_byte_exact(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
@@ -507,25 +413,13 @@ async def test_records_reach_a_unix_socket_app_byte_exact(
         Rec(key=b"big", value=bytes(range(256)) * 1000),
     ]
     app = RecordingApp()
-    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
-    group = f"g-{unique}"
-    with short_tmp() as sock_dir:
-        sock = str(sock_dir / "app.sock")
-        async with running_app(app, ("unix", sock)):
-            cfg = write_config(
-                tmp_path / "sidecar.yaml",
-                bootstrap=broker.bootstrap,
-                group=group,
-                topics=[topic],
-                app_url="/records",
-                unix_socket=sock,
-                extra=FAST,
-            )
-            await produce(broker, topic, recs)
-            async with sidecar(cfg) as sc:
-                await wait_until(lambda: len(app.deliveries) >= len(recs), 60, "every record")
-                await wait_committed_at_end(broker, group, topic, 1)
-                assert await sc.stop() == 0
+    async with running_sidecar(
+        broker, tmp_path, app, unique=unique, transport="unix", extra=FAST, produce_first=recs
+    ) as r:
+        topic, sc = r.topic, r.sc
+        await wait_until(lambda: len(app.deliveries) >= len(recs), 60, "every record")
+        await wait_committed_at_end(broker, r.group, topic, 1)
+        assert await sc.stop() == 0
 
     got = sorted(app.deliveries, key=lambda d: d.offset)
     assert [d.offset for d in got] == list(range(len(recs)))
@@ -547,21 +441,18 @@ async def test_records_reach_a_unix_socket_app_byte_exact(
 async def test_app_down_is_not_an_attempt_and_delivery_resumes_when_it_starts(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
-    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
-    group = f"g-{unique}"
-    port = free_port()  # nothing listens here yet
-    cfg = write_config(
-        tmp_path / "sidecar.yaml",
-        bootstrap=broker.bootstrap,
-        group=group,
-        topics=[topic],
-        app_url=f"http://127.0.0.1:{port}/records",
+    app = RecordingApp()
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        serve=False,  # nothing listens at the app's port yet
         extra={**FAST, "share.delivery.count.limit": 2},
         app_extra={"connect.backoff.initial.ms": 100, "connect.backoff.max.ms": 300},
-    )
-    await produce(broker, topic, [Rec(key=f"k{i}".encode(), value=b"v") for i in range(20)])
-    app = RecordingApp()
-    async with sidecar(cfg) as sc:
+        produce_first=[Rec(key=f"k{i}".encode(), value=b"v") for i in range(20)],
+    ) as r:
+        topic, group, sc = r.topic, r.group, r.sc
         await sc.wait_assigned(1)
         st = await wait_status(
             sc, lambda s: s["counters"]["not_attempted"] > 0, 60, "a not-attempted delivery"
@@ -578,7 +469,7 @@ async def test_app_down_is_not_an_attempt_and_delivery_resumes_when_it_starts(
         assert st["app_reachable"] is False
         assert st["paused_partitions"], "intake is not paused while the app is down"
 
-        async with running_app(app, ("tcp", "127.0.0.1", port)):
+        async with r.serve_app():
             await wait_until(lambda: len(app.deliveries) >= 20, 60, "20 deliveries")
             await wait_committed_at_end(broker, group, topic, 1)
             code, ready = await sc.get("/readyz")

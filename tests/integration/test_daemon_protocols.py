@@ -9,7 +9,10 @@ import pytest
 import trio
 
 from sidecar.http.server import Response
-from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import (
+    RecordingApp,
+    running_sidecar,
+)
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
@@ -21,28 +24,26 @@ async def test_two_sidecars_share_partitions_with_either_group_protocol(
     topic = broker.create_topic(f"src-{unique}", partitions=4)
     group = f"g-{unique}"
     app = RecordingApp()
-    port = free_port()
     kafka_extra = {"group.protocol": protocol}
     if protocol == "classic":
         kafka_extra["session.timeout.ms"] = 6000
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfgs = [
-            write_config(
-                tmp_path / f"sidecar-{i}.yaml",
-                bootstrap=broker.bootstrap,
-                group=group,
-                topics=[topic],
-                app_url=f"http://127.0.0.1:{port}/",
-                kafka_extra=kafka_extra,
-            )
-            for i in range(2)
-        ]
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        kafka_extra=kafka_extra,
+        start=False,
+    ) as rig:
+        cfgs = [rig.config(f"sidecar-{i}.yaml") for i in range(2)]
         await trio.to_thread.run_sync(
             broker.produce,
             topic,
             [Rec(key=f"k{i}".encode(), value=b"v", partition=i % 4) for i in range(400)],
         )
-        async with sidecar(cfgs[0]) as a, sidecar(cfgs[1]) as b:
+        async with rig.sidecar(cfgs[0]) as a, rig.sidecar(cfgs[1]) as b:
             # Both members end up with partitions (an incremental rebalance either way).
             with trio.fail_after(60):
                 while True:
@@ -81,29 +82,27 @@ async def test_archived_records_are_logged_without_payload_unless_asked(
 ) -> None:
     topic = broker.create_topic(f"src-{unique}", partitions=1)
     app = RecordingApp(policy=lambda d: Response(422))
-    port = free_port()
     secret = b"card=4111-1111-1111-1111"
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"errors.log.enable": True, "errors.log.include.messages": include},
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=f"g-{unique}",
+        path="/",
+        extra={"errors.log.enable": True, "errors.log.include.messages": include},
+        produce_first=[Rec(key=b"order-9", value=secret)],
+    ) as rig:
+        sc = rig.sc
+        await _wait_thread(
+            lambda: (
+                broker.topic_exists(f"dlq.{topic}") and broker.count_records(f"dlq.{topic}") == 1
+            ),
+            60,
+            "the DLQ record",
         )
-        await trio.to_thread.run_sync(broker.produce, topic, [Rec(key=b"order-9", value=secret)])
-        async with sidecar(cfg) as sc:
-            await _wait_thread(
-                lambda: (
-                    broker.topic_exists(f"dlq.{topic}")
-                    and broker.count_records(f"dlq.{topic}") == 1
-                ),
-                60,
-                "the DLQ record",
-            )
-            assert await sc.stop() == 0
-            lines = [json.loads(ln) for ln in sc.log_text().splitlines() if ln.startswith("{")]
+        assert await sc.stop() == 0
+        lines = [json.loads(ln) for ln in sc.log_text().splitlines() if ln.startswith("{")]
     archived = [ln for ln in lines if ln.get("msg") == "record archived"]
     assert len(archived) == 1
     line = archived[0]

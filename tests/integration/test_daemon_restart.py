@@ -10,52 +10,59 @@ from __future__ import annotations
 import signal
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from sidecar.core.commitstate import decode
 from sidecar.http.server import Response
 from tests.harness import (
+    FAST,
     Delivery,
     RecordingApp,
     Sidecar,
-    free_port,
-    running_app,
-    sidecar,
-    wait_until,
-    wait_until_thread,
-    write_config,
-)
-from tests.integration.test_daemon_answers import (
-    FAST,
     counts_by_value,
+    free_port,
     json_answer,
     produce,
+    running_sidecar,
     wait_assigned,
     wait_committed_at_end,
+    wait_until,
+    wait_until_thread,
 )
 from tests.kafkatools import Broker, Rec
 
+# A killed member holds its partitions until its session times out: keep that short (the broker's
+# minimum is 6 s) so the test sees the takeover quickly.
+SESSION = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
-def _config(
-    tmp_path: Path, name: str, broker: Broker, group: str, topic: str, port: int, **extra: object
-) -> Path:
-    kafka = {
-        "bootstrap.servers": broker.bootstrap,
-        "group.id": group,
-        "auto.offset.reset": "earliest",
-        # A killed member holds its partitions until its session times out: keep that short
-        # (the broker's minimum is 6 s) so the test sees the takeover quickly.
-        "session.timeout.ms": 6000,
-        "heartbeat.interval.ms": 500,
-    }
-    return write_config(
-        tmp_path / f"{name}.yaml",
-        bootstrap=broker.bootstrap,
+
+def _running(
+    broker: Broker,
+    tmp_path: Path,
+    app: RecordingApp,
+    topic: str,
+    group: str,
+    name: str,
+    port: int | None = None,
+    *,
+    start: bool = True,
+    **extra: object,
+) -> Any:
+    """The app on `port` and a sidecar for `topic` with config `name`.yaml (or, with `start=False`,
+    that config for the test to start)."""
+    return running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
         group=group,
-        topics=[topic],
-        app_url=f"http://127.0.0.1:{port}/records",
-        extra={**FAST, "kafka": kafka, **extra},
+        port=port,
+        config_name=f"{name}.yaml",
+        kafka_extra=SESSION,
+        extra={**FAST, **extra},
+        start=start,
     )
 
 
@@ -85,22 +92,21 @@ async def test_sigterm_with_deferred_and_released_records_then_restart(
         "share.record.lock.duration.ms": 20000,
         "shutdown.drain.timeout.ms": 1000,
     }
-    async with running_app(app1, ("tcp", "127.0.0.1", port)):
-        cfg = _config(tmp_path, "one", broker, group, topic, port, **settings)
-        async with sidecar(cfg) as sc:
+    async with _running(broker, tmp_path, app1, topic, group, "one", port, **settings) as rig:
+        sc = rig.sc
 
-            def settled() -> bool:
-                counts = counts_by_value(app1.deliveries)
-                return (
-                    sum(1 for v, c in counts.items() if v and v.startswith(b"rel") and 2 in c) == 10
-                    and sum(1 for v in counts if v and v.startswith(b"def")) == 10
-                )
+        def settled() -> bool:
+            counts = counts_by_value(app1.deliveries)
+            return (
+                sum(1 for v, c in counts.items() if v and v.startswith(b"rel") and 2 in c) == 10
+                and sum(1 for v in counts if v and v.startswith(b"def")) == 10
+            )
 
-            await wait_until(settled, 60, "deferred records seen and released ones at count 2")
-            with trio.fail_after(60):
-                while (await sc.status())["counters"]["delivered"].get("accept", 0) < 10:
-                    await trio.sleep(0.05)
-            assert await sc.stop(signal.SIGTERM) == 0
+        await wait_until(settled, 60, "deferred records seen and released ones at count 2")
+        with trio.fail_after(60):
+            while (await sc.status())["counters"]["delivered"].get("accept", 0) < 10:
+                await trio.sleep(0.05)
+        assert await sc.stop(signal.SIGTERM) == 0
     committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0])
     offset, metadata = committed[0]
     assert offset == 1, committed  # offset 0 is accepted; offset 1 is deferred, not done
@@ -108,11 +114,10 @@ async def test_sigterm_with_deferred_and_released_records_then_restart(
     before_counts = counts_by_value(app1.deliveries)
 
     app2 = RecordingApp()
-    async with running_app(app2, ("tcp", "127.0.0.1", port)):
-        cfg = _config(tmp_path, "two", broker, group, topic, port, **settings)
-        async with sidecar(cfg) as sc:
-            await wait_committed_at_end(broker, group, topic, 1)
-            assert await sc.stop() == 0
+    async with _running(broker, tmp_path, app2, topic, group, "two", port, **settings) as rig:
+        sc = rig.sc
+        await wait_committed_at_end(broker, group, topic, 1)
+        assert await sc.stop() == 0
 
     after = counts_by_value(app2.deliveries)
     redelivered_accepted = [v for v in after if v and v.startswith(b"acc")]
@@ -149,12 +154,11 @@ async def test_kill_9_mid_stream_loses_nothing(broker: Broker, unique: str, tmp_
                 return True
         return False
 
-    async with running_app(app1, ("tcp", "127.0.0.1", port)):
-        cfg = _config(tmp_path, "one", broker, group, topic, port)
-        async with sidecar(cfg) as sc:
-            await wait_until(lambda: len(app1.deliveries) > 70, 60, "70 answered deliveries")
-            await wait_until_thread(something_committed, 60, "a commit before the kill")
-            assert await sc.stop(signal.SIGKILL) == -signal.SIGKILL
+    async with _running(broker, tmp_path, app1, topic, group, "one", port) as rig:
+        sc = rig.sc
+        await wait_until(lambda: len(app1.deliveries) > 70, 60, "70 answered deliveries")
+        await wait_until_thread(something_committed, 60, "a commit before the kill")
+        assert await sc.stop(signal.SIGKILL) == -signal.SIGKILL
     assert len(app1.deliveries) < n, "the kill came too late to be mid-stream"
     committed = await trio.to_thread.run_sync(broker.committed, group, topic, [0, 1])
     done: dict[int, set[int]] = defaultdict(set)
@@ -167,12 +171,11 @@ async def test_kill_9_mid_stream_loses_nothing(broker: Broker, unique: str, tmp_
     assert sum(len(s) for s in done.values()) > 0, "nothing was committed before the kill"
 
     app2 = RecordingApp()
-    async with running_app(app2, ("tcp", "127.0.0.1", port)):
-        cfg = _config(tmp_path, "two", broker, group, topic, port)
-        async with sidecar(cfg) as sc:
-            await wait_committed_at_end(broker, group, topic, 2, timeout_s=60)
-            st = await sc.status()
-            assert await sc.stop() == 0
+    async with _running(broker, tmp_path, app2, topic, group, "two", port) as rig:
+        sc = rig.sc
+        await wait_committed_at_end(broker, group, topic, 2, timeout_s=60)
+        st = await sc.status()
+        assert await sc.stop() == 0
 
     again = {(d.partition, d.offset) for d in app2.deliveries}
     for p, offsets in done.items():
@@ -206,7 +209,6 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
 
     app_a = RecordingApp(policy=hold_first)
     app_b = RecordingApp()
-    port_a, port_b = free_port(), free_port()
     wave = 0
 
     async def produce_wave(n: int, prefix: str = "w") -> list[Rec]:
@@ -224,19 +226,14 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
         await produce(broker, topic, recs)
         return recs
 
+    lock: dict[str, object] = {"share.record.lock.duration.ms": 30000}
     async with (
-        running_app(app_a, ("tcp", "127.0.0.1", port_a)),
-        running_app(app_b, ("tcp", "127.0.0.1", port_b)),
+        _running(broker, tmp_path, app_a, topic, group, "a", start=False, **lock) as rig_a,
+        _running(broker, tmp_path, app_b, topic, group, "b", start=False, **lock) as rig_b,
     ):
         produced = await produce_wave(4, "hold")
         produced += await produce_wave(40)
-        cfg_a = _config(
-            tmp_path, "a", broker, group, topic, port_a, **{"share.record.lock.duration.ms": 30000}
-        )
-        cfg_b = _config(
-            tmp_path, "b", broker, group, topic, port_b, **{"share.record.lock.duration.ms": 30000}
-        )
-        async with sidecar(cfg_a) as a:
+        async with rig_a.sidecar() as a:
             await wait_until(lambda: len(app_a.deliveries) >= 44, 60, "A to take the first waves")
             held = {
                 d.partition: d.delivery_id
@@ -244,7 +241,7 @@ async def test_two_sidecars_share_partitions_and_one_takes_over(
                 if d.value and d.value.startswith(b"hold")
             }
             assert set(held) == {0, 1, 2, 3}
-            async with sidecar(cfg_b) as b:
+            async with rig_b.sidecar() as b:
                 await wait_assigned(b, 1)
 
                 async def split() -> bool:

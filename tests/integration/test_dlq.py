@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from sidecar.http.server import Response, json_response
+from sidecar.http.server import Response
 from tests.harness import (
     Delivery,
     RecordingApp,
-    free_port,
-    running_app,
-    sidecar,
+    by_value,
+    by_value_records,
+    restartable_member,
+    running_sidecar,
     write_config,
 )
 from tests.harness import wait_until_thread as _wait_thread
@@ -26,94 +27,46 @@ async def _in_thread(fn, *args):  # type: ignore[no-untyped-def]
     return await trio.to_thread.run_sync(fn, *args)
 
 
-def _by_value(d: Delivery) -> Response:
-    kind = (d.value or b"").split(b":")[0]
-    if kind == b"reject":
-        return json_response(
-            {
-                "ack": "reject",
-                "error": {
-                    "class": "com.example.Invalid",
-                    "message": f"bad order {d.offset}",
-                    "stacktrace": "at line 1",
-                },
-            }
-        )
-    if kind == b"release":
-        return json_response(
-            {"ack": "release", "error": {"class": "com.example.Flaky", "message": "try later"}}
-        )
-    return Response(200)
-
-
-def _headers(rec: Rec) -> dict[str, list[bytes | None]]:
-    out: dict[str, list[bytes | None]] = {}
-    for k, v in rec.headers:
-        out.setdefault(k, []).append(v)
-    return out
-
-
 @pytest.mark.parametrize("copy", [True, False], ids=["copy", "headers-only"])
 async def test_dlq_holds_exactly_rejected_and_released_to_limit(
     broker: Broker, unique: str, tmp_path: Path, copy: bool
 ) -> None:
     n = 3000 if copy else 600
     limit = 3
-    topic = broker.create_topic(f"src-{unique}", partitions=3)
-    group = f"g-{unique}"
-    dlq = f"dlq.{topic}"
-    kinds = ["accept", "reject", "release"]
-    recs = []
-    for i in range(n):
-        kind = kinds[i % 3]
-        value: bytes | None = f"{kind}:{i}".encode()
-        key: bytes | None = f"k{i % 97}".encode()
-        if i % 30 == 1:
-            key = None
-        headers: tuple[tuple[str, bytes | None], ...] = (
-            ("seq", str(i).encode()),
-            ("bin", b"\xff\x00"),
-            ("rep", b"a"),
-            ("rep", b"b"),
+    recs = by_value_records(n)
+    app = RecordingApp(policy=by_value)
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        partitions=3,
+        path="/",
+        extra={
+            "share.delivery.count.limit": limit,
+            "errors.deadletterqueue.copy.record.enable": copy,
+            "errors.retry.delay.initial.ms": 10,
+            "errors.retry.delay.max.ms": 20,
+        },
+        produce_first=recs,
+    ) as rig:
+        topic, group, dlq, sc = rig.topic, rig.group, rig.dlq_topic, rig.sc
+        expected_dlq = sum(1 for i in range(n) if i % 3 != 0)
+        await _wait_thread(
+            lambda: broker.count_records(dlq) >= expected_dlq,
+            180,
+            f"{expected_dlq} DLQ records",
         )
-        if i % 30 == 4:
-            # Same-named as a context header: must be overwritten, not duplicated.
-            headers = (*headers, ("__dlq.errors.topic", b"spoofed"))
-        recs.append(Rec(key=key, value=value, headers=headers, partition=i % 3))
-    app = RecordingApp(policy=_by_value)
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={
-                "share.delivery.count.limit": limit,
-                "errors.deadletterqueue.copy.record.enable": copy,
-                "errors.retry.delay.initial.ms": 10,
-                "errors.retry.delay.max.ms": 20,
-            },
+        ends = broker.end_offsets(topic, [0, 1, 2])
+        await _wait_thread(
+            lambda: all(
+                broker.committed(group, topic, [0, 1, 2])[p][0] == ends[p] for p in range(3)
+            ),
+            60,
+            "commits at the end",
         )
-        await _in_thread(broker.produce, topic, recs)
-        async with sidecar(cfg) as sc:
-            expected_dlq = sum(1 for i in range(n) if i % 3 != 0)
-            await _wait_thread(
-                lambda: broker.count_records(dlq) >= expected_dlq,
-                180,
-                f"{expected_dlq} DLQ records",
-            )
-            ends = broker.end_offsets(topic, [0, 1, 2])
-            await _wait_thread(
-                lambda: all(
-                    broker.committed(group, topic, [0, 1, 2])[p][0] == ends[p] for p in range(3)
-                ),
-                60,
-                "commits at the end",
-            )
-            st = await sc.status()
-            assert await sc.stop() == 0
+        st = await sc.status()
+        assert await sc.stop() == 0
 
     dlq_recs = broker.read_topic(dlq, expected_dlq, timeout_s=60)
     assert len(dlq_recs) == expected_dlq  # exactly once each
@@ -121,7 +74,7 @@ async def test_dlq_holds_exactly_rejected_and_released_to_limit(
     seen_offsets: set[tuple[int, int]] = set()
     by_seq = {int(dict(r.headers)["seq"] or b"-1"): r for r in recs}  # type: ignore[arg-type]
     for d in dlq_recs:
-        h = _headers(d)
+        h = d.headers_by_name()
         src_p = int(h["__dlq.errors.partition"][0] or b"")
         src_o = int(h["__dlq.errors.offset"][0] or b"")
         assert (src_p, src_o) not in seen_offsets
@@ -183,19 +136,19 @@ async def test_topic_placeholder_and_partition_rule(
     b = broker.create_topic(f"b-{unique}", partitions=3)
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(400))  # 400 = reject
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[a, b],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={
-                "errors.deadletterqueue.topic.name": "dlq.{topic}",
-                "errors.deadletterqueue.topic.partitions": 2,
-            },
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topics=[a, b],
+        group=group,
+        path="/",
+        extra={
+            "errors.deadletterqueue.topic.name": "dlq.{topic}",
+            "errors.deadletterqueue.topic.partitions": 2,
+        },
+        start=False,
+    ) as rig:
         for t in (a, b):
             await _in_thread(
                 broker.produce,
@@ -206,7 +159,7 @@ async def test_topic_placeholder_and_partition_rule(
                     for _ in range(4)
                 ],
             )
-        async with sidecar(cfg):
+        async with rig.sidecar():
             await _wait_thread(
                 lambda: (
                     broker.count_records(f"dlq.{a}") >= 12
@@ -226,7 +179,7 @@ async def test_topic_placeholder_and_partition_rule(
         got = broker.read_topic(f"dlq.{t}", 12)
         assert len(got) == 12
         for r in got:
-            h = _headers(r)
+            h = r.headers_by_name()
             assert h["__dlq.errors.topic"] == [t.encode()]
             src_p = int(h["__dlq.errors.partition"][0] or b"")
             assert r.partition == src_p % 2  # source partition modulo the DLQ partition count
@@ -240,37 +193,38 @@ async def test_record_too_large_for_dlq_is_written_headers_only(
     dlq = broker.create_topic(f"dlq.{topic}", partitions=1, config={"max.message.bytes": "2048"})
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(422))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={
-                "errors.deadletterqueue.copy.record.enable": True,
-                "errors.deadletterqueue.auto.create.enable": False,
-            },
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={
+            "errors.deadletterqueue.copy.record.enable": True,
+            "errors.deadletterqueue.auto.create.enable": False,
+        },
+        start=False,
+    ) as rig:
         big = os.urandom(20000)
         await _in_thread(
             broker.produce, topic, [Rec(key=b"k", value=big), Rec(key=b"k2", value=b"small")]
         )
-        async with sidecar(cfg) as sc:
+        async with rig.sidecar() as sc:
             await _wait_thread(lambda: broker.count_records(dlq) >= 2, 60, "2 DLQ records")
             await _wait_thread(
                 lambda: broker.committed(group, topic, [0])[0][0] == 2, 60, "commit past both"
             )
             assert await sc.stop() == 0
     got = sorted(
-        broker.read_topic(dlq, 2), key=lambda r: int(_headers(r)["__dlq.errors.offset"][0] or b"")
+        broker.read_topic(dlq, 2),
+        key=lambda r: int(r.headers_by_name()["__dlq.errors.offset"][0] or b""),
     )
-    big_h = _headers(got[0])
+    big_h = got[0].headers_by_name()
     assert got[0].value is None and got[0].key is None
     assert b"too large" in (big_h["__dlq.errors.copy.dropped"][0] or b"")
     assert big_h["__dlq.errors.offset"] == [b"0"]
-    assert got[1].value == b"small" and "__dlq.errors.copy.dropped" not in _headers(got[1])
+    assert got[1].value == b"small" and "__dlq.errors.copy.dropped" not in got[1].headers_by_name()
 
 
 async def test_dlq_deleted_at_runtime_stops_sidecar_without_committing(
@@ -280,20 +234,18 @@ async def test_dlq_deleted_at_runtime_stops_sidecar_without_committing(
     dlq = broker.create_topic(f"dlq.{topic}", partitions=1)
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(200) if d.value == b"ok" else Response(400))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"errors.deadletterqueue.auto.create.enable": False},
-        )
-        await _in_thread(
-            broker.produce, topic, [Rec(key=None, value=b"ok"), Rec(key=None, value=b"ok")]
-        )
-        async with sidecar(cfg) as sc:
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={"errors.deadletterqueue.auto.create.enable": False},
+        produce_first=[Rec(key=None, value=b"ok"), Rec(key=None, value=b"ok")],
+        start=False,
+    ) as rig:
+        async with rig.sidecar() as sc:
             await _wait_thread(
                 lambda: broker.committed(group, topic, [0])[0][0] == 2, 60, "first two committed"
             )
@@ -310,7 +262,7 @@ async def test_dlq_deleted_at_runtime_stops_sidecar_without_committing(
         )  # not past the unwritten record at offset 2
 
         broker.create_topic(dlq, partitions=1)
-        async with sidecar(cfg) as sc2:
+        async with rig.sidecar() as sc2:
             await _wait_thread(
                 lambda: broker.count_records(dlq) >= 1,
                 60,
@@ -321,7 +273,7 @@ async def test_dlq_deleted_at_runtime_stops_sidecar_without_committing(
             )
             assert await sc2.stop() == 0
     got = broker.read_topic(dlq, 1)
-    assert _headers(got[0])["__dlq.errors.offset"] == [b"2"]
+    assert got[0].headers_by_name()["__dlq.errors.offset"] == [b"2"]
 
 
 async def test_tolerance_none_stops_at_first_archived_record(
@@ -330,22 +282,22 @@ async def test_tolerance_none_stops_at_first_archived_record(
     topic = broker.create_topic(f"src-{unique}", partitions=1)
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(200) if d.value != b"poison" else Response(400))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"errors.tolerance": "none"},
-            app_extra={"max.in.flight": 1},
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={"errors.tolerance": "none"},
+        app_extra={"max.in.flight": 1},
+        start=False,
+    ) as rig:
         await _in_thread(
             broker.produce, topic, [Rec(key=None, value=v) for v in (b"a", b"b", b"poison", b"c")]
         )
         # It exits by design, possibly before its API was ever polled.
-        async with sidecar(cfg, wait_api=False) as sc:
+        async with rig.sidecar(wait_api=False) as sc:
             assert await sc.wait_exit(60) == 1
             assert "errors.tolerance is none" in sc.log_text()
     committed = broker.committed(group, topic, [0])[0][0]
@@ -368,23 +320,18 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
         return Response(200)
 
     app = RecordingApp(policy=policy)
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"share.delivery.count.limit": limit},
-            app_extra={"max.in.flight": 1},
-            kafka_extra={
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1000,
-                # Static membership: a restarted sidecar takes over its dead incarnation at once.
-                "group.instance.id": f"sidecar-{unique}",
-            },
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={"share.delivery.count.limit": limit},
+        app_extra={"max.in.flight": 1},
+        kafka_extra=restartable_member(unique),
+        start=False,
+    ) as rig:
         await _in_thread(
             broker.produce, topic, [Rec(key=None, value=v) for v in (b"a", b"kill", b"b")]
         )
@@ -396,7 +343,7 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
 
         for _ in range(limit + 3):
             # The pid is known before the sidecar can deliver anything (no wait for its API first).
-            async with sidecar(cfg, wait_api=False) as sc:
+            async with rig.sidecar(wait_api=False) as sc:
                 current["pid"] = sc.proc.pid
                 finished = False
                 with trio.move_on_after(90):
@@ -419,7 +366,7 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
     assert restarts == limit
     got = broker.read_topic(f"dlq.{topic}", 1)
     assert len(got) == 1, [(g.headers, g.timestamp_ms) for g in got]
-    h = _headers(got[0])
+    h = got[0].headers_by_name()
     assert h["__dlq.errors.offset"] == [b"1"]
     assert h["__dlq.errors.message"] == [b"Offset delivery count exceeded the threshold."]
     assert h["__dlq.errors.delivery.count"] == [str(limit).encode()]

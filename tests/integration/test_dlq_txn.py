@@ -13,17 +13,15 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from sidecar.http.server import Response
 from sidecar.kafka import dlq as dlq_module
-from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnStuck, DlqWriter, FailedRecord
-from tests.harness import RecordingApp, free_port, running_app, sidecar, wait_until, write_config
+from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnStuck, FailedRecord
+from tests.harness import (
+    RecordingApp,
+    restartable_member,
+    running_sidecar,
+    transactional_dlq_writer,
+)
+from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
-
-
-async def _wait_thread(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    with trio.move_on_after(timeout_s):
-        while not await trio.to_thread.run_sync(predicate):
-            await trio.sleep(0.2)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
@@ -40,27 +38,22 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
         return Response(400) if (d.value or b"").startswith(b"poison") else Response(200)
 
     app = RecordingApp(policy=slow_reject)
-    port = free_port()
     rng = random.Random(7)
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={
-                "errors.deadletterqueue.transactional.enable": True,
-                "errors.deadletterqueue.copy.record.enable": True,
-            },
-            app_extra={"max.in.flight": 4},
-            kafka_extra={
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1000,
-                # Static membership: a restarted sidecar takes over its dead incarnation at once.
-                "group.instance.id": f"sidecar-{unique}",
-            },
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={
+            "errors.deadletterqueue.transactional.enable": True,
+            "errors.deadletterqueue.copy.record.enable": True,
+        },
+        app_extra={"max.in.flight": 4},
+        kafka_extra=restartable_member(unique),
+        start=False,
+    ) as rig:
         recs = [
             Rec(
                 key=f"k{i % 13}".encode(),
@@ -71,19 +64,13 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
         await trio.to_thread.run_sync(broker.produce, topic, recs)
         kills = 0
         for _ in range(4):
-            async with sidecar(cfg) as sc:
+            async with rig.sidecar() as sc:
                 # Let it make progress (a rebalance after a kill takes up to the session timeout).
                 await trio.sleep(rng.uniform(5.0, 8.0))
                 sc.proc.send_signal(signal.SIGKILL)
                 assert await sc.wait_exit(30) == -signal.SIGKILL
                 kills += 1
-        # The rounds share one log file; the last sidecar's "running" line is the next one.
-        running = "dlq-sidecar running"
-        runs = cfg.with_suffix(".log").read_text(errors="replace").count(running)
-        async with sidecar(cfg) as sc:
-            # Its API answers before its SIGTERM handler is installed (after the DLQ producer's
-            # init_transactions): a stop in between would end it with the default action (-15).
-            await wait_until(lambda: sc.log_text().count(running) > runs, 60, "the sidecar running")
+        async with rig.sidecar() as sc:
             ends = broker.end_offsets(topic, [0, 1])
             await _wait_thread(
                 lambda: all(
@@ -107,21 +94,6 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
         if (d.value or b"").startswith(b"ok")
     }
     assert accepted == set(range(n)) - poison
-
-
-def _txn_writer(bootstrap: str, group: str, transactional_id: str) -> DlqWriter:
-    writer = DlqWriter(
-        {"bootstrap.servers": bootstrap},
-        group,
-        copy_record=True,
-        stacktrace_max_bytes=1024,
-        retries_timeout_ms=10_000,
-        auto_create=False,
-        topic_partitions=1,
-        topic_replication_factor=1,
-    )
-    writer.transactional_id = transactional_id
-    return writer
 
 
 def _failed(topic: str, offset: int, group: str) -> FailedRecord:
@@ -148,7 +120,7 @@ async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
     src = broker.create_topic(f"src-{unique}", partitions=1)
     dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
     group = f"g-{unique}"
-    writer = _txn_writer(broker.bootstrap, group, f"txn-{unique}")
+    writer = transactional_dlq_writer(broker.bootstrap, group, f"txn-{unique}")
     await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
     # A group member's metadata is not needed: generation -1 commits for a group with no members.
     member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
@@ -224,7 +196,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
     src = broker.create_topic(f"src-{unique}", partitions=1)
     dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
     group = f"g-{unique}"
-    writer = _txn_writer(broker.bootstrap, group, f"txn-{unique}")
+    writer = transactional_dlq_writer(broker.bootstrap, group, f"txn-{unique}")
     await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
     member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
     group_metadata = member.consumer_group_metadata()

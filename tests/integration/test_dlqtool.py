@@ -20,7 +20,11 @@ from sidecar.ops.dlq_command import add_dlq_parser, cmd_dlq
 from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME, DlqEntry
 from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
 from sidecar.ops.dlq_replay import TokenBucket
-from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import (
+    Delivery,
+    RecordingApp,
+    running_sidecar,
+)
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
@@ -101,177 +105,165 @@ async def test_inspect_filters_then_replay_one_class_to_the_source(
     by_seq = {i: r for i, r in enumerate(originals)}
     switch = Switch()
     app = RecordingApp(policy=switch)
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"errors.deadletterqueue.copy.record.enable": True},
-        )
-        await trio.to_thread.run_sync(broker.produce, topic, originals)
-        async with sidecar(cfg) as sc:
-            await _wait_thread(lambda: broker.count_records(dlq) >= 200, 120, "200 DLQ records")
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={"errors.deadletterqueue.copy.record.enable": True},
+        produce_first=originals,
+    ) as rig:
+        sc = rig.sc
+        await _wait_thread(lambda: broker.count_records(dlq) >= 200, 120, "200 DLQ records")
 
-            # ---- inspect
-            rc, out, err = await dlq_cli(broker, "inspect", "--topic", dlq, "--json")
-            assert rc == 0, err
-            rows = _json_lines(out)
-            assert len(rows) == 200
-            assert "200 matching of 200" in err
-            classes = {r["exception_class"] for r in rows}
-            assert classes == {"com.example.A", "com.example.B"}
-            for r in rows:
-                seq = int(next(h["value"]["text"] for h in r["headers"] if h["name"] == "seq"))
-                orig = by_seq[seq]
-                assert r["source_topic"] == topic
-                assert (r["source_partition"], r["value"]["text"]) == (
-                    orig.partition,
-                    (orig.value or b"").decode(),
-                )
-                assert r["exception_message"] == f"bad {r['source_offset']}"
-                assert r["delivery_count"] == 1
-                assert r["headers_only"] is False and r["replay_count"] == 0
-                assert next(h for h in r["headers"] if h["name"] == "bin")["value"] == {
-                    "base64": "/wA=",
-                    "size": 2,
-                }
-
-            async def count(*filters: str) -> int:
-                rc, out, err = await dlq_cli(broker, "inspect", "--topic", dlq, "--json", *filters)
-                assert rc == 0, err
-                return len(_json_lines(out))
-
-            assert await count("--exception-class", "com.example.A") == 100
-            assert await count("--source-partition", "0") == 100
-            assert (
-                await count("--source-partition", "0", "--exception-class", "com.example.B") == 50
+        # ---- inspect
+        rc, out, err = await dlq_cli(broker, "inspect", "--topic", dlq, "--json")
+        assert rc == 0, err
+        rows = _json_lines(out)
+        assert len(rows) == 200
+        assert "200 matching of 200" in err
+        classes = {r["exception_class"] for r in rows}
+        assert classes == {"com.example.A", "com.example.B"}
+        for r in rows:
+            seq = int(next(h["value"]["text"] for h in r["headers"] if h["name"] == "seq"))
+            orig = by_seq[seq]
+            assert r["source_topic"] == topic
+            assert (r["source_partition"], r["value"]["text"]) == (
+                orig.partition,
+                (orig.value or b"").decode(),
             )
-            assert await count("--source-partition", "1", "--offset-range", "0-9") == 10
-            assert await count("--offset-range", "95-") == 10
-            assert await count("--source-topic", "other") == 0
-            assert await count("--since", "1h") == 200
-            assert await count("--until", "2000-01-01") == 0
-            assert await count("--since", "2999-01-01T00:00:00Z") == 0
-
-            rc, out, err = await dlq_cli(
-                broker, "inspect", "--topic", dlq, "--json", "--limit", "5"
-            )
-            assert rc == 0 and len(_json_lines(out)) == 5
-            assert "200 matching of 200 records read; first 5 shown" in err
-
-            rc, out, _ = await dlq_cli(broker, "inspect", "--topic", dlq, "--limit", "3")
-            assert rc == 0
-            assert "com.example.A" in out and "by exception class" in out
-            assert re.search(r"\(\d+ B\)", out)  # payload preview with its size
-            assert "by source topic" in out and "200 matching" in out
-
-            for bad in (("--offset-range", "9-1"), ("--since", "yesterday")):
-                rc, _, err = await dlq_cli(broker, "inspect", "--topic", dlq, *bad)
-                assert rc == 2 and err.startswith("dlq-sidecar dlq: bad "), err
-            with pytest.raises(SystemExit) as exited:
-                await dlq_cli(broker, "inspect", "--topic", dlq, "--source-partition", "x")
-            assert exited.value.code == 2
-            rc, _, err = await dlq_cli(broker, "inspect", "--topic", f"nope-{unique}")
-            assert rc == 2 and "does not exist" in err
-
-            # ---- replay class A while the app now accepts
-            switch.accept = True
-            before = len(app.deliveries)
-            rc, out, err = await dlq_cli(
-                broker,
-                "replay",
-                "--from",
-                dlq,
-                "--name",
-                "fix-a",
-                "--exception-class",
-                "com.example.A",
-            )
-            assert rc == 0, out + err
-            assert "replayed 100 of 100 matching records (200 read" in out
-            assert "filtered out by --exception-class: 100" in out
-
-            def replayed() -> list[Delivery]:
-                return [
-                    d
-                    for d in app.deliveries[before:]
-                    if any(n == H_REPLAY_NAME for n, _ in d.headers)
-                ]
-
-            await _wait_thread(lambda: len(replayed()) >= 100, 60, "100 replayed deliveries")
-            ends = broker.end_offsets(topic, [0, 1])
-            assert sum(ends.values()) == 300
-            await _wait_thread(
-                lambda: all(
-                    broker.committed(group, topic, [0, 1])[p][0] == ends[p] for p in (0, 1)
-                ),
-                60,
-                "the sidecar committed the replayed records (acknowledged)",
-            )
-            got = replayed()
-            assert len(got) == 100
-            dlq_offset_by_seq = {
-                int(next(h["value"]["text"] for h in r["headers"] if h["name"] == "seq")): r[
-                    "dlq_offset"
-                ]
-                for r in rows
+            assert r["exception_message"] == f"bad {r['source_offset']}"
+            assert r["delivery_count"] == 1
+            assert r["headers_only"] is False and r["replay_count"] == 0
+            assert next(h for h in r["headers"] if h["name"] == "bin")["value"] == {
+                "base64": "/wA=",
+                "size": 2,
             }
-            seen_seqs = set()
-            for d in got:
-                seq = int(_header(d.headers, "seq") or b"")
-                orig = by_seq[seq]
-                seen_seqs.add(seq)
-                assert (orig.value or b"").startswith(b"A:")
-                assert d.topic == topic and d.partition == orig.partition
-                assert d.key == orig.key and d.value == orig.value
-                assert _strip_dlq(d.headers) == list(orig.headers)  # byte-exact, order and repeats
-                assert _header(d.headers, H_REPLAY_NAME) == b"fix-a"
-                assert _header(d.headers, H_REPLAY_COUNT) == b"1"
-                assert (
-                    _header(d.headers, H_REPLAY_FROM)
-                    == f"{dlq}/0/{dlq_offset_by_seq[seq]}".encode()
-                )
-                assert d.delivery_count == 1
-                assert not any(n.startswith("__dlq.errors.") for n, _ in d.headers)
-            assert len(seen_seqs) == 100
-            st = await sc.status()
-            assert st["counters"]["dlq_written"] == 200  # accepted: the DLQ is not written again
-            assert broker.count_committed_records(dlq) == 200
-            assert broker.committed("dlq-replay.fix-a", dlq, [0])[0][0] == 200
 
-            # ---- the same name again: nothing new
-            rc, out, err = await dlq_cli(
-                broker,
-                "replay",
-                "--from",
-                dlq,
-                "--name",
-                "fix-a",
-                "--exception-class",
-                "com.example.A",
-            )
-            assert rc == 0, out + err
-            assert "replayed 0 of 0 matching records (0 read" in out
-            assert sum(broker.end_offsets(topic, [0, 1]).values()) == 300
+        async def count(*filters: str) -> int:
+            rc, out, err = await dlq_cli(broker, "inspect", "--topic", dlq, "--json", *filters)
+            assert rc == 0, err
+            return len(_json_lines(out))
 
-            # ---- the same name with another filter: refused, nothing written
-            rc, out, err = await dlq_cli(
-                broker,
-                "replay",
-                "--from",
-                dlq,
-                "--name",
-                "fix-a",
-                "--exception-class",
-                "com.example.B",
-            )
-            assert rc == 2
-            assert "was used with other filters" in err and "com.example.A" in err
-            assert sum(broker.end_offsets(topic, [0, 1]).values()) == 300
-            assert await sc.stop() == 0
+        assert await count("--exception-class", "com.example.A") == 100
+        assert await count("--source-partition", "0") == 100
+        assert await count("--source-partition", "0", "--exception-class", "com.example.B") == 50
+        assert await count("--source-partition", "1", "--offset-range", "0-9") == 10
+        assert await count("--offset-range", "95-") == 10
+        assert await count("--source-topic", "other") == 0
+        assert await count("--since", "1h") == 200
+        assert await count("--until", "2000-01-01") == 0
+        assert await count("--since", "2999-01-01T00:00:00Z") == 0
+
+        rc, out, err = await dlq_cli(broker, "inspect", "--topic", dlq, "--json", "--limit", "5")
+        assert rc == 0 and len(_json_lines(out)) == 5
+        assert "200 matching of 200 records read; first 5 shown" in err
+
+        rc, out, _ = await dlq_cli(broker, "inspect", "--topic", dlq, "--limit", "3")
+        assert rc == 0
+        assert "com.example.A" in out and "by exception class" in out
+        assert re.search(r"\(\d+ B\)", out)  # payload preview with its size
+        assert "by source topic" in out and "200 matching" in out
+
+        for bad in (("--offset-range", "9-1"), ("--since", "yesterday")):
+            rc, _, err = await dlq_cli(broker, "inspect", "--topic", dlq, *bad)
+            assert rc == 2 and err.startswith("dlq-sidecar dlq: bad "), err
+        with pytest.raises(SystemExit) as exited:
+            await dlq_cli(broker, "inspect", "--topic", dlq, "--source-partition", "x")
+        assert exited.value.code == 2
+        rc, _, err = await dlq_cli(broker, "inspect", "--topic", f"nope-{unique}")
+        assert rc == 2 and "does not exist" in err
+
+        # ---- replay class A while the app now accepts
+        switch.accept = True
+        before = len(app.deliveries)
+        rc, out, err = await dlq_cli(
+            broker,
+            "replay",
+            "--from",
+            dlq,
+            "--name",
+            "fix-a",
+            "--exception-class",
+            "com.example.A",
+        )
+        assert rc == 0, out + err
+        assert "replayed 100 of 100 matching records (200 read" in out
+        assert "filtered out by --exception-class: 100" in out
+
+        def replayed() -> list[Delivery]:
+            return [
+                d for d in app.deliveries[before:] if any(n == H_REPLAY_NAME for n, _ in d.headers)
+            ]
+
+        await _wait_thread(lambda: len(replayed()) >= 100, 60, "100 replayed deliveries")
+        ends = broker.end_offsets(topic, [0, 1])
+        assert sum(ends.values()) == 300
+        await _wait_thread(
+            lambda: all(broker.committed(group, topic, [0, 1])[p][0] == ends[p] for p in (0, 1)),
+            60,
+            "the sidecar committed the replayed records (acknowledged)",
+        )
+        got = replayed()
+        assert len(got) == 100
+        dlq_offset_by_seq = {
+            int(next(h["value"]["text"] for h in r["headers"] if h["name"] == "seq")): r[
+                "dlq_offset"
+            ]
+            for r in rows
+        }
+        seen_seqs = set()
+        for d in got:
+            seq = int(_header(d.headers, "seq") or b"")
+            orig = by_seq[seq]
+            seen_seqs.add(seq)
+            assert (orig.value or b"").startswith(b"A:")
+            assert d.topic == topic and d.partition == orig.partition
+            assert d.key == orig.key and d.value == orig.value
+            assert _strip_dlq(d.headers) == list(orig.headers)  # byte-exact, order and repeats
+            assert _header(d.headers, H_REPLAY_NAME) == b"fix-a"
+            assert _header(d.headers, H_REPLAY_COUNT) == b"1"
+            assert _header(d.headers, H_REPLAY_FROM) == f"{dlq}/0/{dlq_offset_by_seq[seq]}".encode()
+            assert d.delivery_count == 1
+            assert not any(n.startswith("__dlq.errors.") for n, _ in d.headers)
+        assert len(seen_seqs) == 100
+        st = await sc.status()
+        assert st["counters"]["dlq_written"] == 200  # accepted: the DLQ is not written again
+        assert broker.count_committed_records(dlq) == 200
+        assert broker.committed("dlq-replay.fix-a", dlq, [0])[0][0] == 200
+
+        # ---- the same name again: nothing new
+        rc, out, err = await dlq_cli(
+            broker,
+            "replay",
+            "--from",
+            dlq,
+            "--name",
+            "fix-a",
+            "--exception-class",
+            "com.example.A",
+        )
+        assert rc == 0, out + err
+        assert "replayed 0 of 0 matching records (0 read" in out
+        assert sum(broker.end_offsets(topic, [0, 1]).values()) == 300
+
+        # ---- the same name with another filter: refused, nothing written
+        rc, out, err = await dlq_cli(
+            broker,
+            "replay",
+            "--from",
+            dlq,
+            "--name",
+            "fix-a",
+            "--exception-class",
+            "com.example.B",
+        )
+        assert rc == 2
+        assert "was used with other filters" in err and "com.example.A" in err
+        assert sum(broker.end_offsets(topic, [0, 1]).values()) == 300
+        assert await sc.stop() == 0
 
 
 async def test_headers_only_records_replay_from_the_source_and_report_deleted_offsets(
@@ -283,79 +275,72 @@ async def test_headers_only_records_replay_from_the_source_and_report_deleted_of
     originals = _records(10, 1, classes=("Bad",))
     switch = Switch()
     app = RecordingApp(policy=switch)
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
+    async with running_sidecar(
+        broker, tmp_path, app, topic=topic, group=group, path="/", produce_first=originals
+    ) as rig:
+        sc = rig.sc
+        await _wait_thread(lambda: broker.count_records(dlq) >= 10, 60, "10 DLQ records")
+        rc, out, _ = await dlq_cli(broker, "inspect", "--topic", dlq, "--json")
+        rows = _json_lines(out)
+        assert len(rows) == 10 and all(r["headers_only"] for r in rows)
+        assert all(r["value"] is None and r["key"] is None for r in rows)
+
+        # Retention took the first three source records.
+        res = broker.admin.delete_records([TopicPartition(topic, 0, 3)])
+        for fut in res.values():
+            fut.result(timeout=30)
+        switch.accept = True
+        before = len(app.deliveries)
+
+        # The DLQ holds the records in the order they were rejected, not in source order: the first
+        # run replays those before the first lost one, stops that partition there and commits no further.
+        by_dlq_offset = sorted(rows, key=lambda r: r["dlq_offset"])
+        first_lost = next(r for r in by_dlq_offset if r["source_offset"] < 3)
+        rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "h")
+        assert rc == 1, out + err
+        assert "UNRECOVERABLE (partition stopped here" in out
+        assert (
+            f"{dlq}/0/{first_lost['dlq_offset']} ({topic}[0]@{first_lost['source_offset']}): "
+            f"source offset {topic}[0]@{first_lost['source_offset']} is below the low watermark 3"
+        ) in out
+        n_first = first_lost["dlq_offset"]
+        assert f"replayed {n_first} of {n_first + 1} matching" in out
+        assert broker.end_offsets(topic, [0])[0] == 10 + n_first
+        committed = broker.committed("dlq-replay.h", dlq, [0])[0][0]
+        assert committed == (n_first if n_first else -1001)  # never past the lost record
+
+        rc, out, err = await dlq_cli(
+            broker, "replay", "--from", dlq, "--name", "h", "--skip-unrecoverable"
         )
-        await trio.to_thread.run_sync(broker.produce, topic, originals)
-        async with sidecar(cfg) as sc:
-            await _wait_thread(lambda: broker.count_records(dlq) >= 10, 60, "10 DLQ records")
-            rc, out, _ = await dlq_cli(broker, "inspect", "--topic", dlq, "--json")
-            rows = _json_lines(out)
-            assert len(rows) == 10 and all(r["headers_only"] for r in rows)
-            assert all(r["value"] is None and r["key"] is None for r in rows)
+        assert rc == 0, out + err
+        assert f"replayed {7 - n_first} of {10 - n_first} matching" in out
+        assert "unrecoverable, skipped: 3" in out
+        for off in range(3):
+            assert f"{topic}[0]@{off} is below the low watermark 3" in out
+        assert broker.committed("dlq-replay.h", dlq, [0])[0][0] == 10
+        assert broker.end_offsets(topic, [0])[0] == 17  # each recoverable record exactly once
 
-            # Retention took the first three source records.
-            res = broker.admin.delete_records([TopicPartition(topic, 0, 3)])
-            for fut in res.values():
-                fut.result(timeout=30)
-            switch.accept = True
-            before = len(app.deliveries)
+        await _wait_thread(lambda: len(app.deliveries) - before >= 7, 60, "7 replayed records")
+        got = app.deliveries[before:]
+        assert sorted(int(_header(d.headers, "seq") or b"") for d in got) == list(range(3, 10))
+        for d in got:
+            orig = originals[int(_header(d.headers, "seq") or b"")]
+            assert d.key == orig.key and d.value == orig.value
+            assert _strip_dlq(d.headers) == list(orig.headers)
+            assert _header(d.headers, H_REPLAY_COUNT) == b"1"
 
-            # The DLQ holds the records in the order they were rejected, not in source order: the first
-            # run replays those before the first lost one, stops that partition there and commits no further.
-            by_dlq_offset = sorted(rows, key=lambda r: r["dlq_offset"])
-            first_lost = next(r for r in by_dlq_offset if r["source_offset"] < 3)
-            rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "h")
-            assert rc == 1, out + err
-            assert "UNRECOVERABLE (partition stopped here" in out
-            assert (
-                f"{dlq}/0/{first_lost['dlq_offset']} ({topic}[0]@{first_lost['source_offset']}): "
-                f"source offset {topic}[0]@{first_lost['source_offset']} is below the low watermark 3"
-            ) in out
-            n_first = first_lost["dlq_offset"]
-            assert f"replayed {n_first} of {n_first + 1} matching" in out
-            assert broker.end_offsets(topic, [0])[0] == 10 + n_first
-            committed = broker.committed("dlq-replay.h", dlq, [0])[0][0]
-            assert committed == (n_first if n_first else -1001)  # never past the lost record
-
-            rc, out, err = await dlq_cli(
-                broker, "replay", "--from", dlq, "--name", "h", "--skip-unrecoverable"
-            )
-            assert rc == 0, out + err
-            assert f"replayed {7 - n_first} of {10 - n_first} matching" in out
-            assert "unrecoverable, skipped: 3" in out
-            for off in range(3):
-                assert f"{topic}[0]@{off} is below the low watermark 3" in out
-            assert broker.committed("dlq-replay.h", dlq, [0])[0][0] == 10
-            assert broker.end_offsets(topic, [0])[0] == 17  # each recoverable record exactly once
-
-            await _wait_thread(lambda: len(app.deliveries) - before >= 7, 60, "7 replayed records")
-            got = app.deliveries[before:]
-            assert sorted(int(_header(d.headers, "seq") or b"") for d in got) == list(range(3, 10))
-            for d in got:
-                orig = originals[int(_header(d.headers, "seq") or b"")]
-                assert d.key == orig.key and d.value == orig.value
-                assert _strip_dlq(d.headers) == list(orig.headers)
-                assert _header(d.headers, H_REPLAY_COUNT) == b"1"
-
-            rc, out, _ = await dlq_cli(
-                broker, "replay", "--from", dlq, "--name", "h", "--skip-unrecoverable"
-            )
-            assert rc == 0 and "replayed 0 of 0 matching" in out
-            # Once the sidecar committed the replayed records, any DLQ write for them is done.
-            await _wait_thread(
-                lambda: broker.committed(group, topic, [0])[0][0] == 17,
-                60,
-                "the sidecar committed the replayed records",
-            )
-            assert broker.count_committed_records(dlq) == 10  # accepted after the replay
-            assert await sc.stop() == 0
+        rc, out, _ = await dlq_cli(
+            broker, "replay", "--from", dlq, "--name", "h", "--skip-unrecoverable"
+        )
+        assert rc == 0 and "replayed 0 of 0 matching" in out
+        # Once the sidecar committed the replayed records, any DLQ write for them is done.
+        await _wait_thread(
+            lambda: broker.committed(group, topic, [0])[0][0] == 17,
+            60,
+            "the sidecar committed the replayed records",
+        )
+        assert broker.count_committed_records(dlq) == 10  # accepted after the replay
+        assert await sc.stop() == 0
 
 
 async def test_headers_only_record_of_a_deleted_topic_is_unrecoverable(
@@ -364,19 +349,18 @@ async def test_headers_only_record_of_a_deleted_topic_is_unrecoverable(
     topic = broker.create_topic(f"src-{unique}", partitions=1)
     dlq = f"dlq.{topic}"
     app = RecordingApp(policy=lambda d: Response(422))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-        )
-        await trio.to_thread.run_sync(broker.produce, topic, _records(3, 1))
-        async with sidecar(cfg) as sc:
-            await _wait_thread(lambda: broker.count_records(dlq) >= 3, 60, "3 DLQ records")
-            assert await sc.stop() == 0
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=f"g-{unique}",
+        path="/",
+        produce_first=_records(3, 1),
+    ) as rig:
+        sc = rig.sc
+        await _wait_thread(lambda: broker.count_records(dlq) >= 3, 60, "3 DLQ records")
+        assert await sc.stop() == 0
     await trio.to_thread.run_sync(broker.delete_topic, topic)
     await _wait_thread(lambda: not broker.topic_exists(topic), 30, "topic deleted")
     rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "gone", "--dry-run")
@@ -395,20 +379,19 @@ async def test_dry_run_writes_nothing_and_rate_limit_paces(
     topic = broker.create_topic(f"src-{unique}", partitions=2)
     dlq = f"dlq.{topic}"
     app = RecordingApp(policy=lambda d: Response(400))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"errors.deadletterqueue.copy.record.enable": True},
-        )
-        await trio.to_thread.run_sync(broker.produce, topic, _records(100, 2))
-        async with sidecar(cfg) as sc:
-            await _wait_thread(lambda: broker.count_records(dlq) >= 100, 60, "100 DLQ records")
-            assert await sc.stop() == 0
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=f"g-{unique}",
+        path="/",
+        extra={"errors.deadletterqueue.copy.record.enable": True},
+        produce_first=_records(100, 2),
+    ) as rig:
+        sc = rig.sc
+        await _wait_thread(lambda: broker.count_records(dlq) >= 100, 60, "100 DLQ records")
+        assert await sc.stop() == 0
 
     rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "paced", "--dry-run")
     assert rc == 0, out + err
@@ -443,59 +426,58 @@ async def test_replayed_record_failing_again_keeps_history_and_is_not_replayed_a
     topic = broker.create_topic(f"src-{unique}", partitions=1)
     dlq = f"dlq.{topic}"
     app = RecordingApp(policy=Switch())  # rejects everything, always
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"errors.deadletterqueue.copy.record.enable": copy},
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=f"g-{unique}",
+        path="/",
+        extra={"errors.deadletterqueue.copy.record.enable": copy},
+        produce_first=_records(6, 1, classes=("Always",)),
+    ) as rig:
+        sc = rig.sc
+        await _wait_thread(lambda: broker.count_records(dlq) >= 6, 60, "6 DLQ records")
+        rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "loop")
+        assert rc == 0 and "replayed 6 of 6" in out, out + err
+        await _wait_thread(lambda: broker.count_records(dlq) >= 12, 60, "rejected again")
+
+        dlq_recs = await trio.to_thread.run_sync(broker.read_topic, dlq, 12)
+        again = [r for r in dlq_recs if (r.offset or 0) >= 6]
+        assert len(again) == 6
+        for r in again:
+            assert _header(r.headers, H_REPLAY_NAME) == b"loop"
+            assert _header(r.headers, H_REPLAY_COUNT) == b"1"
+            src_from = _header(r.headers, H_REPLAY_FROM) or b""
+            assert src_from.startswith(f"{dlq}/0/".encode())
+            assert int(src_from.rsplit(b"/", 1)[1]) < 6
+            assert int(_header(r.headers, "__dlq.errors.offset") or b"") >= 6
+            if copy:
+                assert r.value is not None and _header(r.headers, "seq") is not None
+            else:
+                assert r.key is None and r.value is None
+                assert not any(n == "seq" for n, _ in r.headers)
+
+        rc, out, _ = await dlq_cli(broker, "inspect", "--topic", dlq, "--json")
+        assert sorted(row["replay_count"] for row in _json_lines(out)) == [0] * 6 + [1] * 6
+
+        source_end = broker.end_offsets(topic, [0])[0]
+        assert source_end == 12
+        rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "loop")
+        assert rc == 0, out + err
+        assert "replayed 0 of 6 matching" in out
+        assert "skipped, replayed too often: 6" in out
+        assert out.count("replayed 1 times already") >= 6
+        assert broker.end_offsets(topic, [0])[0] == source_end  # nothing sent again
+        assert broker.committed("dlq-replay.loop", dlq, [0])[0][0] == 12
+        # Once the sidecar committed every source record, any DLQ write for them is done.
+        await _wait_thread(
+            lambda: broker.committed(f"g-{unique}", topic, [0])[0][0] == source_end,
+            60,
+            "the sidecar committed the source topic",
         )
-        await trio.to_thread.run_sync(broker.produce, topic, _records(6, 1, classes=("Always",)))
-        async with sidecar(cfg) as sc:
-            await _wait_thread(lambda: broker.count_records(dlq) >= 6, 60, "6 DLQ records")
-            rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "loop")
-            assert rc == 0 and "replayed 6 of 6" in out, out + err
-            await _wait_thread(lambda: broker.count_records(dlq) >= 12, 60, "rejected again")
-
-            dlq_recs = await trio.to_thread.run_sync(broker.read_topic, dlq, 12)
-            again = [r for r in dlq_recs if (r.offset or 0) >= 6]
-            assert len(again) == 6
-            for r in again:
-                assert _header(r.headers, H_REPLAY_NAME) == b"loop"
-                assert _header(r.headers, H_REPLAY_COUNT) == b"1"
-                src_from = _header(r.headers, H_REPLAY_FROM) or b""
-                assert src_from.startswith(f"{dlq}/0/".encode())
-                assert int(src_from.rsplit(b"/", 1)[1]) < 6
-                assert int(_header(r.headers, "__dlq.errors.offset") or b"") >= 6
-                if copy:
-                    assert r.value is not None and _header(r.headers, "seq") is not None
-                else:
-                    assert r.key is None and r.value is None
-                    assert not any(n == "seq" for n, _ in r.headers)
-
-            rc, out, _ = await dlq_cli(broker, "inspect", "--topic", dlq, "--json")
-            assert sorted(row["replay_count"] for row in _json_lines(out)) == [0] * 6 + [1] * 6
-
-            source_end = broker.end_offsets(topic, [0])[0]
-            assert source_end == 12
-            rc, out, err = await dlq_cli(broker, "replay", "--from", dlq, "--name", "loop")
-            assert rc == 0, out + err
-            assert "replayed 0 of 6 matching" in out
-            assert "skipped, replayed too often: 6" in out
-            assert out.count("replayed 1 times already") >= 6
-            assert broker.end_offsets(topic, [0])[0] == source_end  # nothing sent again
-            assert broker.committed("dlq-replay.loop", dlq, [0])[0][0] == 12
-            # Once the sidecar committed every source record, any DLQ write for them is done.
-            await _wait_thread(
-                lambda: broker.committed(f"g-{unique}", topic, [0])[0][0] == source_end,
-                60,
-                "the sidecar committed the source topic",
-            )
-            assert broker.count_committed_records(dlq) == 12
-            assert await sc.stop() == 0
+        assert broker.count_committed_records(dlq) == 12
+        assert await sc.stop() == 0
 
 
 def test_time_and_range_parsing() -> None:

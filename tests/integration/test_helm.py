@@ -33,6 +33,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness import sidecar_process
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "dlq-sidecar"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -355,14 +357,7 @@ def test_rendered_default_config_exposes_no_control_endpoint_on_the_pod_ip(
     config["source"]["topics"] = [name]
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    log = open(tmp_path / "sidecar.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run", "-c", str(path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
-    try:
+    with sidecar_process(path, tmp_path / "sidecar.log") as proc:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -380,14 +375,6 @@ def test_rendered_default_config_exposes_no_control_endpoint_on_the_pod_ip(
         assert _get(pod_ip, observability, "/metrics") == 200
         assert _get(pod_ip, observability, "/v1/status") == 404
         assert _get(pod_ip, observability, "/v1/acks", method="POST") == 404
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _free_port() -> int:

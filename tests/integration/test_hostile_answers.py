@@ -19,11 +19,8 @@ from tests.harness import (
     Delivery,
     RecordingApp,
     Sidecar,
-    free_port,
-    running_app,
-    sidecar,
+    running_sidecar,
     wait_until,
-    write_config,
 )
 from tests.kafkatools import Broker, Rec
 
@@ -47,22 +44,17 @@ def _policy(d: Delivery) -> Response:
 async def _running(
     broker: Broker, unique: str, tmp_path: Path, app: RecordingApp
 ) -> AsyncIterator[tuple[str, Sidecar]]:
-    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-            extra={
-                "share.delivery.count.limit": 2,
-                "errors.deadletterqueue.copy.record.enable": True,
-            },
-        )
-        async with sidecar(cfg) as sc:
-            yield topic, sc
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        extra={
+            "share.delivery.count.limit": 2,
+            "errors.deadletterqueue.copy.record.enable": True,
+        },
+    ) as rig:
+        yield rig.topic, rig.sc
 
 
 async def test_hostile_dlq_headers_neither_crash_the_sidecar_nor_set_ours(

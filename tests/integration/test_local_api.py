@@ -19,7 +19,10 @@ import pytest
 import trio
 import yaml
 
-from tests.harness import RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import (
+    free_port,
+    running_sidecar,
+)
 from tests.kafkatools import Broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,17 +91,12 @@ async def test_control_and_observability_listeners_over_tcp(
 ) -> None:
     monkeypatch.setenv("TEST_API_TOKEN", TOKEN)  # the token comes through ${ENV}
     topic = broker.create_topic(f"src-{unique}", partitions=1)
-    app_port, control_port, obs_port = free_port(), free_port(), free_port()
+    control_port, obs_port = free_port(), free_port()
     control, obs = f"127.0.0.1:{control_port}", f"127.0.0.1:{obs_port}"
-    async with running_app(RecordingApp(), ("tcp", "127.0.0.1", app_port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{app_port}/records",
-            api_listen=control,
-        )
+    async with running_sidecar(
+        broker, tmp_path, unique=unique, topic=topic, api_listen=control, start=False
+    ) as rig:
+        cfg = rig.config_path
         data = yaml.safe_load(cfg.read_text())
         data["api"].update(
             {
@@ -109,7 +107,7 @@ async def test_control_and_observability_listeners_over_tcp(
             }
         )
         cfg.write_text(yaml.safe_dump(data))
-        async with sidecar(cfg, wait_api=False) as sc:
+        async with rig.sidecar(wait_api=False) as sc:
             await wait_listening(control)
             await wait_listening(obs)
 
@@ -183,21 +181,15 @@ async def test_control_api_on_a_unix_socket_needs_no_loopback_host(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
     topic = broker.create_topic(f"src-{unique}", partitions=1)
-    app_port = free_port()
     control = f"unix:{tmp_path / 'api.sock'}"
-    async with running_app(RecordingApp(), ("tcp", "127.0.0.1", app_port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{app_port}/records",
-            api_listen=control,
-        )
+    async with running_sidecar(
+        broker, tmp_path, unique=unique, topic=topic, api_listen=control, start=False
+    ) as rig:
+        cfg = rig.config_path
         data = yaml.safe_load(cfg.read_text())
         data["api"]["token"] = TOKEN
         cfg.write_text(yaml.safe_dump(data))
-        async with sidecar(cfg, wait_api=False) as sc:
+        async with rig.sidecar(wait_api=False) as sc:
             await wait_listening(control)
             # No browser reaches a Unix socket: any Host is fine, the token still counts.
             odd_host = {"Host": "sidecar"}
@@ -261,23 +253,18 @@ async def test_a_large_ack_body_does_not_stall_the_event_loop(
     """16 MiB of acks used to be parsed on the trio thread (about 1.1 s with nothing else served);
     now on a worker thread, where only json.loads itself (about 0.2 s) holds the GIL."""
     topic = broker.create_topic(f"src-{unique}", partitions=1)
-    app_port, control_port = free_port(), free_port()
+    control_port = free_port()
     control = f"127.0.0.1:{control_port}"
-    async with running_app(RecordingApp(), ("tcp", "127.0.0.1", app_port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{app_port}/records",
-            api_listen=control,
-        )
+    async with running_sidecar(
+        broker, tmp_path, unique=unique, topic=topic, api_listen=control, start=False
+    ) as rig:
+        cfg = rig.config_path
         data = yaml.safe_load(cfg.read_text())
         data["api"].update({"max.request.bytes": 64 * 1024 * 1024, "max.ack.items": 100_000})
         cfg.write_text(yaml.safe_dump(data))
         item = b'{"id":"orders/0/123456/1.1","ack":"accept"},'
         body = b"[" + item * (16 * 1024 * 1024 // len(item)) + b'{"id":"z","ack":"accept"}]'
-        async with sidecar(cfg, wait_api=False) as sc:
+        async with rig.sidecar(wait_api=False) as sc:
             await wait_listening(control)
             latencies: list[float] = []
             result: dict[str, tuple[int, bytes]] = {}

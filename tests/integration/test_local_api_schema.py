@@ -21,9 +21,6 @@ import base64
 import http.client
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +32,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.harness import free_port, sidecar_process
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAPI: dict[str, Any] = yaml.safe_load((ROOT / "openapi.yaml").read_text())
@@ -151,12 +150,6 @@ class Running:
             conn.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def running(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     directory = tmp_path_factory.mktemp("schema")
@@ -175,15 +168,8 @@ def running(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     }
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    log = open(directory / "sidecar.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run", "-c", str(path)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
     api = Running(control, observability)
-    try:
+    with sidecar_process(path, directory / "sidecar.log") as proc:
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -195,14 +181,6 @@ def running(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 assert time.monotonic() < deadline, "the sidecar did not start listening"
                 time.sleep(0.1)
         yield api
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 AUTH = {"dlq-sidecar-api-token": TOKEN, "Content-Type": "application/json"}

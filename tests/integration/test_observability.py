@@ -11,12 +11,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from sidecar.config import load_config
-from sidecar.engines.pipeline import Engine
 from sidecar.http.server import Request, Response, json_response, serve_http
-from sidecar.service.daemon import run_sidecar
 from sidecar.telemetry.tracing import Tracing
-from tests.harness import Delivery, RecordingApp, free_port, running_app, sidecar, write_config
+from tests.harness import (
+    Delivery,
+    RecordingApp,
+    free_port,
+    running_sidecar,
+)
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
@@ -41,41 +43,29 @@ async def test_attempt_spans_join_the_producer_trace_and_reach_the_dlq_record(
     exporter = InMemorySpanExporter()
     tracing = Tracing("dlq-sidecar-test", group, "none", processors=[SimpleSpanProcessor(exporter)])
     app = RecordingApp(policy=_release_twice_then_reject)
-    port = free_port()
-    engines: list[Engine] = []
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = load_config(
-            write_config(
-                tmp_path / "sidecar.yaml",
-                bootstrap=broker.bootstrap,
-                group=group,
-                topics=[topic],
-                app_url=f"http://127.0.0.1:{port}/",
-                extra={"errors.deadletterqueue.copy.record.enable": True},
-            )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={"errors.deadletterqueue.copy.record.enable": True},
+        produce_first=[
+            Rec(key=b"order-1", value=b"{}", headers=(("traceparent", TRACEPARENT.encode()),))
+        ],
+        mode="in_process",
+        run_kwargs={"tracing": tracing},
+    ) as rig:
+        await _wait_thread(
+            lambda: (
+                broker.topic_exists(f"dlq.{topic}") and broker.count_records(f"dlq.{topic}") >= 1
+            ),
+            60,
+            "the DLQ record",
         )
-        await trio.to_thread.run_sync(
-            broker.produce,
-            topic,
-            [Rec(key=b"order-1", value=b"{}", headers=(("traceparent", TRACEPARENT.encode()),))],
-        )
-        async with trio.open_nursery() as nursery:
-            codes: list[int] = []
-
-            async def run() -> None:
-                codes.append(await run_sidecar(cfg, tracing=tracing, on_engine=engines.append))
-
-            nursery.start_soon(run)
-            await _wait_thread(
-                lambda: (
-                    broker.topic_exists(f"dlq.{topic}")
-                    and broker.count_records(f"dlq.{topic}") >= 1
-                ),
-                60,
-                "the DLQ record",
-            )
-            engines[0].request_stop()
-        assert codes == [0]
+        rig.in_process.request_stop()
+    assert rig.in_process.codes == [0]
 
     attempts = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CONSUMER]
     assert len(attempts) == 3
@@ -131,24 +121,28 @@ async def test_spans_are_exported_over_otlp_http(
         return Response(404)
 
     app = RecordingApp()
-    port, otlp_port = free_port(), free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)), trio.open_nursery() as nursery:
-        await nursery.start(serve_http, collector, ("tcp", "127.0.0.1", otlp_port))
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
+    otlp_port = free_port()
+    async with (
+        running_sidecar(
+            broker,
+            tmp_path,
+            app,
+            unique=unique,
+            topic=topic,
+            path="/",
             extra={"tracing": {"exporter": "otlp-http", "service.name": "otlp-test"}},
-        )
+            start=False,
+        ) as rig,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(serve_http, collector, ("tcp", "127.0.0.1", otlp_port))
         os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{otlp_port}/v1/traces"
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "200"
         try:
             await trio.to_thread.run_sync(
                 broker.produce, topic, [Rec(key=b"k", value=b"v") for _ in range(5)]
             )
-            async with sidecar(cfg) as sc:
+            async with rig.sidecar() as sc:
                 with trio.fail_after(60):
                     while (
                         sum(
@@ -188,18 +182,12 @@ async def test_metrics_count_what_happened(broker: Broker, unique: str, tmp_path
     app = RecordingApp(
         policy=lambda d: Response(422) if (d.value or b"").startswith(b"bad") else Response(200)
     )
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-        )
+    async with running_sidecar(
+        broker, tmp_path, app, topic=topic, group=f"g-{unique}", path="/", start=False
+    ) as rig:
         recs = [Rec(key=None, value=b"bad" if i < 7 else b"good") for i in range(20)]
         await trio.to_thread.run_sync(broker.produce, topic, recs)
-        async with sidecar(cfg) as sc:
+        async with rig.sidecar() as sc:
             await _wait_thread(
                 lambda: (
                     broker.topic_exists(f"dlq.{topic}")

@@ -32,6 +32,7 @@ from tests.harness import (
     Sidecar,
     free_port,
     running_app,
+    running_sidecar,
     sidecar,
     wait_until,
     write_config,
@@ -151,19 +152,20 @@ async def test_sidecar_consumes_and_dead_letters_over_sasl_ssl_then_inspect_and_
     # Produced over SASL_SSL: the test's own clients authenticate too.
     secured.produce(topic, records(20, poison={3, 11}))
 
-    app, port = poison_app(), free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        config = write_config(
-            tmp_path / "sasl.yaml",
-            bootstrap=secured_kafka.sasl_ssl,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-            kafka_extra=kafka_section(secured_kafka.sasl_config()),
-            # The DLQ topic is created by the sidecar itself, over SASL_SSL.
-            extra={"errors.deadletterqueue.topic.name": dlq, "errors.tolerance": "all"},
-        )
-        async with sidecar(config) as sc:
+    app = poison_app()
+    async with running_sidecar(
+        secured,  # the sidecar's bootstrap: the SASL_SSL listener
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        config_name="sasl.yaml",
+        kafka_extra=kafka_section(secured_kafka.sasl_config()),
+        # The DLQ topic is created by the sidecar itself, over SASL_SSL.
+        extra={"errors.deadletterqueue.topic.name": dlq, "errors.tolerance": "all"},
+        start=False,
+    ) as rig:
+        async with rig.sidecar() as sc:
             await wait_done(sc, app, 20)
             await wait_committed(plain, group, topic, 20)
             code, ready = await sc.get("/readyz")
@@ -214,23 +216,23 @@ async def test_the_other_modes_over_sasl_ssl(
     topic, dlq = f"orders-{unique}", f"dlq.orders-{unique}"
     plain.create_topic(topic)
     secured.produce(topic, records(6, poison={4}))
-    app, port = poison_app(), free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        config = write_config(
-            tmp_path / "mode.yaml",
-            bootstrap=secured_kafka.sasl_ssl,
-            group=f"g-{unique}",
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/records",
-            kafka_extra=kafka_section(secured_kafka.sasl_config()),
-            extra={"errors.deadletterqueue.topic.name": dlq, "errors.tolerance": "all", **mode},
-        )
-        async with sidecar(config) as sc:
-            await wait_until(lambda: len(app.seen()) >= 6, 90, "6 records delivered")
-            # read_committed (librdkafka's default): a transactional DLQ record shows once committed.
-            dead = await trio.to_thread.run_sync(lambda: secured.read_topic(dlq, 1))
-            assert [dict(r.headers)["__dlq.errors.offset"] for r in dead] == [b"4"]
-            assert await sc.stop() == 0
+    app = poison_app()
+    async with running_sidecar(
+        secured,  # the sidecar's bootstrap: the SASL_SSL listener
+        tmp_path,
+        app,
+        topic=topic,
+        group=f"g-{unique}",
+        config_name="mode.yaml",
+        kafka_extra=kafka_section(secured_kafka.sasl_config()),
+        extra={"errors.deadletterqueue.topic.name": dlq, "errors.tolerance": "all", **mode},
+    ) as rig:
+        sc = rig.sc
+        await wait_until(lambda: len(app.seen()) >= 6, 90, "6 records delivered")
+        # read_committed (librdkafka's default): a transactional DLQ record shows once committed.
+        dead = await trio.to_thread.run_sync(lambda: secured.read_topic(dlq, 1))
+        assert [dict(r.headers)["__dlq.errors.offset"] for r in dead] == [b"4"]
+        assert await sc.stop() == 0
 
 
 # --- the Helm chart's sasl and mtls value sets, rendered and run ---------------------------------

@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 import trio
-import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import load_config
@@ -39,9 +38,9 @@ from tests.harness import (
     Delivery,
     RecordingApp,
     Sidecar,
-    free_port,
-    running_app,
-    sidecar,
+    by_value,
+    by_value_records,
+    running_sidecar,
     wait_until,
     write_config,
 )
@@ -49,51 +48,6 @@ from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
 
 SHARE = {"engine": "share", "ordering": "none"}
-
-
-def _by_value(d: Delivery) -> Response:
-    kind = (d.value or b"").split(b":")[0]
-    if kind == b"reject":
-        return json_response(
-            {
-                "ack": "reject",
-                "error": {
-                    "class": "com.example.Invalid",
-                    "message": f"bad order {d.offset}",
-                    "stacktrace": "at line 1",
-                },
-            }
-        )
-    if kind == b"release":
-        return json_response(
-            {"ack": "release", "error": {"class": "com.example.Flaky", "message": "try later"}}
-        )
-    return Response(200)
-
-
-def _headers(rec: Rec) -> dict[str, list[bytes | None]]:
-    out: dict[str, list[bytes | None]] = {}
-    for k, v in rec.headers:
-        out.setdefault(k, []).append(v)
-    return out
-
-
-def _set_group_config(broker: Broker, group: str, configs: dict[str, str]) -> None:
-    res = ConfigResource(
-        ResourceType.GROUP,
-        group,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in configs.items()
-        ],
-    )
-    broker.admin.incremental_alter_configs([res])[res].result(timeout=15)
-
-
-def _group_config(broker: Broker, group: str, name: str) -> str | None:
-    res = ConfigResource(ResourceType.GROUP, group)
-    entry = broker.admin.describe_configs([res])[res].result(timeout=15).get(name)
-    return None if entry is None else str(entry.value)
 
 
 def _produce_in_small_batches(broker: Broker, topic: str, n: int, per_batch: int = 4) -> None:
@@ -125,17 +79,6 @@ def _share_assigned(sc: Sidecar) -> bool:
     return any(n > 0 for n in latest.values())
 
 
-def _share_config(
-    tmp_path: Path, name: str, kafka: dict[str, Any] | None = None, **kw: Any
-) -> Path:
-    path = write_config(tmp_path / f"{name}.yaml", **kw)
-    if kafka:
-        cfg = yaml.safe_load(path.read_text())
-        cfg["kafka"].update(kafka)
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
-
-
 # ------------------------------------------------------------------------------- the DLQ scenario
 
 
@@ -146,62 +89,43 @@ async def test_share_dlq_holds_exactly_rejected_and_released_to_limit(
     """test_dlq's scenario with engine: share: rejected and released-to-limit records in the DLQ once each."""
     n = 900 if copy else 300
     limit = 3
-    topic = broker.create_topic(f"src-{unique}", partitions=3)
-    group = f"g-{unique}"
-    dlq = f"dlq.{topic}"
-    kinds = ["accept", "reject", "release"]
-    recs = []
-    for i in range(n):
-        kind_name = kinds[i % 3]
-        key: bytes | None = f"k{i % 97}".encode() if i % 30 != 1 else None
-        headers: tuple[tuple[str, bytes | None], ...] = (
-            ("seq", str(i).encode()),
-            ("bin", b"\xff\x00"),
-            ("rep", b"a"),
-            ("rep", b"b"),
-        )
-        if i % 30 == 4:
-            headers = (*headers, ("__dlq.errors.topic", b"spoofed"))
-        recs.append(
-            Rec(key=key, value=f"{kind_name}:{i}".encode(), headers=headers, partition=i % 3)
-        )
-    app = RecordingApp(policy=_by_value)
-    port = free_port()
+    recs = by_value_records(n)
+    app = RecordingApp(policy=by_value)
     expected_dlq = sum(1 for i in range(n) if i % 3 != 0)
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={
-                **SHARE,
-                "share.delivery.count.limit": limit,
-                "errors.deadletterqueue.copy.record.enable": copy,
-            },
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        partitions=3,
+        path="/",
+        extra={
+            **SHARE,
+            "share.delivery.count.limit": limit,
+            "errors.deadletterqueue.copy.record.enable": copy,
+        },
         # Produced before the group exists: share.auto.offset.reset=earliest (set by the sidecar
         # from auto.offset.reset) is what makes the group read them.
-        await trio.to_thread.run_sync(broker.produce, topic, recs)
-        async with sidecar(cfg) as sc:
-            await _wait_thread(
-                lambda: broker.count_records(dlq) >= expected_dlq, 180, "the DLQ records"
-            )
-            await wait_until(
-                lambda: (
-                    sum(1 for d in app.deliveries if d.value and d.value.startswith(b"accept"))
-                    >= n // 3
-                ),
-                60,
-                "every accept record",
-            )
-            await trio.sleep(2)  # anything redelivered by mistake would show up here
-            st = await sc.status()
-            assert await sc.stop() == 0, sc.log_text()[-3000:]
+        produce_first=recs,
+    ) as rig:
+        topic, group, dlq, sc = rig.topic, rig.group, rig.dlq_topic, rig.sc
+        await _wait_thread(
+            lambda: broker.count_records(dlq) >= expected_dlq, 180, "the DLQ records"
+        )
+        await wait_until(
+            lambda: (
+                sum(1 for d in app.deliveries if d.value and d.value.startswith(b"accept"))
+                >= n // 3
+            ),
+            60,
+            "every accept record",
+        )
+        await trio.sleep(2)  # anything redelivered by mistake would show up here
+        st = await sc.status()
+        assert await sc.stop() == 0, sc.log_text()[-3000:]
 
     assert (
-        await trio.to_thread.run_sync(_group_config, broker, group, "share.auto.offset.reset")
+        await trio.to_thread.run_sync(broker.group_config, group, "share.auto.offset.reset")
         == "earliest"
     )
     assert st["engine"] == "share"
@@ -212,7 +136,7 @@ async def test_share_dlq_holds_exactly_rejected_and_released_to_limit(
     by_seq = {i: r for i, r in enumerate(recs)}
     seen_coords: set[tuple[int, int]] = set()
     for d in dlq_recs:
-        h = _headers(d)
+        h = d.headers_by_name()
         coord = (
             int(h["__dlq.errors.partition"][0] or b""),
             int(h["__dlq.errors.offset"][0] or b""),
@@ -279,25 +203,27 @@ async def test_three_sidecars_share_one_partition(
     app = RecordingApp()
     # Slow enough that one sidecar alone would need seconds: the backlog has to be shared.
     app.delay_s = 0.05
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        # Small polls, so one consumer does not take the whole backlog in one batch; cgrp
+        # debug logs each share assignment (what tells the test that all three joined).
+        kafka_extra={"max.poll.records": 20, "debug": "cgrp"},
+        extra={**SHARE, "logging": {"level": "info", "format": "json"}},
+        start=False,
+    ) as rig:
         cfgs = [
-            _share_config(
-                tmp_path,
-                f"sidecar{i}",
-                # Small polls, so one consumer does not take the whole backlog in one batch; cgrp
-                # debug logs each share assignment (what tells the test that all three joined).
-                kafka={"max.poll.records": 20, "debug": "cgrp"},
-                bootstrap=broker.bootstrap,
-                group=group,
-                topics=[topic],
-                app_url=f"http://127.0.0.1:{port}/",
-                extra={**SHARE, "logging": {"level": "info", "format": "json"}},
+            rig.config(
+                f"sidecar{i}.yaml",
                 app_extra={"headers": {"x-sidecar": str(i)}, "max.in.flight": 8},
             )
             for i in range(3)
         ]
-        async with sidecar(cfgs[0]) as a, sidecar(cfgs[1]) as b, sidecar(cfgs[2]) as c:
+        async with rig.sidecar(cfgs[0]) as a, rig.sidecar(cfgs[1]) as b, rig.sidecar(cfgs[2]) as c:
             # All three hold the partition before the records arrive.
             await wait_until(
                 lambda: all(_share_assigned(sc) for sc in (a, b, c)),
@@ -327,7 +253,7 @@ async def test_killed_sidecar_records_come_back_with_a_higher_count(
     group = f"g-{unique}"
     # The broker's minimum lock: the records come back when it expires.
     await trio.to_thread.run_sync(
-        _set_group_config, broker, group, {"share.record.lock.duration.ms": "15000"}
+        broker.set_group_config, group, {"share.record.lock.duration.ms": "15000"}
     )
     holding = trio.Event()
 
@@ -338,23 +264,22 @@ async def test_killed_sidecar_records_come_back_with_a_higher_count(
         return Response(200)
 
     app = RecordingApp(policy=hold_first)
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        kafka_extra={"max.poll.records": 10},
+        extra=SHARE,
+        start=False,
+    ) as rig:
         cfg_a, cfg_b = (
-            _share_config(
-                tmp_path,
-                name,
-                kafka={"max.poll.records": 10},
-                bootstrap=broker.bootstrap,
-                group=group,
-                topics=[topic],
-                app_url=f"http://127.0.0.1:{port}/",
-                extra=SHARE,
-                app_extra={"headers": {"x-sidecar": name}},
-            )
+            rig.config(f"{name}.yaml", app_extra={"headers": {"x-sidecar": name}})
             for name in ("a", "b")
         )
-        async with sidecar(cfg_a) as a:
+        async with rig.sidecar(cfg_a) as a:
             await trio.to_thread.run_sync(
                 broker.produce, topic, [Rec(key=None, value=f"v{i}".encode()) for i in range(10)]
             )
@@ -363,7 +288,7 @@ async def test_killed_sidecar_records_come_back_with_a_higher_count(
             held = {d.offset for d in app.deliveries if dict(d.raw_headers)["x-sidecar"] == "a"}
             a.proc.send_signal(signal.SIGKILL)
             await a.wait_exit()
-        async with sidecar(cfg_b) as b:
+        async with rig.sidecar(cfg_b) as b:
             await wait_until(
                 lambda: (
                     {d.offset for d in app.deliveries if dict(d.raw_headers)["x-sidecar"] == "b"}
@@ -403,20 +328,13 @@ async def test_group_that_cannot_be_a_share_group_is_a_clear_start_up_error(
     await trio.to_thread.run_sync(broker.produce, topic, [Rec(key=None, value=b"x")])
     await trio.to_thread.run_sync(make_consumer_group)
     app = RecordingApp()
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra=SHARE,
-        )
-        # It exits by design, possibly before its API was ever polled.
-        async with sidecar(cfg, wait_api=False) as sc:
-            assert await sc.wait_exit(60) == 1
-            text = sc.log_text()
+    # It exits by design, possibly before its API was ever polled.
+    async with running_sidecar(
+        broker, tmp_path, app, topic=topic, group=group, path="/", extra=SHARE, wait="none"
+    ) as rig:
+        sc = rig.sc
+        assert await sc.wait_exit(60) == 1
+        text = sc.log_text()
     assert "share groups are not available" in text, text[-3000:]
     assert "engine: consumer" in text
     assert "GROUP_ID_NOT_FOUND" in text
@@ -429,29 +347,28 @@ async def test_ordering_warning_and_lock_warning_at_start_up(
     topic = broker.create_topic(f"warn-{unique}", partitions=1)
     group = f"g-{unique}"
     await trio.to_thread.run_sync(
-        _set_group_config, broker, group, {"share.record.lock.duration.ms": "15000"}
+        broker.set_group_config, group, {"share.record.lock.duration.ms": "15000"}
     )
     app = RecordingApp()
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={"engine": "share", "ordering": "key", "share.record.lock.duration.ms": 60000},
-            app_extra={"timeout.ms": 20000},
-        )
-        await trio.to_thread.run_sync(broker.produce, topic, [Rec(key=b"k", value=b"x")])
-        async with sidecar(cfg) as sc:
-            with trio.move_on_after(60):
-                await wait_until(lambda: len(app.deliveries) >= 1, 60, "the record")
-            assert app.deliveries, (await sc.status(), sc.log_text()[-3000:])
-            code, ready = await sc.get("/readyz")
-            assert code == 200, ready
-            assert await sc.stop() == 0
-            text = sc.log_text()
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={"engine": "share", "ordering": "key", "share.record.lock.duration.ms": 60000},
+        app_extra={"timeout.ms": 20000},
+        produce_first=[Rec(key=b"k", value=b"x")],
+    ) as rig:
+        sc = rig.sc
+        with trio.move_on_after(60):
+            await wait_until(lambda: len(app.deliveries) >= 1, 60, "the record")
+        assert app.deliveries, (await sc.status(), sc.log_text()[-3000:])
+        code, ready = await sc.get("/readyz")
+        assert code == 200, ready
+        assert await sc.stop() == 0
+        text = sc.log_text()
     assert "ordering: key does not apply to engine: share" in text
     assert (
         "app.timeout.ms (20000) is not shorter than the share group's record lock (15000 ms, group config)"
@@ -466,56 +383,56 @@ async def test_deferred_answers_through_the_ack_api(
     topic = broker.create_topic(f"def-{unique}", partitions=1)
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(202))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={**SHARE, "share.delivery.count.limit": 2},
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={**SHARE, "share.delivery.count.limit": 2},
+        produce_first=[Rec(key=None, value=f"v{i}".encode()) for i in range(3)],
+    ) as rig:
+        sc = rig.sc
+        await wait_until(lambda: len(app.deliveries) >= 3, 60, "three deliveries")
+        ids = {d.offset: d.delivery_id for d in app.deliveries}
+        code, body = await sc.post_json(
+            "/v1/acks",
+            {
+                "acks": [
+                    {"id": ids[0], "ack": "accept"},
+                    {"id": ids[1], "ack": "reject", "error": {"class": "E", "message": "m"}},
+                    {"id": ids[2], "ack": "release"},
+                    {"id": "nonsense", "ack": "accept"},
+                ]
+            },
         )
-        await trio.to_thread.run_sync(
-            broker.produce, topic, [Rec(key=None, value=f"v{i}".encode()) for i in range(3)]
+        assert code == 200, body
+        results = {r["id"]: r["result"] for r in body["results"]}
+        assert results == {ids[0]: "ok", ids[1]: "ok", ids[2]: "ok", "nonsense": "unknown"}
+        # Offset 2 comes back (delivery 2 of 2); answer it late-but-valid with a release: DLQ.
+        await wait_until(
+            lambda: any(d.offset == 2 and d.delivery_count == 2 for d in app.deliveries),
+            30,
+            "the redelivery",
         )
-        async with sidecar(cfg) as sc:
-            await wait_until(lambda: len(app.deliveries) >= 3, 60, "three deliveries")
-            ids = {d.offset: d.delivery_id for d in app.deliveries}
-            code, body = await sc.post_json(
-                "/v1/acks",
-                {
-                    "acks": [
-                        {"id": ids[0], "ack": "accept"},
-                        {"id": ids[1], "ack": "reject", "error": {"class": "E", "message": "m"}},
-                        {"id": ids[2], "ack": "release"},
-                        {"id": "nonsense", "ack": "accept"},
-                    ]
-                },
-            )
-            assert code == 200, body
-            results = {r["id"]: r["result"] for r in body["results"]}
-            assert results == {ids[0]: "ok", ids[1]: "ok", ids[2]: "ok", "nonsense": "unknown"}
-            # Offset 2 comes back (delivery 2 of 2); answer it late-but-valid with a release: DLQ.
-            await wait_until(
-                lambda: any(d.offset == 2 and d.delivery_count == 2 for d in app.deliveries),
-                30,
-                "the redelivery",
-            )
-            second = next(d for d in app.deliveries if d.offset == 2 and d.delivery_count == 2)
-            code, body = await sc.post_json("/v1/acks", {"acks": [{"id": ids[0], "ack": "accept"}]})
-            assert body["results"][0]["result"] == "expired"
-            code, body = await sc.post_json(
-                "/v1/acks", {"acks": [{"id": second.delivery_id, "ack": "release"}]}
-            )
-            assert body["results"][0]["result"] == "ok"
-            dlq = f"dlq.{topic}"
-            await _wait_thread(lambda: broker.count_records(dlq) >= 2, 60, "two DLQ records")
-            await trio.sleep(1)
-            assert await sc.stop() == 0
+        second = next(d for d in app.deliveries if d.offset == 2 and d.delivery_count == 2)
+        code, body = await sc.post_json("/v1/acks", {"acks": [{"id": ids[0], "ack": "accept"}]})
+        assert body["results"][0]["result"] == "expired"
+        code, body = await sc.post_json(
+            "/v1/acks", {"acks": [{"id": second.delivery_id, "ack": "release"}]}
+        )
+        assert body["results"][0]["result"] == "ok"
+        dlq = f"dlq.{topic}"
+        await _wait_thread(lambda: broker.count_records(dlq) >= 2, 60, "two DLQ records")
+        await trio.sleep(1)
+        assert await sc.stop() == 0
     dlq_recs = await trio.to_thread.run_sync(broker.read_topic, f"dlq.{topic}", 2, 30)
     causes = sorted(
-        (_headers(r)["__dlq.errors.offset"][0], _headers(r)["__dlq.errors.message"][0])
+        (
+            r.headers_by_name()["__dlq.errors.offset"][0],
+            r.headers_by_name()["__dlq.errors.message"][0],
+        )
         for r in dlq_recs
     )
     assert causes == [
@@ -653,8 +570,8 @@ def test_read_share_settings_sources(tmp_path: Path) -> None:
 def test_real_broker_group_settings(broker: Broker) -> None:
     """On the real broker: the group's configured limit and lock are what the engine uses."""
     group = f"g-settings-{uuid.uuid4().hex[:8]}"
-    _set_group_config(
-        broker, group, {"share.delivery.count.limit": "4", "share.record.lock.duration.ms": "20000"}
+    broker.set_group_config(
+        group, {"share.delivery.count.limit": "4", "share.record.lock.duration.ms": "20000"}
     )
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     cfg = load_config(
@@ -670,7 +587,7 @@ def test_real_broker_group_settings(broker: Broker) -> None:
     s = read_share_settings(admin, group, cfg)
     assert (s.delivery_count_limit, s.delivery_count_limit_source) == (4, "group config")
     assert (s.lock_duration_ms, s.lock_duration_source) == (20000, "group config")
-    assert _group_config(broker, group, "share.auto.offset.reset") == "earliest"
+    assert broker.group_config(group, "share.auto.offset.reset") == "earliest"
 
 
 # ------------------------------------------------------------------------------- app down
@@ -682,21 +599,19 @@ async def test_app_down_keeps_acquired_records_until_it_is_back(
     """Connection refused is not an attempt: acquired records wait (within the lock) and go out once."""
     topic = broker.create_topic(f"down-{unique}", partitions=1)
     group = f"g-{unique}"
-    port = free_port()  # nothing listens here yet
-    cfg = write_config(
-        tmp_path / "sidecar.yaml",
-        bootstrap=broker.bootstrap,
+    app = RecordingApp()
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
         group=group,
-        topics=[topic],
-        app_url=f"http://127.0.0.1:{port}/records",
+        serve=False,  # nothing listens at the app's port yet
         extra={**SHARE, "share.delivery.count.limit": 2},
         app_extra={"connect.backoff.initial.ms": 100, "connect.backoff.max.ms": 300},
-    )
-    await trio.to_thread.run_sync(
-        broker.produce, topic, [Rec(key=None, value=f"v{i}".encode()) for i in range(20)]
-    )
-    app = RecordingApp()
-    async with sidecar(cfg) as sc:
+        produce_first=[Rec(key=None, value=f"v{i}".encode()) for i in range(20)],
+    ) as rig:
+        sc = rig.sc
         with trio.fail_after(60):
             while (await sc.status())["counters"]["not_attempted"] == 0:
                 await trio.sleep(0.2)
@@ -707,7 +622,7 @@ async def test_app_down_keeps_acquired_records_until_it_is_back(
         assert st["counters"]["attempts"] == 0, st["counters"]
         assert st["counters"]["dlq_written"] == 0
         assert st["paused_partitions"], "intake is not paused while the app is down"
-        async with running_app(app, ("tcp", "127.0.0.1", port)):
+        async with rig.serve_app():
             await wait_until(lambda: len(app.deliveries) >= 20, 60, "20 deliveries")
             await trio.sleep(1)
             st = await sc.status()
@@ -737,22 +652,22 @@ async def test_batch_mode_app(broker: Broker, unique: str, tmp_path: Path) -> No
             results.append({"id": rec["id"], "ack": ack})
         return json_response({"results": results})
 
-    port = free_port()
-    async with running_app(handler, ("tcp", "127.0.0.1", port)):  # type: ignore[arg-type]
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/batch",
-            extra=SHARE,
-            app_extra={"mode": "batch", "batch.max.records": 10},
-        )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        handler,
+        topic=topic,
+        group=group,
+        path="/batch",
+        extra=SHARE,
+        app_extra={"mode": "batch", "batch.max.records": 10},
+        start=False,
+    ) as rig:
         values = [b"bad" if i % 10 == 3 else f"v{i}".encode() for i in range(50)]
         await trio.to_thread.run_sync(
             broker.produce, topic, [Rec(key=None, value=v) for v in values]
         )
-        async with sidecar(cfg) as sc:
+        async with rig.sidecar() as sc:
             dlq = f"dlq.{topic}"
             await _wait_thread(lambda: broker.count_records(dlq) >= 5, 60, "five DLQ records")
             await wait_until(lambda: len(seen) >= 50, 60, "every record")
@@ -760,7 +675,7 @@ async def test_batch_mode_app(broker: Broker, unique: str, tmp_path: Path) -> No
             assert await sc.stop() == 0
     assert sorted(o for o, _ in seen) == list(range(50))
     dlq_recs = await trio.to_thread.run_sync(broker.read_topic, f"dlq.{topic}", 5, 30)
-    assert sorted(int(_headers(r)["__dlq.errors.offset"][0] or b"") for r in dlq_recs) == [
+    assert sorted(int(r.headers_by_name()["__dlq.errors.offset"][0] or b"") for r in dlq_recs) == [
         3,
         13,
         23,
@@ -776,27 +691,25 @@ async def test_sigterm_with_unanswered_records_releases_them(
     topic = broker.create_topic(f"term-{unique}", partitions=1)
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(202) if d.delivery_count == 1 else Response(200))
-    port = free_port()
-    async with running_app(app, ("tcp", "127.0.0.1", port)):
-        cfg = write_config(
-            tmp_path / "sidecar.yaml",
-            bootstrap=broker.bootstrap,
-            group=group,
-            topics=[topic],
-            app_url=f"http://127.0.0.1:{port}/",
-            extra={**SHARE, "shutdown.drain.timeout.ms": 1000},
-        )
-        await trio.to_thread.run_sync(
-            broker.produce, topic, [Rec(key=None, value=f"v{i}".encode()) for i in range(5)]
-        )
-        async with sidecar(cfg) as sc:
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={**SHARE, "shutdown.drain.timeout.ms": 1000},
+        produce_first=[Rec(key=None, value=f"v{i}".encode()) for i in range(5)],
+        start=False,
+    ) as rig:
+        async with rig.sidecar() as sc:
             await wait_until(lambda: len(app.deliveries) >= 5, 60, "five deliveries")
             code, metrics = await sc.get("/metrics")
             assert code == 200 and "dlq_sidecar_in_flight_records 5.0" in metrics, metrics
             started = trio.current_time()
             assert await sc.stop(timeout_s=20) == 0, sc.log_text()[-3000:]
             stop_s = trio.current_time() - started
-        async with sidecar(cfg) as sc:
+        async with rig.sidecar() as sc:
             await wait_until(lambda: len(app.deliveries) >= 10, 60, "the redeliveries")
             assert await sc.stop() == 0
     assert stop_s < 10, stop_s

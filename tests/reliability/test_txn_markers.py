@@ -19,8 +19,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sidecar.kafka import dlq as dlq_module
-from sidecar.kafka.dlq import CAUSE_REJECTED, DlqWriter, FailedRecord
+from sidecar.kafka.dlq import CAUSE_REJECTED, FailedRecord
 from tests.faults.broker import PrivateBroker
+from tests.harness import transactional_dlq_writer
 
 # Fence a silent broker within seconds instead of the default 9.
 FAST_FENCE = {"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"}
@@ -102,17 +103,7 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
 ) -> None:
     node1, node2 = two_nodes
     bootstrap = node1.direct
-    writer = DlqWriter(
-        {"bootstrap.servers": bootstrap},
-        "g",
-        copy_record=True,
-        stacktrace_max_bytes=1024,
-        retries_timeout_ms=10_000,
-        auto_create=False,
-        topic_partitions=1,
-        topic_replication_factor=1,
-    )
-    writer.transactional_id = "txn-markers"
+    writer = transactional_dlq_writer(bootstrap, "g", "txn-markers")
     dlq_topic = "dlq.markers"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     async with trio.open_nursery() as nursery:
