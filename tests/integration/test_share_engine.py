@@ -28,6 +28,7 @@ from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import load_config
 from sidecar.engines.share_group import (
+    ShareGroupLimitUnsafe,
     ShareGroupsUnavailable,
     check_broker_configs,
     read_share_settings,
@@ -630,24 +631,23 @@ def test_read_share_settings_sources(tmp_path: Path) -> None:
         "group.share.delivery.count.limit": "7",
         "group.share.record.lock.duration.ms": "20000",
     }
-    # Group config readable: it wins over the broker default; a lower sidecar limit wins over both.
+    # The group's own settings win over the broker defaults; the limit the app sees is the sidecar's,
+    # below the group's.
     admin = _OldBrokerAdmin(
         broker_cfg, {"share.delivery.count.limit": "4", "share.record.lock.duration.ms": "16000"}
     )
-    s = read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 6}))
-    assert (s.delivery_count_limit, s.delivery_count_limit_source) == (4, "group config")
+    s = read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 3}))
+    assert s.delivery_count_limit == 3
+    assert (s.group_delivery_count_limit, s.group_delivery_count_limit_source) == (
+        4,
+        "group config",
+    )
     assert (s.lock_duration_ms, s.lock_duration_source) == (16000, "group config")
     assert admin.altered == ["g"]  # share.auto.offset.reset=earliest, from auto.offset.reset
-    s = read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 2}))
-    assert s.delivery_count_limit == 2 and s.delivery_count_limit_source.startswith(
-        "sidecar config"
-    )
-    # Group config not readable: the broker defaults, with a warning.
+    # Group config not readable: the lock falls back to the broker default, but the limit cannot.
     admin = _OldBrokerAdmin(broker_cfg, None)
-    s = read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 9}))
-    assert (s.delivery_count_limit, s.delivery_count_limit_source) == (7, "broker default")
-    assert (s.lock_duration_ms, s.lock_duration_source) == (20000, "broker default")
-    assert any("cannot describe the group" in w for w in s.warnings)
+    with pytest.raises(ShareGroupLimitUnsafe, match="cannot read the share group 'g'"):
+        read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 3}))
 
 
 def test_real_broker_group_settings(broker: Broker) -> None:
@@ -664,11 +664,15 @@ def test_real_broker_group_settings(broker: Broker) -> None:
             group=group,
             topics=["t"],
             app_url="http://127.0.0.1:1/",
-            extra=SHARE,
+            extra={**SHARE, "share.delivery.count.limit": 3},
         )
     )
     s = read_share_settings(admin, group, cfg)
-    assert (s.delivery_count_limit, s.delivery_count_limit_source) == (4, "group config")
+    assert (s.group_delivery_count_limit, s.group_delivery_count_limit_source) == (
+        4,
+        "group config",
+    )
+    assert s.delivery_count_limit == 3  # the sidecar's, below the group's
     assert (s.lock_duration_ms, s.lock_duration_source) == (20000, "group config")
     assert _group_config(broker, group, "share.auto.offset.reset") == "earliest"
 
