@@ -25,8 +25,9 @@ Invariants kept here:
 - the limit is the sidecar's `share.delivery.count.limit` (L); the group's own (G, read from the cluster at
   start-up) must be above it, so the broker never archives on its own: a release at delivery L becomes DLQ
   write + REJECT, and a record the broker hands out again after L deliveries (their outcomes lost in a
-  death or a lock expiry) is dead-lettered at acquisition, never sent to the app. A G <= L is raised to
-  L + 1 (the group config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
+  death or a lock expiry) is dead-lettered at acquisition, never sent to the app. G must be at least L
+  plus the number of share consumers (see `required_group_limit`): a lower G is raised (the group
+  config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
   releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -125,7 +127,7 @@ class ShareGroupsUnavailable(SourceError):
 
 
 class ShareGroupLimitUnsafe(SourceError):
-    """The group's delivery count limit is unknown, or not above the sidecar's and cannot be raised.
+    """The group's delivery count limit is unknown, or too low and cannot be raised.
 
     The broker archives a record on its own once its delivery count reaches the group's limit, with no
     DLQ record; the sidecar must be able to dead-letter before that, so it does not start (exit 1).
@@ -258,7 +260,8 @@ def read_share_settings(
     group_limit, group_limit_source = _group_limit(
         group, group_configs, broker_configs, d.delivery_count_limit
     )
-    needed = required_group_limit(d.delivery_count_limit)
+    consumers = share_consumer_count(config)
+    needed = required_group_limit(d.delivery_count_limit, consumers)
     if group_limit < needed:
         _raise_group_limit(
             admin,
@@ -267,13 +270,15 @@ def read_share_settings(
             current=group_limit,
             maximum=_int_config(broker_configs, BROKER_MAX_DELIVERY_COUNT_LIMIT),
             sidecar_limit=d.delivery_count_limit,
+            consumers=consumers,
             timeout_s=timeout_s,
         )
         warnings.append(
             f"raised the share group {group!r}'s {GROUP_DELIVERY_COUNT_LIMIT} from {group_limit} "
             f"({group_limit_source}) to {needed}: the sidecar delivers a record at most "
-            f"{d.delivery_count_limit} times (its share.delivery.count.limit) and must be able to "
-            "dead-letter it on the next acquisition, before the broker archives it without a DLQ record"
+            f"{d.delivery_count_limit} times (its share.delivery.count.limit) and must dead-letter "
+            f"it before the broker archives it without a DLQ record, and a death of a sidecar with "
+            f"{consumers} share consumers can charge a record {consumers} times"
         )
         group_limit, group_limit_source = needed, f"raised by the sidecar from {group_limit}"
     dlq_entry = group_configs.get(GROUP_DLQ_TOPIC)
@@ -294,16 +299,28 @@ def read_share_settings(
     )
 
 
-def required_group_limit(sidecar_limit: int) -> int:
+def share_consumer_count(config: Config) -> int:
+    """How many share consumers one sidecar runs: `min(4, app.max.in.flight)`."""
+    return max(1, min(4, config.app.max_in_flight))
+
+
+def required_group_limit(sidecar_limit: int, consumers: int) -> int:
     """The least group `share.delivery.count.limit` that lets a sidecar with this limit act first.
 
     The broker counts an acquisition as a delivery and archives a record, with no DLQ record, when
     the delivery numbered with the group's limit G ends without an acknowledgement: a release, a
     lock expiry, or the member's death. The sidecar delivers a record to the app at most L times; a
-    record acquired once more after that (L deliveries whose outcomes were lost) is dead-lettered at
-    acquisition. That acquisition, number L + 1, must not be past the broker's last: G >= L + 1.
+    record acquired again after that (its deliveries' outcomes lost) is dead-lettered at acquisition,
+    so that acquisition must not be past the broker's last.
+
+    How far past L it can be: a death charges every record the sidecar held once, and each of its
+    other consumers' share fetches still waiting at the broker once more (measured on Kafka 4.4
+    with librdkafka 2.16: a record held at count 1 by one of four consumers of a SIGKILLed sidecar
+    came back at count 4 or 5, never sent in between; with one consumer, at count 2). A record
+    delivered for the L-th time when the sidecar dies comes back at most at L + consumers, and the
+    acquisitions between were all below it: G >= L + consumers.
     """
-    return sidecar_limit + 1
+    return sidecar_limit + consumers
 
 
 def _group_limit(
@@ -339,6 +356,7 @@ def _raise_group_limit(
     current: int,
     maximum: int | None,
     sidecar_limit: int,
+    consumers: int,
     timeout_s: float,
 ) -> None:
     """Set the group's limit to `needed`; ShareGroupLimitUnsafe when the broker does not allow it."""
@@ -346,18 +364,20 @@ def _raise_group_limit(
         f"set the group's {GROUP_DELIVERY_COUNT_LIMIT} to at least {needed} (kafka-configs.sh "
         f"--alter --entity-type groups --entity-name {group} --add-config "
         f"{GROUP_DELIVERY_COUNT_LIMIT}={needed}) or lower the sidecar's share.delivery.count.limit "
-        f"to at most {current - 1}"
+        f"to at most {current - consumers}"
     )
     why = (
-        f"the share group {group!r}'s {GROUP_DELIVERY_COUNT_LIMIT} is {current}, not above the "
-        f"sidecar's share.delivery.count.limit ({sidecar_limit}): a record whose deliveries all end "
-        "without an outcome (a poison pill that kills the sidecar) would be archived by the broker "
+        f"the share group {group!r}'s {GROUP_DELIVERY_COUNT_LIMIT} is {current}, below {needed}: "
+        f"the sidecar's share.delivery.count.limit ({sidecar_limit}) plus its {consumers} share "
+        "consumers (each can be charged once when the sidecar dies). A record whose deliveries end "
+        "without an outcome (a poison pill that kills the sidecar) could be archived by the broker "
         "with no DLQ record"
     )
     if maximum is not None and needed > maximum:
         raise ShareGroupLimitUnsafe(
             f"{why}; the broker allows at most {maximum} ({BROKER_MAX_DELIVERY_COUNT_LIMIT}): "
-            f"lower the sidecar's share.delivery.count.limit to at most {maximum - 1}"
+            f"lower the sidecar's share.delivery.count.limit to at most {maximum - consumers} "
+            "(or app.max.in.flight, which sets the number of share consumers up to 4)"
         )
     res = ConfigResource(
         ResourceType.GROUP,
@@ -370,6 +390,20 @@ def _raise_group_limit(
     )
     try:
         admin.incremental_alter_configs([res])[res].result(timeout=timeout_s)
+        # The broker answers once the change is committed; its own view of the group's config
+        # follows a moment later. Start only once it shows.
+        deadline = time.monotonic() + timeout_s
+        described = ConfigResource(ResourceType.GROUP, group)
+        while True:
+            configs = admin.describe_configs([described])[described].result(timeout=timeout_s)
+            if (_int_config(configs, GROUP_DELIVERY_COUNT_LIMIT) or 0) >= needed:
+                return
+            if time.monotonic() > deadline:
+                raise ShareGroupLimitUnsafe(
+                    f"{why}; the sidecar set it to {needed} but the broker still describes "
+                    f"{_int_config(configs, GROUP_DELIVERY_COUNT_LIMIT)} after {timeout_s:g}s: {fix}"
+                )
+            time.sleep(0.1)
     except KafkaException as exc:
         raise ShareGroupLimitUnsafe(
             f"{why}, and the sidecar cannot raise it ({exc}): {fix}"
@@ -478,7 +512,7 @@ class ShareGroupEngine:
         self.counters = pipe.counters
         self.dlq = pipe.dlq
         self.source = ShareSource(self)
-        self.consumer_count = max(1, min(4, config.app.max_in_flight))
+        self.consumer_count = share_consumer_count(config)
         self.settings: ShareSettings | None = None
         self._batches: set[_Batch] = set()
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
@@ -966,5 +1000,6 @@ __all__ = [
     "read_share_settings",
     "refusal_from_error",
     "required_group_limit",
+    "share_consumer_count",
     "share_consumer_properties",
 ]

@@ -632,14 +632,14 @@ def test_read_share_settings_sources(tmp_path: Path) -> None:
         "group.share.record.lock.duration.ms": "20000",
     }
     # The group's own settings win over the broker defaults; the limit the app sees is the sidecar's,
-    # below the group's.
+    # below the group's (by at least its four share consumers: see test_share_limits.py).
     admin = _OldBrokerAdmin(
-        broker_cfg, {"share.delivery.count.limit": "4", "share.record.lock.duration.ms": "16000"}
+        broker_cfg, {"share.delivery.count.limit": "8", "share.record.lock.duration.ms": "16000"}
     )
     s = read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 3}))
     assert s.delivery_count_limit == 3
     assert (s.group_delivery_count_limit, s.group_delivery_count_limit_source) == (
-        4,
+        8,
         "group config",
     )
     assert (s.lock_duration_ms, s.lock_duration_source) == (16000, "group config")
@@ -654,7 +654,7 @@ def test_real_broker_group_settings(broker: Broker) -> None:
     """On the real broker: the group's configured limit and lock are what the engine uses."""
     group = f"g-settings-{uuid.uuid4().hex[:8]}"
     _set_group_config(
-        broker, group, {"share.delivery.count.limit": "4", "share.record.lock.duration.ms": "20000"}
+        broker, group, {"share.delivery.count.limit": "8", "share.record.lock.duration.ms": "20000"}
     )
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     cfg = load_config(
@@ -669,7 +669,7 @@ def test_real_broker_group_settings(broker: Broker) -> None:
     )
     s = read_share_settings(admin, group, cfg)
     assert (s.group_delivery_count_limit, s.group_delivery_count_limit_source) == (
-        4,
+        8,
         "group config",
     )
     assert s.delivery_count_limit == 3  # the sidecar's, below the group's
