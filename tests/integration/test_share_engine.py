@@ -804,4 +804,9 @@ async def test_sigterm_with_unanswered_records_releases_them(
             await wait_until(lambda: len(app.deliveries) >= 10, 60, "the redeliveries")
             assert await sc.stop() == 0
     assert stop_s < 10, stop_s
-    assert sorted(d.delivery_count for d in app.deliveries) == [1] * 5 + [2] * 5
+    counts = sorted(d.delivery_count for d in app.deliveries)
+    assert counts[:5] == [1] * 5
+    # Released at the stop, and charged again by the broker once for each of the other three share
+    # consumers whose fetch was waiting when they closed (see docs/engines.md, "What a death
+    # charges"): 2 to 5, measured 2, 3 and 4.
+    assert all(2 <= c <= 5 for c in counts[5:]), counts
