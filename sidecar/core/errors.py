@@ -10,7 +10,8 @@
     │   └── AppRequestFailed ... sent, then failed: an attempt (timeouts, resets, bad HTTP)
     ├── KafkaClientError ....... librdkafka (`KafkaException`) seen through the sidecar
     │   ├── SourceError ........ the consumer cannot continue (exit 1)                  sidecar.kafka.source
-    │   │   └── ShareGroupsUnavailable ... the cluster cannot run this share group     sidecar.engines.share_group
+    │   │   ├── ShareGroupsUnavailable ... the cluster cannot run this share group     sidecar.engines.share_group
+    │   │   └── ShareGroupLimitUnsafe .... the group's delivery limit leaves no room to dead-letter first
     │   └── CommitFailed ....... one offset commit failed; the next one retries it     sidecar.engines.consumer_group
     └── DlqError ............... the dead-letter queue                                  sidecar.kafka.dlq
         ├── DlqStartupError .... a DLQ topic is missing or unusable at start-up (exit 1)

@@ -22,9 +22,12 @@ call alone. The delivery state itself (counts, locks) is the broker's.
 Invariants kept here:
 - a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
   configured, as KIP-1191 does;
-- a release on the record's last allowed delivery is turned into DLQ write + REJECT, because the broker would
-  otherwise archive it silently; the limit is the group's `share.delivery.count.limit` (read from the
-  cluster), or the sidecar's own when that is lower;
+- the limit is the sidecar's `share.delivery.count.limit` (L); the group's own (G, read from the cluster at
+  start-up) must be above it, so the broker never archives on its own: a release at delivery L becomes DLQ
+  write + REJECT, and a record the broker hands out again after L deliveries (their outcomes lost in a
+  death or a lock expiry) is dead-lettered at acquisition, never sent to the app. G must be at least L
+  plus the number of share consumers (see `required_group_limit`): a lower G is raised (the group
+  config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
   releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -57,11 +61,14 @@ from sidecar.config import Config, Ordering
 from sidecar.core.deadletter import FailedRecord
 from sidecar.core.outcome import (
     ACK_BY_WORD,
+    COUNT_EXHAUSTED,
     LOCK_TIMEOUT,
     SHUTDOWN,
     Accept,
     Ack,
+    ArchiveReason,
     DeadLetter,
+    ErrorInfo,
     decide,
     error_info,
 )
@@ -102,6 +109,7 @@ GROUP_AUTO_OFFSET_RESET = "share.auto.offset.reset"
 GROUP_DLQ_TOPIC = "errors.deadletterqueue.topic.name"
 BROKER_DELIVERY_COUNT_LIMIT = "group.share.delivery.count.limit"
 BROKER_LOCK_DURATION_MS = "group.share.record.lock.duration.ms"
+BROKER_MAX_DELIVERY_COUNT_LIMIT = "group.share.max.delivery.count.limit"
 
 # Errors a share consumer reports when the broker or the group cannot serve a share group.
 _REFUSAL_CODES = {
@@ -116,6 +124,14 @@ _REFUSAL_CODES = {
 
 class ShareGroupsUnavailable(SourceError):
     """The cluster (or this group id) cannot run a share group: the sidecar must not start."""
+
+
+class ShareGroupLimitUnsafe(SourceError):
+    """The group's delivery count limit is unknown, or too low and cannot be raised.
+
+    The broker archives a record on its own once its delivery count reaches the group's limit, with no
+    DLQ record; the sidecar must be able to dead-letter before that, so it does not start (exit 1).
+    """
 
 
 def _suggest(reason: str, group: str) -> str:
@@ -133,8 +149,11 @@ def _suggest(reason: str, group: str) -> str:
 class ShareSettings:
     """What the cluster says about this share group, and where each value came from."""
 
-    delivery_count_limit: int
-    delivery_count_limit_source: str  # "group config", "broker default", "sidecar config"
+    delivery_count_limit: int  # the sidecar's: at most this many deliveries to the app
+    group_delivery_count_limit: int  # the broker archives on its own at this delivery count
+    group_delivery_count_limit_source: (
+        str  # "group config", "broker default", "raised by the sidecar"
+    )
     lock_duration_ms: int
     lock_duration_source: str
     broker_dlq_topic: str | None = None  # the group's own (KIP-1191) DLQ topic, if set
@@ -187,9 +206,10 @@ def read_share_settings(
 ) -> ShareSettings:
     """Check the broker, apply `share.auto.offset.reset`, and read the group's limit and lock.
 
-    Raises ShareGroupsUnavailable when the broker predates share groups. Anything the sidecar is not
-    allowed to read falls back (group config → broker default → the sidecar's own configuration) with
-    a warning, because the first poll is the definitive check anyway.
+    Raises ShareGroupsUnavailable when the broker predates share groups, and ShareGroupLimitUnsafe
+    when the group's delivery count limit cannot be read, or is not above the sidecar's and cannot be
+    raised (see `required_group_limit`). The lock falls back (group config → broker default → the
+    sidecar's own configuration) with a warning, because the first poll is the definitive check anyway.
     """
     warnings: list[str] = []
     broker_configs: Mapping[str, Any] = {}
@@ -232,23 +252,35 @@ def read_share_settings(
         warnings.append(f"cannot describe the group's configuration ({exc}); using defaults")
 
     d = config.delivery
-    limit, limit_source = d.delivery_count_limit, "sidecar config"
     lock, lock_source = d.lock_duration_ms, "sidecar config"
-    if (v := _int_config(group_configs, GROUP_DELIVERY_COUNT_LIMIT)) is not None:
-        limit, limit_source = v, "group config"
-    elif (v := _int_config(broker_configs, BROKER_DELIVERY_COUNT_LIMIT)) is not None:
-        limit, limit_source = v, "broker default"
     if (v := _int_config(group_configs, GROUP_LOCK_DURATION_MS)) is not None:
         lock, lock_source = v, "group config"
     elif (v := _int_config(broker_configs, BROKER_LOCK_DURATION_MS)) is not None:
         lock, lock_source = v, "broker default"
-    if limit_source != "sidecar config" and d.delivery_count_limit < limit:
-        # The broker archives at its own limit whatever we do, so we must act no later than that;
-        # acting earlier is safe and honours a lower limit in the sidecar's configuration.
-        limit, limit_source = (
-            d.delivery_count_limit,
-            f"sidecar config (below the {limit_source}'s {limit})",
+    group_limit, group_limit_source = _group_limit(
+        group, group_configs, broker_configs, d.delivery_count_limit
+    )
+    consumers = share_consumer_count(config)
+    needed = required_group_limit(d.delivery_count_limit, consumers)
+    if group_limit < needed:
+        _raise_group_limit(
+            admin,
+            group,
+            needed,
+            current=group_limit,
+            maximum=_int_config(broker_configs, BROKER_MAX_DELIVERY_COUNT_LIMIT),
+            sidecar_limit=d.delivery_count_limit,
+            consumers=consumers,
+            timeout_s=timeout_s,
         )
+        warnings.append(
+            f"raised the share group {group!r}'s {GROUP_DELIVERY_COUNT_LIMIT} from {group_limit} "
+            f"({group_limit_source}) to {needed}: the sidecar delivers a record at most "
+            f"{d.delivery_count_limit} times (its share.delivery.count.limit) and must dead-letter "
+            f"it before the broker archives it without a DLQ record, and a death of a sidecar with "
+            f"{consumers} share consumers can charge a record {consumers} times"
+        )
+        group_limit, group_limit_source = needed, f"raised by the sidecar from {group_limit}"
     dlq_entry = group_configs.get(GROUP_DLQ_TOPIC)
     broker_dlq = getattr(dlq_entry, "value", None) or None
     if broker_dlq and config.errors.dlq.enabled:
@@ -257,13 +289,125 @@ def read_share_settings(
             "rejected records there too, so every archived record would be dead-lettered twice"
         )
     return ShareSettings(
-        delivery_count_limit=limit,
-        delivery_count_limit_source=limit_source,
+        delivery_count_limit=d.delivery_count_limit,
+        group_delivery_count_limit=group_limit,
+        group_delivery_count_limit_source=group_limit_source,
         lock_duration_ms=lock,
         lock_duration_source=lock_source,
         broker_dlq_topic=broker_dlq,
         warnings=tuple(warnings),
     )
+
+
+def share_consumer_count(config: Config) -> int:
+    """How many share consumers one sidecar runs: `min(4, app.max.in.flight)`."""
+    return max(1, min(4, config.app.max_in_flight))
+
+
+def required_group_limit(sidecar_limit: int, consumers: int) -> int:
+    """The least group `share.delivery.count.limit` that lets a sidecar with this limit act first.
+
+    The broker counts an acquisition as a delivery and archives a record, with no DLQ record, when
+    the delivery numbered with the group's limit G ends without an acknowledgement: a release, a
+    lock expiry, or the member's death. The sidecar delivers a record to the app at most L times; a
+    record acquired again after that (its deliveries' outcomes lost) is dead-lettered at acquisition,
+    so that acquisition must not be past the broker's last.
+
+    How far past L it can be: a death charges every record the sidecar held once, and each of its
+    other consumers' share fetches still waiting at the broker once more (measured on Kafka 4.4
+    with librdkafka 2.16: a record held at count 1 by one of four consumers of a SIGKILLed sidecar
+    came back at count 4 or 5, never sent in between; with one consumer, at count 2). A record
+    delivered for the L-th time when the sidecar dies comes back at most at L + consumers, and the
+    acquisitions between were all below it: G >= L + consumers.
+    """
+    return sidecar_limit + consumers
+
+
+def _group_limit(
+    group: str,
+    group_configs: Mapping[str, Any],
+    broker_configs: Mapping[str, Any],
+    sidecar_limit: int,
+) -> tuple[int, str]:
+    """The group's effective limit and where it comes from; ShareGroupLimitUnsafe when unknown."""
+    entry = group_configs.get(GROUP_DELIVERY_COUNT_LIMIT)
+    if (v := _int_config(group_configs, GROUP_DELIVERY_COUNT_LIMIT)) is not None:
+        return v, "broker default" if getattr(entry, "is_default", False) else "group config"
+    if (
+        group_configs
+        and (v := _int_config(broker_configs, BROKER_DELIVERY_COUNT_LIMIT)) is not None
+    ):
+        # The group describes no limit of its own (a broker where it is not a group config yet):
+        # the broker-wide one applies.
+        return v, "broker default"
+    raise ShareGroupLimitUnsafe(
+        f"cannot read the share group {group!r}'s {GROUP_DELIVERY_COUNT_LIMIT}: without it the "
+        "sidecar cannot tell whether the broker would archive a record, with no DLQ record, before "
+        f"the sidecar's own limit ({sidecar_limit}) is reached. Allow the sidecar "
+        "DescribeConfigs (and AlterConfigs) on the group, or use engine: consumer"
+    )
+
+
+def _raise_group_limit(
+    admin: AdminLike,
+    group: str,
+    needed: int,
+    *,
+    current: int,
+    maximum: int | None,
+    sidecar_limit: int,
+    consumers: int,
+    timeout_s: float,
+) -> None:
+    """Set the group's limit to `needed`; ShareGroupLimitUnsafe when the broker does not allow it."""
+    fix = (
+        f"set the group's {GROUP_DELIVERY_COUNT_LIMIT} to at least {needed} (kafka-configs.sh "
+        f"--alter --entity-type groups --entity-name {group} --add-config "
+        f"{GROUP_DELIVERY_COUNT_LIMIT}={needed}) or lower the sidecar's share.delivery.count.limit "
+        f"to at most {current - consumers}"
+    )
+    why = (
+        f"the share group {group!r}'s {GROUP_DELIVERY_COUNT_LIMIT} is {current}, below {needed}: "
+        f"the sidecar's share.delivery.count.limit ({sidecar_limit}) plus its {consumers} share "
+        "consumers (each can be charged once when the sidecar dies). A record whose deliveries end "
+        "without an outcome (a poison pill that kills the sidecar) could be archived by the broker "
+        "with no DLQ record"
+    )
+    if maximum is not None and needed > maximum:
+        raise ShareGroupLimitUnsafe(
+            f"{why}; the broker allows at most {maximum} ({BROKER_MAX_DELIVERY_COUNT_LIMIT}): "
+            f"lower the sidecar's share.delivery.count.limit to at most {maximum - consumers} "
+            "(or app.max.in.flight, which sets the number of share consumers up to 4)"
+        )
+    res = ConfigResource(
+        ResourceType.GROUP,
+        group,
+        incremental_configs=[
+            ConfigEntry(
+                GROUP_DELIVERY_COUNT_LIMIT, str(needed), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    try:
+        admin.incremental_alter_configs([res])[res].result(timeout=timeout_s)
+        # The broker answers once the change is committed; its own view of the group's config
+        # follows a moment later. Start only once it shows.
+        deadline = time.monotonic() + timeout_s
+        described = ConfigResource(ResourceType.GROUP, group)
+        while True:
+            configs = admin.describe_configs([described])[described].result(timeout=timeout_s)
+            if (_int_config(configs, GROUP_DELIVERY_COUNT_LIMIT) or 0) >= needed:
+                return
+            if time.monotonic() > deadline:
+                raise ShareGroupLimitUnsafe(
+                    f"{why}; the sidecar set it to {needed} but the broker still describes "
+                    f"{_int_config(configs, GROUP_DELIVERY_COUNT_LIMIT)} after {timeout_s:g}s: {fix}"
+                )
+            time.sleep(0.1)
+    except KafkaException as exc:
+        raise ShareGroupLimitUnsafe(
+            f"{why}, and the sidecar cannot raise it ({exc}): {fix}"
+        ) from exc
 
 
 def share_consumer_properties(kafka: Mapping[str, Any]) -> dict[str, Any]:
@@ -368,7 +512,7 @@ class ShareGroupEngine:
         self.counters = pipe.counters
         self.dlq = pipe.dlq
         self.source = ShareSource(self)
-        self.consumer_count = max(1, min(4, config.app.max_in_flight))
+        self.consumer_count = share_consumer_count(config)
         self.settings: ShareSettings | None = None
         self._batches: set[_Batch] = set()
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
@@ -449,7 +593,10 @@ class ShareGroupEngine:
                 "consumers_running": self._consumers_running,
                 "batches_in_flight": len(self._batches),
                 "delivery_count_limit": s.delivery_count_limit if s else None,
-                "delivery_count_limit_source": s.delivery_count_limit_source if s else None,
+                "group_delivery_count_limit": s.group_delivery_count_limit if s else None,
+                "group_delivery_count_limit_source": (
+                    s.group_delivery_count_limit_source if s else None
+                ),
                 "lock_duration_ms": s.lock_duration_ms if s else None,
                 "lock_duration_source": s.lock_duration_source if s else None,
             }
@@ -491,10 +638,12 @@ class ShareGroupEngine:
                 GROUP_LOCK_DURATION_MS,
             )
         log.info(
-            "share group %s: delivery count limit %d (%s), record lock %d ms (%s), %d consumers",
+            "share group %s: at most %d deliveries to the app (share.delivery.count.limit), the "
+            "broker's own limit %d (%s), record lock %d ms (%s), %d consumers",
             self.config.group_id,
             settings.delivery_count_limit,
-            settings.delivery_count_limit_source,
+            settings.group_delivery_count_limit,
+            settings.group_delivery_count_limit_source,
             settings.lock_duration_ms,
             settings.lock_duration_source,
             self.consumer_count,
@@ -632,47 +781,46 @@ class ShareGroupEngine:
     async def _process_batch(
         self, consumer: int, messages: Sequence[Message]
     ) -> list[tuple[Message, AcknowledgeType]]:
-        """Hand a poll's records to the app, wait for every answer (or the lock), decide each ack."""
+        """Hand a poll's records to the app, wait for every answer (or the lock), decide each ack.
+
+        A record acquired past the limit (its earlier deliveries ended without an outcome the broker
+        received: a death, a lock expiry) is not sent: it is dead-lettered at once, within its lock.
+        """
         assert self.settings is not None
         pipe = self.pipe
+        limit = self.settings.delivery_count_limit
         self.source.broker_ok = True
         lock_ms = self.settings.lock_duration_ms
         deadline = trio.current_time() + (lock_ms - _lock_margin_ms(lock_ms)) / 1000
         batch = _Batch(consumer, deadline)
         deliveries: list[Delivery] = []
+        exhausted: list[tuple[Message, Tracked, int]] = []
+        held: list[PartitionKey] = []
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
-            d = pipe.issue(Tracked(record), msg.delivery_count() or 1, _Acquired(msg, batch))
-            deliveries.append(d)
+            count = msg.delivery_count() or 1
             key = (record.topic, record.partition)
             self.source.assigned.add(key)
             self._in_flight_by_partition[key] = self._in_flight_by_partition.get(key, 0) + 1
+            held.append(key)
+            if count > limit:
+                exhausted.append((msg, Tracked(record), count))
+            else:
+                deliveries.append(pipe.issue(Tracked(record), count, _Acquired(msg, batch)))
         batch.pending = len(deliveries)
         self._batches.add(batch)
+        decisions: list[tuple[Message, AcknowledgeType]] = []
         try:
-            for d in deliveries:
-                pipe.send(d)
-            with batch.cancel, trio.move_on_at(deadline):
-                await batch.answered.wait()
-            for d in deliveries:
-                if d.answer is None:
-                    # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
-                    stopping = pipe.stopping or pipe.draining or self.source.stop_requested
-                    d.answer = Answer(
-                        "release",
-                        AppError(
-                            SHUTDOWN if stopping else LOCK_TIMEOUT,
-                            "the sidecar stopped before the app answered"
-                            if stopping
-                            else "no answer before the record lock expired",
-                        ),
-                    )
-                    pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
-            decisions: list[tuple[Message, AcknowledgeType]] = []
             # Cut short only at close: records left without a decision stay unacknowledged, and
             # closing the consumer releases them (never a REJECT without a confirmed DLQ record).
             with batch.hard:
                 async with trio.open_nursery() as nursery:
+                    for msg, tracked, count in exhausted:
+                        nursery.start_soon(
+                            self._dead_letter_exhausted, msg, tracked, count, decisions
+                        )
+                    if deliveries:
+                        await self._wait_answers(batch, deliveries)
                     for d in deliveries:
                         nursery.start_soon(self._decide, d, decisions)
             return decisions
@@ -680,12 +828,34 @@ class ShareGroupEngine:
             self._batches.discard(batch)
             for d in deliveries:
                 pipe.retire(d)
-                key = (d.tracked.record.topic, d.tracked.record.partition)
+            for key in held:
                 left = self._in_flight_by_partition.get(key, 1) - 1
                 if left > 0:
                     self._in_flight_by_partition[key] = left
                 else:
                     self._in_flight_by_partition.pop(key, None)
+
+    async def _wait_answers(self, batch: _Batch, deliveries: Sequence[Delivery]) -> None:
+        """Send the batch's deliveries; an answer still missing at the deadline is a release."""
+        pipe = self.pipe
+        for d in deliveries:
+            pipe.send(d)
+        with batch.cancel, trio.move_on_at(batch.deadline):
+            await batch.answered.wait()
+        for d in deliveries:
+            if d.answer is None:
+                # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
+                stopping = pipe.stopping or pipe.draining or self.source.stop_requested
+                d.answer = Answer(
+                    "release",
+                    AppError(
+                        SHUTDOWN if stopping else LOCK_TIMEOUT,
+                        "the sidecar stopped before the app answered"
+                        if stopping
+                        else "no answer before the record lock expired",
+                    ),
+                )
+                pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
 
     async def _decide(self, d: Delivery, out: list[tuple[Message, AcknowledgeType]]) -> None:
         assert self.settings is not None and d.answer is not None
@@ -700,11 +870,55 @@ class ShareGroupEngine:
         if not isinstance(verdict, DeadLetter):
             out.append((msg, AcknowledgeType.RELEASE))  # the broker redelivers it
             return
+        await self._archive(
+            msg, d.tracked, d.delivery_count, verdict.reason, error_info(answer.error), out
+        )
+
+    async def _dead_letter_exhausted(
+        self,
+        msg: Message,
+        tracked: Tracked,
+        count: int,
+        out: list[tuple[Message, AcknowledgeType]],
+    ) -> None:
+        """Acquired for the `count`-th time, past the limit: dead-letter it without delivering it.
+
+        Its `count - 1` earlier deliveries are what the DLQ record says: this acquisition was not one.
+        """
+        assert self.settings is not None
+        limit = self.settings.delivery_count_limit
+        error = ErrorInfo(
+            COUNT_EXHAUSTED,
+            f"acquired again after {count - 1} deliveries (the limit is {limit}) whose outcome the "
+            "broker never received: the sidecar stopped or the record lock expired",
+        )
+        await self._archive(
+            msg,
+            tracked,
+            count - 1,
+            ArchiveReason.DELIVERY_COUNT_EXCEEDED,
+            error,
+            out,
+            acquired=count,
+        )
+
+    async def _archive(
+        self,
+        msg: Message,
+        tracked: Tracked,
+        delivery_count: int,
+        reason: ArchiveReason,
+        error: ErrorInfo | None,
+        out: list[tuple[Message, AcknowledgeType]],
+        *,
+        acquired: int | None = None,
+    ) -> None:
+        """DLQ write, then REJECT; a release when it was not written (the sidecar is stopping)."""
         outcome = await self.pipe.dead_letter(
-            d.tracked,
-            d.delivery_count,
-            verdict.reason,
-            error_info(answer.error),
+            tracked,
+            delivery_count,
+            reason,
+            error,
             consequence="stopping without acknowledging it",
             write=self._write_dlq,
         )
@@ -712,24 +926,26 @@ class ShareGroupEngine:
             out.append((msg, AcknowledgeType.REJECT))
             return
         # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
-        # except at the limit, where the broker archives it itself.
-        self._warn_if_broker_archives(d)
+        # except at the group's limit, where the broker archives it itself.
+        self._warn_if_broker_archives(tracked, delivery_count if acquired is None else acquired)
         out.append((msg, AcknowledgeType.RELEASE))
 
     async def _write_dlq(self, failed: FailedRecord, dlq_topic: str) -> bool:
         await self.dlq.write(failed, dlq_topic)
         return True
 
-    def _warn_if_broker_archives(self, d: Delivery) -> None:
+    def _warn_if_broker_archives(self, tracked: Tracked, acquired: int) -> None:
         assert self.settings is not None
-        if d.delivery_count >= self.settings.delivery_count_limit:
-            rec = d.tracked.record
+        if acquired >= self.settings.group_delivery_count_limit:
+            rec = tracked.record
             log.error(
-                "%s[%d]@%d is on its last delivery: released without a DLQ record, the broker archives "
-                "it (share groups cannot hand it out again); it is not in the DLQ",
+                "%s[%d]@%d is on the broker's last delivery (%d, the group's %s): released without "
+                "a DLQ record, the broker archives it; it is not in the DLQ",
                 rec.topic,
                 rec.partition,
                 rec.offset,
+                acquired,
+                GROUP_DELIVERY_COUNT_LIMIT,
             )
 
     # ----------------------------------------------------------------------------- answers
@@ -776,11 +992,14 @@ def _ack_commit(offsets: Mapping[Any, Any], exc: Exception | None) -> _AckCommit
 __all__ = [
     "SHARE_REFUSED_PROPERTIES",
     "ShareGroupEngine",
+    "ShareGroupLimitUnsafe",
     "ShareGroupsUnavailable",
     "ShareSettings",
     "ShareSource",
     "check_broker_configs",
     "read_share_settings",
     "refusal_from_error",
+    "required_group_limit",
+    "share_consumer_count",
     "share_consumer_properties",
 ]

@@ -246,7 +246,7 @@ async def test_an_unknown_commit_outcome_is_read_from_the_groups_stable_offsets(
     src = broker.create_topic(f"src-{unique}", partitions=1)
     dlq_topic = broker.create_topic(f"dlq-{unique}", partitions=1)
     group = f"g-{unique}"
-    writer = _txn_writer(broker.bootstrap, group, f"txn-{unique}")
+    writer = transactional_dlq_writer(broker.bootstrap, group, f"txn-{unique}")
     await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
     member = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
     group_metadata = member.consumer_group_metadata()

@@ -8,7 +8,7 @@ from sidecar.config import ConfigError
 from sidecar.core.errors import CommitFailed, DlqError, KafkaClientError, SidecarError
 from sidecar.core.ledger import ExpiredAttempt, LedgerError, UnknownAttempt
 from sidecar.core.wire import WireError
-from sidecar.engines.share_group import ShareGroupsUnavailable
+from sidecar.engines.share_group import ShareGroupLimitUnsafe, ShareGroupsUnavailable
 from sidecar.http.appclient import AppClientError, AppNotReachable, AppRequestFailed
 from sidecar.kafka.dlq import DlqFatalError, DlqStartupError, DlqTxnAbortable, DlqTxnStuck
 from sidecar.kafka.source import SourceError
@@ -29,6 +29,7 @@ from sidecar.kafka.source import SourceError
         (KafkaClientError, SidecarError),
         (SourceError, KafkaClientError),
         (ShareGroupsUnavailable, SourceError),
+        (ShareGroupLimitUnsafe, SourceError),
         (CommitFailed, KafkaClientError),
         (DlqError, SidecarError),
         (DlqStartupError, DlqError),
@@ -53,6 +54,7 @@ def test_the_drawing_names_every_class() -> None:
         "AppRequestFailed",
         "SourceError",
         "ShareGroupsUnavailable",
+        "ShareGroupLimitUnsafe",
         "CommitFailed",
         "DlqStartupError",
         "DlqFatalError",
