@@ -266,6 +266,10 @@ class BatchAssembler(Generic[T]):
 
     def add(self, item: T) -> None:
         batches = self._open
+        if self.max_records == 1 and self._free and not batches:
+            self._free -= 1  # single mode with a worker free: straight to it
+            self._dispatch([item])
+            return
         if batches:
             tail = batches[-1]
             if len(tail.items) < self.max_records:
@@ -286,7 +290,7 @@ class BatchAssembler(Generic[T]):
         """A worker finished its request: give it the oldest due batch, if any."""
         self._free += 1
         if self._open:
-            self._dispatch_due(trio.current_time())
+            self._dispatch_due(trio.current_time() if self.max_records > 1 else 0.0)
 
     def _due(self, batch: _OpenBatch[T], now: float) -> bool:
         return len(batch.items) >= self.max_records or now >= batch.deadline
@@ -568,6 +572,10 @@ class Pipeline:
         if delivery is None:
             self.counters.expired_answers += 1
             return self._live.not_live_answer(delivery_id)
+        return self._apply(delivery, answer)
+
+    def _apply(self, delivery: Delivery, answer: Answer | AckItem) -> AckResult:
+        """`answer` for a delivery that is live (the caller checked)."""
         if isinstance(answer, Answer) and answer.ack == "deferred":
             return "ok"  # the app answers later through /v1/acks, before the lock expires
         ack = ACK_BY_WORD[answer.ack]
@@ -611,14 +619,15 @@ class Pipeline:
         Not reachable is not an attempt: the adapter decides whether they go again now (share:
         once the app is back, within the batch's lock) or back to their ledger (consumer).
         """
+        tracing = self.tracing
         while live := [d for d in items if self._live.get(d.id) is d]:
-            traced = [attempt_view(self.tracing, d.tracked, d.delivery_count, d.id) for d in live]
+            traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
             started = time.perf_counter()
             try:
                 if batch:
                     answers = await self.app.deliver_batch([v for v, _ in traced], timeout_s)
                 else:
-                    answers = {live[0].id: await self.app.deliver(traced[0][0], timeout_s)}
+                    single = await self.app.deliver(traced[0][0], timeout_s)
             except AppNotReachable as exc:
                 for d, (_view, actx) in zip(live, traced, strict=True):
                     end_attempt_span(actx, d.tracked, None)
@@ -634,12 +643,16 @@ class Pipeline:
                 raise
             self.counters.attempts += len(live)
             self._observe_app(time.perf_counter() - started)
+            if not batch:
+                answers = {live[0].id: single}
             for d, (_view, actx) in zip(live, traced, strict=True):
-                answer = answers.get(d.id) or Answer(
-                    "release", reason="missing from the batch answer"
-                )
-                end_attempt_span(actx, d.tracked, answer)
-                self.answer(d.id, answer)
+                answer = answers.get(d.id) or _MISSING_FROM_BATCH
+                if actx is not None:
+                    end_attempt_span(actx, d.tracked, answer)
+                if self._live.get(d.id) is d:  # not answered through /v1/acks meanwhile
+                    self._apply(d, answer)
+                else:
+                    self.counters.expired_answers += 1
             return
 
     # ------------------------------------------------------------------------- app reachability
@@ -777,6 +790,10 @@ class Pipeline:
             fields["trace_id"] = f"{last.trace_id:032x}"
             fields["span_id"] = f"{last.span_id:016x}"
         log.error("record archived", extra={"fields": fields})
+
+
+# A batch answer that leaves a record out releases it (an attempt, retried).
+_MISSING_FROM_BATCH = Answer("release", reason="missing from the batch answer")
 
 
 async def _probe(target: AppTarget) -> None:
