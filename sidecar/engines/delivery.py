@@ -9,8 +9,6 @@ Must not import either engine, the pipeline, the source or the daemon (the pipel
 
 from __future__ import annotations
 
-import dataclasses
-
 from sidecar.config import AppFormat, Config
 from sidecar.core.outcome import APP_NOT_REACHABLE, SHUTDOWN
 from sidecar.core.record import Tracked
@@ -46,9 +44,11 @@ def attempt_view(
     """The wire view of one attempt, and its CONSUMER span (None with tracing off).
 
     With tracing on, the view carries the attempt span's context to the app instead of the
-    producer's (the span is the producer's child).
+    producer's (the span is the producer's child). One view per attempt, built once: the span
+    comes first so the view is made with the context it carries.
     """
     rec = tracked.record
+    actx = tracing.start_attempt(rec, delivery_count, delivery_id) if tracing.enabled else None
     view = RecordView(
         topic=rec.topic,
         partition=rec.partition,
@@ -60,23 +60,10 @@ def attempt_view(
         headers=rec.headers,
         delivery_count=delivery_count,
         delivery_id=delivery_id,
-        traceparent=rec.traceparent,
-        tracestate=rec.tracestate,
+        traceparent=rec.traceparent if actx is None else actx.traceparent,
+        tracestate=rec.tracestate if actx is None else actx.tracestate,
     )
-    if not tracing.enabled:
-        return view, None
-    actx = tracing.start_attempt(
-        topic=rec.topic,
-        partition=rec.partition,
-        offset=rec.offset,
-        key=rec.key,
-        value_size=len(rec.value or b""),
-        delivery_count=delivery_count,
-        delivery_id=delivery_id,
-        traceparent=rec.traceparent,
-        tracestate=rec.tracestate,
-    )
-    return dataclasses.replace(view, traceparent=actx.traceparent, tracestate=actx.tracestate), actx
+    return view, actx
 
 
 def end_attempt_span(actx: AttemptContext | None, tracked: Tracked, answer: Answer | None) -> None:

@@ -5,9 +5,9 @@ ledgers plus the offset commit's metadata (``engine: consumer``, :mod:`sidecar.e
 broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That difference is a
 :class:`DeliveryState` adapter; everything else is here, once::
 
-    DeliveryState (intake) ──issue()/send()──▶ work channel ──▶ workers ──HTTP──▶ app
-          ▲                                                        │
-          │ answered()                                             ▼
+    DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ workers ──HTTP──▶ app
+          ▲                                                           │
+          │ answered()                                                ▼
           └───────────────────────── answer() ◀── the app's answer, or POST /v1/acks
     DeliveryState (archiving) ──dead_letter()──▶ DLQ writer ──confirmed──▶ DeliveryState
 
@@ -23,7 +23,9 @@ between two awaits, so each change is atomic):
 - ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
 - app reachability: the workers (not reachable) and the probe task (reachable again);
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
-- delivery state (ledgers, batches): only the adapter; the pipeline never touches it.
+- delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
+- the open app requests (:class:`BatchAssembler`): ``send`` adds, the workers take, the linger
+  timer sends what has waited its linger.
 
 Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
 exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
@@ -37,9 +39,10 @@ import logging
 import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 from opentelemetry import trace
@@ -210,6 +213,113 @@ class Engine(Protocol):
     ) -> None: ...
 
 
+T = TypeVar("T")
+
+
+@dataclass(slots=True, eq=False)
+class _OpenBatch(Generic[T]):
+    deadline: float  # trio time: its first record's arrival plus the linger
+    items: list[T]
+
+
+class BatchAssembler(Generic[T]):
+    """Deliveries into app requests, and requests to the workers that are free.
+
+    The rule (``app.mode: batch``): a batch goes to a worker when it holds ``max_records``, or
+    ``linger_s`` after its first record arrived, whichever comes first — at once if a worker is
+    free, else as soon as one is. Nothing else delays it: the linger is timed from the record's
+    arrival here (not from a worker's next wake), one timer task sleeps until the oldest open
+    batch's deadline and only while there is one, and a batch never waits for another batch's
+    linger. While every worker is busy, a due batch goes on filling up to ``max_records`` (what
+    arrives meanwhile rides along instead of forming near-empty batches behind it).
+
+    Records stay here, not in a worker, until their batch leaves: a worker that took one record
+    and then lingered (or waited for another worker's linger) is what made records wait many
+    lingers. Single mode is ``max_records`` 1: every record is a full batch, and no timer runs.
+    With linger 0 a batch is due at once but leaves after the adding task's next checkpoint, so
+    what one hand-out adds in one go shares a request.
+
+    Every method runs in the trio thread; `add` and `worker_free` never block.
+    """
+
+    def __init__(
+        self,
+        max_records: int,
+        linger_s: float,
+        workers: int,
+        dispatch: Callable[[list[T]], None],
+    ) -> None:
+        self.max_records = max_records
+        self.linger_s = linger_s
+        self._dispatch = dispatch
+        self._free = workers  # workers neither sending nor given a batch to send
+        self._open: deque[_OpenBatch[T]] = deque()
+        self._timer_wake = trio.Event()
+
+    @property
+    def needs_timer(self) -> bool:
+        return self.max_records > 1
+
+    def queued(self) -> int:
+        """Records waiting for their batch to leave."""
+        return sum(len(b.items) for b in self._open)
+
+    def add(self, item: T) -> None:
+        batches = self._open
+        if self.max_records == 1 and self._free and not batches:
+            self._free -= 1  # single mode with a worker free: straight to it
+            self._dispatch([item])
+            return
+        if batches:
+            tail = batches[-1]
+            if len(tail.items) < self.max_records:
+                tail.items.append(item)
+                if len(tail.items) == self.max_records and self._free:
+                    self._dispatch_due(trio.current_time())
+                return
+        if self.max_records == 1:
+            batches.append(_OpenBatch(0.0, [item]))
+            if self._free:
+                self._dispatch_due(0.0)
+            return
+        batches.append(_OpenBatch(trio.current_time() + self.linger_s, [item]))
+        if len(batches) == 1:
+            self._timer_wake.set()
+
+    def worker_free(self) -> None:
+        """A worker finished its request: give it the oldest due batch, if any."""
+        self._free += 1
+        if self._open:
+            self._dispatch_due(trio.current_time() if self.max_records > 1 else 0.0)
+
+    def _due(self, batch: _OpenBatch[T], now: float) -> bool:
+        return len(batch.items) >= self.max_records or now >= batch.deadline
+
+    def _dispatch_due(self, now: float) -> None:
+        batches = self._open
+        while batches and self._free and self._due(batches[0], now):
+            self._free -= 1
+            self._dispatch(batches.popleft().items)
+        if batches and not self._due(batches[0], now):
+            self._timer_wake.set()  # a new oldest batch: the timer sleeps until its deadline
+
+    async def run_timer(self) -> None:
+        """Send each batch when its linger is over (the timer task; runs until cancelled)."""
+        batches = self._open
+        while True:
+            now = trio.current_time()
+            if not batches or (self._due(batches[0], now) and not self._free):
+                # Nothing open, or the oldest batch is due and waits for a worker (`worker_free`
+                # sends it): sleep until something is added or a batch left.
+                self._timer_wake = trio.Event()
+                await self._timer_wake.wait()
+            elif self._due(batches[0], now):
+                self._dispatch_due(now)
+                await trio.lowlevel.checkpoint()
+            else:
+                await trio.sleep_until(batches[0].deadline)
+
+
 def dlq_writer_for(config: Config) -> DlqWriter:
     dlq = config.errors.dlq
     return DlqWriter(
@@ -248,9 +358,18 @@ class Pipeline:
         self._failure: str | None = None
         self._dlq_ready = not config.errors.dlq.enabled
         self._live: LiveIds[Delivery] = LiveIds(random_bytes)
-        self._work_send, self._work_recv = trio.open_memory_channel[Delivery](math.inf)
-        self.sending = 0  # deliveries handed to the workers whose request has not finished
-        self._batch_fill_lock = trio.Lock()
+        # Requests for the workers: the assembler hands one over only when a worker is free, so
+        # the channel holds at most one request per worker.
+        self._work_send, self._work_recv = trio.open_memory_channel[list[Delivery]](math.inf)
+        self.sending = 0  # deliveries handed over by `send` whose request has not finished
+        app = config.app
+        batch = app.mode == AppMode.BATCH
+        self._batches = BatchAssembler[Delivery](
+            app.batch_max_records if batch else 1,
+            app.batch_linger_ms / 1000,
+            app.max_in_flight,
+            self._work_send.send_nowait,
+        )
         self._app_reachable = True
         self._app_back = trio.Event()
         self.app_down_since: float | None = None
@@ -302,8 +421,7 @@ class Pipeline:
                 self._nursery = nursery
                 await nursery.start(self.dlq.run)
                 await nursery.start(self.state.run)
-                for _ in range(config.app.max_in_flight):
-                    nursery.start_soon(self._worker)
+                self.start_workers(nursery)
                 task_status.started()
                 await self._stop.wait()
                 self.state.stop_intake()
@@ -424,8 +542,10 @@ class Pipeline:
         return self._live.issue(lambda i: Delivery(i, tracked, delivery_count, ref))
 
     def send(self, delivery: Delivery) -> None:
+        """Hand a delivery to the workers: it leaves in the next request (batch mode: see
+        :class:`BatchAssembler` for when)."""
         self.sending += 1
-        self._work_send.send_nowait(delivery)
+        self._batches.add(delivery)
 
     def retire(self, delivery: Delivery) -> None:
         """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
@@ -452,6 +572,10 @@ class Pipeline:
         if delivery is None:
             self.counters.expired_answers += 1
             return self._live.not_live_answer(delivery_id)
+        return self._apply(delivery, answer)
+
+    def _apply(self, delivery: Delivery, answer: Answer | AckItem) -> AckResult:
+        """`answer` for a delivery that is live (the caller checked)."""
         if isinstance(answer, Answer) and answer.ack == "deferred":
             return "ok"  # the app answers later through /v1/acks, before the lock expires
         ack = ACK_BY_WORD[answer.ack]
@@ -470,30 +594,23 @@ class Pipeline:
 
     # ------------------------------------------------------------------------- workers
 
+    def start_workers(self, nursery: trio.Nursery) -> None:
+        """The `app.max.in.flight` workers and the batch linger timer, in `nursery`."""
+        for _ in range(self.config.app.max_in_flight):
+            nursery.start_soon(self._worker)
+        if self._batches.needs_timer:
+            nursery.start_soon(self._batches.run_timer)
+
     async def _worker(self) -> None:
-        app = self.config.app
-        timeout_s = app.timeout_ms / 1000
-        batch = app.mode == AppMode.BATCH
-        max_batch = app.batch_max_records
+        timeout_s = self.config.app.timeout_ms / 1000
+        batch = self.config.app.mode == AppMode.BATCH
         while True:
-            items = [await self._work_recv.receive()]
-            if batch:
-                # One worker fills a batch at a time; idle workers each lingering with one record
-                # would otherwise send many nearly empty batches.
-                async with self._batch_fill_lock:
-                    while len(items) < max_batch:
-                        try:
-                            items.append(self._work_recv.receive_nowait())
-                        except trio.WouldBlock:
-                            break
-                    if len(items) < max_batch and app.batch_linger_ms > 0:
-                        with trio.move_on_after(app.batch_linger_ms / 1000):
-                            while len(items) < max_batch:
-                                items.append(await self._work_recv.receive())
+            items = await self._work_recv.receive()
             try:
                 await self._deliver(items, timeout_s, batch)
             finally:
                 self.sending -= len(items)
+                self._batches.worker_free()
                 self.state.wake()
 
     async def _deliver(self, items: list[Delivery], timeout_s: float, batch: bool) -> None:
@@ -502,14 +619,15 @@ class Pipeline:
         Not reachable is not an attempt: the adapter decides whether they go again now (share:
         once the app is back, within the batch's lock) or back to their ledger (consumer).
         """
+        tracing = self.tracing
         while live := [d for d in items if self._live.get(d.id) is d]:
-            traced = [attempt_view(self.tracing, d.tracked, d.delivery_count, d.id) for d in live]
+            traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
             started = time.perf_counter()
             try:
                 if batch:
                     answers = await self.app.deliver_batch([v for v, _ in traced], timeout_s)
                 else:
-                    answers = {live[0].id: await self.app.deliver(traced[0][0], timeout_s)}
+                    single = await self.app.deliver(traced[0][0], timeout_s)
             except AppNotReachable as exc:
                 for d, (_view, actx) in zip(live, traced, strict=True):
                     end_attempt_span(actx, d.tracked, None)
@@ -525,12 +643,16 @@ class Pipeline:
                 raise
             self.counters.attempts += len(live)
             self._observe_app(time.perf_counter() - started)
+            if not batch:
+                answers = {live[0].id: single}
             for d, (_view, actx) in zip(live, traced, strict=True):
-                answer = answers.get(d.id) or Answer(
-                    "release", reason="missing from the batch answer"
-                )
-                end_attempt_span(actx, d.tracked, answer)
-                self.answer(d.id, answer)
+                answer = answers.get(d.id) or _MISSING_FROM_BATCH
+                if actx is not None:
+                    end_attempt_span(actx, d.tracked, answer)
+                if self._live.get(d.id) is d:  # not answered through /v1/acks meanwhile
+                    self._apply(d, answer)
+                else:
+                    self.counters.expired_answers += 1
             return
 
     # ------------------------------------------------------------------------- app reachability
@@ -670,6 +792,10 @@ class Pipeline:
         log.error("record archived", extra={"fields": fields})
 
 
+# A batch answer that leaves a record out releases it (an attempt, retried).
+_MISSING_FROM_BATCH = Answer("release", reason="missing from the batch answer")
+
+
 async def _probe(target: AppTarget) -> None:
     """Open and close one connection to the app: OSError (or TooSlowError) when nothing answers."""
     stream: trio.abc.Stream
@@ -687,6 +813,7 @@ def _ignore(_seconds: float) -> None:
 
 __all__ = [
     "AckResult",
+    "BatchAssembler",
     "Counters",
     "Delivery",
     "DeliveryState",

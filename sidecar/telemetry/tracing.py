@@ -14,8 +14,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -24,6 +23,8 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from sidecar.core.record import SourceRecord
 
 log = logging.getLogger("sidecar.tracing")
 
@@ -82,11 +83,22 @@ def exporter_name(config_exporter: str) -> str:
     return "none"
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptContext:
+# The parent of a record that carries no producer context: explicitly none. (With `context=None` the
+# SDK looks the current context up, three times per span, and would make the attempt a child of
+# whatever span happened to be current.)
+_NO_PARENT = Context()
+
+
+class AttemptContext(NamedTuple):
+    """An attempt's span, the W3C context the app is sent, and whether the span is recorded.
+
+    A named tuple: one is made per attempt (a frozen dataclass costs several times more).
+    """
+
     span: Span
     traceparent: str
     tracestate: str | None
+    recording: bool
 
 
 class Tracing:
@@ -101,6 +113,7 @@ class Tracing:
         processors: Sequence[SpanProcessor] = (),
     ) -> None:
         self.group = group
+        self._span_names: dict[str, str] = {}  # topic -> the attempt span's name
         name = exporter_name(exporter)
         span_exporter = _exporter(name)
         self.enabled = span_exporter is not None or bool(processors)
@@ -134,46 +147,51 @@ class Tracing:
         return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
     def start_attempt(
-        self,
-        *,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value_size: int,
-        delivery_count: int,
-        delivery_id: str,
-        traceparent: str | None,
-        tracestate: str | None,
+        self, record: SourceRecord, delivery_count: int, delivery_id: str
     ) -> AttemptContext:
-        parent = self.parent_context(traceparent, tracestate)
-        span = self.tracer.start_span(f"process {topic}", context=parent, kind=SpanKind.CONSUMER)
+        """The CONSUMER span of one attempt, a child of the producer's span when there is one.
+
+        A span the sampler drops costs what the SDK needs to decide and to give it ids (the app
+        is still sent its context, with the sampled flag off, so the app's spans honour the
+        decision), and nothing else: no attributes, and `end_attempt` returns at once.
+        """
+        parent = (
+            self.parent_context(record.traceparent, record.tracestate) or _NO_PARENT
+            if record.traceparent
+            else _NO_PARENT
+        )
+        topic = record.topic
+        name = self._span_names.get(topic)
+        if name is None:
+            name = self._span_names[topic] = f"process {topic}"
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.CONSUMER)
+        recording = span.is_recording()
         # Attributes only for spans that are recorded: with a ratio sampler most spans are not,
         # and building the dict was most of their cost. (The SDK's samplers decide on the trace
         # id and the parent, not on these attributes.)
-        if span.is_recording():
+        if recording:
             attributes: dict[str, Any] = {
                 A_SYSTEM: "kafka",
                 A_OPERATION_TYPE: "process",
                 A_OPERATION_NAME: "process",
                 A_DESTINATION: topic,
-                A_PARTITION: str(partition),
-                A_OFFSET: offset,
+                A_PARTITION: str(record.partition),
+                A_OFFSET: record.offset,
                 A_GROUP: self.group,
-                A_BODY_SIZE: value_size,
+                A_BODY_SIZE: len(record.value or b""),
                 A_DELIVERY_COUNT: delivery_count,
                 A_DELIVERY_ID: delivery_id,
             }
-            if key is not None:
+            if record.key is not None:
                 # Binary keys are not attributes (semantic conventions: UTF-8 strings only).
                 with contextlib.suppress(UnicodeDecodeError):
-                    attributes[A_KEY] = key.decode("utf-8")
+                    attributes[A_KEY] = record.key.decode("utf-8")
             span.set_attributes(attributes)
         # The W3C trace context for the app, formatted directly: the propagator's inject() goes
         # through a Context and a carrier for the same two strings.
         sc = span.get_span_context()
-        header = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
-        return AttemptContext(span, header, sc.trace_state.to_header() or None)
+        header = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+        return AttemptContext(span, header, sc.trace_state.to_header() or None, recording)
 
     @staticmethod
     def end_attempt(
@@ -182,6 +200,8 @@ class Tracing:
         error_class: str | None = None,
         error_message: str | None = None,
     ) -> None:
+        if not ctx.recording:
+            return  # nothing to set, and ending a span that is not recorded does nothing
         span = ctx.span
         span.set_attribute(A_OUTCOME, outcome)
         if error_class or outcome in ("release", "reject", "not_attempted"):
