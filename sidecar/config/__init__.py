@@ -43,12 +43,12 @@ from sidecar.config.values import (
     LoggingConfig,
     LogLevel,
     MetricsConfig,
-    Ordering,
     SourceConfig,
     StatusAck,
     TracingConfig,
     TracingExporter,
 )
+from sidecar.core.ledger import Ordering  # the one copy: the ledger's
 
 __all__ = [
     "ApiConfig",

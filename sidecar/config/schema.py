@@ -49,12 +49,12 @@ from sidecar.config.values import (
     LoggingConfig,
     LogLevel,
     MetricsConfig,
-    Ordering,
     SourceConfig,
     StatusAck,
     TracingConfig,
     TracingExporter,
 )
+from sidecar.core.ledger import Ordering
 
 # --------------------------------------------------------------------------------------------
 # Custom readers

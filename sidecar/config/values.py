@@ -4,7 +4,7 @@ Defaults live here only: a key is required exactly when its attribute has no def
 `sidecar.config.schema`), so the two can never disagree. The values are immutable, compare by
 value, and derive what they can (`AppConfig.host`, `ApiConfig.address`) with `sidecar.config.syntax`.
 
-Imports: the standard library and `sidecar.config.syntax`; `Config.to_dict` imports
+Imports: the standard library, `sidecar.config.syntax` and `sidecar.core.ledger` (its `Ordering`, the one copy); `Config.to_dict` imports
 `sidecar.config.dump` when called (the dump reads the key tables, which are built from these
 classes). Nothing outside `sidecar.config`.
 """
@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
+from sidecar.core.ledger import Ordering
 
 # --------------------------------------------------------------------------------------------
 # Enumerations (string enums: they compare equal to, and format as, their YAML spelling)
@@ -26,12 +27,6 @@ from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
 class Engine(StrEnum):
     CONSUMER = "consumer"
     SHARE = "share"
-
-
-class Ordering(StrEnum):
-    KEY = "key"
-    PARTITION = "partition"
-    NONE = "none"
 
 
 class AppMode(StrEnum):

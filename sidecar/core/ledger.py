@@ -145,7 +145,9 @@ class RecordState(enum.Enum):
     ARCHIVED = "archived"
 
 
-class Ordering(enum.Enum):
+class Ordering(enum.StrEnum):
+    """`ordering` (SPEC §4); the configuration uses this enum too, so there is one copy."""
+
     KEY = "key"
     PARTITION = "partition"
     NONE = "none"
