@@ -593,10 +593,14 @@ class ConsumerGroupEngine:
                     self._hand_out(acquired)
             self._start_archiving()
             self._apply_flow_control()
-            if self.horizon and any(
-                s.ledger.horizon_wanted() is not None for s in self.slots.values()
-            ):
-                self._commit_wake.set()
+            if self.horizon:
+                wanted = [s for s in self.slots.values() if s.ledger.horizon_wanted() is not None]
+                if wanted:
+                    self._commit_wake.set()
+                    if any(s.ledger.horizon_status().held for s in wanted):
+                        # The horizon commit fell behind the hand-outs (near saturation): records
+                        # wait on it, so queued commits must not wait out a blocking poll.
+                        self.source.mark_busy()
             wait_s = self._next_wait_s(now_ms(), may_acquire)
             await self._wait_kick(wait_s)
 
