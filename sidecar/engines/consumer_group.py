@@ -2,8 +2,9 @@
 
 The pipeline (:mod:`sidecar.pipeline`) sends records to the app and applies answers; this adapter owns
 the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
-the write-ahead commit of delivery counts, offset commits with the delivery state in their metadata,
-and the optional transactional DLQ::
+crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
+stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
+commits with the delivery state in their metadata, and the optional transactional DLQ::
 
     source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline workers ──▶ app
                                              ▲                                       │
@@ -17,17 +18,25 @@ and runs in the trio thread, so no two transitions interleave:
 
     task                              ledger calls
     source callbacks (via trio)       add (on_messages), revoke (on_revoked, on_lost), opening a slot
-    scheduler                         expire, acquire, to_archive, should_pause / may_resume
-    hand-out                          not_attempted (write-ahead commit failed: not sent)
+    scheduler                         expire, acquire, to_archive, should_pause / may_resume,
+                                      isolate (horizon mode, nothing in flight in the process)
+    hand-out (write-ahead mode)       not_attempted (write-ahead commit failed: not sent)
     workers, API request (answered)   answer
     workers (not_reached)             not_attempted
     archive tasks                     dlq_written (plain DLQ or none)
     txn_loop                          dlq_written (inside the transaction), revoke (fatal)
-    commits (all of the above)        committable_offset, encode_metadata (reads)
+    commits (all of the above)        commit_point, committed (horizon mode: may release an
+                                      isolated attempt), committable_offset, encode_metadata
 
 Invariants kept here (the ledger keeps the rest):
-- delivery counts are persisted *before* a record is handed to the app (write-ahead commit of the acquired
-  batch), so a record that kills the sidecar on every attempt still reaches the DLQ after `limit` attempts;
+- horizon mode (the default, SPEC §3): no record waits for a commit in steady state; while any
+  partition's isolation pass has a suspect ready, charged, in flight or settling, nothing is acquired
+  on any partition, and a suspect is isolated only with nothing in flight in the process, so a death
+  charges exactly the isolated record (a killer reaches the DLQ after at most `limit + 1` deaths);
+  commit points are made and committed one at a time, in order (`_commit_guard`); a revoke or a
+  clean stop lets in-flight answers come first, then revokes, then commits the final state;
+- write-ahead mode: delivery counts are persisted *before* a record is handed to the app (group
+  commit of the acquired batch), so every record in flight at a death is charged that attempt;
 - the committed offset is the ledger's committable offset: never past a record that is not done, and a DLQ
   record is confirmed by the broker before its record counts as done;
 - a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
@@ -160,7 +169,7 @@ class _TxnItem:
 
 
 class ConsumerGroupEngine:
-    """The `DeliveryState` of a consumer group: ledgers, write-ahead counts, commits (see above)."""
+    """The `DeliveryState` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
     kind = "consumer"
 
