@@ -13,6 +13,10 @@ offsets — and reports:
 - deliveries beyond the bound (`limit + crashes`: SPEC §3 allows one lost attempt per crash);
 - DLQ mismatches: wrong headers, payload not the original (copy mode) or present when it must not be;
 - unexpected DLQ records: dead-lettered although the app never refused the record;
+- counts charged by a crash (`crash_charged`, informational): a delivery whose count is above one plus
+  the earlier answers that count an attempt (anything but accept, or an answer the sidecar's death
+  swallowed: `unanswered`, `killed`). SPEC §3 promises none except for the record that kills the sidecar;
+  a scenario whose app answers are all seen by the sidecar asserts the list holds that record alone;
 - the distribution of deliveries per record.
 
 `check()` is pure: journal plus observed Kafka state in, `Report` out. `observe()` reads the Kafka side with
@@ -52,6 +56,9 @@ H_MESSAGE = "__dlq.errors.message"
 H_COPY_DROPPED = "__dlq.errors.copy.dropped"
 
 ACCEPT = "accept"
+# Journal answers that do not count an attempt: accepted, or never answered because the sidecar died
+# (a deferred delivery left open, or the delivery that killed it).
+UNCHARGED_ANSWERS = frozenset({ACCEPT, "unanswered", "killed"})
 
 
 def digest(data: bytes | None) -> str | None:
@@ -260,6 +267,8 @@ class Report:
         0  # at-least-once: seen again after an accept (a crash ate the commit)
     )
     count_repeats: int = 0  # a delivery count seen twice for one record (lost write-ahead state)
+    # Records whose delivery count went up with no answer counting an attempt (a crash charged them).
+    crash_charged: list[Coord] = field(default_factory=list)
     distribution: dict[int, int] = field(default_factory=dict)  # deliveries per record -> records
     faults: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
@@ -299,6 +308,7 @@ class Report:
             "duplicates_allowed": self.duplicates_allowed,
             "redelivered_after_accept": self.redelivered_after_accept,
             "count_repeats": self.count_repeats,
+            "crash_charged": [list(c) for c in self.crash_charged[:200]],
             "distribution": {str(k): v for k, v in sorted(self.distribution.items())},
             "faults": dict(sorted(self.faults.items())),
             "violations": self.counts(),
@@ -322,6 +332,7 @@ class Report:
             ("DLQ copies dropped (too large)", self.dlq_copies_dropped),
             ("redelivered after accept", self.redelivered_after_accept),
             ("delivery count repeats", self.count_repeats),
+            ("counts charged by a crash", len(self.crash_charged)),
         ]
         rows += [(f"VIOLATION {k}", n) for k, n in self.counts().items()]
         width = max(len(r[0]) for r in rows)
@@ -479,6 +490,20 @@ def check(journal: Journal, observed: Observed, *, extra_allowance: int = 0) -> 
             )
         if len(counts) != len(set(counts)):
             report.count_repeats += 1
+        charged = 0  # earlier answers that count an attempt
+        for d in ds:
+            if d.count > charged + 1:
+                report.crash_charged.append(coord)
+                report.findings.append(
+                    Finding(
+                        "crash_charged",
+                        coord,
+                        f"delivery count {d.count} after {charged} answers that count an attempt",
+                    )
+                )
+                break
+            if d.answer not in UNCHARGED_ANSWERS:
+                charged += 1
         first_accept = next((i for i, d in enumerate(ds) if d.answer == ACCEPT), None)
         if first_accept is not None and first_accept < len(ds) - 1:
             report.redelivered_after_accept += 1

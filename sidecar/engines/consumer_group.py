@@ -2,8 +2,9 @@
 
 The pipeline (:mod:`sidecar.pipeline`) sends records to the app and applies answers; this adapter owns
 the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
-the write-ahead commit of delivery counts, offset commits with the delivery state in their metadata,
-and the optional transactional DLQ::
+crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
+stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
+commits with the delivery state in their metadata, and the optional transactional DLQ::
 
     source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline workers ──▶ app
                                              ▲                                       │
@@ -17,17 +18,25 @@ and runs in the trio thread, so no two transitions interleave:
 
     task                              ledger calls
     source callbacks (via trio)       add (on_messages), revoke (on_revoked, on_lost), opening a slot
-    scheduler                         expire, acquire, to_archive, should_pause / may_resume
-    hand-out                          not_attempted (write-ahead commit failed: not sent)
+    scheduler                         expire, acquire, to_archive, should_pause / may_resume,
+                                      isolate (horizon mode, nothing in flight in the process)
+    hand-out (write-ahead mode)       not_attempted (write-ahead commit failed: not sent)
     workers, API request (answered)   answer
     workers (not_reached)             not_attempted
     archive tasks                     dlq_written (plain DLQ or none)
     txn_loop                          dlq_written (inside the transaction), revoke (fatal)
-    commits (all of the above)        committable_offset, encode_metadata (reads)
+    commits (all of the above)        commit_point, committed (horizon mode: may release an
+                                      isolated attempt), committable_offset, encode_metadata
 
 Invariants kept here (the ledger keeps the rest):
-- delivery counts are persisted *before* a record is handed to the app (write-ahead commit of the acquired
-  batch), so a record that kills the sidecar on every attempt still reaches the DLQ after `limit` attempts;
+- horizon mode (the default, SPEC §3): no record waits for a commit in steady state; while any
+  partition's isolation pass has a suspect ready, charged, in flight or settling, nothing is acquired
+  on any partition, and a suspect is isolated only with nothing in flight in the process, so a death
+  charges exactly the isolated record (a killer reaches the DLQ after at most `limit + 1` deaths);
+  commit points are made and committed one at a time, in order (`_commit_guard`); a revoke or a
+  clean stop lets in-flight answers come first, then revokes, then commits the final state;
+- write-ahead mode: delivery counts are persisted *before* a record is handed to the app (group
+  commit of the acquired batch), so every record in flight at a death is charged that attempt;
 - the committed offset is the ledger's committable offset: never past a record that is not done, and a DLQ
   record is confirmed by the broker before its record counts as done;
 - a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
@@ -53,7 +62,8 @@ from confluent_kafka import KafkaException, Message, TopicPartition
 from sidecar.config import AppMode, Config
 from sidecar.core import ledger as L
 from sidecar.core.backoff import RetryPolicy
-from sidecar.core.commitstate import decode as decode_state
+from sidecar.core.commitstate import DEFAULT_MAX_ENTRIES, CommitStateError
+from sidecar.core.commitstate import parse as parse_state
 from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.errors import CommitFailed
 from sidecar.core.outcome import Ack, error_info
@@ -102,6 +112,22 @@ def default_transactional_id(config: Config) -> str:
     return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
 
 
+def horizon_window(config: Config) -> int:
+    """How far (in offsets) the committed horizon runs ahead of a partition's hand-outs.
+
+    A commit is wanted when half of it is used, so the commit has half a window of hand-outs to
+    land: with the poll thread's 100 ms timeout and a round trip, 64 offsets last ~370 ms at 1,000
+    records/s over 6 partitions. The window is also how many never-delivered records an unclean
+    stop leaves as suspects, each isolated alone (an app round trip and a commit) after a
+    restart; so it follows what the app can take at once (twice its in-flight capacity, at least
+    64), within `share.partition.max.record.locks` and `max.in.flight.records`.
+    """
+    d = config.delivery
+    app = config.app
+    capacity = app.max_in_flight * (app.batch_max_records if app.mode == AppMode.BATCH else 1)
+    return max(2, min(d.partition_max_record_locks, d.max_in_flight_records, max(64, 2 * capacity)))
+
+
 def now_ms() -> int:
     # The ledger wants a clock that never goes backwards.
     return time.monotonic_ns() // 1_000_000
@@ -120,6 +146,15 @@ class _Slot:
     # Transactional mode: the ledger counts records of a DLQ transaction that has not committed
     # (yet) as done, so its state must not be committed outside that transaction.
     txn_uncommitted: bool = False
+    # Horizon mode: an isolation pass is under way (logged at its start and end).
+    in_pass: bool = False
+    # Horizon mode: the restored state has suspects to come (up to this offset); None once every
+    # fetched record is past it and the pass is over, so steady state checks nothing per turn.
+    suspect_top: int | None = None
+
+
+# One partition's commit: what goes to the broker, and (horizon mode) the ledger's commit point.
+_Pending = tuple[_Slot, OffsetToCommit, "L.CommitPoint | None"]
 
 
 @dataclass(slots=True, eq=False)
@@ -134,11 +169,11 @@ class _TxnItem:
 
 
 class ConsumerGroupEngine:
-    """The `DeliveryState` of a consumer group: ledgers, write-ahead counts, commits (see above)."""
+    """The `DeliveryState` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
     kind = "consumer"
 
-    def __init__(self, pipe: Pipeline, *, write_ahead: bool = True) -> None:
+    def __init__(self, pipe: Pipeline, *, write_ahead: bool = False) -> None:
         config = pipe.config
         self.pipe = pipe
         self.config = config
@@ -159,7 +194,14 @@ class ConsumerGroupEngine:
                 jitter=d.retry_delay_jitter,
             ),
             metadata_max_bytes=config.offset_metadata_max_bytes,
+            crash_accounting=(
+                L.CrashAccounting.WRITE_AHEAD if write_ahead else L.CrashAccounting.HORIZON
+            ),
+            horizon_window=horizon_window(config),
         )
+        self.horizon = not write_ahead
+        # Decoding bound: the default fits the default buffer; a larger buffer writes more.
+        self._max_entries = max(DEFAULT_MAX_ENTRIES, 2 * d.max_buffered_records_per_partition + 2)
         dlq = config.errors.dlq
         self.transactional = dlq.transactional_enable and dlq.enabled
         if self.transactional:
@@ -167,7 +209,8 @@ class ConsumerGroupEngine:
         self._txn_items: list[_TxnItem] = []
         self._txn_wake = trio.Event()
         self._commit_guard = trio.Lock()
-        self._dlq_write_done = trio.Event()
+        # Something a revoke waits for finished (a DLQ write; horizon mode: an answer, an expiry).
+        self._revoke_progress = trio.Event()
         self.source = KafkaSource(config.kafka, config.source.topics, self)
         self.slots: dict[PartitionKey, _Slot] = {}
         self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
@@ -186,6 +229,8 @@ class ConsumerGroupEngine:
         )
         self._rr = 0
         self._nursery: trio.Nursery | None = None
+        # Horizon mode: a partition wants a commit (its horizon, or an isolated record's count).
+        self._commit_wake = trio.Event()
 
     # ----------------------------------------------------------------------------- DeliveryState
 
@@ -269,8 +314,23 @@ class ConsumerGroupEngine:
 
     def status_fields(self) -> dict[str, Any]:
         since = self.commit_failing_since
-        # Seconds every commit has been failing (null: the last one succeeded).
-        return {"commits_failing_s": None if since is None else round(time.monotonic() - since, 3)}
+        out: dict[str, Any] = {
+            # Seconds every commit has been failing (null: the last one succeeded).
+            "commits_failing_s": None if since is None else round(time.monotonic() - since, 3),
+            "crash_accounting": "horizon" if self.horizon else "write_ahead",
+        }
+        out.update(self.isolation_summary())
+        return out
+
+    def isolation_summary(self) -> dict[str, Any]:
+        """Crash isolation across the assigned partitions (`/v1/status`, metrics)."""
+        statuses = [s.ledger.horizon_status() for s in self.slots.values()]
+        return {
+            "isolation_active": any(h.pass_active for h in statuses),
+            "suspects_left": sum(h.suspects_left for h in statuses),
+            "suspects_total": sum(h.suspects_total for h in statuses),
+            "isolated_total": sum(h.isolated_total for h in statuses),
+        }
 
     def partitions(self) -> list[dict[str, Any]]:
         lag = self.source.lag() if not self.pipe.stopping else {}
@@ -278,6 +338,7 @@ class ConsumerGroupEngine:
         out = []
         for (topic, partition), slot in sorted(self.slots.items()):
             st = slot.ledger.statistics()
+            hz = slot.ledger.horizon_status()
             out.append(
                 {
                     "topic": topic,
@@ -289,6 +350,11 @@ class ConsumerGroupEngine:
                     "archiving": st.archiving,
                     "paused": (topic, partition) in paused,
                     "lag": lag.get((topic, partition)),
+                    "horizon_committed": hz.horizon_committed,
+                    "isolation": hz.isolation.value,
+                    "suspects_left": hz.suspects_left,
+                    "suspects_total": hz.suspects_total,
+                    "isolated_total": hz.isolated_total,
                 }
             )
         for topic, partition in sorted(self._pending_assign):
@@ -331,13 +397,19 @@ class ConsumerGroupEngine:
     def _open_slot(self, key: PartitionKey, start_offset: int, metadata: str | None) -> _Slot:
         restored = None
         if metadata:
-            restored = decode_state(metadata)
-            if restored is None:
+            try:
+                restored = parse_state(metadata, max_entries=self._max_entries)
+            except CommitStateError as exc:
                 log.warning(
-                    "commit metadata of %s[%d] is not ours or is corrupt; starting without delivery state",
+                    "commit metadata of %s[%d] is unusable (%s); delivering from the committed "
+                    "offset %d without delivery state",
                     key[0],
                     key[1],
+                    exc,
+                    start_offset,
                 )
+            if restored is None:
+                pass
             elif restored.base_offset != start_offset:
                 log.warning(
                     "commit metadata of %s[%d] is for offset %d, not the committed %d; ignoring it",
@@ -352,6 +424,9 @@ class ConsumerGroupEngine:
             key[0], key[1], start_offset, self.ledger_config, restored=restored, epoch=self._epoch
         )
         slot = _Slot(ledger)
+        top = restored.horizon if self.horizon and restored is not None else None
+        if top is not None and top >= start_offset:
+            slot.suspect_top = top
         self.slots[key] = slot
         return slot
 
@@ -368,10 +443,15 @@ class ConsumerGroupEngine:
             gone = {id(s) for s in revoking}
             self._return_unsent([(s, a) for s, a in self._awaiting if id(s) in gone])
             self._awaiting = [(s, a) for s, a in self._awaiting if id(s) not in gone]
+        # Horizon mode: let the app answer what is in flight too (within the same bound), so the
+        # next owner has no isolation pass for them; an answer lost here costs a pass, no count.
         with trio.move_on_after(REVOKE_DLQ_WAIT_S):
-            while any(s.dlq_writes for s in revoking) and not self.pipe.stopping:
-                self._dlq_write_done = trio.Event()
-                await self._dlq_write_done.wait()
+            while (
+                any(s.dlq_writes or (self.horizon and s.ledger.in_flight) for s in revoking)
+                and not self.pipe.stopping
+            ):
+                self._revoke_progress = trio.Event()
+                await self._revoke_progress.wait()
         for key in partitions:
             self._pending_assign.pop(key, None)
             slot = self.slots.pop(key, None)
@@ -475,9 +555,14 @@ class ConsumerGroupEngine:
                     self.pipe.lock_expired(
                         slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
                     )
+                    if slot.revoking:
+                        self._revoke_progress.set()
             acquired: list[tuple[_Slot, L.Attempt]] = []
             may_acquire = False  # every partition was offered room: no retry time is pending
-            if pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
+            exclusive = self.horizon and self._isolation_step(now)
+            if exclusive:
+                pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
+            elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
                 # Acquire no more than the workers can send right away: an acquired record's
                 # attempt is counted (and persisted) before it is sent, so one that waited in a
                 # queue while the process crashed would be charged an attempt it never had.
@@ -505,7 +590,9 @@ class ConsumerGroupEngine:
                     budget -= len(got)
                     acquired.extend((slot, a) for a in got)
                 may_acquire = budget > 0
-            if acquired or pipe.in_flight_records():
+            if not self.horizon and (acquired or pipe.in_flight_records()):
+                # Write-ahead commits are on the records' path: keep the poll thread's
+                # consume() timeouts short while records flow.
                 self.source.mark_busy()
             if acquired:
                 if self.write_ahead:
@@ -515,8 +602,89 @@ class ConsumerGroupEngine:
                     self._hand_out(acquired)
             self._start_archiving()
             self._apply_flow_control()
+            if self.horizon:
+                wanted = [s for s in self.slots.values() if s.ledger.horizon_wanted() is not None]
+                if wanted:
+                    self._commit_wake.set()
+                    if any(s.ledger.horizon_status().held for s in wanted):
+                        # The horizon commit fell behind the hand-outs (near saturation): records
+                        # wait on it, so queued commits must not wait out a blocking poll.
+                        self.source.mark_busy()
             wait_s = self._next_wait_s(now_ms(), may_acquire)
             await self._wait_kick(wait_s)
+
+    def _isolation_step(self, now: int) -> bool:
+        """Horizon mode: run the isolation passes; True while no partition may acquire.
+
+        The exclusivity rule the ledger cannot see: while any partition's suspect is ready,
+        charged, in flight or settling, nothing is acquired anywhere (a death must charge only
+        the isolated record), and a suspect is isolated only with nothing in flight in the whole
+        process and no other partition's isolated outcome waiting for its commit.
+        """
+        blocking = False
+        candidates: list[_Slot] = []
+        for slot in self.slots.values():
+            if slot.suspect_top is None:
+                continue
+            ledger = slot.ledger
+            if not ledger.statistics().isolation_active:
+                if slot.in_pass:
+                    self._pass_over(slot)
+                if ledger.committable_offset() > slot.suspect_top:
+                    slot.suspect_top = None  # every suspect is done: nothing more to isolate
+                continue
+            status = ledger.horizon_status()
+            if not slot.in_pass and status.pass_active:
+                slot.in_pass = True
+                log.info(
+                    "isolation pass on %s[%d]: %d suspects (records that may have been in flight "
+                    "at an unclean stop) delivered one at a time",
+                    ledger.topic,
+                    ledger.partition,
+                    status.suspects_left,
+                )
+            elif slot.in_pass and not status.pass_active:
+                self._pass_over(slot)
+            phase = status.isolation
+            if phase is L.IsolationPhase.WAITING or phase is L.IsolationPhase.NONE:
+                continue
+            blocking = True
+            if ledger.wants_isolation and not slot.revoking:
+                candidates.append(slot)
+        if not blocking:
+            return False
+        # Commits are on the isolated records' path: keep the poll thread's timeouts short.
+        self.source.mark_busy()
+        pipe = self.pipe
+        idle = pipe.in_flight_records() == 0 and pipe.sending == 0
+        if not candidates or not idle or not pipe.app_reachable or pipe.draining:
+            return True
+        for slot in candidates:
+            others_busy = any(
+                o is not slot
+                and o.ledger.horizon_status().isolation
+                in (L.IsolationPhase.CHARGED, L.IsolationPhase.IN_FLIGHT, L.IsolationPhase.SETTLING)
+                for o in self.slots.values()
+            )
+            if others_busy:
+                continue
+            if any(o.ledger.in_flight for o in self.slots.values()):
+                break
+            slot.ledger.isolate(now)
+            self._commit_wake.set()
+            break
+        return True
+
+    def _pass_over(self, slot: _Slot) -> None:
+        slot.in_pass = False
+        status = slot.ledger.horizon_status()
+        log.info(
+            "isolation pass over on %s[%d]: %d suspects, %d isolated deliveries; normal delivery",
+            slot.ledger.topic,
+            slot.ledger.partition,
+            status.suspects_total,
+            status.isolated_total,
+        )
 
     def _next_wait_s(self, now: int, may_acquire: bool) -> float:
         # A retry time that has come only matters when a record could be acquired now: with no
@@ -535,9 +703,11 @@ class ConsumerGroupEngine:
             )
             is not None
         ]
+        # Every change that matters kicks the scheduler; the cap is only a safety net.
+        cap_s = 0.5 if not self.horizon else 5.0
         if not deadlines:
-            return 0.5
-        return min(0.5, max(0.0, (min(deadlines) - now) / 1000))
+            return cap_s
+        return min(cap_s, max(0.0, (min(deadlines) - now) / 1000))
 
     async def _hand_out_loop(self) -> None:
         """Commit the delivery counts of acquired records, then hand them to the workers.
@@ -600,6 +770,8 @@ class ConsumerGroupEngine:
             return "unknown"
         if ack is not Ack.RENEW:
             slot.live.pop(attempt.attempt_id, None)
+            if slot.revoking:
+                self._revoke_progress.set()
         return "ok"
 
     async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
@@ -629,7 +801,7 @@ class ConsumerGroupEngine:
             await self._archive(slot, req)
         finally:
             slot.dlq_writes -= 1
-            self._dlq_write_done.set()
+            self._revoke_progress.set()
 
     async def _archive(self, slot: _Slot, req: L.ArchiveRequest) -> None:
         async def write(failed: FailedRecord, dlq_topic: str) -> bool:
@@ -748,13 +920,13 @@ class ConsumerGroupEngine:
             slots[id(it.slot)] = it.slot
         pending = self._commit_offsets(list(slots.values()), force=True)
         tps = [
-            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata) for _, o in pending
+            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
+            for _, o, _ in pending
         ]
         await self.dlq.txn_commit(tps, self.source.group_metadata())
         for sl in slots.values():
             sl.txn_uncommitted = False
-        for sl, o in pending:
-            sl.last_commit = (o.offset, o.metadata)
+        self._confirmed(pending)
         self.counters.commits += 1
 
     async def _txn_produce_all(self, batch: list[_TxnItem]) -> None:
@@ -801,21 +973,46 @@ class ConsumerGroupEngine:
 
     # ----------------------------------------------------------------------------- commits
 
-    def _commit_offsets(
-        self, slots: Sequence[_Slot], force: bool
-    ) -> list[tuple[_Slot, OffsetToCommit]]:
-        out: list[tuple[_Slot, OffsetToCommit]] = []
+    def _commit_offsets(self, slots: Sequence[_Slot], force: bool) -> list[_Pending]:
+        """What to commit for `slots` (horizon mode: each one's commit point, see `_confirmed`).
+
+        Points are made and committed one at a time, in order, under the commit guard: a horizon
+        committed after a higher one would take hand-outs back.
+        """
+        out: list[_Pending] = []
         for slot in slots:
             if not self._still_owned(slot):
                 continue
-            offset = slot.ledger.committable_offset()
-            metadata = slot.ledger.encode_metadata()
-            if not force and slot.last_commit == (offset, metadata):
+            ledger = slot.ledger
+            point: L.CommitPoint | None = None
+            must = force
+            if self.horizon and not ledger.revoked:
+                must = must or ledger.horizon_wanted() is not None
+                point = ledger.commit_point()
+                offset, metadata = point.offset, point.metadata
+            else:
+                offset = ledger.committable_offset()
+                metadata = ledger.encode_metadata()
+            if not must and slot.last_commit == (offset, metadata):
                 continue
             out.append(
-                (slot, OffsetToCommit(slot.ledger.topic, slot.ledger.partition, offset, metadata))
+                (slot, OffsetToCommit(ledger.topic, ledger.partition, offset, metadata), point)
             )
         return out
+
+    def _confirmed(self, pending: Sequence[_Pending]) -> None:
+        """The broker has these commits: record them, and send the isolated records they allow."""
+        now = now_ms()
+        released: list[tuple[_Slot, L.Attempt]] = []
+        for slot, o, point in pending:
+            slot.last_commit = (o.offset, o.metadata)
+            if point is not None and self._still_owned(slot) and not slot.ledger.revoked:
+                attempt = slot.ledger.committed(point, now)
+                if attempt is not None:
+                    released.append((slot, attempt))
+        if released:
+            self._hand_out(released)
+        self.kick()
 
     async def _commit_slots(self, slots: Sequence[_Slot], force: bool = False) -> bool:
         async with self._commit_guard:
@@ -826,7 +1023,7 @@ class ConsumerGroupEngine:
         if not pending:
             return True
         try:
-            await self._send_commit([o for _, o in pending])
+            await self._send_commit([o for _, o, _ in pending])
         except CommitFailed as exc:  # retried by the next commit: redelivery, never loss
             self.counters.commit_failures += 1
             if self.commit_failing_since is None:
@@ -835,8 +1032,7 @@ class ConsumerGroupEngine:
             return False
         self.counters.commits += 1
         self.commit_failing_since = None
-        for slot, o in pending:
-            slot.last_commit = (o.offset, o.metadata)
+        self._confirmed(pending)
         return True
 
     async def _send_commit(self, offsets: list[OffsetToCommit]) -> None:
@@ -847,17 +1043,38 @@ class ConsumerGroupEngine:
             raise CommitFailed(str(exc)) from exc
 
     async def _committer(self) -> None:
+        """Periodic commits, and (horizon mode) a commit as soon as a partition wants one.
+
+        A wanted commit (the horizon, an isolated record's count or outcome) goes out at once and
+        asynchronously: hand-outs go on up to the horizon already committed meanwhile.
+        """
         interval_s = self.config.commit_interval_ms / 1000
+        next_periodic = trio.current_time() + interval_s
         while not self.pipe.stopping:
-            await trio.sleep(interval_s)
-            await self._commit_slots(list(self.slots.values()))
+            with trio.move_on_at(next_periodic):
+                await self._commit_wake.wait()
+            self._commit_wake = trio.Event()
+            slots = list(self.slots.values())
+            if trio.current_time() >= next_periodic:
+                next_periodic = trio.current_time() + interval_s
+            else:
+                slots = [s for s in slots if s.ledger.horizon_wanted() is not None]
+            if slots and not await self._commit_slots(slots):
+                await trio.sleep(0.1)  # failing: retried soon, not in a tight loop
+                self._commit_wake.set()
 
     async def commit_all(self) -> None:
         if self.pipe.stopping and self._awaiting:
             # Stopping: records still waiting for their write-ahead commit were never sent.
             batch, self._awaiting = self._awaiting, []
             self._return_unsent(batch)
+        if self.horizon and self.pipe.stopping:
+            # A clean stop is a revoke of every partition (after the drain let the app answer):
+            # the final state's horizon covers only what is unsettled, so the next owner has no
+            # isolation pass unless answers were lost.
+            for slot in self.slots.values():
+                self._close_slot(slot)
         await self._commit_slots(list(self.slots.values()))
 
 
-__all__ = ["ConsumerGroupEngine", "default_transactional_id", "now_ms"]
+__all__ = ["ConsumerGroupEngine", "default_transactional_id", "horizon_window", "now_ms"]

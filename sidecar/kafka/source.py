@@ -407,12 +407,16 @@ class KafkaSource:
                 await trio.to_thread.run_sync(self._run_commands, consumer)
 
     def _poll_step(self, consumer: Consumer) -> list[Message]:
-        """One turn of the poll thread: queued consumer calls first, then one short consume().
+        """One turn of the poll thread: queued consumer calls first, then one blocking poll.
 
         Every call on the consumer handle happens here, on one thread. confluent-kafka serialises
         calls on a handle, and a commit issued from another thread while consume() loops would wait
         for consume() to let go — several poll timeouts, or much longer. Queued calls instead wait at
-        most one consume() timeout, which is kept short while calls are queued or records flow.
+        most one poll timeout (`poll_timeout_s`, 100 ms). That is off the records' path: commit
+        results come back through librdkafka's callback, served inside the blocking poll, and the
+        horizon commits run half a window ahead of the hand-outs. Only while a caller has records
+        waiting on each commit (`mark_busy`: an isolation pass, or write-ahead commits) is the
+        timeout kept at 1 ms; otherwise an idle sidecar wakes ten times a second.
         """
         while True:
             self._run_commands(consumer)
@@ -434,15 +438,12 @@ class KafkaSource:
                 return messages  # hand control back to trio now and then (shutdown checks)
 
     def _busy(self) -> bool:
-        # Commit results are served by consume()/poll(): keep their timeouts short while any is due.
-        return (
-            bool(self._commands)
-            or bool(self._commit_waiters)
-            or time.monotonic() < self._busy_until
-        )
+        # Commit results need no short timeout: their callback is served inside a blocking poll.
+        return bool(self._commands) or time.monotonic() < self._busy_until
 
     def mark_busy(self, seconds: float = 1.0) -> None:
-        """Records are flowing: keep consume() timeouts short so queued calls run promptly."""
+        """Records wait on each commit (isolation, write-ahead): keep poll timeouts short so
+        queued calls run promptly."""
         self._busy_until = max(self._busy_until, time.monotonic() + seconds)
 
     def _run_commands(self, consumer: Consumer) -> None:

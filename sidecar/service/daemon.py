@@ -82,7 +82,7 @@ async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config)
 
 
 def open_engine(
-    config: Config, *, write_ahead: bool = True, tracing: Tracing | None = None
+    config: Config, *, write_ahead: bool = False, tracing: Tracing | None = None
 ) -> Engine:
     """The engine `config.engine` names: the pipeline around that engine's delivery state."""
     if config.engine is EngineKind.SHARE:
@@ -99,7 +99,7 @@ def open_engine(
 async def run_sidecar(
     config: Config,
     *,
-    write_ahead: bool = True,
+    write_ahead: bool = False,
     tracing: Tracing | None = None,
     on_engine: Callable[[Engine], None] | None = None,
 ) -> int:

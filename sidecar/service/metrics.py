@@ -104,6 +104,24 @@ class EngineCollector(Collector):
             "Times a partition paused because its delivery state neared offset.metadata.max.bytes.",
             value=c.metadata_pauses,
         )
+        # Crash isolation (consumer engine): records that may have been in flight at an unclean
+        # stop, delivered one at a time. The share engine has no such pass: the families stay 0.
+        status = e.status()
+        yield GaugeMetricFamily(
+            "dlq_sidecar_isolation_active",
+            "1 while an isolation pass delivers suspects one at a time after an unclean stop.",
+            value=1 if status.get("isolation_active") else 0,
+        )
+        yield GaugeMetricFamily(
+            "dlq_sidecar_isolation_suspects",
+            "Suspects of the isolation pass not yet settled.",
+            value=int(status.get("suspects_left", 0)),
+        )
+        yield CounterMetricFamily(
+            "dlq_sidecar_isolated_deliveries",
+            "Isolated deliveries that ended (answer, expiry or revoke), this assignment.",
+            value=int(status.get("isolated_total", 0)),
+        )
 
 
 # Loopback HTTP answers take well under a millisecond to seconds; DLQ writes are broker round trips.

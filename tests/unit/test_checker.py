@@ -230,3 +230,23 @@ def test_parse_journal_round_trip_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     path.write_text("garbage\n")
     assert main([str(path), "--bootstrap", "127.0.0.1:1"]) == 2
+
+
+def test_crash_charged_names_a_count_raised_with_no_answer_counting_an_attempt() -> None:
+    prod = [produced(0), produced(1), produced(2, "release")]
+    ds = [
+        # Accepted, the answer died with the sidecar: delivered again at the same count (no charge).
+        delivery(0, "accept"),
+        delivery(0, "accept"),
+        # In flight at a death (old write-ahead promise): charged for it.
+        delivery(1, "unanswered"),
+        delivery(1, "accept", count=2),
+        # Released once: count 2 is its own.
+        delivery(2, "release"),
+        delivery(2, "accept", count=2),
+    ]
+    faults = [Fault("sidecar_kill", 1.0)]
+    r = check(journal(prod, ds, faults), Observed((), {(T, 0): 3}))
+    assert r.crash_charged == [(T, 0, 1)]
+    assert r.ok  # informational: the killer scenario asserts on it
+    assert "counts charged by a crash" in r.table()

@@ -1,0 +1,139 @@
+"""A record that kills the sidecar on every delivery (SPEC §3 crash isolation, consumer engine).
+
+The app SIGKILLs the sidecar whenever the killer record reaches it, holds every other record a
+while (so many are in flight at each death), and the sidecar is restarted after each death. The
+promise: the killer reaches the DLQ after at most `limit + 1` deaths, nothing is lost, no other
+record is dead-lettered, and no other record's delivery count goes up because of the deaths.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from sidecar.http.server import Response
+from tests.faults.workload import (
+    AppServer,
+    JournalApp,
+    RecordPlan,
+    Seen,
+    assert_clean,
+    open_run,
+    plan_records,
+)
+from tests.harness import sidecar
+
+LIMIT = 3
+HOLD_S = 0.05  # every other record is held this long: several are in flight at each death
+N_RECORDS = 90
+
+
+@dataclass
+class KillerApp(JournalApp):
+    """JournalApp, plus: the record of kind `killer` makes the app SIGKILL the sidecar `kill_pid`."""
+
+    kill_pid: int = 0
+    kills: int = 0
+    killer_counts: tuple[int, ...] = ()
+    killer_coord: tuple[str, int, int] | None = None
+
+    async def respond(self, seen: Seen) -> Response:
+        if seen.kind != "killer":
+            return await super().respond(seen)
+        self.note(seen, "killed")
+        self.killer_counts = (*self.killer_counts, seen.count)
+        self.killer_coord = seen.coord
+        if self.kill_pid:
+            pid, self.kill_pid = self.kill_pid, 0
+            os.kill(pid, signal.SIGKILL)
+            self.kills += 1
+        await trio.sleep_forever()  # the sidecar is gone; its connection closes under us
+        raise AssertionError("unreachable")
+
+
+class KillerServer(AppServer):
+    def __init__(self, app: JournalApp, port: int) -> None:
+        super().__init__(KillerApp(app.journal, delay_s=app.delay_s), port)
+
+
+def _plans(n: int, killer_at: int, seed: int) -> list[RecordPlan]:
+    plans = plan_records(n, seed=seed, poison_ratio=0.0)
+    victim = plans[killer_at]
+    plans[killer_at] = RecordPlan(
+        victim.id, "killer", victim.key, f"{victim.id}:killer:".encode() + b"x" * 40
+    )
+    return plans
+
+
+@pytest.mark.parametrize("ordering", ["key", "none"])
+async def test_killer_record_is_dead_lettered_alone(
+    bootstrap: str, tmp_path: Path, ordering: str
+) -> None:
+    async with open_run(
+        tmp_path,
+        bootstrap=bootstrap,
+        name=f"killer-{ordering}",
+        limit=LIMIT,
+        app_delay_s=HOLD_S,
+        server_class=KillerServer,
+    ) as run:
+        app = run.server.app
+        assert isinstance(app, KillerApp)
+        n = await run.produce(_plans(N_RECORDS, killer_at=40, seed=19))
+        cfg = run.config(extra={"engine": "consumer", "ordering": ordering})
+        deaths = 0
+        status: dict[str, object] = {}
+        for _ in range(LIMIT + 3):
+            async with sidecar(cfg) as sc:
+                app.kill_pid = sc.proc.pid
+                kills_before = app.kills
+                outcome = ""
+                async with trio.open_nursery() as nursery:
+
+                    async def died() -> None:
+                        nonlocal outcome
+                        await sc.wait_exit(300)
+                        outcome = "died"
+                        nursery.cancel_scope.cancel()
+
+                    async def finished() -> None:
+                        nonlocal outcome
+                        await run.wait_done(300)
+                        outcome = "done"
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(died)
+                    nursery.start_soon(finished)
+                if outcome == "done":
+                    status = await sc.status()
+                    assert await sc.stop() == 0
+                    break
+                assert app.kills == kills_before + 1, (
+                    f"the sidecar died by itself:\n{sc.log_text()[-3000:]}"
+                )
+                assert sc.proc.returncode == -signal.SIGKILL
+                deaths += 1
+                run.fault("sidecar_kill", f"pid {sc.proc.pid}: the killer arrived")
+        else:
+            raise AssertionError(f"not done after {deaths} deaths")
+        report = await run.check()
+        dlq = await run.dlq_by_source()
+    assert_clean(report, f"killer, ordering {ordering}: {deaths} deaths")
+    assert n == N_RECORDS
+    killer = app.killer_coord
+    assert killer is not None
+    # Only the killer is dead-lettered, after at most limit + 1 deaths: its first death happens in
+    # normal delivery (uncharged), every later one with it alone in flight and charged.
+    assert sorted(dlq) == [killer], sorted(dlq)
+    assert 1 <= deaths <= LIMIT + 1, (deaths, app.killer_counts)
+    assert len(app.killer_counts) == deaths
+    # No other record's count went up because of a death (the checker's crash_charged rule).
+    assert set(report.crash_charged) <= {killer}, report.crash_charged
+    assert status["isolation_active"] is False
+    assert status["suspects_left"] == 0
+    assert status["crash_accounting"] == "horizon"
