@@ -53,6 +53,7 @@ from confluent_kafka import KafkaException, Message, TopicPartition
 from sidecar.config import AppMode, Config
 from sidecar.core import ledger as L
 from sidecar.core.backoff import RetryPolicy
+from sidecar.core.budget import record_bytes, split_budget
 from sidecar.core.commitstate import decode as decode_state
 from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.errors import CommitFailed
@@ -168,7 +169,11 @@ class ConsumerGroupEngine:
         self._txn_wake = trio.Event()
         self._commit_guard = trio.Lock()
         self._dlq_write_done = trio.Event()
-        self.source = KafkaSource(config.kafka, config.source.topics, self)
+        # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
+        self.budget = split_budget(d.max_buffered_bytes, config.kafka)
+        self.source = KafkaSource(
+            config.kafka, config.source.topics, self, max_buffered_bytes=d.max_buffered_bytes
+        )
         self.slots: dict[PartitionKey, _Slot] = {}
         self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
         self._epoch = 0
@@ -286,6 +291,7 @@ class ConsumerGroupEngine:
                     "last_committed_offset": slot.last_commit[0] if slot.last_commit else None,
                     "in_flight": st.in_flight,
                     "buffered": st.buffered,
+                    "buffered_bytes": st.buffered_bytes,
                     "archiving": st.archiving,
                     "paused": (topic, partition) in paused,
                     "lag": lag.get((topic, partition)),
@@ -301,6 +307,7 @@ class ConsumerGroupEngine:
                     "last_committed_offset": None,
                     "in_flight": 0,
                     "buffered": 0,
+                    "buffered_bytes": 0,
                     "archiving": 0,
                     "paused": (topic, partition) in paused,
                     "lag": lag.get((topic, partition)),
@@ -421,7 +428,7 @@ class ConsumerGroupEngine:
                 if pending is None:
                     continue  # fetched just before a revoke: the next owner reads it again
                 slot = self._open_slot(key, record.offset, None)
-            slot.ledger.add(record.offset, record.key, Tracked(record), now)
+            slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
         self._apply_flow_control()
         self.kick()
 
@@ -431,16 +438,24 @@ class ConsumerGroupEngine:
         to_pause: list[PartitionKey] = []
         to_resume: list[PartitionKey] = []
         intake_closed = self.pipe.draining or not self.pipe.app_reachable
+        # Each assigned partition's share of the byte budget. A partition over it is paused, and
+        # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
+        # a record larger than a share is delivered and the partition resumes once it is done.
+        share = self.budget.share_bytes(len(self.source.assigned) or len(self.slots))
         for key, slot in self.slots.items():
             paused = key in self.source.paused
             if intake_closed:
                 if not paused:
                     to_pause.append(key)
-            elif not paused and slot.ledger.should_pause():
+            elif not paused and slot.ledger.should_pause(share):
                 to_pause.append(key)
                 st = slot.ledger.statistics()
                 lc = self.ledger_config
-                if st.buffered < lc.max_buffered_records and st.in_flight < lc.max_record_locks:
+                if (
+                    st.buffered < lc.max_buffered_records
+                    and st.buffered_bytes < share
+                    and st.in_flight < lc.max_record_locks
+                ):
                     # Neither record limit: the delivery state nears offset.metadata.max.bytes.
                     self.counters.metadata_pauses += 1
                     log.warning(
@@ -448,7 +463,7 @@ class ConsumerGroupEngine:
                         key[0],
                         key[1],
                     )
-            elif paused and slot.ledger.may_resume():
+            elif paused and slot.ledger.may_resume(share):
                 to_resume.append(key)
         if to_pause:
             self.source.pause(to_pause)
