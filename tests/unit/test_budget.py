@@ -166,3 +166,13 @@ def test_bad_values_name_the_key(patch: dict, path: str, reason: str) -> None:
         parse_config(patched(patch), env={})
     assert info.value.path == path
     assert reason in info.value.reason
+
+
+def test_the_share_engine_bounds_each_consumers_fetch_unless_the_user_did() -> None:
+    from sidecar.engines.share_group import share_consumer_properties
+
+    props = share_consumer_properties({"group.id": "g"}, 8 * MiB)
+    assert props["fetch.max.bytes"] == 8 * MiB
+    assert "queued.max.messages.kbytes" not in props  # a share consumer refuses it
+    mine = share_consumer_properties({"group.id": "g", "fetch.max.bytes": 1000}, 8 * MiB)
+    assert mine["fetch.max.bytes"] == 1000
