@@ -12,7 +12,10 @@ not done, in flight included, in the partition ledgers). One budget bounds both:
 librdkafka's ``queued.max.messages.kbytes`` applies to the high-level consumer's single queue, whatever
 the number of partitions, and "may be overshot by fetch.message.max.bytes": a fetch is issued while the
 queue is under the limit, and its response (at most ``fetch.max.bytes``, or one record batch larger than
-that) is queued whole. Properties the user sets under ``kafka:`` are kept and their values counted.
+that) is queued whole. The queue also stops at ``queued.min.messages`` (100,000 by default, counted
+over the whole queue too), which binds first for small records, whose librdkafka bookkeeping outweighs
+their bytes: it is derived as one message per KiB of the queue's part (16,384 by default). Properties
+the user sets under ``kafka:`` are kept and their values counted.
 
 A partition is paused once its ledger holds its share (:meth:`ByteBudget.share_bytes`) and resumed once
 it holds half of it or less; intake never refuses a record already fetched (a record handed over by
@@ -20,8 +23,11 @@ librdkafka and not kept would be skipped at the next resume), so a record larger
 delivered, and the partition resumes when it is done. A partition can overshoot its share by what one
 consume batch brought for it.
 
-A record costs :func:`record_bytes`: its key, value and headers, plus :data:`RECORD_OVERHEAD_BYTES` for
-the sidecar's own structures per record, which dominate for small records: a record of 100 B with a
+A record costs :func:`record_bytes`: its key, value and headers counted twice, because the HTTP request
+it goes out in is a copy of them (``sidecar.core.wire`` joins the header block and the body into one
+``bytes``), held while the record is in flight, which is where a slow app keeps most large records;
+plus :data:`RECORD_OVERHEAD_BYTES` for the sidecar's own structures per record, which dominate for small
+records: a record of 100 B with a
 16 B key and one header took 1,567 B of Python objects in all (tracemalloc, 20,000 records in a ledger),
 1,430 B of them beyond its bytes.
 
@@ -57,6 +63,7 @@ RECORD_OVERHEAD_BYTES = 1400
 
 PREFETCH_KEY = "queued.max.messages.kbytes"
 FETCH_KEY = "fetch.max.bytes"
+MESSAGES_KEY = "queued.min.messages"
 _PREFETCH_DIVISOR = 4
 _FETCH_DIVISOR = 8
 # The buffer keeps at least this fraction of the budget, whatever the user sets under `kafka:`.
@@ -112,6 +119,8 @@ def split_budget(total_bytes: int, kafka: Mapping[str, object]) -> ByteBudget:
     if prefetch_kb is None:
         prefetch_kb = total_bytes // _PREFETCH_DIVISOR // 1024
         derived[PREFETCH_KEY] = prefetch_kb
+    if _user_int(kafka, MESSAGES_KEY) is None:
+        derived[MESSAGES_KEY] = max(1, prefetch_kb)
     fetch = _user_int(kafka, FETCH_KEY)
     if fetch is None:
         fetch = total_bytes // _FETCH_DIVISOR
@@ -128,12 +137,13 @@ def split_budget(total_bytes: int, kafka: Mapping[str, object]) -> ByteBudget:
 
 
 def record_bytes(record: SourceRecord) -> int:
-    """What holding ``record`` costs against the budget: key, value, headers, and the overhead."""
-    size = RECORD_OVERHEAD_BYTES
+    """What holding ``record`` costs against the budget: key, value and headers twice (the record,
+    and its request while in flight), and the overhead."""
+    size = 0
     if record.key is not None:
         size += len(record.key)
     if record.value is not None:
         size += len(record.value)
     for name, value in record.headers:
         size += len(name) + (len(value) if value is not None else 0)
-    return size
+    return RECORD_OVERHEAD_BYTES + 2 * size

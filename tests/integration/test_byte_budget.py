@@ -58,7 +58,7 @@ async def test_large_records_pause_at_the_share_resume_and_keep_rss_bounded(
     app = RecordingApp(policy=hold)
     port = free_port()
     share = split_budget(DEFAULT_BUFFERED_BYTES, {}).share_bytes(PARTITIONS)
-    per_record = RECORD_OVERHEAD_BYTES + VALUE_BYTES
+    per_record = RECORD_OVERHEAD_BYTES + 2 * (VALUE_BYTES + 8)  # key "k<n>": at most 6 bytes
     async with running_app(app, ("tcp", "127.0.0.1", port)):
         config = write_config(
             tmp_path / "sidecar.yaml",
@@ -66,7 +66,9 @@ async def test_large_records_pause_at_the_share_resume_and_keep_rss_bounded(
             group=group,
             topics=[topic],
             app_url=f"http://127.0.0.1:{port}/records",
-            extra={**FAST, "ordering": "none"},
+            # The app holds its records as long as the test needs: no attempt times out meanwhile.
+            app_extra={"timeout.ms": 300_000},
+            extra={**FAST, "ordering": "none", "share.record.lock.duration.ms": 600_000},
         )
         async with sidecar(config) as sc:
             # Every partition paused by its share of the bytes, not by the record count.

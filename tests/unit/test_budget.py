@@ -31,7 +31,11 @@ def record(key: bytes | None, value: bytes | None, headers: tuple = ()) -> Sourc
 
 def test_the_default_split_derives_librdkafkas_prefetch() -> None:
     budget = split_budget(DEFAULT_BUFFERED_BYTES, {})
-    assert budget.derived == {"queued.max.messages.kbytes": 16384, "fetch.max.bytes": 8 * MiB}
+    assert budget.derived == {
+        "queued.max.messages.kbytes": 16384,
+        "queued.min.messages": 16384,  # one message per KiB of the queue's part
+        "fetch.max.bytes": 8 * MiB,
+    }
     assert budget.prefetch_bytes == 16 * MiB and budget.fetch_bytes == 8 * MiB
     assert budget.buffer_bytes == 40 * MiB  # 64 - 16 - 8
     assert budget.share_bytes(6) == 40 * MiB // 6
@@ -40,12 +44,13 @@ def test_the_default_split_derives_librdkafkas_prefetch() -> None:
 
 def test_what_the_user_sets_is_kept_and_counted() -> None:
     budget = split_budget(
-        64 * MiB, {"queued.max.messages.kbytes": "4096", "fetch.max.bytes": 2**20}
+        64 * MiB,
+        {"queued.max.messages.kbytes": "4096", "fetch.max.bytes": 2**20, "queued.min.messages": 9},
     )
     assert budget.derived == {}
     assert budget.buffer_bytes == 64 * MiB - 4 * MiB - 1 * MiB
     partly = split_budget(64 * MiB, {"queued.max.messages.kbytes": 1024})
-    assert partly.derived == {"fetch.max.bytes": 8 * MiB}
+    assert partly.derived == {"queued.min.messages": 1024, "fetch.max.bytes": 8 * MiB}
 
 
 def test_a_prefetch_that_leaves_the_buffer_too_little_is_refused() -> None:
@@ -64,10 +69,11 @@ def test_the_parts_never_exceed_the_total(total: int, partitions: int) -> None:
     assert 1 <= budget.share_bytes(partitions) * partitions <= max(partitions, budget.buffer_bytes)
 
 
-def test_a_record_costs_its_key_value_headers_and_the_overhead() -> None:
+def test_a_record_costs_its_bytes_twice_and_the_overhead() -> None:
     assert record_bytes(record(None, None)) == RECORD_OVERHEAD_BYTES
     full = record(b"k" * 10, b"v" * 1000, (("h1", b"x" * 5), ("h2", None)))
-    assert record_bytes(full) == RECORD_OVERHEAD_BYTES + 10 + 1000 + 2 + 5 + 2
+    # The record, and the copy its HTTP request makes while it is in flight.
+    assert record_bytes(full) == RECORD_OVERHEAD_BYTES + 2 * (10 + 1000 + 2 + 5 + 2)
 
 
 # -- the ledger's accounting -------------------------------------------------------------------

@@ -11,6 +11,7 @@ def test_defaults_the_sidecar_sets_and_the_user_may_override() -> None:
     # From max.buffered.bytes: a quarter for the queue, an eighth for one fetch.
     assert props["queued.max.messages.kbytes"] == 16384
     assert props["fetch.max.bytes"] == 8 * 2**20
+    assert props["queued.min.messages"] == 16384
     assert props["partition.assignment.strategy"] == "cooperative-sticky"
     assert props["enable.auto.commit"] is False
     mine = consumer_properties(
