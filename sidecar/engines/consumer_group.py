@@ -39,9 +39,12 @@ commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ s
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import logging
+import os
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -101,6 +104,29 @@ def default_transactional_id(config: Config) -> str:
         return f"dlq-sidecar.{config.group_id}.{instance}"
     api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
     return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
+
+
+# glibc's mallopt parameter for the size from which allocations are mmapped.
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def fix_mmap_threshold() -> bool:
+    """Keep large records' memory returnable to the system (glibc only; True if set).
+
+    glibc raises its mmap threshold after every large free (up to 32 MiB), so once a 1 MiB record
+    has been freed the next ones come from heap arenas, which keep their peak size: measured with
+    the bench's 1 MiB backlog, peak RSS 157-165 MB against 139-141 MB with the threshold fixed at
+    its initial 128 KiB (records below it are unaffected). `MALLOC_MMAP_THRESHOLD_` in the
+    environment takes precedence.
+    """
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES))
 
 
 def now_ms() -> int:
@@ -171,6 +197,7 @@ class ConsumerGroupEngine:
         self._dlq_write_done = trio.Event()
         # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
         self.budget = split_budget(d.max_buffered_bytes, config.kafka)
+        fix_mmap_threshold()
         self.source = KafkaSource(
             config.kafka, config.source.topics, self, max_buffered_bytes=d.max_buffered_bytes
         )
