@@ -1,12 +1,12 @@
 """Cross-key rules, checked after every key has its own type and range.
 
 Owns the rules that relate keys to each other (``app.timeout.ms`` below the lock duration, a
-backoff's max at least its initial value, transactions only with the consumer engine), the two
-API listeners, and the start-up half of SPEC §7: a bad DLQ topic name (for any source topic) is a
-configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
+backoff's max at least its initial value, transactions only with the consumer engine, librdkafka's
+prefetch within ``max.buffered.bytes``), the two API listeners, and the start-up half of SPEC §7: a
+bad DLQ topic name (for any source topic) is a configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
 
 Imports: the standard library and the `sidecar.config` modules errors, syntax, values and schema
-(for the DLQ key prefix); not load, yamlcore, masking or dump.
+(for the DLQ key prefix), and `sidecar.core.budget`; not load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from sidecar.config.errors import _Invalid
 from sidecar.config.schema import _DLQ
 from sidecar.config.syntax import is_loopback_host, topic_name_error
 from sidecar.config.values import ApiConfig, AppFormat, Config, Engine
+from sidecar.core.budget import BudgetError, split_budget
 
 # RFC 3986: the characters a URI-reference may hold (unreserved, reserved, and '%' escapes).
 _URI_CHARS = frozenset(
@@ -49,6 +50,12 @@ def _check(config: Config) -> None:
             _DLQ + "transactional.enable",
             "needs engine: consumer (share groups cannot commit acknowledgements in a transaction)",
         )
+    try:
+        # librdkafka's prefetch counts against the byte budget: what the user set under `kafka:`
+        # must leave the sidecar's own buffer its part.
+        split_budget(delivery.max_buffered_bytes, config.kafka)
+    except BudgetError as exc:
+        raise _Invalid(exc.key, exc.reason) from None
     _check_api_listeners(config.api)
     _check_dlq_topic(config)
     _check_cloudevents_source(config)

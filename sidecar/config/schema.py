@@ -301,6 +301,7 @@ _TOP_KEYS: tuple[_Key, ...] = (
         _D,
         "max_buffered_records_per_partition",
     ),
+    _Key("max.buffered.bytes", _Int(16 * 1024 * 1024, 2**40), _D, "max_buffered_bytes"),
     _Key("errors.tolerance", _Choice(ErrorsTolerance), _E, "tolerance"),
     _Key("errors.retry.delay.initial.ms", _Int(0, _MS_HOUR), _D, "retry_delay_initial_ms"),
     _Key("errors.retry.delay.max.ms", _Int(0, _MS_DAY), _D, "retry_delay_max_ms"),

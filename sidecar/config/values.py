@@ -136,6 +136,7 @@ class DeliveryConfig:
     partition_max_record_locks: int = 2000
     max_in_flight_records: int = 10000
     max_buffered_records_per_partition: int = 10000
+    max_buffered_bytes: int = 64 * 1024 * 1024
     retry_delay_initial_ms: int = 1000
     retry_delay_max_ms: int = 60000
     retry_delay_multiplier: float = 2.0

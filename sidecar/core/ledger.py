@@ -22,6 +22,10 @@ never reads a clock: callers pass ``now_ms`` (a monotonic clock in milliseconds)
 path, so every operation is O(log n) or amortised O(1); only ``commit_state`` and the metadata
 size check walk the records held (bounded by ``max_buffered_records``).
 
+Flow control (``should_pause`` / ``may_resume``) bounds the records held by count and, when the
+caller passes the partition's share of the byte budget (``sidecar.core.budget``), by their sizes:
+``add`` takes each record's size and ``buffered_bytes`` is the sum over the records not done.
+
 Crash accounting
 ----------------
 SPEC §3: a record that kills the process (or the pod) on every delivery reaches the DLQ after at
@@ -292,6 +296,7 @@ class LedgerStats:
     committable_offset: int
     suspects: int = 0  # horizon mode: records of the isolation pass not yet settled
     isolation_active: bool = False
+    buffered_bytes: int = 0  # the sizes of the records held (see PartitionLedger.add)
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +391,7 @@ class _Record:
         "queued",
         "reason",
         "seq",
+        "size",
         "state",
         "suspect",
     )
@@ -398,8 +404,10 @@ class _Record:
         count: int,
         queue_key: object,
         seq: int,
+        size: int,
     ) -> None:
         self.offset = offset
+        self.size = size  # bytes held against the byte budget (see add)
         self.seq = seq  # how many records were fetched before this one
         self.key = key
         self.item = item
@@ -542,6 +550,7 @@ class PartitionLedger:
         self._now = 0
         self._revoked = False
         self._paused = False
+        self._held_bytes = 0  # sum of the sizes of the records held (not done)
 
         # What the restored state says about offsets not yet re-fetched.
         self._restored_done: list[tuple[int, int]] = []
@@ -602,12 +611,18 @@ class PartitionLedger:
 
     # -- intake ----------------------------------------------------------------------------------
 
-    def add(self, offset: int, key: bytes | None, item: object, now_ms: int) -> bool:
+    def add(
+        self, offset: int, key: bytes | None, item: object, now_ms: int, size_bytes: int = 0
+    ) -> bool:
         """Take a fetched record.  Offsets must increase (gaps are fine).
 
-        Returns False, keeping nothing, for an offset below the committed start offset, one not
-        above the last added (a re-fetch), or one the restored state says is done.
+        ``size_bytes`` is what holding it costs (``sidecar.core.budget.record_bytes``): counted in
+        ``buffered_bytes`` until the record is done.  Returns False, keeping nothing, for an offset
+        below the committed start offset, one not above the last added (a re-fetch), or one the
+        restored state says is done.
         """
+        if size_bytes < 0:
+            raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
         if self._revoked:
             raise LedgerClosed(f"{self._id_prefix} was revoked")
         if offset <= self._last_added or offset < self._start_offset:
@@ -633,8 +648,9 @@ class PartitionLedger:
             queue_key = _PARTITION
         else:
             queue_key = _UNORDERED
-        record = _Record(offset, key, item, count, queue_key, seq)
+        record = _Record(offset, key, item, count, queue_key, seq, size_bytes)
         self._records[offset] = record
+        self._held_bytes += size_bytes
         self._held_seqs.add(seq)
         if offset <= self._suspect_top:
             # Horizon mode: the previous owner may have handed it out and died.
@@ -1257,6 +1273,7 @@ class PartitionLedger:
         front_seq = next(iter(records.values())).seq
         del records[offset]
         self._held_seqs.discard(seq)
+        self._held_bytes -= record.size
         record.item = None
         count = record.delivery_count
         if count:
@@ -1452,28 +1469,33 @@ class PartitionLedger:
 
     # -- flow control ----------------------------------------------------------------------------
 
-    def should_pause(self) -> bool:
-        """Stop fetching: too many records held, locks exhausted, or metadata near its budget."""
+    def should_pause(self, max_bytes: int | None = None) -> bool:
+        """Stop fetching: too many records held, or ``max_bytes`` or more of them (the partition's
+        share of the byte budget), locks exhausted, or metadata near its budget."""
         return (
             len(self._records) >= self.config.max_buffered_records
+            or (max_bytes is not None and self._held_bytes >= max_bytes)
             or len(self._live) >= self.config.max_record_locks
             or self._metadata_over(_PAUSE_FILL)
         )
 
-    def may_resume(self) -> bool:
-        """Fetch again (hysteresis: half the buffer, a free lock, metadata under 70%)."""
+    def may_resume(self, max_bytes: int | None = None) -> bool:
+        """Fetch again (hysteresis: half the buffer, half of ``max_bytes``, a free lock, metadata
+        under 70%).  Never blocked by one record larger than ``max_bytes``: once it is done the
+        partition holds nothing, and an empty partition may always resume."""
         return (
             len(self._records) <= self.config.max_buffered_records // 2
+            and (max_bytes is None or self._held_bytes <= max_bytes // 2)
             and len(self._live) < self.config.max_record_locks
             and not self._metadata_over(_RESUME_FILL)
         )
 
-    def update_paused(self) -> bool:
+    def update_paused(self, max_bytes: int | None = None) -> bool:
         """Apply the hysteresis and return whether the partition should now be paused."""
         if self._paused:
-            self._paused = not self.may_resume()
+            self._paused = not self.may_resume(max_bytes)
         else:
-            self._paused = self.should_pause()
+            self._paused = self.should_pause(max_bytes)
         return self._paused
 
     def next_lock_deadline_ms(self) -> int | None:
@@ -1566,6 +1588,11 @@ class PartitionLedger:
         return len(self._records)
 
     @property
+    def buffered_bytes(self) -> int:
+        """The sizes (``add``'s ``size_bytes``) of the records held, in flight included."""
+        return self._held_bytes
+
+    @property
     def is_idle(self) -> bool:
         """Nothing held: every added record is done."""
         return not self._records
@@ -1586,6 +1613,7 @@ class PartitionLedger:
             archived_total=self._archived_total,
             attempts_total=self._attempts_total,
             buffered=len(self._records),
+            buffered_bytes=self._held_bytes,
             in_flight=acquired,
             paused=self._paused,
             committable_offset=self.committable_offset(),

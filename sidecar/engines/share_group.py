@@ -410,10 +410,19 @@ def _raise_group_limit(
         ) from exc
 
 
-def share_consumer_properties(kafka: Mapping[str, Any]) -> dict[str, Any]:
-    """The user's `kafka:` properties a ShareConsumer accepts, plus explicit acknowledgement."""
+def share_consumer_properties(
+    kafka: Mapping[str, Any], fetch_max_bytes: int | None = None
+) -> dict[str, Any]:
+    """The user's `kafka:` properties a ShareConsumer accepts, plus explicit acknowledgement.
+
+    What a share consumer holds is its one poll's batch (`max.poll.records`), at most one fetch
+    response: `fetch_max_bytes` (its part of `max.buffered.bytes`) bounds that in bytes unless
+    the user set `fetch.max.bytes` (a share consumer has no prefetch queue to bound).
+    """
     props = {k: v for k, v in kafka.items() if k not in SHARE_REFUSED_PROPERTIES}
     props.setdefault("max.poll.records", 500)
+    if fetch_max_bytes is not None:
+        props.setdefault("fetch.max.bytes", fetch_max_bytes)
     props["share.acknowledgement.mode"] = "explicit"
     return props
 
@@ -677,7 +686,10 @@ class ShareGroupEngine:
 
     def _consumer_thread(self, index: int, token: trio.lowlevel.TrioToken) -> None:
         """One share consumer, start to close, on this thread only (the client is not thread-safe)."""
-        props = share_consumer_properties(self.config.kafka)
+        # Half of the byte budget split among the consumers' batches; the other half covers a
+        # response librdkafka is reading while the batch is with the app.
+        budget = self.config.delivery.max_buffered_bytes // 2 // self.consumer_count
+        props = share_consumer_properties(self.config.kafka, budget)
         props["client.id"] = f"{props.get('client.id', 'dlq-sidecar')}-share-{index}"
         props["error_cb"] = self._on_client_error
         try:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from sidecar.core.budget import DEFAULT_BUFFERED_BYTES, split_budget
 from sidecar.core.errors import KafkaClientError
 
 log = logging.getLogger("sidecar.source")
@@ -113,11 +114,20 @@ def _commit_key(tps: Sequence[TopicPartition]) -> CommitKey:
     return tuple(sorted((tp.topic, tp.partition, tp.offset, tp.metadata or "") for tp in tps))
 
 
-def consumer_properties(kafka: Mapping[str, Any]) -> dict[str, Any]:
-    # librdkafka prefetches up to 64 MiB by default on top of what the ledger buffers
-    # (max.buffered.records.per.partition); 16 MiB keeps fetches flowing at full speed and a deep
-    # backlog from doubling the sidecar's memory. Users may set it under `kafka:`.
-    props: dict[str, Any] = {"auto.offset.reset": "earliest", "queued.max.messages.kbytes": 16384}
+def consumer_properties(
+    kafka: Mapping[str, Any], max_buffered_bytes: int | None = None
+) -> dict[str, Any]:
+    """The consumer's librdkafka properties: the user's `kafka:`, our defaults, the owned ones.
+
+    librdkafka prefetches up to 64 MiB by default (`queued.max.messages.kbytes`, one queue for the
+    whole consumer) plus a fetch response of up to 50 MiB (`fetch.max.bytes`) on top of what the
+    ledgers hold: both are derived from `max.buffered.bytes` instead (a quarter and an eighth, see
+    `sidecar.core.budget`), unless the user sets them under `kafka:`. None: no budget (a client
+    that fetches no records, such as the start-up metadata check).
+    """
+    props: dict[str, Any] = {"auto.offset.reset": "earliest"}
+    if max_buffered_bytes is not None:
+        props.update(split_budget(max_buffered_bytes, kafka).derived)
     props.update(kafka)
     props.update(OWNED_PROPERTIES)
     if str(props.get("group.protocol", "classic")) == "classic":
@@ -167,8 +177,9 @@ class KafkaSource:
         listener: SourceListener,
         batch_size: int = 500,
         poll_timeout_s: float = 0.1,
+        max_buffered_bytes: int = DEFAULT_BUFFERED_BYTES,
     ) -> None:
-        self._props = consumer_properties(kafka)
+        self._props = consumer_properties(kafka, max_buffered_bytes)
         self._topics = list(topics)
         self._listener = listener
         self._batch_size = batch_size

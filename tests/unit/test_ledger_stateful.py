@@ -88,6 +88,10 @@ class LedgerMachine(RuleBasedStateMachine):
     def not_done(self) -> list[int]:
         return [o for o in self.fetched if o not in self.done and o >= self.start]
 
+    @staticmethod
+    def size(offset: int) -> int:
+        return offset % 97 + 1  # what the record costs against the byte budget
+
     def snapshot(self) -> object:
         return (
             self.ledger.commit_state(),
@@ -114,7 +118,7 @@ class LedgerMachine(RuleBasedStateMachine):
             offset = self.next_offset + gap
             if offset > MAX_OFFSET:
                 return
-            assert self.ledger.add(offset, key, ("item", offset), self.now)
+            assert self.ledger.add(offset, key, ("item", offset), self.now, self.size(offset))
             self.keys[offset] = key
             self.fetched.append(offset)
             self.next_offset = offset + 1
@@ -301,7 +305,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 continue
             if offset not in not_done and not restored.is_done(offset):
                 self.done.discard(offset)  # dropped by truncation: it will be redelivered
-            added = self.ledger.add(offset, self.keys[offset], ("item", offset), self.now)
+            added = self.ledger.add(
+                offset, self.keys[offset], ("item", offset), self.now, self.size(offset)
+            )
             assert added == (not restored.is_done(offset))
             if added:
                 self.count[offset] = restored.count(offset)
@@ -342,6 +348,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert stats.in_flight == len(self.live)
         assert stats.buffered == len(self.not_done())
         assert stats.available >= 0
+        # The byte budget's accounting: exactly the sizes of the records not done.
+        assert stats.buffered_bytes == sum(self.size(o) for o in self.not_done())
 
     def teardown(self) -> None:
         # Liveness: time moves on, every attempt is accepted, every DLQ write succeeds.
