@@ -22,12 +22,21 @@ from tests.harness import write_config
 
 def pull_config(path: Path, *, app_extra: dict[str, Any] | None = None, **kwargs: Any) -> Path:
     """`write_config` for a pull-mode sidecar: no app URL, ``app.mode: pull``."""
-    write_config(path, app_url="unused", app_extra=app_extra, **kwargs)
+    return to_pull_mode(write_config(path, app_url="unused", app_extra=app_extra, **kwargs))
+
+
+def to_pull_mode(path: Path) -> Path:
+    """Rewrite a sidecar config file for pull mode (drop the app's URL and socket); returns it."""
     cfg = yaml.safe_load(path.read_text())
-    del cfg["app"]["url"], cfg["app"]["unix_socket"]
+    cfg["app"].pop("url", None)
+    cfg["app"].pop("unix_socket", None)
     cfg["app"]["mode"] = "pull"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def api_listen_of(path: Path) -> str:
+    return str(yaml.safe_load(path.read_text())["api"]["listen"])
 
 
 class _UnixConnection(http.client.HTTPConnection):

@@ -349,3 +349,50 @@ async def test_a_poll_cut_off_by_its_client_loses_nothing(
         await wait_committed_at_end(broker, group, topic, 1)
         client.close()
         await sc.stop()
+
+
+async def test_share_engine_pulls_counts_locks_and_dead_letters_as_in_push_mode(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """engine: share: the broker counts and locks; a pulled record left unanswered comes back with
+    the broker's next count, a reject ends in the DLQ, accepts are done."""
+    group = f"g-{unique}"
+    # The broker's minimum lock: the unanswered record comes back once it (less the margin) is over.
+    await trio.to_thread.run_sync(
+        broker.set_group_config, group, {"share.record.lock.duration.ms": "15000"}
+    )
+    listen = f"127.0.0.1:{free_port()}"
+    recs = [Rec(key=None, value=v) for v in (b"ok1", b"ok2", b"bad", b"hold")]
+    async with pull_sidecar(
+        broker,
+        tmp_path,
+        unique,
+        api_listen=listen,
+        extra={"engine": "share", "ordering": "none"},
+        records=recs,
+    ) as (sc, topic, _group):
+        client = PullClient(listen)
+        await wait_pull_api(client, sc)
+        got = await pull_all(client, len(recs), timeout_s=120)
+        by_value = {value_of(r): r for r in got}
+        assert set(by_value) == {r.value for r in recs}
+        assert all(r["delivery_count"] == 1 for r in got)
+        acks = [{"id": by_value[v]["id"], "ack": "accept"} for v in (b"ok1", b"ok2")]
+        acks.append({"id": by_value[b"bad"]["id"], "ack": "reject"})
+        assert await trio.to_thread.run_sync(client.ack, acks) == ["ok"] * 3
+        again = await pull_all(client, 1, timeout_s=120)
+        assert value_of(again[0]) == b"hold"
+        assert again[0]["delivery_count"] == 2
+        assert await trio.to_thread.run_sync(
+            client.ack, [{"id": again[0]["id"], "ack": "accept"}]
+        ) == ["ok"]
+        dlq = await trio.to_thread.run_sync(
+            lambda: broker.read_topic(f"dlq.{topic}", 1, timeout_s=60)
+        )
+        assert [r.header("__dlq.errors.offset") for r in dlq] == [str(by_value[b"bad"]["offset"])]
+        assert dlq[0].header("__dlq.errors.message") == "Offset rejected by client."
+        code, status = await trio.to_thread.run_sync(client.request, "GET", "/v1/status")
+        assert code == 200 and status["engine"] == "share"
+        assert status["counters"]["delivered"] == {"accept": 3, "reject": 1, "lock_expired": 1}
+        client.close()
+        assert await sc.stop() == 0
