@@ -262,3 +262,29 @@ def test_pull_mode_contradictions_name_the_key(app: dict[str, Any], path: str, r
         parse_config({**BASE, "app": app}, env={})
     assert info.value.path == path
     assert reason in info.value.reason
+
+
+def test_pull_response_matches_openapi_yaml() -> None:
+    import pathlib
+
+    import jsonschema
+    import yaml
+
+    document = yaml.safe_load(
+        (pathlib.Path(__file__).resolve().parents[2] / "openapi.yaml").read_text()
+    )
+    schema = {"$ref": "#/components/schemas/PullResponse", "components": document["components"]}
+    view = RecordView("t", 0, 5, None, b"\x00", 1, "log-append", (("a", None),), 2, "id")
+    body = json.loads(format_pull_response([(view, 0), (view, 30000)]))
+    jsonschema.validate(body, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"records": [{**body["records"][0], "extra": 1}]}, schema)
+    operation = document["paths"]["/v1/records"]["get"]
+    bounds = {p["name"]: p["schema"] for p in operation["parameters"]}
+    assert parse_pull_query("") == (bounds["max"]["default"], bounds["wait_ms"]["default"])
+    assert parse_pull_query(
+        f"max={bounds['max']['maximum']}&wait_ms={bounds['wait_ms']['maximum']}"
+    )
+    for name in ("max", "wait_ms"):
+        with pytest.raises(PullQueryError):
+            parse_pull_query(f"{name}={bounds[name]['maximum'] + 1}")
