@@ -8,7 +8,11 @@ counts, locks), the sidecar's counters, the DLQ topic and the committed offsets.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +23,8 @@ import trio
 
 from sidecar.core.record import is_delivery_id
 from sidecar.ops.kafka_broker import free_port
-from tests.harness import FAST, Sidecar, short_tmp, sidecar, wait_committed_at_end
+from tests.harness import FAST, ROOT, Sidecar, short_tmp, sidecar, wait_committed_at_end
+from tests.integration import test_examples
 from tests.kafkatools import Broker, Rec
 from tests.pulltools import PullClient, key_of, pull_config, value_of
 
@@ -396,3 +401,85 @@ async def test_share_engine_pulls_counts_locks_and_dead_letters_as_in_push_mode(
         assert status["counters"]["delivered"] == {"accept": 3, "reject": 1, "lock_expired": 1}
         client.close()
         assert await sc.stop() == 0
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+async def test_the_example_pull_worker_gets_the_example_apps_outcomes(
+    broker: Broker, unique: str, tmp_path: Path, transport: str
+) -> None:
+    """examples/python/pull_worker.py, run as its README says, against the orders of the push examples."""
+    limit = test_examples.DELIVERY_LIMIT
+    recs = test_examples.orders()
+    with short_tmp() as sock_dir:
+        api = f"unix:{sock_dir}/api.sock" if transport == "unix" else f"127.0.0.1:{free_port()}"
+        log_path = tmp_path / "worker.log"
+        async with pull_sidecar(
+            broker,
+            tmp_path,
+            unique,
+            partitions=3,
+            api_listen=api,
+            extra={"share.delivery.count.limit": limit},
+            records=recs,
+        ) as (sc, topic, _group):
+            env = {
+                **os.environ,
+                "SIDECAR_API": api if transport == "unix" else f"http://{api}",
+                "PYTHONUNBUFFERED": "1",
+            }
+            with log_path.open("wb") as out:
+                worker = await trio.lowlevel.open_process(
+                    [sys.executable, str(ROOT / "examples" / "python" / "pull_worker.py")],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+                try:
+                    client = PullClient(api)
+                    await wait_pull_api(client, sc)
+
+                    async def counters() -> dict[str, Any]:
+                        _code, status = await trio.to_thread.run_sync(
+                            client.request, "GET", "/v1/status"
+                        )
+                        return dict(status["counters"])
+
+                    with trio.fail_after(120):
+                        while True:
+                            c = await counters()
+                            done = c["delivered"].get("accept", 0) + sum(c["archived"].values())
+                            if done >= len(recs):
+                                break
+                            await trio.sleep(0.2)
+                    client.close()
+                finally:
+                    worker.send_signal(signal.SIGTERM)
+                    with trio.fail_after(30):
+                        assert await worker.wait() == 0, log_path.read_text()[-3000:]
+            assert await sc.stop() == 0, sc.log_text()[-3000:]
+        decisions, acked = test_examples.parse_app_log(log_path.read_text())
+        dlq = await trio.to_thread.run_sync(
+            lambda: broker.read_topic(f"dlq.{topic}", test_examples.N_POISON + 2, timeout_s=60)
+        )
+    for i in range(test_examples.N_OK):
+        assert decisions[f"ok-{i}"] == [(1, "accept")]
+    for i in range(test_examples.N_POISON):
+        assert decisions[f"poison-{i}"] == [(1, "reject")]
+    for i in range(test_examples.N_FLAKY):
+        assert decisions[f"flaky-{i}"] == [(1, "release"), (2, "release"), (3, "accept")]
+    for i in range(test_examples.N_SLOW):
+        assert decisions[f"slow-{i}"] == [(1, "deferred")]
+        assert acked[f"slow-{i}"] == "result=ok"
+    assert decisions["hopeless-0"] == [(n, "release") for n in range(1, limit + 1)]
+    assert decisions["?"] == [(1, "reject")]
+    assert c["delivered"] == {
+        "accept": test_examples.N_OK + test_examples.N_FLAKY + test_examples.N_SLOW,
+        "reject": test_examples.N_POISON + 1,
+        "release": 2 * test_examples.N_FLAKY + limit,
+    }
+    assert c["archived"] == {"rejected": test_examples.N_POISON + 1, "delivery_count_exceeded": 1}
+    classes = sorted(r.header("__dlq.errors.exception.class.name") or "" for r in dlq)
+    assert classes == sorted(
+        ["OrderValidationError"] * test_examples.N_POISON
+        + ["OrderParseError", "InventoryUnavailable"]
+    )
