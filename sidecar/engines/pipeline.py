@@ -275,6 +275,12 @@ class PullQueue:
     async def wait_demand(self) -> None:
         await self._demand.wait()
 
+    def release_waiters(self) -> None:
+        """Shutdown: every waiting poll returns now, with what it has (usually nothing)."""
+        for waiter in self._waiters:
+            waiter.room = 0
+            waiter.got.set()
+
     def put(self, delivery: Delivery) -> None:
         for waiter in self._waiters:
             if waiter.room > 0:
@@ -309,7 +315,7 @@ class PullQueue:
         try:
             wake()
             with trio.move_on_after(wait_s):
-                while not waiter.items:
+                while not waiter.items and waiter.room > 0:
                     await waiter.got.wait()
             return [d for d in waiter.items if live(d)]
         except BaseException:
@@ -575,6 +581,8 @@ class Pipeline:
         """Stop handing out records; wait (up to the deadline) for in-flight attempts and DLQ writes."""
         self.draining = True
         self.state.intake_changed()
+        if self._pull is not None:
+            self._pull.release_waiters()  # pull mode: the waiting polls return (empty) at once
         with self._drain_cancel, trio.move_on_after(deadline_s):
             await self.state.wait_drained()
 

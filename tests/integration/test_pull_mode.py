@@ -483,3 +483,35 @@ async def test_the_example_pull_worker_gets_the_example_apps_outcomes(
         ["OrderValidationError"] * test_examples.N_POISON
         + ["OrderParseError", "InventoryUnavailable"]
     )
+
+
+async def test_a_stop_returns_the_waiting_polls_at_once(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    listen = f"127.0.0.1:{free_port()}"
+    async with pull_sidecar(broker, tmp_path, unique, api_listen=listen) as (sc, _topic, _group):
+        watcher = PullClient(listen)
+        await wait_pull_api(watcher, sc)
+        poller = PullClient(listen)
+        results: list[list[dict[str, Any]]] = []
+        async with trio.open_nursery() as nursery:
+
+            async def poll() -> None:
+                results.append(await trio.to_thread.run_sync(poller.pull, 10, 60000))
+
+            nursery.start_soon(poll)
+            with trio.fail_after(30):
+                while True:
+                    _code, status = await trio.to_thread.run_sync(
+                        watcher.request, "GET", "/v1/status"
+                    )
+                    if status["pull"]["waiting_polls"] == 1:
+                        break
+                    await trio.sleep(0.05)
+            started = time.monotonic()
+            sc.proc.send_signal(signal.SIGTERM)
+        assert results == [[]]
+        assert time.monotonic() - started < 20  # not the poll's 60 s
+        assert await sc.wait_exit(30) == 0
+        watcher.close()
+        poller.close()

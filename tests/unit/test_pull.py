@@ -288,3 +288,23 @@ def test_pull_response_matches_openapi_yaml() -> None:
     for name in ("max", "wait_ms"):
         with pytest.raises(PullQueryError):
             parse_pull_query(f"{name}={bounds[name]['maximum'] + 1}")
+
+
+async def test_released_waiters_return_at_once_with_what_they_have(
+    autojump_clock: MockClock,
+) -> None:
+    q = PullQueue()
+    results: list[list[Delivery]] = []
+
+    async def poll() -> None:
+        results.append(await q.take(5, 30.0, always, nothing))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await wait_all_tasks_blocked()
+        started = trio.current_time()
+        q.release_waiters()
+        q.put(delivery(0))  # after the release: queued for a later poll, not handed out
+    assert results == [[]]
+    assert trio.current_time() == started
+    assert q.queued() == 1
