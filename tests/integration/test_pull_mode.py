@@ -515,3 +515,38 @@ async def test_a_stop_returns_the_waiting_polls_at_once(
         assert await sc.wait_exit(30) == 0
         watcher.close()
         poller.close()
+
+
+@pytest.mark.parametrize(("ordering", "at_once"), [("key", 2), ("partition", 1), ("none", 8)])
+async def test_each_ordering_bounds_what_one_pull_hands_out(
+    broker: Broker, unique: str, tmp_path: Path, ordering: str, at_once: int
+) -> None:
+    """Eight records of two keys on one partition: `key` hands out one per key at a time,
+    `partition` one, `none` all of them; each in offset order."""
+    recs = [Rec(key=b"ab"[i % 2 : i % 2 + 1], value=f"{i}".encode()) for i in range(8)]
+    listen = f"127.0.0.1:{free_port()}"
+    async with pull_sidecar(
+        broker, tmp_path, unique, api_listen=listen, extra={"ordering": ordering}, records=recs
+    ) as (sc, topic, group):
+        client = PullClient(listen)
+        await wait_pull_api(client, sc)
+        order: list[int] = []
+        with trio.fail_after(60):
+            while len(order) < len(recs):
+                got = await trio.to_thread.run_sync(client.pull, 100, 1000)
+                if not got:
+                    continue
+                if not order:
+                    # Everything was fetched before the first pull: the first one shows the bound.
+                    await trio.sleep(0.5)
+                    got += await trio.to_thread.run_sync(client.pull, 100, 0)
+                    assert len(got) == at_once, [r["offset"] for r in got]
+                assert len(got) <= at_once
+                order += [r["offset"] for r in got]
+                await trio.to_thread.run_sync(
+                    client.ack, [{"id": r["id"], "ack": "accept"} for r in got]
+                )
+        assert order == list(range(8))
+        await wait_committed_at_end(broker, group, topic, 1)
+        client.close()
+        await sc.stop()
