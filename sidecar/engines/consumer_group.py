@@ -697,6 +697,8 @@ class ConsumerGroupEngine:
         idle = pipe.in_flight_records() == 0 and pipe.sending == 0
         if not candidates or not idle or not pipe.app_reachable or pipe.draining:
             return True
+        if pipe.send_room() <= 0:
+            return True  # pull mode with no poll waiting: charge a suspect only for a poll
         for slot in candidates:
             others_busy = any(
                 o is not slot

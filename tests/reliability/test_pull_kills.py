@@ -137,3 +137,58 @@ async def test_pull_worker_with_records_held_at_three_kills(bootstrap: str, tmp_
             assert first_after[coord] == count, (coord, count, first_after[coord])
     assert any(k > 1 for k in held_at.values()), "no held record had been released before"
     assert not report.crash_charged, report.crash_charged
+
+
+async def test_no_poll_no_charge_a_restart_without_pollers_counts_nothing(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    """Killed with pulled records held, restarted with no worker pulling, killed again: the isolation
+    pass charges a suspect only for a waiting poll, so the held records come back at their count."""
+    async with open_run(tmp_path, bootstrap=bootstrap, name="pullidle", partitions=1) as run:
+        await run.produce(plan_records(40, seed=7, poison_ratio=0.0))
+        cfg = to_pull_mode(run.config(extra={"share.record.lock.duration.ms": 120_000}))
+        listen = api_listen_of(cfg)
+        worker = Worker(run, listen)
+        worker.hold = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.work)
+            async with sidecar(cfg) as sc:
+                with trio.fail_after(60):
+                    while not run.app.pending:
+                        await trio.sleep(0.05)
+                sc.proc.send_signal(signal.SIGKILL)
+                assert await sc.wait_exit(30) == -signal.SIGKILL
+            nursery.cancel_scope.cancel()
+        worker.client.close()
+        held = {d.coord: d.count for d in run.app.journal_unanswered()}
+        run.fault("sidecar_kill", f"{len(held)} pulled records unanswered")
+        assert held and set(held.values()) == {1}
+        async with sidecar(cfg) as sc:
+            # Restored: the held records are suspects, the pass is ready to isolate the first. With
+            # no poll waiting it must stay so (an absence: watched over twenty status reads; a
+            # charge would show within one scheduler turn as `charged` or `in_flight`).
+            await sc.wait_status(lambda st: st["suspects_total"] > 0, 60, "the suspects restored")
+            for _ in range(20):
+                st = await sc.status()
+                phases = {p.get("isolation") for p in st["partitions"]}
+                assert phases == {"ready"} and st["isolated_total"] == 0, st["partitions"]
+                await trio.sleep(0.05)
+            sc.proc.send_signal(signal.SIGKILL)
+            assert await sc.wait_exit(30) == -signal.SIGKILL
+        run.fault("sidecar_kill", "with no poll waiting")
+        worker = Worker(run, listen)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.work)
+            async with sidecar(cfg) as sc:
+                await run.wait_done(120)
+                assert await sc.stop() == 0
+            nursery.cancel_scope.cancel()
+        worker.client.close()
+        report = await run.check()
+    assert_clean(report, "pull mode, a restart with no poller between two kills")
+    first = {}
+    for d in worker.history:
+        first.setdefault(d.coord, d.count)
+    for coord in held:
+        assert first[coord] == 1, (coord, first[coord])
+    assert not report.crash_charged, report.crash_charged
