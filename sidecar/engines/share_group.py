@@ -785,7 +785,8 @@ class ShareGroupEngine:
         )
 
     async def _wait_intake_open(self) -> bool:
-        """Wait while the app is unreachable; False when the consumer should re-check for a stop."""
+        """Wait while the app is unreachable (pull mode: while no poll waits); False when the
+        consumer should re-check for a stop."""
         return await self.pipe.wait_intake_open(trio.current_time() + 0.5)
 
     # ----------------------------------------------------------------------------- one batch
