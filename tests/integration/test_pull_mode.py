@@ -508,6 +508,8 @@ async def test_a_stop_returns_the_waiting_polls_at_once(
                     if status["pull"]["waiting_polls"] == 1:
                         break
                     await trio.sleep(0.05)
+            _code, metrics = await trio.to_thread.run_sync(watcher.request, "GET", "/metrics")
+            assert b"dlq_sidecar_pull_waiting_polls 1.0" in metrics
             started = time.monotonic()
             sc.proc.send_signal(signal.SIGTERM)
         assert results == [[]]
