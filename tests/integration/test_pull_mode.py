@@ -552,3 +552,40 @@ async def test_each_ordering_bounds_what_one_pull_hands_out(
         await wait_committed_at_end(broker, group, topic, 1)
         client.close()
         await sc.stop()
+
+
+async def test_pulls_need_the_token_and_a_loopback_host(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    token = "pull-token-0123456789abcdef"
+    listen = f"127.0.0.1:{free_port()}"
+    async with pull_sidecar(
+        broker,
+        tmp_path,
+        unique,
+        api_listen=listen,
+        extra={"api": {"listen": listen, "token": token}},
+        records=[Rec(key=b"k", value=b"v")],
+    ) as (sc, topic, group):
+        anonymous = PullClient(listen)
+        await wait_pull_api(anonymous, sc)
+        code, _ = await trio.to_thread.run_sync(anonymous.request, "GET", "/v1/records?wait_ms=100")
+        assert code == 401
+        code, _ = await trio.to_thread.run_sync(
+            anonymous.request,
+            "GET",
+            "/v1/records?wait_ms=100",
+            None,
+            {"Host": "attacker.example:8787", "dlq-sidecar-api-token": token},
+        )
+        assert code == 403
+        anonymous.close()
+        client = PullClient(listen, token=token)
+        got = await pull_all(client, 1)
+        assert value_of(got[0]) == b"v" and got[0]["delivery_count"] == 1
+        assert await trio.to_thread.run_sync(
+            client.ack, [{"id": got[0]["id"], "ack": "accept"}]
+        ) == ["ok"]
+        await wait_committed_at_end(broker, group, topic, 1)
+        client.close()
+        await sc.stop()
