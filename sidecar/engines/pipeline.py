@@ -804,7 +804,7 @@ class Pipeline:
             return await self.wait_app_reachable(deadline)
         with trio.move_on_at(deadline):
             await self._pull.wait_demand()
-        return self._pull.waiting() > 0
+        return self._pull.demand() > 0
 
     async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]:
         """`GET /v1/records`: up to `max_records` deliveries, waiting up to `wait_s` for one.
