@@ -11,6 +11,8 @@ broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That
           └───────────────────────── answer() ◀── the app's answer, or POST /v1/acks
     DeliveryState (archiving) ──dead_letter()──▶ DLQ writer ──confirmed──▶ DeliveryState
 
+    pull mode (app.mode: pull): send() ──▶ PullQueue ◀── GET /v1/records (the app's long polls)
+
 :class:`Pipeline` is the one implementation of :class:`Engine`, the interface the daemon, the local
 API and the metrics use. The daemon starts it with ``await nursery.start(engine.run)`` and steers it
 only through that interface (``request_stop``, ``skip_drain``); nothing sets its attributes.
@@ -25,7 +27,9 @@ between two awaits, so each change is atomic):
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
 - the open app requests (:class:`BatchAssembler`): ``send`` adds, the workers take, the linger
-  timer sends what has waited its linger.
+  timer sends what has waited its linger;
+- pull mode's :class:`PullQueue`: ``send`` puts, the API's poll tasks take (``pull``), ``_drain``
+  releases the waiting polls.
 
 Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
 exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
