@@ -14,7 +14,7 @@ from __future__ import annotations
 from sidecar.config.errors import _Invalid
 from sidecar.config.schema import _DLQ
 from sidecar.config.syntax import is_loopback_host, topic_name_error
-from sidecar.config.values import ApiConfig, AppFormat, Config, Engine
+from sidecar.config.values import ApiConfig, AppFormat, AppMode, Config, Engine
 from sidecar.core.budget import BudgetError, split_budget
 
 # RFC 3986: the characters a URI-reference may hold (unreserved, reserved, and '%' escapes).
@@ -25,7 +25,7 @@ _URI_CHARS = frozenset(
 
 def _check(config: Config) -> None:
     app, delivery = config.app, config.delivery
-    if app.timeout_ms >= delivery.lock_duration_ms:
+    if app.timeout_ms >= delivery.lock_duration_ms and app.mode is not AppMode.PULL:
         # The lock bounds the whole attempt; a request that may outlive it would be answered
         # after the record was already released to someone else.
         raise _Invalid(
@@ -59,6 +59,26 @@ def _check(config: Config) -> None:
     _check_api_listeners(config.api)
     _check_dlq_topic(config)
     _check_cloudevents_source(config)
+    _check_pull_mode(config)
+
+
+def _check_pull_mode(config: Config) -> None:
+    """Pull mode: the keys that say how to reach the app contradict it (app.url: `AppConfig`)."""
+    app = config.app
+    if app.mode is not AppMode.PULL:
+        return
+    if app.unix_socket is not None:
+        raise _Invalid(
+            "app.unix_socket",
+            "must be left out with app.mode: pull: nothing connects to the app; the app pulls "
+            "from the control API (put that on a Unix socket with api.listen: unix:/path)",
+        )
+    if app.format is AppFormat.CLOUDEVENTS:
+        raise _Invalid(
+            "app.format",
+            "cloudevents shapes requests to the app; with app.mode: pull the app reads the "
+            "sidecar's own JSON records from GET /v1/records",
+        )
 
 
 def _check_api_listeners(api: ApiConfig) -> None:

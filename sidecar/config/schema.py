@@ -230,7 +230,8 @@ _SOURCE_KEYS = (
 )
 
 _APP_KEYS = (
-    _Key("url", _Str(allow_empty=False), AppConfig, "url"),
+    # Empty (or left out) only with app.mode: pull; AppConfig checks the pair.
+    _Key("url", _Str(allow_empty=True), AppConfig, "url"),
     _Key("unix_socket", _Custom(_read_unix_socket, "a path or null"), AppConfig, "unix_socket"),
     _Key("mode", _Choice(AppMode), AppConfig, "mode"),
     _Key("batch.max.records", _Int(1, 10_000), AppConfig, "batch_max_records"),

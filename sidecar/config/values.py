@@ -32,6 +32,7 @@ class Engine(StrEnum):
 class AppMode(StrEnum):
     SINGLE = "single"
     BATCH = "batch"
+    PULL = "pull"  # nothing connects to the app: it pulls from GET /v1/records on the control API
 
 
 class AppFormat(StrEnum):
@@ -94,9 +95,12 @@ class SourceConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppConfig:
     """How to reach the application. `host`, `port`, `authority` and `path` are derived from
-    `url` (the HTTP request target and Host header); over a Unix socket only `path` matters."""
+    `url` (the HTTP request target and Host header); over a Unix socket only `path` matters.
 
-    url: str
+    In pull mode nothing connects to the app, so there is no URL: `url` must be left out ("")
+    and the derived fields are empty; single and batch mode require it."""
+
+    url: str = ""
     unix_socket: str | None = None
     mode: AppMode = AppMode.SINGLE
     batch_max_records: int = 100
@@ -116,6 +120,11 @@ class AppConfig:
     path: str = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.mode is AppMode.PULL or not self.url:
+            _check_pull_url(self.url, self.mode)
+            for name, empty in (("host", ""), ("port", 0), ("authority", ""), ("path", "")):
+                object.__setattr__(self, name, empty)
+            return
         host, port, path = _split_app_url(self.url, self.unix_socket)
         authority = f"[{host}]" if ":" in host else host
         if port != 80:
@@ -125,6 +134,20 @@ class AppConfig:
         object.__setattr__(self, "port", port)
         object.__setattr__(self, "authority", authority)
         object.__setattr__(self, "path", path)
+
+
+def _check_pull_url(url: str, mode: AppMode) -> None:
+    """`app.url` exactly when something connects to the app (ValueError: blamed on app.url)."""
+    if mode is AppMode.PULL and url:
+        raise ValueError(
+            "must be left out with app.mode: pull: nothing connects to the app, which pulls "
+            "records from GET /v1/records on the control API (api.listen)"
+        )
+    if mode is not AppMode.PULL and not url:
+        raise ValueError(
+            f"required with app.mode: {mode} (the app's http://host:port/path, or a path with "
+            "app.unix_socket); only app.mode: pull runs without one"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

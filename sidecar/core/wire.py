@@ -64,6 +64,7 @@ __all__ = [
     "format_ack_response",
     "format_batch_request",
     "format_cloudevents_batch_body",
+    "format_pull_response",
     "format_single_request",
     "interpret_batch",
     "interpret_single",
@@ -325,6 +326,28 @@ _BATCH_ITEM = (
 )
 
 
+def _batch_item(record: RecordView, topics: dict[str, bytes]) -> bytes:
+    """One record of the batch schema as JSON; `topics` caches the topics' escaped names."""
+    topic = topics.get(record.topic)
+    if topic is None:
+        topic = topics[record.topic] = _jstr(record.topic)
+    ts = record.timestamp_ms
+    return _BATCH_ITEM % (
+        _jstr(record.delivery_id),
+        topic,
+        record.partition,
+        record.offset,
+        _b64json(record.key),
+        _b64json(record.value),
+        b",".join([_header_json(n, v) for n, v in record.headers]),
+        _NULL if ts is None else b"%d" % ts,
+        _jstr(record.timestamp_type),
+        record.delivery_count,
+        _jstr(record.traceparent),
+        _jstr(record.tracestate),
+    )
+
+
 def format_batch_request(
     records: Sequence[RecordView],
     host: str,
@@ -347,31 +370,27 @@ def format_batch_request(
         return b"%sContent-Length: %d\r\n\r\n%s" % (ce_prefix, len(ce_body), ce_body)
     prefix = _request_prefix(host, path, _extra_tuple(extra_headers), "application/json")
     topics: dict[str, bytes] = {}
-    items = []
-    for record in records:
-        topic = topics.get(record.topic)
-        if topic is None:
-            topic = topics[record.topic] = _jstr(record.topic)
-        ts = record.timestamp_ms
-        items.append(
-            _BATCH_ITEM
-            % (
-                _jstr(record.delivery_id),
-                topic,
-                record.partition,
-                record.offset,
-                _b64json(record.key),
-                _b64json(record.value),
-                b",".join([_header_json(n, v) for n, v in record.headers]),
-                _NULL if ts is None else b"%d" % ts,
-                _jstr(record.timestamp_type),
-                record.delivery_count,
-                _jstr(record.traceparent),
-                _jstr(record.tracestate),
-            )
-        )
+    items = [_batch_item(record, topics) for record in records]
     body = b'{"records":[%s]}' % b",".join(items)
     return b"%sContent-Length: %d\r\n\r\n%s" % (prefix, len(body), body)
+
+
+_PULL_LOCK = b',"lock_expires_in_ms":%d,"lock_deadline_ms":%d}'
+
+
+def format_pull_response(
+    records: Sequence[tuple[RecordView, int]], now_epoch_ms: int | None = None
+) -> bytes:
+    """The ``GET /v1/records`` body (pull mode): ``{"records": [...]}``, each record as in a
+    batch request plus its lock: ``lock_expires_in_ms`` (from now) and ``lock_deadline_ms``
+    (Unix epoch milliseconds). ``records`` pairs each view with its lock's remaining ms."""
+    now_ms = int(time.time() * 1000) if now_epoch_ms is None else now_epoch_ms
+    topics: dict[str, bytes] = {}
+    items = []
+    for record, lock_ms in records:
+        item = _batch_item(record, topics)
+        items.append(item[:-1] + _PULL_LOCK % (lock_ms, now_ms + lock_ms))
+    return b'{"records":[%s]}' % b",".join(items)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -255,10 +255,6 @@ class ConsumerGroupEngine:
         # hand-out task commits them as one group while the scheduler goes on acquiring.
         self._awaiting: list[tuple[_Slot, L.Attempt]] = []
         self._awaiting_wake = trio.Event()
-        app = config.app
-        self._send_capacity = app.max_in_flight * (
-            app.batch_max_records if app.mode == AppMode.BATCH else 1
-        )
         self._rr = 0
         self._nursery: trio.Nursery | None = None
         # Horizon mode: a partition wants a commit (its horizon, or an isolated record's count).
@@ -616,7 +612,7 @@ class ConsumerGroupEngine:
                 waiting = len(self._awaiting)
                 budget = min(
                     max_total - pipe.in_flight_records() - waiting,
-                    self._send_capacity - pipe.sending - waiting,
+                    pipe.send_room() - waiting,
                 )
                 slots = list(self.slots.values())
                 if slots:
@@ -701,6 +697,8 @@ class ConsumerGroupEngine:
         idle = pipe.in_flight_records() == 0 and pipe.sending == 0
         if not candidates or not idle or not pipe.app_reachable or pipe.draining:
             return True
+        if pipe.send_room() <= 0:
+            return True  # pull mode with no poll waiting: charge a suspect only for a poll
         for slot in candidates:
             others_busy = any(
                 o is not slot
@@ -788,7 +786,13 @@ class ConsumerGroupEngine:
             if not self._still_owned(slot):
                 continue  # revoked while the commit was in flight: fenced
             tracked = cast(Tracked, attempt.item)
-            delivery = self.pipe.issue(tracked, attempt.delivery_count, (slot, attempt))
+            lock_s = (attempt.lock_deadline_ms - now_ms()) / 1000
+            delivery = self.pipe.issue(
+                tracked,
+                attempt.delivery_count,
+                (slot, attempt),
+                lock_deadline=trio.current_time() + lock_s,
+            )
             slot.live[attempt.attempt_id] = delivery
             self.pipe.send(delivery)
 

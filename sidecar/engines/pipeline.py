@@ -11,6 +11,8 @@ broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That
           └───────────────────────── answer() ◀── the app's answer, or POST /v1/acks
     DeliveryState (archiving) ──dead_letter()──▶ DLQ writer ──confirmed──▶ DeliveryState
 
+    pull mode (app.mode: pull): send() ──▶ PullQueue ◀── GET /v1/records (the app's long polls)
+
 :class:`Pipeline` is the one implementation of :class:`Engine`, the interface the daemon, the local
 API and the metrics use. The daemon starts it with ``await nursery.start(engine.run)`` and steers it
 only through that interface (``request_stop``, ``skip_drain``); nothing sets its attributes.
@@ -25,7 +27,9 @@ between two awaits, so each change is atomic):
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
 - the open app requests (:class:`BatchAssembler`): ``send`` adds, the workers take, the linger
-  timer sends what has waited its linger.
+  timer sends what has waited its linger;
+- pull mode's :class:`PullQueue`: ``send`` puts, the API's poll tasks take (``pull``), ``_drain``
+  releases the waiting polls.
 
 Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
 exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
@@ -55,9 +59,10 @@ from sidecar.core.deadletter import (
     archived_log_fields,
     dead_letter,
 )
+from sidecar.core.errors import SidecarError
 from sidecar.core.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
 from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
-from sidecar.core.wire import AckItem, Answer
+from sidecar.core.wire import AckItem, Answer, RecordView
 from sidecar.engines.delivery import (
     abandon_attempt_span,
     app_client_for,
@@ -137,6 +142,8 @@ class Delivery:
     delivery_count: int
     ref: Any
     answer: Answer | AckItem | None = None
+    # trio time the lock expires (pull mode tells the app); None: the config's lock from issue.
+    lock_deadline: float | None = None
 
     @property
     def topic(self) -> str:
@@ -211,9 +218,119 @@ class Engine(Protocol):
     def observe_latencies(
         self, app: Callable[[float], None], dlq: Callable[[float], None]
     ) -> None: ...
+    async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]: ...
 
 
 T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------- pull mode
+
+
+@dataclass(frozen=True, slots=True)
+class PulledRecord:
+    """One delivery handed to `GET /v1/records`: its wire view and how long its lock has left."""
+
+    view: RecordView
+    lock_remaining_s: float
+
+
+class NotPullMode(SidecarError):
+    """`GET /v1/records` on a sidecar that pushes records to the app (app.mode single/batch)."""
+
+
+@dataclass(slots=True, eq=False)
+class _PullWaiter:
+    room: int  # how many more deliveries this poll takes
+    items: list[Delivery] = field(default_factory=list)
+    got: trio.Event = field(default_factory=trio.Event)
+
+
+class PullQueue:
+    """``app.mode: pull``: deliveries wait here for ``GET /v1/records`` instead of a worker.
+
+    Demand drives intake: :meth:`demand` is what the waiting polls still take, minus what is
+    queued, and the consumer-group engine acquires no more than that (``Pipeline.send_room``), so
+    a record is acquired — its delivery counted and its lock started — only for a poll that is
+    waiting for it, and the queue stays bounded by the polls' ``max``. A share group acquires
+    whole broker batches when a poll waits (``Pipeline.wait_intake_open``); what the poll does
+    not take waits here for the next one, under the broker's lock.
+
+    Each delivery goes to exactly one poll: `put` gives it to the oldest poll with room (or the
+    queue), and a poll takes what the queue holds first. A poll that is cancelled before it
+    returned gives its deliveries back to the front of the queue, in order. Every method runs
+    in the trio thread; `put` never blocks.
+    """
+
+    def __init__(self) -> None:
+        self._queued: deque[Delivery] = deque()
+        self._waiters: deque[_PullWaiter] = deque()
+        self._demand = trio.Event()  # set while a poll waits
+
+    def queued(self) -> int:
+        return len(self._queued)
+
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def demand(self) -> int:
+        return max(0, sum(w.room for w in self._waiters) - len(self._queued))
+
+    async def wait_demand(self) -> None:
+        await self._demand.wait()
+
+    def release_waiters(self) -> None:
+        """Shutdown: every waiting poll returns now, with what it has (usually nothing)."""
+        for waiter in self._waiters:
+            waiter.room = 0
+            waiter.got.set()
+
+    def put(self, delivery: Delivery) -> None:
+        for waiter in self._waiters:
+            if waiter.room > 0:
+                waiter.items.append(delivery)
+                waiter.room -= 1
+                waiter.got.set()
+                return
+        self._queued.append(delivery)
+
+    async def take(
+        self,
+        max_records: int,
+        wait_s: float,
+        live: Callable[[Delivery], bool],
+        wake: Callable[[], None],
+    ) -> list[Delivery]:
+        """Up to `max_records` live deliveries; waits up to `wait_s` for the first one.
+
+        `live` drops what expired while it was queued; `wake` tells the engine there is demand.
+        """
+        out: list[Delivery] = []
+        queued = self._queued
+        while queued and len(out) < max_records:
+            d = queued.popleft()
+            if live(d):
+                out.append(d)
+        if out or wait_s <= 0:
+            return out
+        waiter = _PullWaiter(max_records)
+        self._waiters.append(waiter)
+        self._demand.set()
+        try:
+            wake()
+            with trio.move_on_after(wait_s):
+                while not waiter.items and waiter.room > 0:
+                    await waiter.got.wait()
+            return [d for d in waiter.items if live(d)]
+        except BaseException:
+            # Cancelled before the response was built (shutdown): nothing was handed out.
+            queued.extendleft(reversed(waiter.items))
+            waiter.items = []
+            raise
+        finally:
+            self._waiters.remove(waiter)
+            if not self._waiters:
+                self._demand = trio.Event()
 
 
 @dataclass(slots=True, eq=False)
@@ -370,6 +487,9 @@ class Pipeline:
             app.max_in_flight,
             self._work_send.send_nowait,
         )
+        # Deliveries the workers can take at once (push mode; see `send_room`).
+        self.send_capacity = app.max_in_flight * (app.batch_max_records if batch else 1)
+        self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
         self._app_reachable = True
         self._app_back = trio.Event()
         self.app_down_since: float | None = None
@@ -465,6 +585,8 @@ class Pipeline:
         """Stop handing out records; wait (up to the deadline) for in-flight attempts and DLQ writes."""
         self.draining = True
         self.state.intake_changed()
+        if self._pull is not None:
+            self._pull.release_waiters()  # pull mode: the waiting polls return (empty) at once
         with self._drain_cancel, trio.move_on_after(deadline_s):
             await self.state.wait_drained()
 
@@ -498,11 +620,14 @@ class Pipeline:
         state = self.state.readiness()
         if self._cluster_error is not None:
             state["broker_reachable"] = False
-        return {
+        checks = {
             **state,
             "app_reachable": self._app_reachable,
             "dlq_writable": self._dlq_ready and self._failure is None,
         }
+        if self._pull is not None:
+            del checks["app_reachable"]  # pull mode: nothing connects to the app
+        return checks
 
     def stalled(self) -> str | None:
         """Why the sidecar cannot make progress and should be restarted (None: it can)."""
@@ -532,18 +657,27 @@ class Pipeline:
             "paused_partitions": [f"{t}[{p}]" for t, p in sorted(self.state.paused())],
             "partitions": self.state.partitions(),
             **self.state.status_fields(),
+            **self._pull_status(),
             "counters": self.counters.snapshot(),
         }
 
     # ------------------------------------------------------------------------- deliveries
 
-    def issue(self, tracked: Tracked, delivery_count: int, ref: Any) -> Delivery:
-        """A new live attempt under a fresh random id (not sent yet: see `send`)."""
-        return self._live.issue(lambda i: Delivery(i, tracked, delivery_count, ref))
+    def issue(
+        self, tracked: Tracked, delivery_count: int, ref: Any, *, lock_deadline: float | None = None
+    ) -> Delivery:
+        """A new live attempt under a fresh random id (not sent yet: see `send`); `lock_deadline`
+        (trio time) is when the adapter's lock expires, for the polls of pull mode."""
+        return self._live.issue(
+            lambda i: Delivery(i, tracked, delivery_count, ref, lock_deadline=lock_deadline)
+        )
 
     def send(self, delivery: Delivery) -> None:
         """Hand a delivery to the workers: it leaves in the next request (batch mode: see
-        :class:`BatchAssembler` for when)."""
+        :class:`BatchAssembler` for when); pull mode: to the polls (:class:`PullQueue`)."""
+        if self._pull is not None:
+            self._pull.put(delivery)
+            return
         self.sending += 1
         self._batches.add(delivery)
 
@@ -595,7 +729,10 @@ class Pipeline:
     # ------------------------------------------------------------------------- workers
 
     def start_workers(self, nursery: trio.Nursery) -> None:
-        """The `app.max.in.flight` workers and the batch linger timer, in `nursery`."""
+        """The `app.max.in.flight` workers and the batch linger timer, in `nursery` (pull mode:
+        none, the app's polls take the deliveries)."""
+        if self._pull is not None:
+            return
         for _ in range(self.config.app.max_in_flight):
             nursery.start_soon(self._worker)
         if self._batches.needs_timer:
@@ -654,6 +791,59 @@ class Pipeline:
                 else:
                     self.counters.expired_answers += 1
             return
+
+    # ------------------------------------------------------------------------- pull mode
+
+    def send_room(self) -> int:
+        """How many more deliveries may be handed over now: free worker capacity (push mode), or
+        what the waiting polls still take (pull mode: records are acquired only for a poll)."""
+        if self._pull is not None:
+            return self._pull.demand()
+        return self.send_capacity - self.sending
+
+    async def wait_intake_open(self, deadline: float) -> bool:
+        """Wait (until the trio time `deadline`) for intake to make sense: the app reachable
+        (push mode), or a poll waiting (pull mode); whether it does."""
+        if self._pull is None:
+            return await self.wait_app_reachable(deadline)
+        with trio.move_on_at(deadline):
+            await self._pull.wait_demand()
+        return self._pull.demand() > 0
+
+    async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]:
+        """`GET /v1/records`: up to `max_records` deliveries, waiting up to `wait_s` for one.
+
+        The attempt span ends here, as a deferred answer does in push mode: the app answers
+        through `POST /v1/acks`. A delivery handed to a client that is gone is not lost: its lock
+        expires and it is delivered again, counted, as a push request that failed after sending.
+        """
+        pull = self._pull
+        if pull is None:
+            raise NotPullMode(
+                f"app.mode is {self.config.app.mode}: the sidecar pushes records to the app; "
+                "GET /v1/records needs app.mode: pull"
+            )
+        if self.draining or self.stopping:
+            return []
+        taken = await pull.take(
+            max_records, wait_s, lambda d: self._live.get(d.id) is d, self.state.wake
+        )
+        now = trio.current_time()
+        lock_s = self.config.delivery.lock_duration_ms / 1000
+        out = []
+        for d in taken:
+            view, actx = attempt_view(self.tracing, d.tracked, d.delivery_count, d.id)
+            end_attempt_span(actx, d.tracked, _PULLED)
+            deadline = d.lock_deadline if d.lock_deadline is not None else now + lock_s
+            out.append(PulledRecord(view, max(0.0, deadline - now)))
+        self.counters.attempts += len(out)
+        return out
+
+    def _pull_status(self) -> dict[str, Any]:
+        pull = self._pull
+        if pull is None:
+            return {}
+        return {"pull": {"waiting_polls": pull.waiting(), "queued": pull.queued()}}
 
     # ------------------------------------------------------------------------- app reachability
 
@@ -792,6 +982,9 @@ class Pipeline:
         log.error("record archived", extra={"fields": fields})
 
 
+# A pulled record's attempt span ends when it is handed out: the answer comes through /v1/acks.
+_PULLED = Answer("deferred")
+
 # A batch answer that leaves a record out releases it (an attempt, retried).
 _MISSING_FROM_BATCH = Answer("release", reason="missing from the batch answer")
 
@@ -818,6 +1011,9 @@ __all__ = [
     "Delivery",
     "DeliveryState",
     "Engine",
+    "NotPullMode",
     "Pipeline",
+    "PullQueue",
+    "PulledRecord",
     "dlq_writer_for",
 ]

@@ -785,8 +785,9 @@ class ShareGroupEngine:
         )
 
     async def _wait_intake_open(self) -> bool:
-        """Wait while the app is unreachable; False when the consumer should re-check for a stop."""
-        return await self.pipe.wait_app_reachable(trio.current_time() + 0.5)
+        """Wait while the app is unreachable (pull mode: while no poll waits); False when the
+        consumer should re-check for a stop."""
+        return await self.pipe.wait_intake_open(trio.current_time() + 0.5)
 
     # ----------------------------------------------------------------------------- one batch
 
@@ -818,7 +819,11 @@ class ShareGroupEngine:
             if count > limit:
                 exhausted.append((msg, Tracked(record), count))
             else:
-                deliveries.append(pipe.issue(Tracked(record), count, _Acquired(msg, batch)))
+                deliveries.append(
+                    pipe.issue(
+                        Tracked(record), count, _Acquired(msg, batch), lock_deadline=deadline
+                    )
+                )
         batch.pending = len(deliveries)
         self._batches.add(batch)
         decisions: list[tuple[Message, AcknowledgeType]] = []

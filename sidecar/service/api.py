@@ -2,7 +2,8 @@
 
 The engine does the work. Two handlers over one route table:
 
-    control        every route: POST /v1/acks, GET /v1/status, and the read-only ones below.
+    control        every route: POST /v1/acks, GET /v1/records (pull mode), GET /v1/status,
+                   and the read-only ones below.
                    Listens on loopback or a Unix socket only (config.py refuses anything else).
     observability  GET /healthz, /readyz, /metrics only; may listen on the pod IP.
 
@@ -25,14 +26,21 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from urllib.parse import parse_qsl
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.config import is_loopback_host
-from sidecar.core.wire import AckItem, WireError, format_ack_response, parse_ack_request
-from sidecar.engines.pipeline import Engine
+from sidecar.core.wire import (
+    AckItem,
+    WireError,
+    format_ack_response,
+    format_pull_response,
+    parse_ack_request,
+)
+from sidecar.engines.pipeline import Engine, NotPullMode
 from sidecar.http.server import Request, Response, ServerStats, json_response
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
@@ -41,6 +49,48 @@ Route = Callable[[Request], Awaitable[Response]]
 TOKEN_HEADER = "dlq-sidecar-api-token"
 # Bodies up to this size parse in well under a millisecond: not worth a thread hop.
 _THREAD_PARSE_BYTES = 64 * 1024
+
+
+# GET /v1/records (pull mode): the bounds of its two parameters, and their defaults.
+PULL_MAX_RECORDS = 10_000
+PULL_MAX_WAIT_MS = 60_000
+PULL_DEFAULT_RECORDS = 100
+PULL_DEFAULT_WAIT_MS = 0
+
+
+class PullQueryError(ValueError):
+    """A bad ``GET /v1/records`` query (a 400); the message names the parameter."""
+
+
+def parse_pull_query(query: str) -> tuple[int, int]:
+    """``max`` and ``wait_ms`` of a ``GET /v1/records`` query string, checked against their bounds.
+
+    Only those two, each at most once, as decimal integers: a typo (``wait=``) is an error, not a
+    default that turns a long poll into a busy loop.
+    """
+    values = {"max": PULL_DEFAULT_RECORDS, "wait_ms": PULL_DEFAULT_WAIT_MS}
+    bounds = {"max": (1, PULL_MAX_RECORDS), "wait_ms": (0, PULL_MAX_WAIT_MS)}
+    seen: set[str] = set()
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise PullQueryError(f"malformed query string {query[:100]!r}") from None
+    for name, text in pairs:
+        if name not in bounds:
+            raise PullQueryError(f"unknown parameter {name[:50]!r} (known: max, wait_ms)")
+        if name in seen:
+            raise PullQueryError(f"{name} given more than once")
+        seen.add(name)
+        low, high = bounds[name]
+        if not (text.isascii() and text.isdigit()) or len(text) > 9:
+            raise PullQueryError(
+                f"{name} must be an integer from {low} to {high}, got {text[:20]!r}"
+            )
+        value = int(text)
+        if not low <= value <= high:
+            raise PullQueryError(f"{name} must be from {low} to {high}, got {value}")
+        values[name] = value
+    return values["max"], values["wait_ms"]
 
 
 def host_is_loopback(host_header: str) -> bool:
@@ -76,6 +126,7 @@ class LocalApi:
         self.observability_stats = ServerStats("observability")
         self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/acks"): self.acks,
+            ("GET", "/v1/records"): self.records,
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
             ("GET", "/v1/status"): self.status,
@@ -124,6 +175,9 @@ class LocalApi:
 
     async def _route(self, request: Request, routes: dict[tuple[str, str], Route]) -> Response:
         method = "GET" if request.method == "HEAD" else request.method
+        if request.method == "HEAD" and request.path == "/v1/records":
+            # A HEAD would take records and send none of them back.
+            return json_response({"error": "method HEAD not allowed: records need a GET"}, 405)
         handler = routes.get((method, request.path))
         if handler is None:
             if any(path == request.path for _, path in routes):
@@ -154,6 +208,21 @@ class LocalApi:
             )
         results = self.engine.ack(items)
         return Response(200, (("Content-Type", "application/json"),), format_ack_response(results))
+
+    async def records(self, request: Request) -> Response:
+        """Pull mode: up to ``max`` records, waiting up to ``wait_ms`` for the first one."""
+        try:
+            max_records, wait_ms = parse_pull_query(request.query)
+        except PullQueryError as exc:
+            return json_response({"error": str(exc)}, 400)
+        try:
+            pulled = await self.engine.pull(max_records, wait_ms / 1000)
+        except NotPullMode as exc:
+            return json_response({"error": str(exc)}, 409)
+        body = format_pull_response([(p.view, int(p.lock_remaining_s * 1000)) for p in pulled])
+        return Response(
+            200, (("Content-Type", "application/json"), ("Cache-Control", "no-store")), body
+        )
 
     async def healthz(self, _request: Request) -> Response:
         if self.engine.failure:

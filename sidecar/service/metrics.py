@@ -122,6 +122,18 @@ class EngineCollector(Collector):
             "Isolated deliveries that ended (answer, expiry or revoke), this assignment.",
             value=int(status.get("isolated_total", 0)),
         )
+        # Pull mode (app.mode: pull): the app's long polls and what waits for them (0 otherwise).
+        pull = status.get("pull") or {}
+        yield GaugeMetricFamily(
+            "dlq_sidecar_pull_waiting_polls",
+            "Pull mode: GET /v1/records polls waiting for records.",
+            value=int(pull.get("waiting_polls", 0)),
+        )
+        yield GaugeMetricFamily(
+            "dlq_sidecar_pull_queued_records",
+            "Pull mode: deliveries waiting for the next poll (share engine batches a poll did not take).",
+            value=int(pull.get("queued", 0)),
+        )
 
 
 # Loopback HTTP answers take well under a millisecond to seconds; DLQ writes are broker round trips.

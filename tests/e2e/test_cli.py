@@ -172,6 +172,26 @@ def test_check_config_on_a_missing_file_exits_2(tmp_path: Path) -> None:
     assert "nope.yaml" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("app", "named"),
+    [
+        ({"mode": "pull", "url": "http://127.0.0.1:8080/records"}, "app.url: must be left out"),
+        ({"mode": "pull", "unix_socket": "/tmp/app.sock"}, "app.unix_socket: must be left out"),
+        ({"mode": "single"}, "app.url: required with app.mode: single"),
+    ],
+    ids=["pull-with-url", "pull-with-socket", "push-without-url"],
+)
+def test_pull_mode_contradictions_exit_2_naming_the_key(
+    tmp_path: Path, app: dict[str, Any], named: str
+) -> None:
+    path = _write(tmp_path, {**GOOD, "app": app})
+    done = cli("check-config", "-c", str(path))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert named in done.stderr, done.stderr
+    path = _write(tmp_path, {**GOOD, "app": {"mode": "pull"}})
+    assert cli("check-config", "-c", str(path)).returncode == 0
+
+
 def test_run_with_a_bad_config_exits_2_before_connecting(tmp_path: Path) -> None:
     path = _write(tmp_path, _with(["app", "timeout.ms"], -1))
     done = cli("run", "-c", str(path), timeout_s=20)

@@ -947,7 +947,9 @@ def test_notes_render_for_every_variant(helm: str, variant: Path, tmp_path: Path
     grace = pod_spec(render(helm, variant))["terminationGracePeriodSeconds"]
     assert f"Pod termination grace period: {grace}s" in notes
     app = sidecar_config(render(helm, variant))["app"]
-    if "unix_socket" in app:
+    if app.get("mode") == "pull":
+        assert "GET $DLQ_SIDECAR_URL/v1/records" in notes and "POST http" not in notes
+    elif "unix_socket" in app:
         assert app["unix_socket"] in notes
     else:
         assert f"POST {app['url']}" in notes

@@ -1047,4 +1047,11 @@ def test_ack_response_matches_the_documented_schema(openapi: dict[str, Any]) -> 
 
 def test_local_api_paths_are_documented(openapi: dict[str, Any]) -> None:
     assert openapi["openapi"].startswith("3.1")
-    assert set(openapi["paths"]) == {"/v1/acks", "/healthz", "/readyz", "/metrics", "/v1/status"}
+    assert set(openapi["paths"]) == {
+        "/v1/acks",
+        "/v1/records",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v1/status",
+    }

@@ -198,7 +198,10 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- $_ := set $api "token" "${DLQ_SIDECAR_API_TOKEN}" }}
 {{- end }}
 {{- $app := dict }}
-{{- if eq $v.app.transport "unix" }}
+{{- if eq $v.app.transport "pull" }}
+{{- /* Pull mode: nothing connects to the app; it pulls from the control API ($DLQ_SIDECAR_URL). */}}
+{{- $app = dict "mode" "pull" }}
+{{- else if eq $v.app.transport "unix" }}
 {{- $app = dict "url" (printf "http://localhost%s" $v.app.pushPath) "unix_socket" (printf "%s/%s" (include "dlq-sidecar.socketDir" .) $v.app.socketName) }}
 {{- else }}
 {{- $app = dict "url" (printf "http://127.0.0.1:%d%s" (int64 $v.app.port) $v.app.pushPath) }}
@@ -423,7 +426,7 @@ stopped only after they have exited, so the app never loses the sidecar mid-requ
 {{- if eq .values.app.transport "unix" }}
 - name: DLQ_SIDECAR_APP_SOCKET
   value: {{ printf "%s/%s" (include "dlq-sidecar.socketDir" .) .values.app.socketName | quote }}
-{{- else }}
+{{- else if eq .values.app.transport "tcp" }}
 - name: DLQ_SIDECAR_APP_PORT
   value: {{ .values.app.port | quote }}
 {{- end }}

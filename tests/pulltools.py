@@ -1,0 +1,108 @@
+"""Pull mode in tests: a sidecar config with ``app.mode: pull``, and a real HTTP client that pulls.
+
+`pull_config` writes the harness's config (`tests.harness.write_config`) without an app URL and with
+``app.mode: pull``; `PullClient` is a plain `http.client` connection to the control API, over TCP or
+a Unix socket (``api.listen: unix:/path``), for `GET /v1/records` and `POST /v1/acks`. Its calls are
+blocking: run them in a thread (`trio.to_thread.run_sync`) from trio tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.harness import write_config
+
+
+def pull_config(path: Path, *, app_extra: dict[str, Any] | None = None, **kwargs: Any) -> Path:
+    """`write_config` for a pull-mode sidecar: no app URL, ``app.mode: pull``."""
+    return to_pull_mode(write_config(path, app_url="unused", app_extra=app_extra, **kwargs))
+
+
+def to_pull_mode(path: Path) -> Path:
+    """Rewrite a sidecar config file for pull mode (drop the app's URL and socket); returns it."""
+    cfg = yaml.safe_load(path.read_text())
+    cfg["app"].pop("url", None)
+    cfg["app"].pop("unix_socket", None)
+    cfg["app"]["mode"] = "pull"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def api_listen_of(path: Path) -> str:
+    return str(yaml.safe_load(path.read_text())["api"]["listen"])
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class PullClient:
+    """One keep-alive connection to the control API (``api.listen``: ``host:port`` or ``unix:/path``)."""
+
+    def __init__(self, api_listen: str, *, token: str = "", timeout_s: float = 90.0) -> None:
+        if api_listen.startswith("unix:"):
+            self.conn: http.client.HTTPConnection = _UnixConnection(api_listen[5:], timeout_s)
+        else:
+            host, _, port = api_listen.rpartition(":")
+            self.conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        self.headers = {"dlq-sidecar-api-token": token} if token else {}
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        self.conn.request(method, path, body=body, headers={**self.headers, **(headers or {})})
+        resp = self.conn.getresponse()
+        data = resp.read()
+        ctype = resp.getheader("content-type") or ""
+        return resp.status, json.loads(data) if "json" in ctype and data else data
+
+    def pull(self, max_records: int = 100, wait_ms: int = 0) -> list[dict[str, Any]]:
+        code, body = self.request("GET", f"/v1/records?max={max_records}&wait_ms={wait_ms}")
+        assert code == 200, (code, body)
+        return list(body["records"])
+
+    def ack(self, acks: list[dict[str, Any]]) -> list[str]:
+        code, body = self.request(
+            "POST",
+            "/v1/acks",
+            json.dumps({"acks": acks}).encode(),
+            {"Content-Type": "application/json"},
+        )
+        assert code == 200, (code, body)
+        return [r["result"] for r in body["results"]]
+
+
+def value_of(record: dict[str, Any]) -> bytes | None:
+    v = record["value"]
+    return None if v is None else base64.b64decode(v)
+
+
+def key_of(record: dict[str, Any]) -> bytes | None:
+    k = record["key"]
+    return None if k is None else base64.b64decode(k)
