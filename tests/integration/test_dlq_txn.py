@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sidecar.http.server import Response
 from sidecar.kafka import dlq as dlq_module
 from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnStuck, FailedRecord
+from sidecar.kafka.dlq import txn as dlq_txn
 from tests.harness import (
     RecordingApp,
     restartable_member,
@@ -131,7 +132,7 @@ async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
         await writer.txn_begin()
         await writer.txn_produce(_failed(src, 3, group), dlq_topic)
         # Every transaction call now "overstays" at once, as a stuck one does after the watchdog.
-        monkeypatch.setattr(dlq_module, "TXN_CALL_WATCHDOG_S", 0.0)
+        monkeypatch.setattr(dlq_txn, "TXN_CALL_WATCHDOG_S", 0.0)
         with pytest.raises(DlqTxnStuck):
             await writer.txn_commit([TopicPartition(src, 0, 4, metadata="old")], group_metadata)
         monkeypatch.undo()
@@ -203,7 +204,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
     member.close()
     tp = (dlq_topic, 0)
     # A wait for the settle time would take 15 s, a settled partition's check far less, loaded or not.
-    monkeypatch.setattr(dlq_module, "ABORT_SETTLE_S", 15.0)
+    monkeypatch.setattr(dlq_txn, "ABORT_SETTLE_S", 15.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await writer.txn_begin()
@@ -212,7 +213,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
         await writer.txn_abort()
         took = trio.current_time() - t0
         assert writer.abort_markers_repaired == 0
-        assert took < dlq_module.ABORT_SETTLE_S, f"a settled partition was waited on ({took:.1f}s)"
+        assert took < dlq_txn.ABORT_SETTLE_S, f"a settled partition was waited on ({took:.1f}s)"
         deadline = trio.current_time() + 10
         ends = await writer._log_ends([tp], committed=False, deadline=deadline)
         stable = await writer._log_ends([tp], committed=True, deadline=deadline)

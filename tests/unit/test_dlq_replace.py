@@ -17,6 +17,7 @@ import trio
 from confluent_kafka import KafkaError, KafkaException
 
 from sidecar.kafka import dlq
+from sidecar.kafka.dlq import writer as dlq_writer
 
 FENCED = KafkaException(
     KafkaError(KafkaError._FENCED, "This instance has been fenced by a newer instance", fatal=True)
@@ -59,7 +60,7 @@ class FakeProducer:
 def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
     FakeProducer.instances = []
     FakeProducer.hold_next_init = False
-    monkeypatch.setattr(dlq, "Producer", FakeProducer)
+    monkeypatch.setattr(dlq_writer, "Producer", FakeProducer)
     w = dlq.DlqWriter(
         {"bootstrap.servers": "127.0.0.1:9"},
         group="g",

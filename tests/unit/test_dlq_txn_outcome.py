@@ -23,6 +23,8 @@ import trio
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from sidecar.kafka import dlq
+from sidecar.kafka.dlq import txn as dlq_txn
+from sidecar.kafka.dlq import writer as dlq_writer
 
 DLQ_TOPIC = "dlq.src"
 SRC = "src"
@@ -151,7 +153,7 @@ class Checks:
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
     FakeProducer.instances = []
-    monkeypatch.setattr(dlq, "Producer", FakeProducer)
+    monkeypatch.setattr(dlq_writer, "Producer", FakeProducer)
     w = dlq.DlqWriter(
         {"bootstrap.servers": "127.0.0.1:9"},
         group="g",
@@ -163,8 +165,8 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
         topic_replication_factor=1,
     )
     w.transactional_id = "dlq-sidecar.g.test"
-    w._partitions[DLQ_TOPIC] = 1
-    w._max_bytes[DLQ_TOPIC] = None
+    w.topics.partitions[DLQ_TOPIC] = 1
+    w.topics.max_bytes[DLQ_TOPIC] = None
     return w
 
 
@@ -387,7 +389,7 @@ async def test_a_stuck_commit_is_settled_from_the_group_offsets(
             await writer.txn_begin()
             await writer.txn_produce(_failed(5), DLQ_TOPIC)
             FakeProducer.instances[0].commit_gate = gate
-            monkeypatch.setattr(dlq, "TXN_CALL_WATCHDOG_S", 0.3)
+            monkeypatch.setattr(dlq_txn, "TXN_CALL_WATCHDOG_S", 0.3)
             await writer.txn_commit(SENT, object())  # before: DlqFatalError "outcome is unknown"
             assert len(FakeProducer.instances) == 2
             assert writer._producer is FakeProducer.instances[1]
@@ -417,7 +419,7 @@ async def test_offsets_that_stay_unreadable_stop_the_sidecar(
 ) -> None:
     group = _group(writer, monkeypatch, 12, "after")
     group.unreadable = True
-    monkeypatch.setattr(dlq, "OUTCOME_READ_BUDGET_S", 1.0)
+    monkeypatch.setattr(dlq_txn, "OUTCOME_READ_BUDGET_S", 1.0)
     async with trio.open_nursery() as nursery:
         await _started(nursery, writer)
         await writer.txn_begin()
