@@ -96,6 +96,11 @@ class FakeProducer:
     def flush(self, timeout: float) -> int:
         return 0
 
+    def __len__(self) -> int:
+        # rd_kafka_outq_len(): undelivered reports plus queued events (a fatal error's).
+        with self._lock:
+            return len(self._reports) + (self.poll_error is not None)
+
     def send_offsets_to_transaction(
         self, offsets: Any, group_metadata: Any, timeout: float
     ) -> None:
@@ -229,12 +234,12 @@ async def _started(nursery: trio.Nursery, writer: dlq.DlqWriter) -> list[BaseExc
     return outcome
 
 
-async def _polled(writer: dlq.DlqWriter, n: int = 5) -> None:
-    """Wait until the writer's current producer has been polled `n` more times."""
+async def _polled(writer: dlq.DlqWriter) -> None:
+    """Wait until the poll loop has served everything queued on the writer's producer (an error
+    it was handed would have been raised by then) and sleeps until the next call on the handle."""
     producer = writer._producer
     assert isinstance(producer, FakeProducer)
-    target = producer.polls + n
-    await _until(lambda: producer.polls >= target, f"{n} more polls")
+    await _until(lambda: writer.poll_sleeping and not len(producer), "the poll loop idle")
 
 
 async def test_an_abort_refused_with_invalid_txn_state_replaces_the_producer_instead_of_stopping(
@@ -284,9 +289,11 @@ async def test_the_poll_loop_handing_over_a_fatal_error_between_transactions_doe
         outcome = await _started(nursery, writer)
         old = FakeProducer.instances[0]
         old.poll_error = INVALID_TXN_STATE
+        # Polling is event-driven: the error is served by the poll that a call on the handle (the
+        # previous transaction's last) asks for.
+        writer._ask_poll()
         await _until(lambda: old.poll_raised, "the poll to raise it")
-        polls = old.polls
-        await _until(lambda: outcome or old.polls >= polls + 5, "five more polls, or a stop")
+        await _until(lambda: outcome or writer.poll_sleeping, "the poll loop idle, or a stop")
         assert not outcome, f"the writer stopped: {outcome}"
         await writer.txn_begin()  # on a new producer
         assert len(FakeProducer.instances) == 2

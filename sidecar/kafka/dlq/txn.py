@@ -152,11 +152,16 @@ class DlqWriter(PlainDlqWriter):
         """Run `fn(producer)` in a thread; DlqTxnStuck when it is still blocked after the watchdog."""
         assert self._producer is not None
         producer = self._producer
-        with trio.move_on_after(TXN_CALL_WATCHDOG_S):
-            async with self._handle_lock:
-                # Abandoned, not waited for, past the watchdog: the thread stays blocked in the old
-                # producer until librdkafka lets go, and txn_abort() replaces that producer.
-                return await trio.to_thread.run_sync(fn, producer, abandon_on_cancel=True)
+        try:
+            with trio.move_on_after(TXN_CALL_WATCHDOG_S):
+                async with self._handle_lock:
+                    # Abandoned, not waited for, past the watchdog: the thread stays blocked in
+                    # the old producer until librdkafka lets go, and txn_abort() replaces it.
+                    return await trio.to_thread.run_sync(fn, producer, abandon_on_cancel=True)
+        finally:
+            # A call may queue events (an abort's purged delivery reports, a fatal error's
+            # report): the poll loop serves them.
+            self._ask_poll()
         self._stuck = True
         raise DlqTxnStuck(f"{what} still blocked after {TXN_CALL_WATCHDOG_S:.0f} s")
 
@@ -577,6 +582,7 @@ class DlqWriter(PlainDlqWriter):
             self._stuck = False
             self._broken = None
             self._in_txn = False
+        self._ask_poll()
         self.producers_replaced += 1
 
 

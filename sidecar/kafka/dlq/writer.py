@@ -68,6 +68,10 @@ class PlainDlqWriter:
         self.transactional_id: str | None = None  # set before run() for the transactional mode
         self._handle_lock = trio.Lock()  # one call on the producer handle at a time (FIFO)
         self._token: trio.lowlevel.TrioToken | None = None
+        # Event-driven polling (see run()): set when a call may have given the producer work.
+        self._poll_wake = trio.Event()
+        self._poll_asked = False
+        self.poll_sleeping = False  # nothing to serve: the poll loop waits for a call on the handle
         self.written = 0
         self.failed = 0
         self.copies_dropped = 0
@@ -105,13 +109,22 @@ class PlainDlqWriter:
     # -- running ----------------------------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the producer: serve delivery reports until cancelled, then flush what is pending."""
+        """Own the producer: serve its delivery reports while any are due, then flush what is pending.
+
+        Event-driven: the producer is polled only while it has work (`len(producer)`: records not
+        yet confirmed, reports and events not yet served) or after a call that may have queued an
+        event (`_ask_poll`); otherwise this task sleeps on an event, so an idle writer does no
+        periodic work. A fatal error that librdkafka reports while nothing is due surfaces with
+        the next call on the handle (its own error, or the poll that call asks for).
+        """
         self._token = trio.lowlevel.current_trio_token()
         self._producer = self._new_producer()
         await self._started()
+        self._ask_poll()  # serve whatever start-up queued (logs), once
         task_status.started()
         try:
             while True:
+                await self._wait_poll_work()
                 # The handle is used by one thread at a time (confluent-kafka serialises calls,
                 # and a poll loop re-taking it could starve a transaction call for minutes).
                 async with self._handle_lock:
@@ -125,6 +138,28 @@ class PlainDlqWriter:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(12):
                 await trio.to_thread.run_sync(self._producer.flush, 10, abandon_on_cancel=True)
+
+    def _ask_poll(self) -> None:
+        """Poll the producer at least once more (a call on the handle may have queued an event)."""
+        self._poll_asked = True
+        self._poll_wake.set()
+
+    async def _wait_poll_work(self) -> None:
+        """Return once the producer has something to serve; sleep (no thread, no timer) otherwise."""
+        while True:
+            if self._poll_asked:
+                self._poll_asked = False
+                return
+            producer = self._producer
+            # rd_kafka_outq_len(): brief and non-blocking, safe from the trio thread.
+            if producer is not None and len(producer) > 0:
+                return
+            self._poll_wake = trio.Event()
+            self.poll_sleeping = True
+            try:
+                await self._poll_wake.wait()
+            finally:
+                self.poll_sleeping = False
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
@@ -260,6 +295,7 @@ class PlainDlqWriter:
                             on_delivery=on_delivery,
                         )
                     )
+                self._ask_poll()  # its delivery report is due: poll until it is served
                 break
             except BufferError:
                 await trio.sleep(0.01)
