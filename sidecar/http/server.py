@@ -16,6 +16,9 @@ most once a second per reason) and counted in :class:`ServerStats`:
     503  a connection beyond ``max_connections`` (answered and closed at once)
     --   a response the client does not read within ``send_timeout_s``: the connection is dropped
     --   a connection idle (between requests) for ``idle_timeout_s``: closed
+    500  a handler that raised, or returned a response that cannot be written (a header that is
+         not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
+         only broad ``except``; the connection and the server go on
 
 Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
 they are not merged into the headers).
@@ -51,6 +54,7 @@ import trio
 from sidecar.http.limits import LimitExceeded, MeteredCollector
 
 __all__ = [
+    "BadResponse",
     "Handler",
     "Limits",
     "Listen",
@@ -174,14 +178,26 @@ def json_response(obj: object, status: int = 200) -> Response:
 _REASONS = {status.value: status.phrase for status in http.HTTPStatus}
 
 
+class BadResponse(ValueError):
+    """A handler's response that cannot be written as HTTP/1.1 (the handler's bug: a 500)."""
+
+
 def _format_response(response: Response, keep_alive: bool, head_only: bool) -> bytes:
+    """The response's bytes; BadResponse when a header cannot go on the wire as it is (not
+    latin-1, or a CR or LF in it, which would split the response)."""
     status = response.status
     parts = [
         b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\n"
         % (status, _REASONS.get(status, "Unknown").encode("ascii"), len(response.body))
     ]
     for name, value in response.headers:
-        parts.append(f"{name}: {value}\r\n".encode("latin-1"))
+        line = f"{name}: {value}"
+        if "\r" in line or "\n" in line:
+            raise BadResponse(f"header {name[:64]!r}: CR or LF in a header line")
+        try:
+            parts.append(line.encode("latin-1") + b"\r\n")
+        except UnicodeEncodeError as exc:
+            raise BadResponse(f"header {name[:64]!r}: not latin-1") from exc
     if not keep_alive:
         parts.append(b"Connection: close\r\n")
     parts.append(b"\r\n")
@@ -298,14 +314,21 @@ async def _refuse(
                 drained += len(data)
 
 
-async def _call_handler(handler: Handler, request: Request) -> Response:
+_INTERNAL_ERROR = Response(500, (("Content-Type", "text/plain"),), b"internal error\n")
+
+
+async def _respond(handler: Handler, request: Request, keep_alive: bool, head_only: bool) -> bytes:
+    """The per-request dispatch: the handler's response as bytes, or a 500.
+
+    The only broad `except` of this module: one broken handler call (an exception, or a response
+    that cannot be written) must cost one 500, not the connection or the server. trio.Cancelled is
+    a BaseException and passes through.
+    """
     try:
-        return await handler(request)
+        return _format_response(await handler(request), keep_alive, head_only)
     except Exception:
-        # The per-request boundary: one broken handler call must cost one 500, not the server.
-        # trio.Cancelled is a BaseException and passes through.
         log.exception("HTTP handler failed for %s %s", request.method, request.path)
-        return Response(500, (("Content-Type", "text/plain"),), b"internal error\n")
+        return _format_response(_INTERNAL_ERROR, keep_alive, head_only)
 
 
 async def _serve_connection(
@@ -363,12 +386,10 @@ async def _serve_connection(
             answered = bool(collector.ready)
             while collector.ready:
                 request, keep_alive = collector.ready.popleft()
-                response = await _call_handler(handler, request)
                 keep_alive = keep_alive and not upgrade
                 head_only = request.method == "HEAD"
-                await _send(
-                    stream, _format_response(response, keep_alive, head_only), limits, stats
-                )
+                data = await _respond(handler, request, keep_alive, head_only)
+                await _send(stream, data, limits, stats)
                 if not keep_alive:
                     return
             if not collector.in_message:

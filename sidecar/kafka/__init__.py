@@ -1,7 +1,8 @@
 """Kafka adapters (confluent-kafka): the consumer driven from trio, and the DLQ writer.
 
     source   the consumer: subscribe, the poll loop, commits with metadata, pause/resume, close
-    dlq      DLQ topics (admin), DLQ writes (acks=all, idempotent), the transactional protocol
+    dlq/     the DLQ: records, topics (admin), plain writes (acks=all, idempotent), the transactional
+             protocol (see its `__init__`)
 
 May import `sidecar.core` and `sidecar.config`; never the engines, the HTTP adapters or the service.
 """

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sidecar.http.server import Response
 from sidecar.kafka import dlq as dlq_module
 from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnStuck, FailedRecord
+from sidecar.kafka.dlq import txn as dlq_txn
 from tests.harness import (
     RecordingApp,
     restartable_member,
@@ -96,6 +97,61 @@ async def test_kill_9_repeatedly_gives_no_duplicate_and_no_lost_dlq_record(
     assert accepted == set(range(n)) - poison
 
 
+async def test_many_dlq_records_share_one_transaction_and_each_is_committed_once(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """DLQ records that arrive while a transaction is under way go into the next one: one
+    transaction carries many records. Counted from the DLQ partition itself: each committed
+    transaction ends with one COMMIT marker, which takes an offset, so the partition's end offset
+    is the records plus the transactions that wrote to it."""
+    topic = broker.create_topic(f"src-{unique}", partitions=2)
+    dlq = broker.create_topic(f"dlq.{topic}", partitions=1)
+    group = f"g-{unique}"
+    n = 600
+    poison = {i for i in range(n) if i % 3 != 0}
+
+    async def reject_poison(d):  # type: ignore[no-untyped-def]
+        return Response(400) if (d.value or b"").startswith(b"poison") else Response(200)
+
+    app = RecordingApp(policy=reject_poison)
+    await trio.to_thread.run_sync(
+        broker.produce,
+        topic,
+        [
+            Rec(key=f"k{i}".encode(), value=(b"poison:" if i in poison else b"ok:") + b"%d" % i)
+            for i in range(n)
+        ],
+    )
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=group,
+        path="/",
+        extra={
+            "errors.deadletterqueue.transactional.enable": True,
+            "errors.deadletterqueue.copy.record.enable": True,
+        },
+    ) as rig:
+        assert rig.dlq_topic == dlq
+        ends = broker.end_offsets(topic, [0, 1])
+        await _wait_thread(
+            lambda: all(broker.committed(group, topic, [0, 1])[p][0] == ends[p] for p in (0, 1)),
+            120,
+            "every record done",
+        )
+        assert await rig.sc.stop() == 0
+    got = await _committed_once_visible(broker, dlq)
+    values = [r.value or b"" for r in got]
+    assert len(values) == len(set(values)), "duplicate DLQ records"
+    assert {int(v.split(b":")[1]) for v in values} == poison, "lost or extra DLQ records"
+    transactions = broker.end_offsets(dlq, [0])[0] - len(poison)
+    assert 1 <= transactions <= len(poison) // 4, (
+        f"{len(poison)} DLQ records took {transactions} transactions"
+    )
+
+
 def _failed(topic: str, offset: int, group: str) -> FailedRecord:
     return FailedRecord(
         topic=topic,
@@ -131,7 +187,7 @@ async def test_a_stuck_transaction_call_is_fenced_and_the_transaction_redone(
         await writer.txn_begin()
         await writer.txn_produce(_failed(src, 3, group), dlq_topic)
         # Every transaction call now "overstays" at once, as a stuck one does after the watchdog.
-        monkeypatch.setattr(dlq_module, "TXN_CALL_WATCHDOG_S", 0.0)
+        monkeypatch.setattr(dlq_txn, "TXN_CALL_WATCHDOG_S", 0.0)
         with pytest.raises(DlqTxnStuck):
             await writer.txn_commit([TopicPartition(src, 0, 4, metadata="old")], group_metadata)
         monkeypatch.undo()
@@ -203,7 +259,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
     member.close()
     tp = (dlq_topic, 0)
     # A wait for the settle time would take 15 s, a settled partition's check far less, loaded or not.
-    monkeypatch.setattr(dlq_module, "ABORT_SETTLE_S", 15.0)
+    monkeypatch.setattr(dlq_txn, "ABORT_SETTLE_S", 15.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await writer.txn_begin()
@@ -212,7 +268,7 @@ async def test_an_abort_is_checked_for_its_marker_and_an_abort_only_transaction_
         await writer.txn_abort()
         took = trio.current_time() - t0
         assert writer.abort_markers_repaired == 0
-        assert took < dlq_module.ABORT_SETTLE_S, f"a settled partition was waited on ({took:.1f}s)"
+        assert took < dlq_txn.ABORT_SETTLE_S, f"a settled partition was waited on ({took:.1f}s)"
         deadline = trio.current_time() + 10
         ends = await writer._log_ends([tp], committed=False, deadline=deadline)
         stable = await writer._log_ends([tp], committed=True, deadline=deadline)

@@ -19,6 +19,10 @@ from sidecar.http.server import Limits, Request, Response, ServerStats, serve_ht
 async def echo(request: Request) -> Response:
     if request.path == "/boom":
         raise RuntimeError("handler bug")
+    if request.path == "/not-latin-1":
+        return Response(200, (("X-Price", "5 \u20ac"),))
+    if request.path == "/split":
+        return Response(200, (("X-Next", "a\r\nSet-Cookie: injected=1"),))
     if request.path == "/slow":
         await trio.sleep(0.2)
     body = b"%s %s ?%s len=%d" % (
@@ -192,6 +196,22 @@ async def test_handler_exception_is_500_and_the_connection_survives(
         first, second = await read_responses(stream, 2)
         assert first.startswith(b"HTTP/1.1 500 ")
         assert second.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_a_response_that_cannot_be_written_is_500_and_the_connection_survives(
+    transport: str, tmp_path: Path
+) -> None:
+    """A handler's header that is not latin-1, or carries CR/LF (it would split the response), is
+    the handler's bug: one 500, never an injected header or a crashed server."""
+    async with running(transport, tmp_path) as stream:
+        await stream.send_all(
+            b"GET /not-latin-1 HTTP/1.1\r\n\r\nGET /split HTTP/1.1\r\n\r\nGET /ok HTTP/1.1\r\n\r\n"
+        )
+        first, second, third = await read_responses(stream, 3)
+        assert first.startswith(b"HTTP/1.1 500 ")
+        assert second.startswith(b"HTTP/1.1 500 ")
+        assert b"injected" not in second
+        assert third.startswith(b"HTTP/1.1 200 ")
 
 
 async def test_head_has_no_body(transport: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import trio
 from trio.testing import MockClock
 
 from sidecar.kafka import dlq
+from sidecar.kafka.dlq import txn as dlq_txn
 
 TP0, TP1 = ("dlq.t", 0), ("dlq.t", 1)
 
@@ -46,7 +47,7 @@ class FakeOffsets:
 
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
-    monkeypatch.setattr(dlq, "ABORT_SETTLE_S", 0.3)
+    monkeypatch.setattr(dlq_txn, "ABORT_SETTLE_S", 0.3)
     return dlq.DlqWriter(
         {"bootstrap.servers": "127.0.0.1:9"},
         group="g",

@@ -17,6 +17,7 @@ import trio
 from confluent_kafka import KafkaError, KafkaException
 
 from sidecar.kafka import dlq
+from sidecar.kafka.dlq import writer as dlq_writer
 
 FENCED = KafkaException(
     KafkaError(KafkaError._FENCED, "This instance has been fenced by a newer instance", fatal=True)
@@ -32,6 +33,7 @@ class FakeProducer:
         self.polls = 0
         self.raised = threading.Event()
         self.poll_error: KafkaException | None = None
+        self.outstanding = 0  # delivery reports due: the writer polls only while there are some
         self.init_started = threading.Event()
         self.init_gate = threading.Event()
         if not FakeProducer.hold_next_init:
@@ -54,12 +56,16 @@ class FakeProducer:
     def flush(self, timeout: float) -> int:
         return 0
 
+    def __len__(self) -> int:
+        # rd_kafka_outq_len(): reports due plus queued events (a fatal error's).
+        return self.outstanding + (self.poll_error is not None)
+
 
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
     FakeProducer.instances = []
     FakeProducer.hold_next_init = False
-    monkeypatch.setattr(dlq, "Producer", FakeProducer)
+    monkeypatch.setattr(dlq_writer, "Producer", FakeProducer)
     w = dlq.DlqWriter(
         {"bootstrap.servers": "127.0.0.1:9"},
         group="g",
@@ -101,6 +107,9 @@ async def test_fencing_reported_by_the_old_handle_before_the_swap_is_ignored(
         nursery.start_soon(_run, writer, outcome)
         await _until(lambda: FakeProducer.instances and FakeProducer.instances[0].polls > 0, "poll")
         old = FakeProducer.instances[0]
+        # A DLQ record is in flight on the old producer: the writer keeps polling it.
+        old.outstanding = 1
+        writer._ask_poll()
 
         FakeProducer.hold_next_init = True
         nursery.start_soon(writer._replace_producer)
@@ -120,6 +129,7 @@ async def test_fencing_reported_by_the_old_handle_before_the_swap_is_ignored(
         await _until(lambda: outcome or old.polls > polls_at_error, "the next poll or a stop")
         assert not outcome, f"the writer stopped on the old handle's fencing: {outcome}"
 
+        new.outstanding = 1  # and one on the successor, once it is in use
         new.init_gate.set()
         await _until(lambda: writer._producer is new and new.polls > 0, "polling the successor")
         polls_of_old, polls_of_new = old.polls, new.polls
@@ -141,6 +151,7 @@ async def test_an_error_from_the_live_producer_stops_the_writer(writer: dlq.DlqW
         nursery.start_soon(_run, writer, outcome)
         await _until(lambda: FakeProducer.instances and FakeProducer.instances[0].polls > 0, "poll")
         FakeProducer.instances[0].poll_error = FENCED
+        writer._ask_poll()  # as the next call on the handle does
         await _until(lambda: bool(outcome), "the writer to stop")
         nursery.cancel_scope.cancel()
     assert isinstance(outcome[0], KafkaException)

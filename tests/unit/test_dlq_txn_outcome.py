@@ -23,6 +23,8 @@ import trio
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from sidecar.kafka import dlq
+from sidecar.kafka.dlq import txn as dlq_txn
+from sidecar.kafka.dlq import writer as dlq_writer
 
 DLQ_TOPIC = "dlq.src"
 SRC = "src"
@@ -94,6 +96,11 @@ class FakeProducer:
     def flush(self, timeout: float) -> int:
         return 0
 
+    def __len__(self) -> int:
+        # rd_kafka_outq_len(): undelivered reports plus queued events (a fatal error's).
+        with self._lock:
+            return len(self._reports) + (self.poll_error is not None)
+
     def send_offsets_to_transaction(
         self, offsets: Any, group_metadata: Any, timeout: float
     ) -> None:
@@ -151,7 +158,7 @@ class Checks:
 @pytest.fixture
 def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
     FakeProducer.instances = []
-    monkeypatch.setattr(dlq, "Producer", FakeProducer)
+    monkeypatch.setattr(dlq_writer, "Producer", FakeProducer)
     w = dlq.DlqWriter(
         {"bootstrap.servers": "127.0.0.1:9"},
         group="g",
@@ -163,8 +170,8 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
         topic_replication_factor=1,
     )
     w.transactional_id = "dlq-sidecar.g.test"
-    w._partitions[DLQ_TOPIC] = 1
-    w._max_bytes[DLQ_TOPIC] = None
+    w.topics.partitions[DLQ_TOPIC] = 1
+    w.topics.max_bytes[DLQ_TOPIC] = None
     return w
 
 
@@ -227,12 +234,12 @@ async def _started(nursery: trio.Nursery, writer: dlq.DlqWriter) -> list[BaseExc
     return outcome
 
 
-async def _polled(writer: dlq.DlqWriter, n: int = 5) -> None:
-    """Wait until the writer's current producer has been polled `n` more times."""
+async def _polled(writer: dlq.DlqWriter) -> None:
+    """Wait until the poll loop has served everything queued on the writer's producer (an error
+    it was handed would have been raised by then) and sleeps until the next call on the handle."""
     producer = writer._producer
     assert isinstance(producer, FakeProducer)
-    target = producer.polls + n
-    await _until(lambda: producer.polls >= target, f"{n} more polls")
+    await _until(lambda: writer.poll_sleeping and not len(producer), "the poll loop idle")
 
 
 async def test_an_abort_refused_with_invalid_txn_state_replaces_the_producer_instead_of_stopping(
@@ -282,9 +289,11 @@ async def test_the_poll_loop_handing_over_a_fatal_error_between_transactions_doe
         outcome = await _started(nursery, writer)
         old = FakeProducer.instances[0]
         old.poll_error = INVALID_TXN_STATE
+        # Polling is event-driven: the error is served by the poll that a call on the handle (the
+        # previous transaction's last) asks for.
+        writer._ask_poll()
         await _until(lambda: old.poll_raised, "the poll to raise it")
-        polls = old.polls
-        await _until(lambda: outcome or old.polls >= polls + 5, "five more polls, or a stop")
+        await _until(lambda: outcome or writer.poll_sleeping, "the poll loop idle, or a stop")
         assert not outcome, f"the writer stopped: {outcome}"
         await writer.txn_begin()  # on a new producer
         assert len(FakeProducer.instances) == 2
@@ -387,7 +396,7 @@ async def test_a_stuck_commit_is_settled_from_the_group_offsets(
             await writer.txn_begin()
             await writer.txn_produce(_failed(5), DLQ_TOPIC)
             FakeProducer.instances[0].commit_gate = gate
-            monkeypatch.setattr(dlq, "TXN_CALL_WATCHDOG_S", 0.3)
+            monkeypatch.setattr(dlq_txn, "TXN_CALL_WATCHDOG_S", 0.3)
             await writer.txn_commit(SENT, object())  # before: DlqFatalError "outcome is unknown"
             assert len(FakeProducer.instances) == 2
             assert writer._producer is FakeProducer.instances[1]
@@ -417,7 +426,7 @@ async def test_offsets_that_stay_unreadable_stop_the_sidecar(
 ) -> None:
     group = _group(writer, monkeypatch, 12, "after")
     group.unreadable = True
-    monkeypatch.setattr(dlq, "OUTCOME_READ_BUDGET_S", 1.0)
+    monkeypatch.setattr(dlq_txn, "OUTCOME_READ_BUDGET_S", 1.0)
     async with trio.open_nursery() as nursery:
         await _started(nursery, writer)
         await writer.txn_begin()

@@ -1,0 +1,95 @@
+"""The dead-letter queue: DLQ records, DLQ topics, plain writes and the transactional protocol.
+
+    record   the DLQ record (pure): `__dlq.errors.*` header names, `build_dlq_record`
+    errors   the DLQ's errors and librdkafka's error codes seen from a DLQ write
+    topics   DLQ topics (admin): create or check them, partition counts, max.message.bytes; the
+             producer's properties
+    writer   `PlainDlqWriter`: the producer handle, delivery reports, plain (at-least-once) `write()`
+    txn      `DlqWriter`: the plain writer plus the transaction protocol (DLQ records and the source
+             offsets in one Kafka transaction), its watchdog, fencing, outcome settling, abort markers
+
+Each module's docstring says which task may change what. The names below are the package's surface:
+`from sidecar.kafka.dlq import X` is how the engines, the operator tools and the tests import them.
+`FailedRecord` (the DLQ step's output) and the cause texts come from the pure core and are re-exported.
+Must not import the ledger, the source, the engines or the HTTP modules.
+"""
+
+from __future__ import annotations
+
+from sidecar.core.deadletter import FailedRecord
+from sidecar.core.outcome import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED
+from sidecar.kafka.dlq.errors import DlqFatalError, DlqStartupError, DlqTxnAbortable, DlqTxnStuck
+from sidecar.kafka.dlq.record import (
+    DLQ_HEADER_PREFIX,
+    H_COPY_DROPPED,
+    H_DELIVERY_COUNT,
+    H_EXC_CLASS,
+    H_EXC_MESSAGE,
+    H_EXC_STACKTRACE,
+    H_GROUP,
+    H_MESSAGE,
+    H_OFFSET,
+    H_PARTITION,
+    H_TOPIC,
+    REPLAY_HEADER_PREFIX,
+    DlqRecord,
+    Header,
+    build_dlq_record,
+    is_reserved_header,
+)
+from sidecar.kafka.dlq.topics import TOPIC_CONFIG_GROUP_DLQ, DlqTopics, producer_properties
+from sidecar.kafka.dlq.txn import (
+    ABORT_CHECK_BUDGET_S,
+    ABORT_REPAIR_ROUNDS,
+    ABORT_SETTLE_S,
+    OUTCOME_READ_BUDGET_S,
+    PROBE_HEADER,
+    TXN_CALL_TIMEOUT_S,
+    TXN_CALL_WATCHDOG_S,
+    CommittedOffsets,
+    DlqWriter,
+    replaceable,
+    transaction_committed,
+)
+from sidecar.kafka.dlq.writer import PlainDlqWriter
+
+__all__ = [
+    "ABORT_CHECK_BUDGET_S",
+    "ABORT_REPAIR_ROUNDS",
+    "ABORT_SETTLE_S",
+    "CAUSE_DELIVERY_COUNT",
+    "CAUSE_REJECTED",
+    "DLQ_HEADER_PREFIX",
+    "H_COPY_DROPPED",
+    "H_DELIVERY_COUNT",
+    "H_EXC_CLASS",
+    "H_EXC_MESSAGE",
+    "H_EXC_STACKTRACE",
+    "H_GROUP",
+    "H_MESSAGE",
+    "H_OFFSET",
+    "H_PARTITION",
+    "H_TOPIC",
+    "OUTCOME_READ_BUDGET_S",
+    "PROBE_HEADER",
+    "REPLAY_HEADER_PREFIX",
+    "TOPIC_CONFIG_GROUP_DLQ",
+    "TXN_CALL_TIMEOUT_S",
+    "TXN_CALL_WATCHDOG_S",
+    "CommittedOffsets",
+    "DlqFatalError",
+    "DlqRecord",
+    "DlqStartupError",
+    "DlqTopics",
+    "DlqTxnAbortable",
+    "DlqTxnStuck",
+    "DlqWriter",
+    "FailedRecord",
+    "Header",
+    "PlainDlqWriter",
+    "build_dlq_record",
+    "is_reserved_header",
+    "producer_properties",
+    "replaceable",
+    "transaction_committed",
+]
