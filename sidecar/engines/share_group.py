@@ -58,7 +58,7 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import Config, Ordering
-from sidecar.core.deadletter import FailedRecord
+from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.outcome import (
     ACK_BY_WORD,
     COUNT_EXHAUSTED,
@@ -527,6 +527,10 @@ class ShareGroupEngine:
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
         self._renew_warned = False
         self._consumers_running = 0
+        # Records the DLQ circuit breaker held (released to the broker instead of dead-lettered),
+        # by (topic, partition, offset): acquired again past the limit, they go to the app once
+        # more rather than to the DLQ at acquisition. Bounded: the oldest are forgotten first.
+        self._held: dict[tuple[str, int, int], None] = {}
 
     # ----------------------------------------------------------------------------- DeliveryState
 
@@ -544,6 +548,9 @@ class ShareGroupEngine:
 
     def stop_intake(self) -> None:
         self.source.stop_polling()
+
+    def release_held(self) -> None:
+        """Held records were released to the broker: it hands them out again once we poll."""
 
     async def wait_drained(self) -> None:
         """Let the batches in flight finish (answers and DLQ writes); unanswered ones are then released."""
@@ -738,7 +745,17 @@ class ShareGroupEngine:
                             ack_type.name,
                             exc,
                         )
-                # The acknowledgements go to the broker with the next poll (or the close below).
+                # The acknowledgements go to the broker with the next poll (or the close below);
+                # at once when the DLQ circuit breaker stops polling, so that accepted records
+                # are not redelivered once their locks expire.
+                stops: bool = trio.from_thread.run_sync(
+                    self._breaker_stops_polling, trio_token=token
+                )
+                if stops:
+                    try:
+                        consumer.commit_sync(10)
+                    except KafkaException as exc:
+                        log.warning("sending acknowledgements: %s", exc)
         finally:
             try:
                 consumer.close()
@@ -784,8 +801,15 @@ class ShareGroupEngine:
             result.error,
         )
 
+    def _breaker_stops_polling(self) -> bool:
+        return self.pipe.breaker_room() == 0
+
     async def _wait_intake_open(self) -> bool:
-        """Wait while the app is unreachable; False when the consumer should re-check for a stop."""
+        """Wait while the app is unreachable or the DLQ circuit breaker lets no record out (open,
+        or its probe is out); False when the consumer should re-check for a stop."""
+        if self.pipe.breaker_room() == 0:
+            await trio.sleep(0.1)
+            return False
         return await self.pipe.wait_app_reachable(trio.current_time() + 0.5)
 
     # ----------------------------------------------------------------------------- one batch
@@ -815,7 +839,10 @@ class ShareGroupEngine:
             self.source.assigned.add(key)
             self._in_flight_by_partition[key] = self._in_flight_by_partition.get(key, 0) + 1
             held.append(key)
-            if count > limit:
+            coordinates = (record.topic, record.partition, record.offset)
+            was_held = coordinates in self._held
+            self._held.pop(coordinates, None)
+            if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
             else:
                 deliveries.append(pipe.issue(Tracked(record), count, _Acquired(msg, batch)))
@@ -926,6 +953,8 @@ class ShareGroupEngine:
         acquired: int | None = None,
     ) -> None:
         """DLQ write, then REJECT; a release when it was not written (the sidecar is stopping)."""
+        assert self.settings is not None
+        acquisition = delivery_count if acquired is None else acquired
         outcome = await self.pipe.dead_letter(
             tracked,
             delivery_count,
@@ -933,9 +962,19 @@ class ShareGroupEngine:
             error,
             consequence="stopping without acknowledging it",
             write=self._write_dlq,
+            # Held means released; on the group's last delivery the broker would archive it
+            # without a DLQ record, so it is written even with the breaker open.
+            may_hold=acquisition < self.settings.group_delivery_count_limit,
         )
         if outcome.done:
             out.append((msg, AcknowledgeType.REJECT))
+            return
+        if outcome is ArchiveOutcome.HELD:
+            rec = tracked.record
+            self._held[(rec.topic, rec.partition, rec.offset)] = None
+            if len(self._held) > _HELD_REMEMBERED:
+                del self._held[next(iter(self._held))]
+            out.append((msg, AcknowledgeType.RELEASE))  # the broker hands it out again
             return
         # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
         # except at the group's limit, where the broker archives it itself.
@@ -989,6 +1028,10 @@ class ShareGroupEngine:
 
 
 # ------------------------------------------------------------------------------- helpers
+
+
+# How many held records the share engine remembers (see ShareGroupEngine._held).
+_HELD_REMEMBERED = 100_000
 
 
 def _lock_margin_ms(lock_ms: int) -> int:
