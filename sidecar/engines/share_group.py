@@ -826,6 +826,11 @@ class ShareGroupEngine:
         pipe = self.pipe
         limit = self.settings.delivery_count_limit
         self.source.broker_ok = True
+        released: list[tuple[Message, AcknowledgeType]] = []
+        if pipe.breaker_room() == 0:
+            released, messages = self._hold_back(messages)
+            if not messages:
+                return released
         lock_ms = self.settings.lock_duration_ms
         deadline = trio.current_time() + (lock_ms - _lock_margin_ms(lock_ms)) / 1000
         batch = _Batch(consumer, deadline)
@@ -862,7 +867,7 @@ class ShareGroupEngine:
                         await self._wait_answers(batch, deliveries)
                     for d in deliveries:
                         nursery.start_soon(self._decide, d, decisions)
-            return decisions
+            return released + decisions
         finally:
             self._batches.discard(batch)
             for d in deliveries:
@@ -873,6 +878,28 @@ class ShareGroupEngine:
                     self._in_flight_by_partition[key] = left
                 else:
                     self._in_flight_by_partition.pop(key, None)
+
+    def _hold_back(
+        self, messages: Sequence[Message]
+    ) -> tuple[list[tuple[Message, AcknowledgeType]], list[Message]]:
+        """A poll under way when the DLQ circuit breaker opened (or its probe went out): its records
+        do not go to the app; they are released (the broker counts the acquisition) as held, except
+        those on the group's last delivery, which the broker would archive (processed as usual)."""
+        assert self.settings is not None
+        released: list[tuple[Message, AcknowledgeType]] = []
+        kept: list[Message] = []
+        for msg in messages:
+            if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
+                kept.append(msg)
+                continue
+            self._remember_held(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            released.append((msg, AcknowledgeType.RELEASE))
+        return released, kept
+
+    def _remember_held(self, topic: str, partition: int, offset: int) -> None:
+        self._held[(topic, partition, offset)] = None
+        if len(self._held) > _HELD_REMEMBERED:
+            del self._held[next(iter(self._held))]
 
     async def _wait_answers(self, batch: _Batch, deliveries: Sequence[Delivery]) -> None:
         """Send the batch's deliveries; an answer still missing at the deadline is a release."""
@@ -971,9 +998,7 @@ class ShareGroupEngine:
             return
         if outcome is ArchiveOutcome.HELD:
             rec = tracked.record
-            self._held[(rec.topic, rec.partition, rec.offset)] = None
-            if len(self._held) > _HELD_REMEMBERED:
-                del self._held[next(iter(self._held))]
+            self._remember_held(rec.topic, rec.partition, rec.offset)
             out.append((msg, AcknowledgeType.RELEASE))  # the broker hands it out again
             return
         # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
