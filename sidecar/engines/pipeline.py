@@ -22,6 +22,10 @@ between two awaits, so each change is atomic):
   (the adapter: expiry, revoke, not reachable), ``answer`` (a worker, or the API's request task);
 - ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
 - app reachability: the workers (not reachable) and the probe task (reachable again);
+- the DLQ circuit breaker (:mod:`sidecar.core.breaker`): ``dead_letter`` (hold or write), ``_apply``
+  (successes, the probe's verdict), ``issue`` (the half-open probe), its timer task (half-open) and
+  ``close_breaker`` (the API); adapters read ``breaker_room`` / ``breaker_open`` and keep the records
+  it held until ``release_held``;
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
 - the open app requests (:class:`BatchAssembler`): ``send`` adds, the workers take, the linger
