@@ -631,7 +631,9 @@ class ConsumerGroupEngine:
                     self._send_capacity - pipe.sending - waiting,
                 )
                 if (room := pipe.breaker_room()) is not None:
-                    budget = min(budget, room)  # the DLQ circuit breaker: none, or one probe
+                    # The DLQ circuit breaker: none, or one probe (an acquired record waiting
+                    # for its write-ahead commit is not issued yet, but it is the probe).
+                    budget = min(budget, room - waiting)
                 slots = list(self.slots.values())
                 if slots:
                     # Rotate the starting partition so a busy one cannot starve the others.

@@ -848,7 +848,7 @@ class Pipeline:
                 min_records=dlq.circuit_breaker_min_records,
                 cooldown_ms=dlq.circuit_breaker_cooldown_ms,
             )
-            self.breaker = CircuitBreaker(policy, _now_ms())
+            self.breaker = CircuitBreaker(policy, 0)  # may be built before trio runs
         self._breaker_changed = trio.Event()  # the timer re-reads the breaker's deadline
         self._breaker_since_wall = time.time()  # when it entered its state (wall clock)
         self.breaker_held = 0  # dead-letters held (counted once per hold)
@@ -912,6 +912,7 @@ class Pipeline:
     def _breaker_transition(self, t: Transition) -> None:
         """Log it (one line when it trips, one when it closes), and steer intake and held records."""
         assert self.breaker is not None
+        self._probe = None  # any state change ends the probe: its answer no longer counts
         self._breaker_since_wall = time.time()
         self._breaker_changed.set()
         if t.before is BreakerState.CLOSED:
@@ -980,8 +981,8 @@ class Pipeline:
 
 
 def _now_ms() -> int:
-    # The breaker wants a clock that never goes backwards.
-    return time.monotonic_ns() // 1_000_000
+    # The breaker's clock: trio's (monotonic; the cool-down timer sleeps on it too).
+    return int(trio.current_time() * 1000)
 
 
 def _iso(wall_s: float) -> str:
