@@ -29,9 +29,12 @@ TOKEN = "0123456789abcdef0123456789abcdef"
 
 
 class SwitchableApp:
-    """Accepts, until `broken`; then rejects everything (a bad deploy). Records what it answered."""
+    """Accepts, until `broken`; then rejects everything (a bad deploy, 422), or fails everything
+    with a 503 (a downstream outage: released until the delivery count limit). Records what it
+    answered."""
 
-    def __init__(self) -> None:
+    def __init__(self, failure: int = 422) -> None:
+        self.failure = failure
         self.broken = False
         self.accepted: list[Delivery] = []
         self.rejected: list[Delivery] = []
@@ -40,7 +43,7 @@ class SwitchableApp:
     def answer(self, d: Delivery) -> Response:
         if self.broken:
             self.rejected.append(d)
-            return Response(422)  # a reject
+            return Response(self.failure)
         self.accepted.append(d)
         return Response(200)
 
@@ -163,6 +166,10 @@ async def check_recovered(rig: Rig, app: SwitchableApp, written: int) -> set[int
     held = {d.offset for d in app.rejected} - in_dlq
     assert held, "the breaker held no record"
     assert held <= accepted  # delivered again, and accepted: not dead-lettered
+    if app.failure == 503:
+        # Held at the delivery count limit (2), yet delivered once more: the 3rd delivery.
+        counts = {d.offset: d.delivery_count for d in app.accepted}
+        assert any(counts[o] == 3 for o in held), counts
     lines = [line.get("msg", "") for line in rig.sc.log_lines()]
     assert sum("DLQ circuit breaker open" in m for m in lines) == 1
     assert sum("DLQ circuit breaker closed" in m for m in lines) == 1
@@ -254,3 +261,24 @@ async def test_share_engine_holds_by_releasing_and_delivers_them_after_the_probe
         counts = {d.offset: d.delivery_count for d in app.accepted}
         # Limit 1: a held record came back past the limit and still went to the app.
         assert any(counts.get(o, 0) > 1 for o in held)
+
+
+async def test_a_downstream_outage_held_at_the_limit_gets_one_more_delivery(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """Every record fails (503: released) until the limit sends it to the DLQ: the breaker trips
+    the same way, and a record held at the limit is delivered once more when it closes."""
+    app = SwitchableApp(failure=503)
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app.recording,
+        unique=unique,
+        extra=breaker_config(cooldown_ms=2000, extra={"share.delivery.count.limit": 2}),
+        wait="assigned",
+    ) as rig:
+        status = await trip(rig, app)
+        written = await check_open(rig, app, status)
+        app.broken = False
+        await wait_breaker(rig, "closed", 60)
+        await check_recovered(rig, app, written)
