@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,15 @@ import trio
 
 from sidecar.http.server import Response
 from sidecar.ops.kafka_broker import free_port
-from tests.harness import FAST, Delivery, RecordingApp, Rig, running_sidecar, wait_until
+from tests.harness import (
+    FAST,
+    Delivery,
+    RecordingApp,
+    Rig,
+    restartable_member,
+    running_sidecar,
+    wait_until,
+)
 from tests.kafkatools import Broker, Rec
 
 BREAKER = "errors.deadletterqueue.circuit.breaker."
@@ -282,3 +291,39 @@ async def test_a_downstream_outage_held_at_the_limit_gets_one_more_delivery(
         app.broken = False
         await wait_breaker(rig, "closed", 60)
         await check_recovered(rig, app, written)
+
+
+async def test_kill_9_while_open_loses_nothing_and_the_held_records_come_back(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """SIGKILL with the breaker open: the held records were never committed, so the next sidecar
+    (its breaker closed) reads them again and the fixed app accepts them; the DLQ gets no more."""
+    app = SwitchableApp()
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app.recording,
+        unique=unique,
+        extra=breaker_config(cooldown_ms=600_000),
+        kafka_extra=restartable_member(unique),
+        wait="assigned",
+    ) as rig:
+        status = await trip(rig, app)
+        written = await check_open(rig, app, status)
+        assert await rig.sc.stop(signal.SIGKILL) == -signal.SIGKILL
+        app.broken = False
+        async with rig.sidecar() as sc:
+            rig._sc = sc
+            await rig.committed_at_end(timeout_s=90)
+            st = await status_of(rig)
+            assert st["circuit_breaker"]["state"] == "closed"
+            assert st["counters"]["dlq_written"] == 0
+    dlq_end = await trio.to_thread.run_sync(rig.broker.end_offsets, rig.dlq_topic, [0])
+    assert dlq_end[0] == written
+    dlq = await rig.read_dlq(written)
+    in_dlq = {int(r.header("__dlq.errors.offset") or "-1") for r in dlq}
+    accepted = {d.offset for d in app.accepted}
+    assert in_dlq | accepted == set(range(GOOD + BROKEN))
+    assert not in_dlq & accepted
+    held = {d.offset for d in app.rejected} - in_dlq
+    assert held and held <= accepted
