@@ -302,6 +302,9 @@ class CircuitBreaker:
         if buckets and buckets[-1][0] == index:
             bucket = buckets[-1]
         else:
+            # A new bucket: drop those that left the window, so it holds at most 101 buckets
+            # whatever the mix (only a dead-letter's decision needs it pruned to the moment).
+            self._prune(now)
             bucket = [index, 0, 0]
             buckets.append(bucket)
         bucket[1] += 1

@@ -73,6 +73,15 @@ def test_old_records_leave_the_window() -> None:
     assert b.state is BreakerState.CLOSED
 
 
+def test_the_window_stays_bounded_when_everything_succeeds() -> None:
+    # Before the fix only dead-letters pruned the window: a day of accepts kept every bucket.
+    b = CircuitBreaker(POLICY, 0)
+    for t in range(0, 3_600_000, 50):
+        b.succeeded(t)
+    assert len(b._buckets) <= 101
+    assert b.status(3_600_000).finished <= 10_000 // 50 + 2
+
+
 def test_open_holds_every_dead_letter_and_lets_nothing_out() -> None:
     b = tripped()
     assert b.room() == 0
