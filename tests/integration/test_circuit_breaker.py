@@ -166,8 +166,10 @@ async def check_recovered(rig: Rig, app: SwitchableApp, written: int) -> set[int
             "every record not in the DLQ accepted",
         )
     dlq = await rig.read_dlq(written)
-    dlq_end = await trio.to_thread.run_sync(rig.broker.end_offsets, rig.dlq_topic, [0])
-    assert dlq_end[0] == written  # no DLQ record after the trip
+    # No DLQ record after the trip (read_committed, to the end: markers are not records).
+    assert (
+        await trio.to_thread.run_sync(rig.broker.count_committed_records, rig.dlq_topic) == written
+    )
     in_dlq = {int(r.header("__dlq.errors.offset") or "-1") for r in dlq}
     accepted = {d.offset for d in app.accepted}
     assert not in_dlq & accepted
@@ -187,9 +189,13 @@ async def check_recovered(rig: Rig, app: SwitchableApp, written: int) -> set[int
     return held
 
 
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.parametrize(
+    ("transport", "transactional"),
+    [("tcp", False), ("unix", False), ("tcp", True)],
+    ids=["tcp", "unix", "tcp-transactional-dlq"],
+)
 async def test_an_app_rejecting_everything_trips_it_and_the_probe_closes_it(
-    broker: Broker, unique: str, tmp_path: Path, transport: str
+    broker: Broker, unique: str, tmp_path: Path, transport: str, transactional: bool
 ) -> None:
     app = SwitchableApp()
     async with running_sidecar(
@@ -198,7 +204,10 @@ async def test_an_app_rejecting_everything_trips_it_and_the_probe_closes_it(
         app.recording,
         unique=unique,
         transport=transport,  # type: ignore[arg-type]
-        extra=breaker_config(cooldown_ms=3000),
+        extra=breaker_config(
+            cooldown_ms=3000,
+            extra={"errors.deadletterqueue.transactional.enable": transactional},
+        ),
         wait="assigned",
     ) as rig:
         status = await trip(rig, app)
@@ -318,8 +327,9 @@ async def test_kill_9_while_open_loses_nothing_and_the_held_records_come_back(
             st = await status_of(rig)
             assert st["circuit_breaker"]["state"] == "closed"
             assert st["counters"]["dlq_written"] == 0
-    dlq_end = await trio.to_thread.run_sync(rig.broker.end_offsets, rig.dlq_topic, [0])
-    assert dlq_end[0] == written
+    assert (
+        await trio.to_thread.run_sync(rig.broker.count_committed_records, rig.dlq_topic) == written
+    )
     dlq = await rig.read_dlq(written)
     in_dlq = {int(r.header("__dlq.errors.offset") or "-1") for r in dlq}
     accepted = {d.offset for d in app.accepted}
