@@ -850,8 +850,17 @@ class Pipeline:
             )
             self.breaker = CircuitBreaker(policy, 0)  # may be built before trio runs
         self._breaker_changed = trio.Event()  # the timer re-reads the breaker's deadline
+        self._breaker_moved = trio.Event()  # set (and replaced) whenever `breaker_room` may change
         self._breaker_since_wall = time.time()  # when it entered its state (wall clock)
         self.breaker_held = 0  # dead-letters held (counted once per hold)
+
+    async def wait_breaker_room(self, deadline: float) -> bool:
+        """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
+        does (at once when it is closed or disabled)."""
+        with trio.move_on_at(deadline):
+            while self.breaker_room() == 0:
+                await self._breaker_moved.wait()
+        return self.breaker_room() != 0
 
     def breaker_room(self) -> int | None:
         """How many more records may go to the app now: None (no limit), 1 (a probe) or 0."""
@@ -887,6 +896,7 @@ class Pipeline:
         now = _now_ms()
         if ack is None:
             self.breaker.probe_void(now)
+            self._room_changed()
             self.state.wake()
             return
         verdict = decide(ack, delivery.delivery_count, self.config.delivery.delivery_count_limit)
@@ -896,7 +906,12 @@ class Pipeline:
             self._breaker_transition(self.breaker.probe_failed(now))
         else:
             self.breaker.probe_void(now)
+            self._room_changed()
             self.state.wake()
+
+    def _room_changed(self) -> None:
+        self._breaker_moved.set()
+        self._breaker_moved = trio.Event()
 
     def close_breaker(self, reason: str) -> bool:
         """Close the breaker (the control API); False when it was closed already (or disabled)."""
@@ -915,6 +930,7 @@ class Pipeline:
         self._probe = None  # any state change ends the probe: its answer no longer counts
         self._breaker_since_wall = time.time()
         self._breaker_changed.set()
+        self._room_changed()
         if t.before is BreakerState.CLOSED:
             log.warning(
                 "DLQ circuit breaker open: %s; dead-lettering and intake stop, held records stay "

@@ -826,13 +826,17 @@ class ShareGroupEngine:
         pipe = self.pipe
         limit = self.settings.delivery_count_limit
         self.source.broker_ok = True
+        lock_ms = self.settings.lock_duration_ms
+        deadline = trio.current_time() + (lock_ms - _lock_margin_ms(lock_ms)) / 1000
         released: list[tuple[Message, AcknowledgeType]] = []
-        if pipe.breaker_room() == 0:
+        # The DLQ circuit breaker lets no record out (open, or another consumer's probe is out):
+        # wait for it within half the lock (a probe's verdict is usually quick), then release.
+        if not await pipe.wait_breaker_room(
+            trio.current_time() + (deadline - trio.current_time()) / 2
+        ):
             released, messages = self._hold_back(messages)
             if not messages:
                 return released
-        lock_ms = self.settings.lock_duration_ms
-        deadline = trio.current_time() + (lock_ms - _lock_margin_ms(lock_ms)) / 1000
         batch = _Batch(consumer, deadline)
         deliveries: list[Delivery] = []
         exhausted: list[tuple[Message, Tracked, int]] = []
