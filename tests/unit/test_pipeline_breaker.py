@@ -140,3 +140,25 @@ async def test_the_timer_moves_to_half_open_after_the_cool_down(autojump_clock: 
             while pipe.breaker_room() != 1:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
+
+
+async def test_waiting_for_room_ends_when_the_breaker_lets_records_out(
+    autojump_clock: object,
+) -> None:
+    pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
+    assert await pipe.wait_breaker_room(trio.current_time())  # closed: at once
+    await dead_letter(pipe, 0)
+    await dead_letter(pipe, 1)
+    assert not await pipe.wait_breaker_room(trio.current_time() + 0.5)  # open: the deadline
+    woke: list[float] = []
+
+    async def waiter() -> None:
+        assert await pipe.wait_breaker_room(trio.current_time() + 60)
+        woke.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(2)
+        closed_at = trio.current_time()
+        pipe.close_breaker("test")
+    assert woke == [closed_at]
