@@ -57,6 +57,7 @@ def _check(config: Config) -> None:
     except BudgetError as exc:
         raise _Invalid(exc.key, exc.reason) from None
     _check_api_listeners(config.api)
+    _check_circuit_breaker(config)
     _check_dlq_topic(config)
     _check_cloudevents_source(config)
     _check_pull_mode(config)
@@ -78,6 +79,16 @@ def _check_pull_mode(config: Config) -> None:
             "app.format",
             "cloudevents shapes requests to the app; with app.mode: pull the app reads the "
             "sidecar's own JSON records from GET /v1/records",
+        )
+
+
+def _check_circuit_breaker(config: Config) -> None:
+    ratio = config.errors.dlq.circuit_breaker_ratio
+    if ratio >= 1.0:
+        raise _Invalid(
+            _DLQ + "circuit.breaker.ratio",
+            f"must be below 1 (it trips when more than this share is dead-lettered, and more than "
+            f"all of them never is), got {ratio}",
         )
 
 

@@ -285,6 +285,7 @@ _METRICS_KEYS = (_Key("enable", _Bool(), MetricsConfig, "enable"),)
 
 _D, _Q, _E = DeliveryConfig, DeadLetterQueueConfig, ErrorsConfig
 _DLQ = "errors.deadletterqueue."
+_BREAKER = _DLQ + "circuit.breaker."
 
 _TOP_KEYS: tuple[_Key, ...] = (
     _Key("kafka", _Custom(_read_kafka, "a mapping of librdkafka properties"), Config, "kafka"),
@@ -323,6 +324,12 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key(_DLQ + "stacktrace.max.bytes", _Int(0, 1_048_576), _Q, "stacktrace_max_bytes"),
     _Key(_DLQ + "transactional.enable", _Bool(), _Q, "transactional_enable"),
     _Key(_DLQ + "produce.retries.timeout.ms", _Int(0, _MS_DAY), _Q, "produce_retries_timeout_ms"),
+    # The DLQ circuit breaker (the ratio's upper bound is exclusive: checked in `checks`).
+    _Key(_BREAKER + "enable", _Bool(), _Q, "circuit_breaker_enable"),
+    _Key(_BREAKER + "ratio", _Float(0.0, 1.0), _Q, "circuit_breaker_ratio"),
+    _Key(_BREAKER + "window.ms", _Int(1000, _MS_DAY), _Q, "circuit_breaker_window_ms"),
+    _Key(_BREAKER + "min.records", _Int(1, 10_000_000), _Q, "circuit_breaker_min_records"),
+    _Key(_BREAKER + "cooldown.ms", _Int(1000, _MS_DAY), _Q, "circuit_breaker_cooldown_ms"),
     _Key("errors.log.enable", _Bool(), _E, "log_enable"),
     _Key("errors.log.include.messages", _Bool(), _E, "log_include_messages"),
     _Key("offset.metadata.max.bytes", _Int(128, 1_048_576), Config, "offset_metadata_max_bytes"),

@@ -180,6 +180,15 @@ class DeadLetterQueueConfig:
     stacktrace_max_bytes: int = 8192
     transactional_enable: bool = False
     produce_retries_timeout_ms: int = 120000
+    # errors.deadletterqueue.circuit.breaker.* (sidecar.core.breaker): off by default, because a
+    # tripped breaker stops the sidecar's intake, which an app that rejects a large share of its
+    # records on purpose (a validation step) must opt into; when enabled, these defaults trip at
+    # more than half of at least 100 records within a minute.
+    circuit_breaker_enable: bool = False
+    circuit_breaker_ratio: float = 0.5
+    circuit_breaker_window_ms: int = 60_000
+    circuit_breaker_min_records: int = 100
+    circuit_breaker_cooldown_ms: int = 30_000
 
     @property
     def enabled(self) -> bool:

@@ -65,6 +65,9 @@ class ArchiveOutcome(enum.Enum):
     HANDED_OVER = "handed_over"  # the partition went to another owner first; it archives the record
     FAILED = "failed"  # the write failed for good: the sidecar stops, the record is not done
     STOPPED = "stopped"  # errors.tolerance: none: the sidecar stops at the first archived record
+    # The DLQ circuit breaker is open (sidecar.core.breaker): not written, not done; the engine
+    # keeps the record uncommitted and delivers it to the app again once the breaker closes.
+    HELD = "held"
 
     @property
     def done(self) -> bool:

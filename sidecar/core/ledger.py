@@ -10,7 +10,8 @@ lifecycle of SPEC §2 (a KIP-932 share group, run by the sidecar itself)::
             reject, or release / timeout at the limit --> ARCHIVING --dlq_written--> ARCHIVED (done)
 
 Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``expire``,
-``dlq_written``, ``dlq_failed``, ``revoke``, and in horizon mode ``isolate`` and ``committed``);
+``dlq_written``, ``dlq_failed``, ``dlq_withheld`` (the DLQ circuit breaker), ``revoke``, and in
+horizon mode ``isolate`` and ``committed``);
 outputs are small frozen values (:class:`Attempt`, :class:`AnswerResult`, :class:`ArchiveRequest`,
 :class:`CommitPoint`, :class:`IsolationCharge`, :class:`HorizonStatus`,
 :class:`~sidecar.core.commitstate.CommitState`).  An illegal call raises a :class:`LedgerError` and
@@ -1263,6 +1264,25 @@ class PartitionLedger:
         record = self._handed_out(offset)
         record.handed_out = False
         self._archive.append(offset)
+
+    def dlq_withheld(self, offset: int, now_ms: int) -> None:
+        """The DLQ circuit breaker held the write of ``offset``: AVAILABLE again, for one more
+        delivery (not done, so nothing is committed past it meanwhile).
+
+        Its count continues, and it goes out even at the limit (``_make_ready``'s check is not
+        applied): the breaker judged the answers that sent it to the DLQ untrustworthy. An answer
+        to that delivery other than an accept archives it as usual (the limit is reached).
+        """
+        record = self._handed_out(offset)
+        self._tick(now_ms)
+        self._version += 1
+        record.state = _AVAILABLE
+        record.handed_out = False
+        record.reason = None
+        self._n_archiving -= 1
+        record.not_before_ms = self._now
+        record.queued = True
+        heapq.heappush(self._ready, offset)  # archiving cleared it as a suspect
 
     # -- done ------------------------------------------------------------------------------------
 

@@ -182,6 +182,9 @@ class _Slot:
     # Horizon mode: the restored state has suspects to come (up to this offset); None once every
     # fetched record is past it and the pass is over, so steady state checks nothing per turn.
     suspect_top: int | None = None
+    # Offsets the DLQ circuit breaker held on their way to the DLQ (ARCHIVING, not written):
+    # AVAILABLE again once it is half-open or closed (`release_held`).
+    held: list[int] = field(default_factory=list)
 
 
 # One partition's commit: what goes to the broker, and (horizon mode) the ledger's commit point.
@@ -309,10 +312,19 @@ class ConsumerGroupEngine:
     def stop_intake(self) -> None:
         self.source.stop_polling()
 
+    def release_held(self) -> None:
+        now = now_ms()
+        for slot in self.slots.values():
+            for offset in slot.held:
+                with contextlib.suppress(L.LedgerError):
+                    slot.ledger.dlq_withheld(offset, now)
+            slot.held.clear()
+        self.kick()
+
     async def wait_drained(self) -> None:
         while True:
             busy = any(
-                (st := s.ledger.statistics()).in_flight > 0 or st.archiving > 0
+                (st := s.ledger.statistics()).in_flight > 0 or st.archiving > len(s.held)
                 for s in self.slots.values()
             )
             if not busy or self.pipe.failure:
@@ -563,7 +575,7 @@ class ConsumerGroupEngine:
     def _apply_flow_control(self) -> None:
         to_pause: list[PartitionKey] = []
         to_resume: list[PartitionKey] = []
-        intake_closed = self.pipe.draining or not self.pipe.app_reachable
+        intake_closed = self.pipe.draining or not self.pipe.app_reachable or self.pipe.breaker_open
         # Each assigned partition's share of the byte budget. A partition over it is paused, and
         # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
         # a record larger than a share is delivered and the partition resumes once it is done.
@@ -637,6 +649,10 @@ class ConsumerGroupEngine:
                     max_total - pipe.in_flight_records() - waiting,
                     pipe.send_room() - waiting,
                 )
+                if (room := pipe.breaker_room()) is not None:
+                    # The DLQ circuit breaker: none, or one probe (an acquired record waiting
+                    # for its write-ahead commit is not issued yet, but it is the probe).
+                    budget = min(budget, room - waiting)
                 slots = list(self.slots.values())
                 if slots:
                     # Rotate the starting partition so a busy one cannot starve the others.
@@ -722,6 +738,8 @@ class ConsumerGroupEngine:
             return True
         if pipe.send_room() <= 0:
             return True  # pull mode with no poll waiting: charge a suspect only for a poll
+        if pipe.breaker_room() == 0:
+            return True  # the DLQ circuit breaker is open (or its probe is out)
         for slot in candidates:
             others_busy = any(
                 o is not slot
@@ -891,6 +909,8 @@ class ConsumerGroupEngine:
         marked_in_txn = self.transactional and outcome is ArchiveOutcome.WRITTEN
         if outcome.done and not marked_in_txn and self._still_owned(slot):
             slot.ledger.dlq_written(req.offset)
+        elif outcome is ArchiveOutcome.HELD and self._still_owned(slot):
+            slot.held.append(req.offset)  # not done: nothing is committed past it
         self.kick()
 
     async def _txn_write(

@@ -24,6 +24,10 @@ between two awaits, so each change is atomic):
   (the adapter: expiry, revoke, not reachable), ``answer`` (a worker, or the API's request task);
 - ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
 - app reachability: the workers (not reachable) and the probe task (reachable again);
+- the DLQ circuit breaker (:mod:`sidecar.core.breaker`): ``dead_letter`` (hold or write), ``_apply``
+  (successes, the probe's verdict), ``issue`` (the half-open probe), its timer task (half-open) and
+  ``close_breaker`` (the API); adapters read ``breaker_room`` / ``breaker_open`` and keep the records
+  it held until ``release_held``;
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
 - the open app requests (:class:`BatchAssembler`): ``send`` adds, the workers take, the linger
@@ -52,6 +56,7 @@ import trio
 from opentelemetry import trace
 
 from sidecar.config import AppMode, Config, ErrorsTolerance
+from sidecar.core.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
 from sidecar.core.deadletter import (
     ArchiveOutcome,
     DeadLetterPlan,
@@ -60,7 +65,16 @@ from sidecar.core.deadletter import (
     dead_letter,
 )
 from sidecar.core.errors import SidecarError
-from sidecar.core.outcome import ACK_BY_WORD, DLQ_WRITE_FAILED, Ack, ArchiveReason, ErrorInfo
+from sidecar.core.outcome import (
+    ACK_BY_WORD,
+    DLQ_WRITE_FAILED,
+    Accept,
+    Ack,
+    ArchiveReason,
+    DeadLetter,
+    ErrorInfo,
+    decide,
+)
 from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
 from sidecar.engines.delivery import (
@@ -173,6 +187,10 @@ class DeliveryState(Protocol):
     def stop_intake(self) -> None:
         """Shutdown begins: fetch no more records."""
 
+    def release_held(self) -> None:
+        """The DLQ circuit breaker is half-open or closed: records it held on their way to the DLQ
+        (`ArchiveOutcome.HELD`) may go to the app again (within `Pipeline.breaker_room`)."""
+
     async def wait_drained(self) -> None:
         """Return once nothing is in flight (the pipeline bounds the wait)."""
 
@@ -219,6 +237,8 @@ class Engine(Protocol):
         self, app: Callable[[float], None], dlq: Callable[[float], None]
     ) -> None: ...
     async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]: ...
+    def breaker_status(self) -> dict[str, Any] | None: ...
+    def close_breaker(self, reason: str) -> bool: ...
 
 
 T = TypeVar("T")
@@ -501,6 +521,8 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None
         self._observe_app: Callable[[float], None] = _ignore
         self._observe_dlq: Callable[[float], None] = _ignore
+        self._probe: Delivery | None = None  # the breaker's half-open probe (its attempt)
+        self._init_breaker(config)
         self.state = make_state(self)
 
     # ------------------------------------------------------------------------- the Engine face
@@ -542,6 +564,8 @@ class Pipeline:
                 await nursery.start(self.dlq.run)
                 await nursery.start(self.state.run)
                 self.start_workers(nursery)
+                if self.breaker is not None:
+                    nursery.start_soon(self._breaker_timer)
                 task_status.started()
                 await self._stop.wait()
                 self.state.stop_intake()
@@ -627,6 +651,8 @@ class Pipeline:
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
+        if self.breaker is not None:
+            checks["circuit_breaker_closed"] = self.breaker.state is BreakerState.CLOSED
         return checks
 
     def stalled(self) -> str | None:
@@ -658,6 +684,7 @@ class Pipeline:
             "partitions": self.state.partitions(),
             **self.state.status_fields(),
             **self._pull_status(),
+            "circuit_breaker": self.breaker_status(),
             "counters": self.counters.snapshot(),
         }
 
@@ -667,10 +694,17 @@ class Pipeline:
         self, tracked: Tracked, delivery_count: int, ref: Any, *, lock_deadline: float | None = None
     ) -> Delivery:
         """A new live attempt under a fresh random id (not sent yet: see `send`); `lock_deadline`
-        (trio time) is when the adapter's lock expires, for the polls of pull mode."""
-        return self._live.issue(
+        (trio time) is when the adapter's lock expires, for the polls of pull mode.
+
+        With the breaker half-open, the first one issued is its probe.
+        """
+        delivery = self._live.issue(
             lambda i: Delivery(i, tracked, delivery_count, ref, lock_deadline=lock_deadline)
         )
+        if self.breaker is not None and self.breaker.room() == 1:
+            self.breaker.probe_sent(_now_ms())
+            self._probe = delivery
+        return delivery
 
     def send(self, delivery: Delivery) -> None:
         """Hand a delivery to the workers: it leaves in the next request (batch mode: see
@@ -684,6 +718,8 @@ class Pipeline:
     def retire(self, delivery: Delivery) -> None:
         """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
         self._live.retire(delivery.id, delivery)
+        if delivery is self._probe:
+            self._probe_ended(delivery, None)
 
     def lock_expired(self, topic: str, delivery: Delivery | None, outcome: str) -> None:
         """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""
@@ -719,6 +755,8 @@ class Pipeline:
             self.counters.expired_answers += 1
             return result
         if ack is not Ack.RENEW:
+            if self.breaker is not None:
+                self._breaker_answer(delivery, ack)
             self.retire(delivery)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:
@@ -892,11 +930,14 @@ class Pipeline:
         *,
         consequence: str,
         write: DlqWrite,
+        may_hold: bool = True,
     ) -> ArchiveOutcome:
         """Archive one record: stop (errors.tolerance: none), skip (no DLQ), or write its DLQ record.
 
         The outcome says whether the record is done (`ArchiveOutcome.done`); a write that fails for
-        good stops the sidecar. `consequence` says what stopping leaves the record as.
+        good stops the sidecar. `consequence` says what stopping leaves the record as. While the
+        circuit breaker is not closed the record is held (`ArchiveOutcome.HELD`), unless the
+        caller cannot keep it (`may_hold` False: the share engine on the broker's last delivery).
         """
         config = self.config
         plan = dead_letter(
@@ -912,6 +953,8 @@ class Pipeline:
         if plan.stop is not None:
             self.fail(plan.stop)
             return ArchiveOutcome.STOPPED
+        if self.breaker is not None and may_hold and not self._breaker_admits():
+            return ArchiveOutcome.HELD
         self._log_archived(tracked, delivery_count, plan)
         if plan.failed is None or plan.dlq_topic is None:
             self.counters.bump(self.counters.archived, reason.label)
@@ -980,6 +1023,175 @@ class Pipeline:
             fields["trace_id"] = f"{last.trace_id:032x}"
             fields["span_id"] = f"{last.span_id:016x}"
         log.error("record archived", extra={"fields": fields})
+
+    # ------------------------------------------------------------------------- the circuit breaker
+
+    def _init_breaker(self, config: Config) -> None:
+        """`errors.deadletterqueue.circuit.breaker.*` (see sidecar.core.breaker)."""
+        dlq = config.errors.dlq
+        self.breaker: CircuitBreaker | None = None
+        if dlq.circuit_breaker_enable:
+            policy = BreakerPolicy(
+                ratio=dlq.circuit_breaker_ratio,
+                window_ms=dlq.circuit_breaker_window_ms,
+                min_records=dlq.circuit_breaker_min_records,
+                cooldown_ms=dlq.circuit_breaker_cooldown_ms,
+            )
+            self.breaker = CircuitBreaker(policy, 0)  # may be built before trio runs
+        self._breaker_changed = trio.Event()  # the timer re-reads the breaker's deadline
+        self._breaker_moved = trio.Event()  # set (and replaced) whenever `breaker_room` may change
+        self._breaker_since_wall = time.time()  # when it entered its state (wall clock)
+        self.breaker_held = 0  # dead-letters held (counted once per hold)
+
+    async def wait_breaker_room(self, deadline: float) -> bool:
+        """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
+        does (at once when it is closed or disabled)."""
+        with trio.move_on_at(deadline):
+            while self.breaker_room() == 0:
+                await self._breaker_moved.wait()
+        return self.breaker_room() != 0
+
+    def breaker_room(self) -> int | None:
+        """How many more records may go to the app now: None (no limit), 1 (a probe) or 0."""
+        return None if self.breaker is None else self.breaker.room()
+
+    @property
+    def breaker_open(self) -> bool:
+        """Open (not half-open): intake stops."""
+        return self.breaker is not None and self.breaker.state is BreakerState.OPEN
+
+    def _breaker_admits(self) -> bool:
+        """A record is on its way to the DLQ: whether to write it (False: hold it)."""
+        assert self.breaker is not None
+        verdict = self.breaker.dead_letter(_now_ms())
+        if verdict.transition is not None:
+            self._breaker_transition(verdict.transition)
+        if not verdict.write:
+            self.breaker_held += 1
+        return verdict.write
+
+    def _breaker_answer(self, delivery: Delivery, ack: Ack) -> None:
+        """An answer that ends an attempt: the probe's verdict, or an accepted record counted."""
+        assert self.breaker is not None
+        if delivery is self._probe:
+            self._probe_ended(delivery, ack)
+        elif ack is Ack.ACCEPT:
+            self.breaker.succeeded(_now_ms())
+
+    def _probe_ended(self, delivery: Delivery, ack: Ack | None) -> None:
+        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else void."""
+        assert self.breaker is not None
+        self._probe = None
+        now = _now_ms()
+        if ack is None:
+            self.breaker.probe_void(now)
+            self._room_changed()
+            self.state.wake()
+            return
+        verdict = decide(ack, delivery.delivery_count, self.config.delivery.delivery_count_limit)
+        if isinstance(verdict, Accept):
+            self._breaker_transition(self.breaker.probe_succeeded(now))
+        elif isinstance(verdict, DeadLetter):
+            self._breaker_transition(self.breaker.probe_failed(now))
+        else:
+            self.breaker.probe_void(now)
+            self._room_changed()
+            self.state.wake()
+
+    def _room_changed(self) -> None:
+        self._breaker_moved.set()
+        self._breaker_moved = trio.Event()
+
+    def close_breaker(self, reason: str) -> bool:
+        """Close the breaker (the control API); False when it was closed already (or disabled)."""
+        if self.breaker is None:
+            return False
+        transition = self.breaker.close(_now_ms(), reason)
+        if transition is None:
+            return False
+        self._probe = None
+        self._breaker_transition(transition)
+        return True
+
+    def _breaker_transition(self, t: Transition) -> None:
+        """Log it (one line when it trips, one when it closes), and steer intake and held records."""
+        assert self.breaker is not None
+        self._probe = None  # any state change ends the probe: its answer no longer counts
+        self._breaker_since_wall = time.time()
+        self._breaker_changed.set()
+        self._room_changed()
+        if t.before is BreakerState.CLOSED:
+            log.warning(
+                "DLQ circuit breaker open: %s; dead-lettering and intake stop, held records stay "
+                "uncommitted; a probe record in %d ms",
+                t.reason,
+                self.breaker.policy.cooldown_ms,
+            )
+        elif t.after is BreakerState.CLOSED:
+            log.warning(
+                "DLQ circuit breaker closed (%s): held records go to the app again", t.reason
+            )
+        elif t.after is BreakerState.HALF_OPEN:
+            log.info("DLQ circuit breaker %s", t.reason)
+        else:
+            log.info("DLQ circuit breaker still open: %s", t.reason)
+        if t.after is not BreakerState.OPEN:
+            self.state.release_held()
+        self.state.intake_changed()
+        self.state.wake()
+
+    async def _breaker_timer(self) -> None:
+        """Half-open once the cool-down is over (the breaker says when)."""
+        assert self.breaker is not None
+        while True:
+            self._breaker_changed = trio.Event()
+            deadline = self.breaker.next_deadline_ms()
+            if deadline is None:
+                await self._breaker_changed.wait()
+                continue
+            with trio.move_on_after(max(0.0, (deadline - _now_ms()) / 1000)):
+                await self._breaker_changed.wait()
+            transition = self.breaker.tick(_now_ms())
+            if transition is not None:
+                self._breaker_transition(transition)
+
+    def breaker_status(self) -> dict[str, Any] | None:
+        """The breaker and its window for `/v1/status` and the API (None: disabled)."""
+        if self.breaker is None:
+            return None
+        now = _now_ms()
+        st = self.breaker.status(now)
+        policy = self.breaker.policy
+        ratio = st.observed_ratio
+        return {
+            "state": st.state.value,
+            "since": _iso(self._breaker_since_wall),
+            "reason": st.reason,
+            "finished": st.finished,
+            "dead_lettered": st.dead_lettered,
+            "ratio": None if ratio is None else round(ratio, 4),
+            "trips": st.trips,
+            "held": self.breaker_held,
+            "probe_out": st.probe_out,
+            "half_open_in_ms": None
+            if st.half_open_at_ms is None
+            else max(0, st.half_open_at_ms - now),
+            "policy": {
+                "ratio": policy.ratio,
+                "window_ms": policy.window_ms,
+                "min_records": policy.min_records,
+                "cooldown_ms": policy.cooldown_ms,
+            },
+        }
+
+
+def _now_ms() -> int:
+    # The breaker's clock: trio's (monotonic; the cool-down timer sleeps on it too).
+    return int(trio.current_time() * 1000)
+
+
+def _iso(wall_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_s))
 
 
 # A pulled record's attempt span ends when it is handed out: the answer comes through /v1/acks.

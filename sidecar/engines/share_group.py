@@ -58,7 +58,7 @@ from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, Config
 from confluent_kafka.admin._resource import ResourceType
 
 from sidecar.config import Config, Ordering
-from sidecar.core.deadletter import FailedRecord
+from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.outcome import (
     ACK_BY_WORD,
     COUNT_EXHAUSTED,
@@ -527,6 +527,10 @@ class ShareGroupEngine:
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
         self._renew_warned = False
         self._consumers_running = 0
+        # Records the DLQ circuit breaker held (released to the broker instead of dead-lettered),
+        # by (topic, partition, offset): acquired again past the limit, they go to the app once
+        # more rather than to the DLQ at acquisition. Bounded: the oldest are forgotten first.
+        self._held: dict[tuple[str, int, int], None] = {}
 
     # ----------------------------------------------------------------------------- DeliveryState
 
@@ -544,6 +548,9 @@ class ShareGroupEngine:
 
     def stop_intake(self) -> None:
         self.source.stop_polling()
+
+    def release_held(self) -> None:
+        """Held records were released to the broker: it hands them out again once we poll."""
 
     async def wait_drained(self) -> None:
         """Let the batches in flight finish (answers and DLQ writes); unanswered ones are then released."""
@@ -738,7 +745,17 @@ class ShareGroupEngine:
                             ack_type.name,
                             exc,
                         )
-                # The acknowledgements go to the broker with the next poll (or the close below).
+                # The acknowledgements go to the broker with the next poll (or the close below);
+                # at once when the DLQ circuit breaker stops polling, so that accepted records
+                # are not redelivered once their locks expire.
+                stops: bool = trio.from_thread.run_sync(
+                    self._breaker_stops_polling, trio_token=token
+                )
+                if stops:
+                    try:
+                        consumer.commit_sync(10)
+                    except KafkaException as exc:
+                        log.warning("sending acknowledgements: %s", exc)
         finally:
             try:
                 consumer.close()
@@ -784,9 +801,16 @@ class ShareGroupEngine:
             result.error,
         )
 
+    def _breaker_stops_polling(self) -> bool:
+        return self.pipe.breaker_room() == 0
+
     async def _wait_intake_open(self) -> bool:
-        """Wait while the app is unreachable (pull mode: while no poll waits); False when the
-        consumer should re-check for a stop."""
+        """Wait while the app is unreachable (pull mode: while no poll waits) or the DLQ circuit
+        breaker lets no record out (open, or its probe is out); False when the consumer should
+        re-check for a stop."""
+        if self.pipe.breaker_room() == 0:
+            await trio.sleep(0.1)
+            return False
         return await self.pipe.wait_intake_open(trio.current_time() + 0.5)
 
     # ----------------------------------------------------------------------------- one batch
@@ -805,6 +829,15 @@ class ShareGroupEngine:
         self.source.broker_ok = True
         lock_ms = self.settings.lock_duration_ms
         deadline = trio.current_time() + (lock_ms - _lock_margin_ms(lock_ms)) / 1000
+        released: list[tuple[Message, AcknowledgeType]] = []
+        # The DLQ circuit breaker lets no record out (open, or another consumer's probe is out):
+        # wait for it within half the lock (a probe's verdict is usually quick), then release.
+        if not await pipe.wait_breaker_room(
+            trio.current_time() + (deadline - trio.current_time()) / 2
+        ):
+            released, messages = self._hold_back(messages)
+            if not messages:
+                return released
         batch = _Batch(consumer, deadline)
         deliveries: list[Delivery] = []
         exhausted: list[tuple[Message, Tracked, int]] = []
@@ -816,7 +849,10 @@ class ShareGroupEngine:
             self.source.assigned.add(key)
             self._in_flight_by_partition[key] = self._in_flight_by_partition.get(key, 0) + 1
             held.append(key)
-            if count > limit:
+            coordinates = (record.topic, record.partition, record.offset)
+            was_held = coordinates in self._held
+            self._held.pop(coordinates, None)
+            if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
@@ -840,7 +876,7 @@ class ShareGroupEngine:
                         await self._wait_answers(batch, deliveries)
                     for d in deliveries:
                         nursery.start_soon(self._decide, d, decisions)
-            return decisions
+            return released + decisions
         finally:
             self._batches.discard(batch)
             for d in deliveries:
@@ -851,6 +887,28 @@ class ShareGroupEngine:
                     self._in_flight_by_partition[key] = left
                 else:
                     self._in_flight_by_partition.pop(key, None)
+
+    def _hold_back(
+        self, messages: Sequence[Message]
+    ) -> tuple[list[tuple[Message, AcknowledgeType]], list[Message]]:
+        """A poll under way when the DLQ circuit breaker opened (or its probe went out): its records
+        do not go to the app; they are released (the broker counts the acquisition) as held, except
+        those on the group's last delivery, which the broker would archive (processed as usual)."""
+        assert self.settings is not None
+        released: list[tuple[Message, AcknowledgeType]] = []
+        kept: list[Message] = []
+        for msg in messages:
+            if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
+                kept.append(msg)
+                continue
+            self._remember_held(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            released.append((msg, AcknowledgeType.RELEASE))
+        return released, kept
+
+    def _remember_held(self, topic: str, partition: int, offset: int) -> None:
+        self._held[(topic, partition, offset)] = None
+        if len(self._held) > _HELD_REMEMBERED:
+            del self._held[next(iter(self._held))]
 
     async def _wait_answers(self, batch: _Batch, deliveries: Sequence[Delivery]) -> None:
         """Send the batch's deliveries; an answer still missing at the deadline is a release."""
@@ -931,6 +989,8 @@ class ShareGroupEngine:
         acquired: int | None = None,
     ) -> None:
         """DLQ write, then REJECT; a release when it was not written (the sidecar is stopping)."""
+        assert self.settings is not None
+        acquisition = delivery_count if acquired is None else acquired
         outcome = await self.pipe.dead_letter(
             tracked,
             delivery_count,
@@ -938,9 +998,17 @@ class ShareGroupEngine:
             error,
             consequence="stopping without acknowledging it",
             write=self._write_dlq,
+            # Held means released; on the group's last delivery the broker would archive it
+            # without a DLQ record, so it is written even with the breaker open.
+            may_hold=acquisition < self.settings.group_delivery_count_limit,
         )
         if outcome.done:
             out.append((msg, AcknowledgeType.REJECT))
+            return
+        if outcome is ArchiveOutcome.HELD:
+            rec = tracked.record
+            self._remember_held(rec.topic, rec.partition, rec.offset)
+            out.append((msg, AcknowledgeType.RELEASE))  # the broker hands it out again
             return
         # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
         # except at the group's limit, where the broker archives it itself.
@@ -994,6 +1062,10 @@ class ShareGroupEngine:
 
 
 # ------------------------------------------------------------------------------- helpers
+
+
+# How many held records the share engine remembers (see ShareGroupEngine._held).
+_HELD_REMEMBERED = 100_000
 
 
 def _lock_margin_ms(lock_ms: int) -> int:

@@ -3,7 +3,7 @@
 The engine does the work. Two handlers over one route table:
 
     control        every route: POST /v1/acks, GET /v1/records (pull mode), GET /v1/status,
-                   and the read-only ones below.
+                   POST /v1/breaker/close, and the read-only ones below.
                    Listens on loopback or a Unix socket only (config.py refuses anything else).
     observability  GET /healthz, /readyz, /metrics only; may listen on the pod IP.
 
@@ -131,6 +131,7 @@ class LocalApi:
             ("GET", "/readyz"): self.readyz,
             ("GET", "/v1/status"): self.status,
             ("GET", "/metrics"): self.metrics_endpoint,
+            ("POST", "/v1/breaker/close"): self.close_breaker,
         }
         self._observability_paths = frozenset({"/healthz", "/readyz", "/metrics"})
         # One large body parsed at a time: a parse's transient objects are several times its size.
@@ -240,7 +241,24 @@ class LocalApi:
         reason = self.engine.broker_error()
         if not checks.get("broker_reachable", True) and reason:
             body["reason"] = reason
+        if not checks.get("circuit_breaker_closed", True):
+            breaker = self.engine.breaker_status() or {}
+            why = f"the DLQ circuit breaker is {breaker.get('state')}: {breaker.get('reason')}"
+            body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
         return json_response(body, 200 if ready else 503)
+
+    async def close_breaker(self, _request: Request) -> Response:
+        """`POST /v1/breaker/close`: close the DLQ circuit breaker; held records go out again."""
+        if self.engine.breaker_status() is None:
+            return json_response(
+                {
+                    "error": "the DLQ circuit breaker is disabled "
+                    "(errors.deadletterqueue.circuit.breaker.enable: false)"
+                },
+                409,
+            )
+        closed = self.engine.close_breaker("closed through POST /v1/breaker/close")
+        return json_response({"closed": closed, "circuit_breaker": self.engine.breaker_status()})
 
     async def status(self, _request: Request) -> Response:
         body = self.engine.status()

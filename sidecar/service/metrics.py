@@ -8,7 +8,7 @@ the `sidecar.engines.pipeline.Engine` interface.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -134,6 +134,37 @@ class EngineCollector(Collector):
             "Pull mode: deliveries waiting for the next poll (share engine batches a poll did not take).",
             value=int(pull.get("queued", 0)),
         )
+        yield from _breaker_families(status.get("circuit_breaker"))
+
+
+_BREAKER_STATES = ("closed", "open", "half_open")
+
+
+def _breaker_families(
+    breaker: dict[str, Any] | None,
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """The DLQ circuit breaker: a state gauge (one series per state, 1 for the current one) and
+    its trips; absent when the breaker is disabled."""
+    if breaker is None:
+        return
+    state = GaugeMetricFamily(
+        "dlq_sidecar_circuit_breaker_state",
+        "The DLQ circuit breaker's state: 1 for the current one (closed, open, half_open).",
+        labels=["state"],
+    )
+    for name in _BREAKER_STATES:
+        state.add_metric([name], 1 if breaker["state"] == name else 0)
+    yield state
+    yield CounterMetricFamily(
+        "dlq_sidecar_circuit_breaker_trips",
+        "Times the DLQ circuit breaker tripped (closed to open; a failed probe is not a trip).",
+        value=int(breaker["trips"]),
+    )
+    yield CounterMetricFamily(
+        "dlq_sidecar_circuit_breaker_held",
+        "Records the DLQ circuit breaker held instead of dead-lettering them (once per hold).",
+        value=int(breaker["held"]),
+    )
 
 
 # Loopback HTTP answers take well under a millisecond to seconds; DLQ writes are broker round trips.

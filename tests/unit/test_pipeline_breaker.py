@@ -1,0 +1,164 @@
+"""The pipeline's side of the DLQ circuit breaker, with a fake delivery state (no broker, no app)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+
+from sidecar.config import Config, parse_config
+from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
+from sidecar.core.outcome import Ack, ArchiveReason
+from sidecar.core.record import SourceRecord, Tracked
+from sidecar.core.wire import AckItem, Answer
+from sidecar.engines.pipeline import AckResult, Delivery, Pipeline
+
+B = "errors.deadletterqueue.circuit.breaker."
+
+
+class FakeState:
+    kind = "consumer"
+
+    def __init__(self) -> None:
+        self.released = 0
+        self.intake_changes = 0
+
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
+        return "ok"
+
+    def wake(self) -> None:
+        pass
+
+    def intake_changed(self) -> None:
+        self.intake_changes += 1
+
+    def release_held(self) -> None:
+        self.released += 1
+
+    def readiness(self) -> dict[str, bool]:
+        return {}
+
+    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
+        raise AssertionError("not used")
+
+
+def config() -> Config:
+    return parse_config(
+        {
+            "kafka": {"bootstrap.servers": "127.0.0.1:9", "group.id": "g"},
+            "source": {"topics": ["t"]},
+            "app": {"url": "http://127.0.0.1:8080/records"},
+            "errors.deadletterqueue.topic.name": "",  # no DLQ: archived records are skipped
+            B + "enable": True,
+            B + "min.records": 2,
+            B + "ratio": 0.5,
+            B + "cooldown.ms": 1000,
+        },
+        env={},
+    )
+
+
+def tracked(offset: int) -> Tracked:
+    return Tracked(SourceRecord("t", 0, offset, None, b"v", (), 0, "create"))
+
+
+async def never_called(_failed: FailedRecord, _topic: str) -> bool:
+    raise AssertionError("no DLQ is configured")
+
+
+async def dead_letter(pipe: Pipeline, offset: int) -> ArchiveOutcome:
+    return await pipe.dead_letter(
+        tracked(offset), 1, ArchiveReason.REJECTED, None, consequence="-", write=never_called
+    )
+
+
+def half_open(pipe: Pipeline) -> None:
+    assert pipe.breaker is not None
+    pipe.breaker._since -= 1000  # the cool-down is over
+    transition = pipe.breaker.tick(pipe.breaker._now + 1000)
+    assert transition is not None
+    pipe._breaker_transition(transition)
+
+
+async def test_trip_hold_probe_close() -> None:
+    state = FakeState()
+    pipe = Pipeline(config(), lambda _p: state)  # type: ignore[arg-type,return-value]
+    assert pipe.breaker_room() is None
+    assert await dead_letter(pipe, 0) is ArchiveOutcome.NO_DLQ  # 1 finished: below min.records
+    assert await dead_letter(pipe, 1) is ArchiveOutcome.HELD  # 2 of 2: trips, held
+    assert pipe.breaker_open and pipe.breaker_room() == 0
+    assert pipe.readiness()["circuit_breaker_closed"] is False
+    assert await dead_letter(pipe, 2) is ArchiveOutcome.HELD
+    half_open(pipe)
+    assert state.released == 1  # half-open: the held records may go (one at a time)
+    probe = pipe.issue(tracked(1), 2, None)
+    assert pipe.breaker_room() == 0  # the probe is out
+    other = pipe.issue(tracked(2), 2, None)
+    assert pipe.answer(other.id, Answer("accept")) == "ok"  # not the probe: still half-open
+    assert pipe.breaker_status()["state"] == "half_open"  # type: ignore[index]
+    assert pipe.answer(probe.id, Answer("accept")) == "ok"
+    status = pipe.breaker_status()
+    assert status is not None and status["state"] == "closed"
+    assert (status["finished"], status["trips"], status["held"]) == (0, 1, 2)
+    assert state.released == 2
+    assert pipe.readiness()["circuit_breaker_closed"] is True
+
+
+async def test_a_probe_answered_after_the_breaker_reopened_is_ignored() -> None:
+    # Before the fix: the probe's accept after a dead-letter re-opened the breaker raised
+    # IllegalBreakerCall out of the answer (the breaker no longer had a probe out).
+    pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
+    await dead_letter(pipe, 0)
+    await dead_letter(pipe, 1)
+    half_open(pipe)
+    probe = pipe.issue(tracked(1), 2, None)
+    assert await dead_letter(pipe, 3) is ArchiveOutcome.HELD  # re-opens
+    assert pipe.breaker_open
+    assert pipe.answer(probe.id, Answer("accept")) == "ok"
+    assert pipe.breaker_open  # a stale probe's answer does not close it
+
+
+async def test_an_explicit_close_releases_the_held_records() -> None:
+    state = FakeState()
+    pipe = Pipeline(config(), lambda _p: state)  # type: ignore[arg-type,return-value]
+    assert pipe.close_breaker("test") is False  # closed already
+    await dead_letter(pipe, 0)
+    await dead_letter(pipe, 1)
+    assert pipe.close_breaker("test") is True
+    assert state.released == 1 and not pipe.breaker_open
+    assert await dead_letter(pipe, 5) is ArchiveOutcome.NO_DLQ  # a fresh window
+
+
+async def test_the_timer_moves_to_half_open_after_the_cool_down(autojump_clock: object) -> None:
+    pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
+    await dead_letter(pipe, 0)
+    await dead_letter(pipe, 1)
+    assert pipe.breaker is not None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pipe._breaker_timer)
+        with trio.fail_after(5):
+            while pipe.breaker_room() != 1:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_waiting_for_room_ends_when_the_breaker_lets_records_out(
+    autojump_clock: object,
+) -> None:
+    pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
+    assert await pipe.wait_breaker_room(trio.current_time())  # closed: at once
+    await dead_letter(pipe, 0)
+    await dead_letter(pipe, 1)
+    assert not await pipe.wait_breaker_room(trio.current_time() + 0.5)  # open: the deadline
+    woke: list[float] = []
+
+    async def waiter() -> None:
+        assert await pipe.wait_breaker_room(trio.current_time() + 60)
+        woke.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(2)
+        closed_at = trio.current_time()
+        pipe.close_breaker("test")
+    assert woke == [closed_at]
