@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+from sidecar.core.commitstate import decode
 from sidecar.http.server import Response
 from sidecar.ops.kafka_broker import free_port
 from tests.harness import (
@@ -152,6 +153,23 @@ async def check_open(rig: Rig, app: SwitchableApp, status: dict[str, Any]) -> in
         committed = await trio.to_thread.run_sync(rig.broker.committed, rig.group, rig.topic, [0])
         assert committed[0][0] <= GOOD + written  # the held record is at or below it
     return written
+
+
+async def wait_dlq_written_committed(rig: Rig, written: int, timeout_s: float = 30) -> None:
+    """Wait until the group's committed state (offset and metadata) has every record in the DLQ
+    done: the DLQ writes are confirmed, their commit follows on its own schedule."""
+    dlq = await rig.read_dlq(written)
+    offsets = {int(r.header("__dlq.errors.offset") or "-1") for r in dlq}
+    with trio.fail_after(timeout_s):
+        while True:
+            committed = await trio.to_thread.run_sync(
+                rig.broker.committed, rig.group, rig.topic, [0]
+            )
+            offset, metadata = committed[0]
+            state = decode(metadata) if metadata else None
+            if all(o < offset or (state is not None and state.is_done(o)) for o in offsets):
+                return
+            await trio.sleep(0.1)
 
 
 async def check_recovered(rig: Rig, app: SwitchableApp, written: int) -> set[int]:
@@ -319,6 +337,9 @@ async def test_kill_9_while_open_loses_nothing_and_the_held_records_come_back(
     ) as rig:
         status = await trip(rig, app)
         written = await check_open(rig, app, status)
+        # A kill before the DLQ writes are committed would redeliver them (at-least-once), which
+        # is not the point here: wait for the commit.
+        await wait_dlq_written_committed(rig, written)
         assert await rig.sc.stop(signal.SIGKILL) == -signal.SIGKILL
         app.broken = False
         async with rig.sidecar() as sc:
