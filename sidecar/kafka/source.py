@@ -22,7 +22,7 @@ import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from sidecar.core.budget import DEFAULT_BUFFERED_BYTES, split_budget
-from sidecar.core.errors import KafkaClientError
+from sidecar.core.errors import CommitFailed, KafkaClientError
 
 log = logging.getLogger("sidecar.source")
 
@@ -78,8 +78,14 @@ class SourceError(KafkaClientError):
     """A consumer error the sidecar cannot continue after."""
 
 
-class CommitTimeout(Exception):
+class CommitTimeout(CommitFailed):
     """A commit did not complete in time (it may still land later)."""
+
+
+# What a call on the consumer handle raises for a reason outside the sidecar: librdkafka's error,
+# or confluent-kafka's RuntimeError for a handle already closed. Anything else is a bug and is not
+# caught on the poll thread.
+_CONSUMER_CALL_ERRORS = (KafkaException, RuntimeError)
 
 
 # A commit's identity: what it commits. Two commits of the same offsets and metadata are
@@ -418,7 +424,8 @@ class KafkaSource:
                 await trio.to_thread.run_sync(self._run_commands, consumer)
 
     def _poll_step(self, consumer: Consumer) -> list[Message]:
-        """One turn of the poll thread: queued consumer calls first, then one blocking poll.
+        """The poll thread's work until there is something for trio: records, a stop, or the
+        results of queued consumer calls.
 
         Every call on the consumer handle happens here, on one thread. confluent-kafka serialises
         calls on a handle, and a commit issued from another thread while consume() loops would wait
@@ -427,7 +434,12 @@ class KafkaSource:
         results come back through librdkafka's callback, served inside the blocking poll, and the
         horizon commits run half a window ahead of the hand-outs. Only while a caller has records
         waiting on each commit (`mark_busy`: an isolation pass, or write-ahead commits) is the
-        timeout kept at 1 ms; otherwise an idle sidecar wakes ten times a second.
+        timeout kept at 1 ms.
+
+        An empty poll does not come back to trio: the thread loops here, so an idle sidecar costs a
+        wake of this thread per poll timeout and nothing in the trio thread (each return is a
+        thread hand-off and a scheduler turn there, and the next call another hand-off). A
+        cancelled caller is noticed at the next timeout (`check_cancelled`), as before.
         """
         while True:
             self._run_commands(consumer)
@@ -436,17 +448,14 @@ class KafkaSource:
                 self._refresh_lag(consumer)
                 self._next_lag_refresh = now + 1.0
             timeout = self._busy_poll_timeout_s if self._busy() else self._poll_timeout_s
-            # consume(n, t) waits the whole timeout unless n records arrive; poll(t) returns with
-            # the first one. So: take what is there, else wait for one, then take the rest.
-            messages = consumer.consume(self._batch_size, 0)
-            if not messages:
-                first = consumer.poll(timeout)
-                if first is not None:
-                    messages = [first, *consumer.consume(self._batch_size - 1, 0)]
-            if messages or self._stop_polling or self._commands:
-                return messages
-            if not self._busy() and not self._commands:
-                return messages  # hand control back to trio now and then (shutdown checks)
+            # poll(t) returns with the first record (consume(n, t) would wait the whole timeout
+            # unless n records arrive): wait for one, then take what else is there.
+            first = consumer.poll(timeout)
+            if first is not None:
+                return [first, *consumer.consume(self._batch_size - 1, 0)]
+            if self._stop_polling:
+                return []
+            trio.from_thread.check_cancelled()
 
     def _busy(self) -> bool:
         # Commit results need no short timeout: their callback is served inside a blocking poll.
@@ -463,7 +472,7 @@ class KafkaSource:
             try:
                 result: Any = fn(consumer)
                 error: BaseException | None = None
-            except Exception as exc:
+            except _CONSUMER_CALL_ERRORS as exc:
                 result, error = None, exc
             if done is not None:
                 done(result, error)
@@ -505,14 +514,19 @@ class KafkaSource:
     async def commit(self, offsets: Sequence[OffsetToCommit]) -> None:
         """Commit offsets with their metadata; returns once the broker has them.
 
-        Raises `CommitTimeout` after `commit_timeout_s` (the commit may still land later), or the
-        commit's error. The poll thread never waits for a commit: it issues it asynchronously and
+        Raises `CommitTimeout` after `commit_timeout_s` (the commit may still land later), or
+        `CommitFailed` with librdkafka's error (translated here, at the boundary). The poll thread never waits for a commit: it issues it asynchronously and
         the result comes back through the offset-commit callback, so a commit stuck on a lost group
         coordinator cannot hold consumption, rebalances or the other consumer calls behind it.
         """
         if not offsets:
             return
-        tps = _to_tps(offsets)
+        try:
+            await self._commit(_to_tps(offsets))
+        except _CONSUMER_CALL_ERRORS as exc:
+            raise CommitFailed(str(exc)) from exc
+
+    async def _commit(self, tps: list[TopicPartition]) -> None:
         async with self._commit_lock:
             if not self._poll_thread_active:
                 # No poll loop serves the callbacks (before `run()` or after it stopped): a
