@@ -572,11 +572,13 @@ def running_sidecar(
     spy = None
     if os.environ.get("BENCH_PYSPY"):
         # Profile the sidecar while it runs: BENCH_PYSPY=DIR writes DIR/<name>.txt (collapsed stacks,
-        # with thread names and idle frames) for flame graphs or grep.
+        # with thread names and idle frames) for flame graphs or grep. BENCH_PYSPY_CPU=1 leaves
+        # the idle frames out: then a sample is CPU spent (a blocking poll or epoll_wait is not).
         out = os.path.join(os.environ["BENCH_PYSPY"], f"{name}.txt")
+        idle = [] if os.environ.get("BENCH_PYSPY_CPU") else ["--idle"]
         spy = subprocess.Popen(
             [str(Path(PY).parent / "py-spy"), "record", "--pid", str(proc.pid), "--rate", "250",
-             "--format", "raw", "--threads", "--idle", "--output", out, "--nonblocking"],
+             "--format", "raw", "--threads", *idle, "--output", out, "--nonblocking"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip

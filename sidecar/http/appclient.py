@@ -250,6 +250,9 @@ async def _exchange(
                 await trio.lowlevel.wait_writable(sock)
                 continue
             view = view[sent:]
+        # The app cannot have answered yet when the send returns: wait before the first read
+        # instead of a recv that fails with EAGAIN (a syscall and an exception per request).
+        await trio.lowlevel.wait_readable(sock)
         while not collector.complete:
             try:
                 data = sock.recv(_RECEIVE_BYTES)

@@ -1,10 +1,11 @@
 """The Kafka source: a confluent-kafka consumer driven from trio.
 
 Owns the consumer handle: subscribe, the poll loop, commits with metadata, pause/resume and close.
-librdkafka calls block, so they run in worker threads; the rebalance callbacks fire inside `consume()` on the
-poll thread and are brought back into trio with `trio.from_thread.run`, so the engine sees assignment changes
-in order with everything else. Must not import the ledger or the HTTP modules: it hands raw messages and
-partition events to a `SourceListener`.
+librdkafka calls block, so they run on a poll thread of the source's own; it hands record batches over to
+trio without waiting for each (`_poll_thread`), and the rebalance callbacks fire inside `poll()` on that
+thread and are brought back into trio with `trio.from_thread.run` after the batches handed over before them,
+so the engine sees assignment changes in order with everything else. Must not import the ledger or the
+HTTP modules: it hands raw messages and partition events to a `SourceListener`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from sidecar.core.budget import DEFAULT_BUFFERED_BYTES, split_budget
-from sidecar.core.errors import KafkaClientError
+from sidecar.core.errors import CommitFailed, KafkaClientError
 
 log = logging.getLogger("sidecar.source")
 
@@ -38,6 +39,12 @@ OFFSET_END = -1
 COMMIT_TIMEOUT_S = 15.0
 # How long closing the consumer (final revoke commit, leaving the group) may take at shutdown.
 CLOSE_TIMEOUT_S = 10.0
+
+# The poll thread polls again before the listener has taken what it handed over only while that is
+# at most this many bytes of values: a record at a time at ordinary rates, so trio need not wake
+# the thread after each one; otherwise at most one batch (plus this) is outside librdkafka's queue
+# and the ledgers, which the byte budget bounds, as when the thread waited for every batch.
+HANDED_OVER_MAX_BYTES = 64 * 1024
 
 # Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
 OWNED_PROPERTIES = {
@@ -71,15 +78,24 @@ class SourceListener(Protocol):
 
     async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None: ...
 
-    async def on_messages(self, messages: Sequence[Message]) -> None: ...
+    async def on_messages(self, messages: Sequence[Message]) -> None:
+        """Take a batch. Must not wait for the consumer (a commit, a queued call): the poll
+        thread may be in a rebalance callback that waits for this call to return."""
+        ...
 
 
 class SourceError(KafkaClientError):
     """A consumer error the sidecar cannot continue after."""
 
 
-class CommitTimeout(Exception):
+class CommitTimeout(CommitFailed):
     """A commit did not complete in time (it may still land later)."""
+
+
+# What a call on the consumer handle raises for a reason outside the sidecar: librdkafka's error,
+# or confluent-kafka's RuntimeError for a handle already closed. Anything else is a bug and is not
+# caught on the poll thread.
+_CONSUMER_CALL_ERRORS = (KafkaException, RuntimeError)
 
 
 # A commit's identity: what it commits. Two commits of the same offsets and metadata are
@@ -202,6 +218,13 @@ class KafkaSource:
             tuple[Callable[[Consumer], Any], Callable[[Any, BaseException | None], None] | None]
         ] = deque()
         self._poll_thread_active = False
+        # The poll thread's hand-over to trio (see `_poll_thread`): batches in order, then an end.
+        self._handed: deque[list[Message] | _PollEnd] = deque()
+        self._handed_bytes = 0
+        self._handed_cond = threading.Condition()
+        self._handed_wake = trio.Event()
+        self._intake_lock = trio.Lock()  # one taker of handed batches at a time
+        self._thread_stop = False  # trio left the poll loop (cancelled): the thread ends too
         self._direct_lock = trio.Lock()
         self._busy_until = 0.0
         self._busy_poll_timeout_s = 0.001
@@ -371,7 +394,7 @@ class KafkaSource:
         if self._closed and self._token is None:
             return None
         try:
-            return trio.from_thread.run(fn, arg, trio_token=self._token)
+            return trio.from_thread.run(self._in_order, fn, arg, trio_token=self._token)
         except trio.RunFinishedError:
             return None  # a close() abandoned at shutdown, finishing after trio did
 
@@ -389,36 +412,122 @@ class KafkaSource:
         await self._stopped.wait()
 
     async def _poll_loop(self, consumer: Consumer) -> None:
+        """Run the poll thread and give its batches to the listener, in order, until it ends."""
+        token = self._token
+        assert token is not None
+        self._thread_stop = False
         self._poll_thread_active = True
+        thread = threading.Thread(
+            target=self._poll_thread, args=(consumer, token), name="sidecar-poll", daemon=True
+        )
+        thread.start()
         try:
-            # After stop_polling(), keep serving until the commits issued so far have their
-            # results: only consume()/poll() delivers them.
-            while not self._stop_polling or self._commit_waiters:
-                messages: list[Message] = await trio.to_thread.run_sync(self._poll_step, consumer)
-                if messages:
-                    self._broker_usable()
-                good: list[Message] = []
-                for msg in messages:
-                    err = msg.error()
-                    if err is None:
-                        good.append(msg)
-                        continue
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    if err.fatal():
-                        self.fatal_error = str(err)
-                        raise SourceError(f"fatal consumer error: {err}")
-                    log.warning("consumer error: %s", err)
-                if good:
-                    await self._listener.on_messages(good)
+            while True:
+                end = await self._take_handed()
+                if end is not None:
+                    if end.error is not None:
+                        raise end.error
+                    return
+                await self._handed_wake.wait()
+                self._handed_wake = trio.Event()
         finally:
-            self._poll_thread_active = False
-            # Whatever is still queued runs in a worker thread, so no caller waits forever.
-            if self._commands:
-                await trio.to_thread.run_sync(self._run_commands, consumer)
+            with self._handed_cond:
+                self._thread_stop = True
+                self._handed_cond.notify()
+            # Shielded: a cancelled poll loop still waits for its thread, which notices within one
+            # poll timeout (or after a rebalance callback it is in), so that nothing else uses the
+            # handle while it polls.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(thread.join)
+                self._poll_thread_active = False
+                # Whatever is still queued runs in a worker thread, so no caller waits forever.
+                if self._commands:
+                    await trio.to_thread.run_sync(self._run_commands, consumer)
+
+    async def _take_handed(self) -> _PollEnd | None:
+        """Give the batches handed over so far to the listener; the thread's end if it came."""
+        if not self._intake_lock.locked():
+            self._intake_lock.acquire_nowait()  # no checkpoint on the usual, uncontended path
+        else:
+            await self._intake_lock.acquire()
+        try:
+            while self._handed:
+                item = self._handed.popleft()
+                if isinstance(item, _PollEnd):
+                    return item
+                await self._listener.on_messages(item)
+                # Only now is the batch in the listener's accounting (the ledgers' byte budget).
+                with self._handed_cond:
+                    self._handed_bytes -= _values_bytes(item)
+                    self._handed_cond.notify()
+            return None
+        finally:
+            self._intake_lock.release()
+
+    async def _in_order(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
+        """A rebalance callback, after the batches the thread handed over before it."""
+        end = await self._take_handed()
+        if end is not None:
+            self._handed.appendleft(end)  # for the poll loop, which ends on it
+        return await fn(arg)
+
+    def _poll_thread(self, consumer: Consumer, token: trio.lowlevel.TrioToken) -> None:
+        """The poll thread: poll, hand batches over to trio without waiting for them, end.
+
+        A hand-over is an append and, when trio may be asleep, one wake-up; the thread does not
+        wait for trio to take the batch unless what it handed over is more than
+        `HANDED_OVER_MAX_BYTES` (backpressure, as before: librdkafka keeps the rest). Rebalance
+        callbacks, inside poll(), go through `_in_order`, so the listener sees them in order with
+        the batches. After `stop_polling()` the thread goes on serving callbacks until the commits
+        issued so far have their results (only a poll delivers them).
+        """
+        end = _PollEnd(None)
+        try:
+            while (not self._stop_polling or self._commit_waiters) and not self._thread_stop:
+                with self._handed_cond:
+                    while self._handed_bytes > HANDED_OVER_MAX_BYTES and not self._thread_stop:
+                        self._handed_cond.wait(self._poll_timeout_s)
+                if self._thread_stop:
+                    break
+                messages = self._poll_step(consumer)
+                if not messages:
+                    continue
+                self._broker_usable()
+                good = self._good_messages(messages)
+                if good:
+                    self._hand_over(token, good)
+        # Not handled here: trio's poll loop raises it, as it would from a to_thread call.
+        except BaseException as exc:
+            end = _PollEnd(exc)
+        self._hand_over(token, end)
+
+    def _hand_over(self, token: trio.lowlevel.TrioToken, item: list[Message] | _PollEnd) -> None:
+        if isinstance(item, list):
+            with self._handed_cond:
+                self._handed_bytes += _values_bytes(item)
+        self._handed.append(item)
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self._handed_wake.set)
+
+    def _good_messages(self, messages: list[Message]) -> list[Message]:
+        """The records of a batch; errors logged, a fatal one raised (`SourceError`)."""
+        good: list[Message] = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                good.append(msg)
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                continue
+            if err.fatal():
+                self.fatal_error = str(err)
+                raise SourceError(f"fatal consumer error: {err}")
+            log.warning("consumer error: %s", err)
+        return good
 
     def _poll_step(self, consumer: Consumer) -> list[Message]:
-        """One turn of the poll thread: queued consumer calls first, then one blocking poll.
+        """The poll thread's work until there is something for trio: records, a stop, or the
+        results of queued consumer calls.
 
         Every call on the consumer handle happens here, on one thread. confluent-kafka serialises
         calls on a handle, and a commit issued from another thread while consume() loops would wait
@@ -427,7 +536,10 @@ class KafkaSource:
         results come back through librdkafka's callback, served inside the blocking poll, and the
         horizon commits run half a window ahead of the hand-outs. Only while a caller has records
         waiting on each commit (`mark_busy`: an isolation pass, or write-ahead commits) is the
-        timeout kept at 1 ms; otherwise an idle sidecar wakes ten times a second.
+        timeout kept at 1 ms.
+
+        An empty poll does not end the step: the thread loops here, so an idle sidecar costs a wake
+        of this thread per poll timeout and nothing in the trio thread.
         """
         while True:
             self._run_commands(consumer)
@@ -436,17 +548,13 @@ class KafkaSource:
                 self._refresh_lag(consumer)
                 self._next_lag_refresh = now + 1.0
             timeout = self._busy_poll_timeout_s if self._busy() else self._poll_timeout_s
-            # consume(n, t) waits the whole timeout unless n records arrive; poll(t) returns with
-            # the first one. So: take what is there, else wait for one, then take the rest.
-            messages = consumer.consume(self._batch_size, 0)
-            if not messages:
-                first = consumer.poll(timeout)
-                if first is not None:
-                    messages = [first, *consumer.consume(self._batch_size - 1, 0)]
-            if messages or self._stop_polling or self._commands:
-                return messages
-            if not self._busy() and not self._commands:
-                return messages  # hand control back to trio now and then (shutdown checks)
+            # poll(t) returns with the first record (consume(n, t) would wait the whole timeout
+            # unless n records arrive): wait for one, then take what else is there.
+            first = consumer.poll(timeout)
+            if first is not None:
+                return [first, *consumer.consume(self._batch_size - 1, 0)]
+            if self._stop_polling or self._thread_stop:
+                return []
 
     def _busy(self) -> bool:
         # Commit results need no short timeout: their callback is served inside a blocking poll.
@@ -463,7 +571,7 @@ class KafkaSource:
             try:
                 result: Any = fn(consumer)
                 error: BaseException | None = None
-            except Exception as exc:
+            except _CONSUMER_CALL_ERRORS as exc:
                 result, error = None, exc
             if done is not None:
                 done(result, error)
@@ -505,14 +613,19 @@ class KafkaSource:
     async def commit(self, offsets: Sequence[OffsetToCommit]) -> None:
         """Commit offsets with their metadata; returns once the broker has them.
 
-        Raises `CommitTimeout` after `commit_timeout_s` (the commit may still land later), or the
-        commit's error. The poll thread never waits for a commit: it issues it asynchronously and
+        Raises `CommitTimeout` after `commit_timeout_s` (the commit may still land later), or
+        `CommitFailed` with librdkafka's error (translated here, at the boundary). The poll thread never waits for a commit: it issues it asynchronously and
         the result comes back through the offset-commit callback, so a commit stuck on a lost group
         coordinator cannot hold consumption, rebalances or the other consumer calls behind it.
         """
         if not offsets:
             return
-        tps = _to_tps(offsets)
+        try:
+            await self._commit(_to_tps(offsets))
+        except _CONSUMER_CALL_ERRORS as exc:
+            raise CommitFailed(str(exc)) from exc
+
+    async def _commit(self, tps: list[TopicPartition]) -> None:
         async with self._commit_lock:
             if not self._poll_thread_active:
                 # No poll loop serves the callbacks (before `run()` or after it stopped): a
@@ -656,6 +769,17 @@ class KafkaSource:
             if hi >= 0 and pos >= 0:
                 out[(topic, partition)] = max(0, hi - pos)
         self._lag = out
+
+
+@dataclass(frozen=True, slots=True)
+class _PollEnd:
+    """The poll thread ended: normally (None) or with the error trio's poll loop raises."""
+
+    error: BaseException | None
+
+
+def _values_bytes(messages: list[Message]) -> int:
+    return sum(len(m) for m in messages)
 
 
 def _reset_offset(policy: str) -> int:

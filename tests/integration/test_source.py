@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import trio
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
-from sidecar.kafka.source import KafkaSource, OffsetToCommit
+from sidecar.kafka.source import AssignedPartition, KafkaSource, OffsetToCommit
 from tests.harness import RecordingListener, wait_until
 from tests.kafkatools import Broker, Rec
 
@@ -96,3 +98,86 @@ async def test_no_committed_offset_starts_at_the_reset_policy(
         await source.wait_stopped()
         await source.close()
         nursery.cancel_scope.cancel()
+
+
+class _OrderListener(RecordingListener):
+    """Records the order of everything the source hands over: ("m", partition, offset), ("revoked", p)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int, int]] = []
+
+    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
+        await super().on_assigned(partitions)
+        self.events += [("assigned", ap.partition, -1) for ap in partitions]
+
+    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        self.events += [("revoked", p, -1) for _, p in partitions]
+        return await super().on_revoked(partitions)
+
+    async def on_messages(self, messages: Sequence[Message]) -> None:
+        await super().on_messages(messages)
+        self.events += [("m", m.partition() or 0, m.offset() or 0) for m in messages]
+
+
+async def test_batches_reach_the_listener_before_a_revoke_of_their_partition(
+    bootstrap: str, broker: Broker, unique: str
+) -> None:
+    # The poll thread hands batches over without waiting for them; a rebalance callback must still
+    # come after every batch fetched before it (a record of a revoked partition handed over after
+    # its revoke would be read into a ledger that is gone, or into the next assignment's).
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 4)
+    props = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    first_listener, second_listener = _OrderListener(), _OrderListener()
+    first = KafkaSource(props, [topic], first_listener, batch_size=5)
+    second = KafkaSource(props, [topic], second_listener, batch_size=5)
+    async with trio.open_nursery() as nursery:
+        first.start()
+        nursery.start_soon(first.run)
+        await wait_until(lambda: len(first.assigned) == 4, 60, "every partition on the first")
+
+        async def keep_producing() -> None:
+            batch = [Rec(key=None, value=b"v", partition=p) for p in range(4) for _ in range(5)]
+            while True:
+                await trio.to_thread.run_sync(broker.produce, topic, batch)
+
+        nursery.start_soon(keep_producing)
+        await wait_until(lambda: len(first_listener.messages) >= 100, 60, "records flowing")
+        second.start()
+        nursery.start_soon(second.run)
+        await wait_until(
+            lambda: any(e[0] == "revoked" for e in first_listener.events), 60, "a revoke"
+        )
+        await wait_until(lambda: len(second_listener.messages) >= 20, 60, "records on the second")
+        for source in (first, second):
+            source.stop_polling()
+            await source.wait_stopped()
+            await source.close()
+        nursery.cancel_scope.cancel()
+    owned: set[int] = set()
+    for kind, partition, offset in first_listener.events:
+        if kind == "assigned":
+            owned.add(partition)
+        elif kind == "revoked":
+            owned.discard(partition)
+        else:
+            assert partition in owned, f"record {partition}@{offset} handed over after its revoke"
+
+
+async def test_a_cancelled_poll_loop_ends_its_thread(
+    bootstrap: str, broker: Broker, unique: str
+) -> None:
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 1)
+    listener = RecordingListener()
+    source = KafkaSource({"bootstrap.servers": bootstrap, "group.id": group}, [topic], listener)
+    source.start()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(source.run)
+        await wait_until(lambda: bool(listener.assigned), 60, "the assignment")
+        nursery.cancel_scope.cancel()  # no stop_polling(): cancelled, as when the engine fails
+    # The poll loop returned (its thread joined), and the consumer is usable from here again.
+    assert source._stopped.is_set()
+    assert not source._poll_thread_active
+    await source.close()
