@@ -3,7 +3,9 @@
 `pull_config` writes the harness's config (`tests.harness.write_config`) without an app URL and with
 ``app.mode: pull``; `PullClient` is a plain `http.client` connection to the control API, over TCP or
 a Unix socket (``api.listen: unix:/path``), for `GET /v1/records` and `POST /v1/acks`. Its calls are
-blocking: run them in a thread (`trio.to_thread.run_sync`) from trio tests.
+blocking: run them in a thread (`trio.to_thread.run_sync`) from trio tests. `raw_connect` and
+`read_raw_responses` are a bare socket to the same API, for what `http.client` cannot do (pipelining,
+walking away mid-request).
 """
 
 from __future__ import annotations
@@ -96,6 +98,37 @@ class PullClient:
         )
         assert code == 200, (code, body)
         return [r["result"] for r in body["results"]]
+
+
+def raw_connect(api_listen: str, timeout_s: float = 60.0) -> socket.socket:
+    """A bare blocking socket to the control API (``host:port`` or ``unix:/path``)."""
+    if api_listen.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        sock.connect(api_listen[5:])
+        return sock
+    host, _, port = api_listen.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=timeout_s)
+
+
+def read_raw_responses(sock: socket.socket, count: int) -> list[tuple[int, Any]]:
+    """`count` Content-Length framed responses from `sock`, in order: (status, JSON body)."""
+    buffer = b""
+    out: list[tuple[int, Any]] = []
+    while len(out) < count:
+        head, sep, rest = buffer.partition(b"\r\n\r\n")
+        if sep:
+            lines = head.decode("latin-1").split("\r\n")
+            fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+            length = int(fields["content-length"])
+            if len(rest) >= length:
+                out.append((int(lines[0].split()[1]), json.loads(rest[:length])))
+                buffer = rest[length:]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {len(out)} responses"
+        buffer += chunk
+    return out
 
 
 def value_of(record: dict[str, Any]) -> bytes | None:

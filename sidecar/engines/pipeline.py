@@ -278,8 +278,9 @@ class PullQueue:
 
     Each delivery goes to exactly one poll: `put` gives it to the oldest poll with room (or the
     queue), and a poll takes what the queue holds first. A poll that is cancelled before it
-    returned gives its deliveries back to the front of the queue, in order. Every method runs
-    in the trio thread; `put` never blocks.
+    returned (shutdown, or its client closed the connection) gives its deliveries back, in
+    order and uncounted, to the polls still waiting, then to the front of the queue; it wants
+    nothing more. Every method runs in the trio thread; `put` never blocks.
     """
 
     def __init__(self) -> None:
@@ -343,14 +344,28 @@ class PullQueue:
                     await waiter.got.wait()
             return [d for d in waiter.items if live(d)]
         except BaseException:
-            # Cancelled before the response was built (shutdown): nothing was handed out.
-            queued.extendleft(reversed(waiter.items))
+            # Cancelled before the response was built (shutdown, or the client closed the
+            # connection): nothing was handed out, so nothing was counted as an attempt.
+            self._waiters.remove(waiter)
+            self._give_back(waiter.items)
             waiter.items = []
             raise
         finally:
-            self._waiters.remove(waiter)
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
             if not self._waiters:
                 self._demand = trio.Event()
+
+    def _give_back(self, items: list[Delivery]) -> None:
+        """A cancelled poll's deliveries, in order: to the polls still waiting with room (oldest
+        first, as `put` does), the rest to the front of the queue."""
+        rest = deque(items)
+        for waiter in self._waiters:
+            while rest and waiter.room > 0:
+                waiter.items.append(rest.popleft())
+                waiter.room -= 1
+                waiter.got.set()
+        self._queued.extendleft(reversed(rest))
 
 
 @dataclass(slots=True, eq=False)
@@ -852,8 +867,10 @@ class Pipeline:
         """`GET /v1/records`: up to `max_records` deliveries, waiting up to `wait_s` for one.
 
         The attempt span ends here, as a deferred answer does in push mode: the app answers
-        through `POST /v1/acks`. A delivery handed to a client that is gone is not lost: its lock
-        expires and it is delivered again, counted, as a push request that failed after sending.
+        through `POST /v1/acks`. A poll cancelled while it waits (its client closed the
+        connection: the API watches it) hands out nothing and gives back what it had. A delivery
+        handed out whose response then cannot reach the client is not lost: its lock expires and
+        it is delivered again, counted, as a push request that failed after sending.
         """
         pull = self._pull
         if pull is None:

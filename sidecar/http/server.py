@@ -20,6 +20,15 @@ most once a second per reason) and counted in :class:`ServerStats`:
          not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
          only broad ``except``; the connection and the server go on
 
+A handler that waits (a long poll) may ask to be cancelled when its client goes:
+:meth:`Request.watch_peer` runs the wait while this module reads the connection on its behalf.
+EOF or a reset on the read side cancels the wait and raises :class:`PeerClosed` (the connection is
+closed, nothing is written); bytes that arrive meanwhile (the next pipelined request: HTTP/1.1
+lets a client send it before the answer) are kept for the connection loop, in order, and never
+cancel anything. A client that half-closes its side after a request is taken for gone, as Go's
+net/http does. Other handlers are not watched: a request answered at once is answered even to a
+client that has already shut its side.
+
 Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
 they are not merged into the headers).
 
@@ -46,9 +55,10 @@ import stat
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, TypeVar
 
 import httptools
+import outcome
 import trio
 
 from sidecar.http.limits import LimitExceeded, MeteredCollector
@@ -58,6 +68,7 @@ __all__ = [
     "Handler",
     "Limits",
     "Listen",
+    "PeerClosed",
     "Request",
     "Response",
     "ServerStats",
@@ -76,6 +87,11 @@ _DRAIN_TIMEOUT_S = 1.0
 _DRAIN_MAX_BYTES = 1024 * 1024
 _REFUSE_SEND_TIMEOUT_S = 1.0
 _LOG_EVERY_S = 1.0
+# What a watched handler's connection may buffer of the next pipelined request; past that, the
+# watch stops reading (and so stops noticing a close) until the handler returns.
+_WATCH_MAX_BYTES = 256 * 1024
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +148,57 @@ class ServerStats:
         )
 
 
+class PeerClosed(Exception):
+    """The client closed its connection (EOF or reset) during :meth:`Request.watch_peer`: the
+    wait was cancelled, and the server answers nothing and closes the connection."""
+
+
+class _Peer:
+    """One connection's read side while its handler runs (the loop itself reads only between
+    requests); see :meth:`Request.watch_peer`."""
+
+    __slots__ = ("closed", "handling", "pending", "stream")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.pending = bytearray()  # read during a watch: the loop parses these before reading
+        self.closed = False  # EOF or a reset seen during a watch
+        self.handling = False  # a handler of this connection runs: the loop is not reading
+
+    async def watch(self, wait: Callable[[], Awaitable[T]]) -> T:
+        if self.closed:
+            raise PeerClosed("the client closed the connection")
+        waiting = trio.CancelScope()
+
+        async def run() -> T:
+            with waiting:
+                return await wait()
+            raise PeerClosed("the client closed the connection")  # `waiting` cancelled: EOF
+
+        # The wait runs in the body, captured, so that what it raises leaves unwrapped (a
+        # nursery wraps its body's exceptions in an ExceptionGroup). `outcome` is trio's own
+        # result type (trio.lowlevel.reschedule takes its values): not a dependency of ours.
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_until_closed, waiting)
+            result = await outcome.acapture(run)
+            nursery.cancel_scope.cancel()
+        return result.unwrap()
+
+    async def _read_until_closed(self, waiting: trio.CancelScope) -> None:
+        # Cancelling receive_some of a socket stream loses no byte: trio either received (and
+        # returns) or did not; so what the client sends next reaches the loop in order.
+        while len(self.pending) < _WATCH_MAX_BYTES:
+            try:
+                data = await self.stream.receive_some(_RECEIVE_BYTES)
+            except trio.BrokenResourceError:
+                data = b""  # a reset
+            if not data:
+                self.closed = True
+                waiting.cancel()
+                return
+            self.pending += data
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One parsed request. Header names are lower-case; values are decoded as latin-1."""
@@ -142,6 +209,22 @@ class Request:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     via_unix: bool = False  # came in over a Unix socket (no browser can send those)
+    _peer: _Peer | None = field(default=None, repr=False, compare=False)
+
+    async def watch_peer(self, wait: Callable[[], Awaitable[T]]) -> T:
+        """``await wait()``, cancelled if the client closes the connection meanwhile.
+
+        For a handler that waits (a long poll): when the client goes (EOF or a reset on the
+        read side) before ``wait`` returned, ``wait`` is cancelled and :class:`PeerClosed`
+        raised; the server then writes nothing and closes the connection. Bytes of a pipelined
+        next request do not cancel it. Outside the server (a Request built by hand) or once the
+        handler returned, it only awaits ``wait``. A ``wait`` that returned just as the client
+        went returns its value: the response is then written into the closed connection.
+        """
+        peer = self._peer
+        if peer is None or not peer.handling:
+            return await wait()
+        return await peer.watch(wait)
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), or None."""
@@ -221,16 +304,20 @@ class _RequestCollector(MeteredCollector):
         "headers_complete",
         "max_body_bytes",
         "parser",
+        "peer",
         "ready",
         "too_large",
         "url",
         "via_unix",
     )
 
-    def __init__(self, max_body_bytes: int, max_head_bytes: int, via_unix: bool) -> None:
+    def __init__(
+        self, max_body_bytes: int, max_head_bytes: int, via_unix: bool, peer: _Peer | None = None
+    ) -> None:
         super().__init__(max_head_bytes)
         self.max_body_bytes = max_body_bytes
         self.via_unix = via_unix
+        self.peer = peer
         self.parser: httptools.HttpRequestParser | None = None
         self.ready: deque[tuple[Request, bool]] = deque()
         self.too_large = False
@@ -284,6 +371,7 @@ class _RequestCollector(MeteredCollector):
             tuple(self.headers),
             bytes(self.body),
             via_unix=self.via_unix,
+            _peer=self.peer,
         )
         self.ready.append((request, self.parser.should_keep_alive()))
         self._reset()
@@ -317,8 +405,11 @@ async def _refuse(
 _INTERNAL_ERROR = Response(500, (("Content-Type", "text/plain"),), b"internal error\n")
 
 
-async def _respond(handler: Handler, request: Request, keep_alive: bool, head_only: bool) -> bytes:
-    """The per-request dispatch: the handler's response as bytes, or a 500.
+async def _respond(
+    handler: Handler, request: Request, keep_alive: bool, head_only: bool
+) -> bytes | None:
+    """The per-request dispatch: the handler's response as bytes, or a 500; None when the client
+    closed the connection during a watched wait (PeerClosed: nobody to answer).
 
     The only broad `except` of this module: one broken handler call (an exception, or a response
     that cannot be written) must cost one 500, not the connection or the server. trio.Cancelled is
@@ -326,6 +417,8 @@ async def _respond(handler: Handler, request: Request, keep_alive: bool, head_on
     """
     try:
         return _format_response(await handler(request), keep_alive, head_only)
+    except PeerClosed:
+        return None
     except Exception:
         log.exception("HTTP handler failed for %s %s", request.method, request.path)
         return _format_response(_INTERNAL_ERROR, keep_alive, head_only)
@@ -334,7 +427,8 @@ async def _respond(handler: Handler, request: Request, keep_alive: bool, head_on
 async def _serve_connection(
     stream: trio.abc.Stream, handler: Handler, limits: Limits, stats: ServerStats, via_unix: bool
 ) -> None:
-    collector = _RequestCollector(limits.max_request_bytes, limits.max_header_bytes, via_unix)
+    peer = _Peer(stream)
+    collector = _RequestCollector(limits.max_request_bytes, limits.max_header_bytes, via_unix, peer)
     parser = httptools.HttpRequestParser(collector)
     collector.parser = parser
     # Set from the first byte of a request until it is complete: the whole request (header
@@ -347,15 +441,18 @@ async def _serve_connection(
                 deadline = trio.current_time() + limits.idle_timeout_s
             else:
                 deadline = request_deadline
-            with trio.move_on_at(deadline) as receiving:
-                data = await stream.receive_some(_RECEIVE_BYTES)
-            if receiving.cancelled_caught:
-                if request_deadline is not None:
-                    stats.reject("request_timeout", "request not complete within the deadline")
-                    await _refuse(stream, 408, "request not complete in time\n", drain_s=0.1)
-                return  # idle past the timeout: close quietly
-            if not data:
-                return  # peer closed
+            if peer.pending:  # read while a handler watched its client: the next request
+                data, peer.pending = peer.pending, bytearray()
+            else:
+                with trio.move_on_at(deadline) as receiving:
+                    data = await stream.receive_some(_RECEIVE_BYTES)
+                if receiving.cancelled_caught:
+                    if request_deadline is not None:
+                        stats.reject("request_timeout", "request not complete within the deadline")
+                        await _refuse(stream, 408, "request not complete in time\n", drain_s=0.1)
+                    return  # idle past the timeout: close quietly
+                if not data:
+                    return  # peer closed
             if request_deadline is None:
                 request_deadline = trio.current_time() + limits.request_timeout_s
             upgrade = False
@@ -388,9 +485,15 @@ async def _serve_connection(
                 request, keep_alive = collector.ready.popleft()
                 keep_alive = keep_alive and not upgrade
                 head_only = request.method == "HEAD"
-                data = await _respond(handler, request, keep_alive, head_only)
-                await _send(stream, data, limits, stats)
-                if not keep_alive:
+                peer.handling = True
+                try:
+                    response = await _respond(handler, request, keep_alive, head_only)
+                finally:
+                    peer.handling = False
+                if response is None:
+                    return  # the client closed the connection during the handler's wait
+                await _send(stream, response, limits, stats)
+                if not keep_alive or peer.closed:
                     return
             if not collector.in_message:
                 request_deadline = None

@@ -217,7 +217,14 @@ class LocalApi:
         except PullQueryError as exc:
             return json_response({"error": str(exc)}, 400)
         try:
-            pulled = await self.engine.pull(max_records, wait_ms / 1000)
+            if wait_ms:
+                # A long poll stops when its client closes the connection (PeerClosed, raised to
+                # the server): its records go back uncounted, and it no longer wants any.
+                pulled = await request.watch_peer(
+                    lambda: self.engine.pull(max_records, wait_ms / 1000)
+                )
+            else:
+                pulled = await self.engine.pull(max_records, 0)
         except NotPullMode as exc:
             return json_response({"error": str(exc)}, 409)
         body = format_pull_response([(p.view, int(p.lock_remaining_s * 1000)) for p in pulled])

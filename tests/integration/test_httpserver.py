@@ -6,6 +6,7 @@ import errno
 import functools
 import os
 import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -13,7 +14,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from sidecar.http.server import Limits, Request, Response, ServerStats, serve_http
+from sidecar.http.server import (
+    Handler,
+    Limits,
+    PeerClosed,
+    Request,
+    Response,
+    ServerStats,
+    serve_http,
+)
 
 
 async def echo(request: Request) -> Response:
@@ -37,14 +46,14 @@ async def echo(request: Request) -> Response:
 
 @asynccontextmanager
 async def running(
-    transport: str, tmp_path: Path, **kwargs: object
+    transport: str, tmp_path: Path, handler: Handler = echo, **kwargs: object
 ) -> AsyncIterator[trio.abc.Stream]:
     """Start the server, yield a raw client stream connected to it."""
     async with trio.open_nursery() as nursery:
         if transport == "tcp":
             port = await nursery.start(
                 lambda task_status: serve_http(
-                    echo,
+                    handler,
                     ("tcp", "127.0.0.1", 0),
                     task_status=task_status,
                     **kwargs,  # type: ignore[arg-type]
@@ -55,7 +64,7 @@ async def running(
             path = str(tmp_path / "s.sock")
             await nursery.start(
                 lambda task_status: serve_http(
-                    echo,
+                    handler,
                     ("unix", path),
                     task_status=task_status,
                     **kwargs,  # type: ignore[arg-type]
@@ -514,3 +523,145 @@ async def test_connections_beyond_the_limit_get_503(transport: str, tmp_path: Pa
         for stream in held:
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------------- watched waits
+
+
+class Hold:
+    """A handler whose ``/hold`` waits, watched (Request.watch_peer), until ``release`` is set;
+    ``/hold-raise`` raises inside the watched wait. Other paths are `echo`."""
+
+    def __init__(self) -> None:
+        self.waiting = trio.Event()
+        self.release = trio.Event()
+        self.done = trio.Event()
+        self.ended: list[str] = []  # how each watched wait ended
+        self.requests: list[Request] = []
+
+    async def __call__(self, request: Request) -> Response:
+        if request.path == "/hold-raise":
+
+            async def fail() -> str:
+                raise KeyError("from the wait")
+
+            try:
+                await request.watch_peer(fail)
+            except KeyError:  # as the wait raised it: not wrapped in an ExceptionGroup
+                return Response(200, (), b"caught")
+        if request.path != "/hold":
+            return await echo(request)
+        self.requests.append(request)
+
+        async def wait() -> str:
+            self.waiting.set()
+            await self.release.wait()
+            return "released"
+
+        try:
+            result = await request.watch_peer(wait)
+        except PeerClosed:
+            self.ended.append("closed")
+            raise
+        finally:
+            self.done.set()
+        self.ended.append(result)
+        return Response(200, (), result.encode())
+
+
+async def wait_pending(request: Request, n: int) -> None:
+    """Wait until the server has read `n` bytes on `request`'s connection during its watch."""
+    peer = request._peer
+    assert peer is not None
+    with trio.fail_after(5):
+        while len(peer.pending) < n:
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("close", ["eof", "reset"])
+async def test_a_watched_wait_is_cancelled_when_its_client_closes(
+    transport: str, tmp_path: Path, close: str
+) -> None:
+    if close == "reset" and transport == "unix":
+        pytest.skip("a Unix socket has no reset")
+    hold = Hold()
+    stats = ServerStats()
+    async with running(transport, tmp_path, handler=hold, stats=stats) as stream:
+        await stream.send_all(b"GET /hold HTTP/1.1\r\n\r\n")
+        with trio.fail_after(5):
+            await hold.waiting.wait()
+        assert isinstance(stream, trio.SocketStream)
+        if close == "reset":
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+        with trio.fail_after(5):
+            await hold.done.wait()
+            while stats.open_connections:  # and the server closed its side
+                await trio.sleep(0.01)
+        assert hold.ended == ["closed"]
+
+
+async def test_requests_pipelined_during_a_watched_wait_are_kept_and_answered_after_it(
+    transport: str, tmp_path: Path
+) -> None:
+    hold = Hold()
+    async with running(transport, tmp_path, handler=hold) as stream:
+        await stream.send_all(b"GET /hold HTTP/1.1\r\n\r\n")
+        with trio.fail_after(5):
+            await hold.waiting.wait()
+        pipelined = b"GET /a HTTP/1.1\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nab"
+        await stream.send_all(pipelined)
+        await wait_pending(hold.requests[0], len(pipelined))  # read while the wait went on
+        hold.release.set()
+        await stream.send_all(b"c")  # the rest of the body, after the watch
+        responses = await read_responses(stream, 3)
+        assert [r.rsplit(b"\r\n\r\n", 1)[1] for r in responses] == [
+            b"released",
+            b"GET /a ? len=0",
+            b"POST /b ? len=3",
+        ]
+        assert hold.ended == ["released"]
+
+
+async def test_a_client_that_shuts_its_side_during_a_watched_wait_is_gone(
+    transport: str, tmp_path: Path
+) -> None:
+    """EOF after a pipelined request: taken for a client that left (nothing answered)."""
+    hold = Hold()
+    async with running(transport, tmp_path, handler=hold) as stream:
+        await stream.send_all(b"GET /hold HTTP/1.1\r\n\r\n")
+        with trio.fail_after(5):
+            await hold.waiting.wait()
+        await stream.send_all(b"GET /a HTTP/1.1\r\n\r\n")
+        await wait_pending(hold.requests[0], 1)
+        assert isinstance(stream, trio.SocketStream)
+        await stream.send_eof()
+        assert await read_until_closed(stream) == b""
+        assert hold.ended == ["closed"]
+
+
+async def test_an_unwatched_handler_still_answers_a_client_that_shut_its_side(
+    transport: str, tmp_path: Path
+) -> None:
+    async with running(transport, tmp_path, handler=Hold()) as stream:
+        await stream.send_all(b"GET /slow HTTP/1.1\r\n\r\n")
+        assert isinstance(stream, trio.SocketStream)
+        await stream.send_eof()
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 200 ")
+        assert response.endswith(b"GET /slow ? len=0")
+
+
+async def test_a_watched_wait_raises_what_it_raises_and_a_hand_made_request_just_waits(
+    transport: str, tmp_path: Path
+) -> None:
+    async with running(transport, tmp_path, handler=Hold()) as stream:
+        await stream.send_all(b"GET /hold-raise HTTP/1.1\r\n\r\n")
+        [response] = await read_responses(stream, 1)
+        assert response.endswith(b"\r\n\r\ncaught")
+
+    async def value() -> int:
+        await trio.lowlevel.checkpoint()
+        return 7
+
+    assert await Request("GET", "/", "", (), b"").watch_peer(value) == 7

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -26,7 +27,14 @@ from sidecar.ops.kafka_broker import free_port
 from tests.harness import FAST, ROOT, Sidecar, short_tmp, sidecar, wait_committed_at_end
 from tests.integration import test_examples
 from tests.kafkatools import Broker, Rec
-from tests.pulltools import PullClient, key_of, pull_config, value_of
+from tests.pulltools import (
+    PullClient,
+    key_of,
+    pull_config,
+    raw_connect,
+    read_raw_responses,
+    value_of,
+)
 
 
 @contextlib.asynccontextmanager
@@ -328,32 +336,106 @@ async def test_reject_goes_to_the_dlq_and_release_redelivers_after_backoff(
         await sc.stop()
 
 
-async def test_a_poll_cut_off_by_its_client_loses_nothing(
-    broker: Broker, unique: str, tmp_path: Path
+async def wait_waiting_polls(client: PullClient, n: int, timeout_s: float = 20) -> None:
+    """Wait until /v1/status shows `n` waiting polls."""
+    with trio.fail_after(timeout_s):
+        while True:
+            _code, status = await trio.to_thread.run_sync(client.request, "GET", "/v1/status")
+            if status["pull"]["waiting_polls"] == n:
+                return
+            await trio.sleep(0.05)
+
+
+_LONG_POLL = b"GET /v1/records?max=10&wait_ms=60000 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("transport", "close", "engine"),
+    [
+        ("tcp", "eof", "consumer"),
+        ("tcp", "reset", "consumer"),
+        ("unix", "eof", "consumer"),
+        ("tcp", "eof", "share"),
+    ],
+)
+async def test_a_poll_whose_client_closes_stops_and_the_next_poll_gets_records_counted_once(
+    broker: Broker, unique: str, tmp_path: Path, transport: str, close: str, engine: str
 ) -> None:
-    """A client that gives up mid-long-poll: what was handed to it comes back once its lock expires."""
-    listen = f"127.0.0.1:{free_port()}"
-    async with pull_sidecar(
-        broker, tmp_path, unique, api_listen=listen, extra={"share.record.lock.duration.ms": 1000}
-    ) as (sc, topic, group):
-        client = PullClient(listen)
-        await wait_pull_api(client, sc)
-        host, _, port = listen.rpartition(":")
-        with socket.create_connection((host, int(port))) as quitter:
-            quitter.sendall(
-                b"GET /v1/records?max=10&wait_ms=20000 HTTP/1.1\r\nHost: localhost\r\n\r\n"
-            )
-            await trio.sleep(0.2)  # the poll is waiting (there is no record yet)
-        # Gone: the record is handed to its poll (the oldest) or to the next one; never lost.
-        await trio.to_thread.run_sync(broker.produce, topic, [Rec(key=b"k", value=b"v")])
-        got = await pull_all(client, 1, timeout_s=60)
-        assert value_of(got[0]) == b"v"
-        assert await trio.to_thread.run_sync(
-            client.ack, [{"id": got[0]["id"], "ack": "accept"}]
-        ) == ["ok"]
-        await wait_committed_at_end(broker, group, topic, 1)
-        client.close()
-        await sc.stop()
+    """A client that walks away mid-long-poll: the poll ends at once (it no longer wants records,
+    so none is acquired or handed to it), and what comes next goes to the next poll at count 1."""
+    with short_tmp() as sock_dir:
+        listen = f"unix:{sock_dir}/api.sock" if transport == "unix" else f"127.0.0.1:{free_port()}"
+        async with pull_sidecar(
+            broker, tmp_path, unique, api_listen=listen, extra={"engine": engine}
+        ) as (sc, topic, group):
+            watcher = PullClient(listen)
+            await wait_pull_api(watcher, sc)
+            quitter = await trio.to_thread.run_sync(raw_connect, listen)
+            quitter.sendall(_LONG_POLL)
+            await wait_waiting_polls(watcher, 1)
+            if close == "reset":
+                quitter.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            quitter.close()
+            await wait_waiting_polls(watcher, 0)  # long before the poll's 60 s
+            _code, metrics = await trio.to_thread.run_sync(watcher.request, "GET", "/metrics")
+            assert b"dlq_sidecar_pull_waiting_polls 0.0" in metrics
+
+            poller = PullClient(listen)
+            results: list[list[dict[str, Any]]] = []
+            async with trio.open_nursery() as nursery:
+
+                async def poll() -> None:
+                    results.append(await trio.to_thread.run_sync(poller.pull, 10, 30000))
+
+                nursery.start_soon(poll)
+                await wait_waiting_polls(watcher, 1)
+                await trio.to_thread.run_sync(broker.produce, topic, [Rec(key=b"k", value=b"v")])
+            [[got]] = results
+            assert value_of(got) == b"v"
+            assert got["delivery_count"] == 1
+            assert await trio.to_thread.run_sync(
+                poller.ack, [{"id": got["id"], "ack": "accept"}]
+            ) == ["ok"]
+            if engine == "consumer":  # a share group keeps its progress in the broker's state
+                await wait_committed_at_end(broker, group, topic, 1)
+            _code, status = await trio.to_thread.run_sync(watcher.request, "GET", "/v1/status")
+            assert status["counters"]["attempts"] == 1
+            for client in (watcher, poller):
+                client.close()
+            await sc.stop()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+async def test_a_request_pipelined_behind_a_long_poll_neither_ends_it_nor_is_lost(
+    broker: Broker, unique: str, tmp_path: Path, transport: str
+) -> None:
+    """HTTP/1.1 lets a client send its next request before the answer: the server reads it while
+    the poll waits (to notice a close), and answers it after the poll, on the same connection."""
+    with short_tmp() as sock_dir:
+        listen = f"unix:{sock_dir}/api.sock" if transport == "unix" else f"127.0.0.1:{free_port()}"
+        async with pull_sidecar(broker, tmp_path, unique, api_listen=listen) as (sc, topic, group):
+            watcher = PullClient(listen)
+            await wait_pull_api(watcher, sc)
+            with await trio.to_thread.run_sync(raw_connect, listen) as sock:
+                sock.sendall(_LONG_POLL)
+                await wait_waiting_polls(watcher, 1)
+                sock.sendall(b"GET /v1/status HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                await trio.to_thread.run_sync(broker.produce, topic, [Rec(key=b"k", value=b"v")])
+                [(code, pulled), (status_code, status)] = await trio.to_thread.run_sync(
+                    read_raw_responses, sock, 2
+                )
+            assert code == 200
+            [got] = pulled["records"]
+            assert value_of(got) == b"v"
+            assert got["delivery_count"] == 1
+            assert status_code == 200
+            assert status["pull"]["waiting_polls"] == 0  # answered after the poll, in order
+            assert await trio.to_thread.run_sync(
+                watcher.ack, [{"id": got["id"], "ack": "accept"}]
+            ) == ["ok"]
+            await wait_committed_at_end(broker, group, topic, 1)
+            watcher.close()
+            await sc.stop()
 
 
 async def test_share_engine_pulls_counts_locks_and_dead_letters_as_in_push_mode(

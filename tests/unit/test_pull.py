@@ -124,6 +124,38 @@ async def test_a_cancelled_poll_gives_its_deliveries_back_in_order() -> None:
     assert q.waiting() == 0
 
 
+async def test_a_cancelled_poll_gives_its_deliveries_to_a_poll_still_waiting(
+    autojump_clock: MockClock,
+) -> None:
+    """A poll whose client closed, cancelled just as deliveries came to it: the next waiting poll
+    gets them now, not after its own wait (they are not left in the queue behind it)."""
+    q = PullQueue()
+    first = trio.CancelScope()
+    got: list[str] = []
+
+    async def first_poll() -> None:
+        with first:
+            await q.take(5, 30.0, always, nothing)
+            raise AssertionError("not reached: cancelled first")
+
+    async def second_poll() -> None:
+        got.extend(d.id for d in await q.take(5, 30.0, always, nothing))
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first_poll)
+        await wait_all_tasks_blocked()
+        nursery.start_soon(second_poll)
+        await wait_all_tasks_blocked()
+        assert q.demand() == 10
+        first.cancel()  # woken with Cancelled; it is still the oldest poll ...
+        q.put(delivery(0))  # ... so these go to it
+        q.put(delivery(1))
+    assert got == ["id0", "id1"]
+    assert trio.current_time() - started < 1  # not the second poll's 30 s
+    assert q.waiting() == 0 and q.queued() == 0
+
+
 async def test_wait_demand_returns_once_a_poll_waits(autojump_clock: MockClock) -> None:
     q = PullQueue()
     async with trio.open_nursery() as nursery:
