@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -563,6 +564,8 @@ class ShareGroupEngine:
         self._delivering = 0
         self._unflushed = [False] * self.consumer_count
         self.isolated_deliveries = 0
+        self._suspect_runs = 0  # batches whose suspects wait for (or have) an isolation turn
+        self._isolation_turn_s = 0.05  # how long one turn takes (the app's answer and the flush)
 
     # ----------------------------------------------------------------------------- DeliveryState
 
@@ -945,15 +948,18 @@ class ShareGroupEngine:
                 self._in_flight_by_partition.pop(key, None)
 
     async def _next_suspect(self, run: _SuspectRun) -> _Step:
-        """Deliver the next suspect of a batch alone: nothing else the sidecar holds is unsettled.
+        """Deliver the batch's next suspects, alone: nothing else the sidecar holds is unsettled.
 
-        Every other record's outcome has reached the broker (or is in no batch at all), and no
-        consumer polls, so a death now charges this record and the suspects still waiting only.
+        Every other record's outcome has reached the broker, and no consumer polls, so a death now
+        charges these records and the suspects still waiting only. One at a time while the lock
+        leaves room for it (an isolation turn takes about `_isolation_turn_s`, and the batches with
+        suspects take turns); else the fewest at a time that still fit in the lock, because a
+        suspect released undelivered at the lock's end is charged as surely as by a death.
         """
         pipe = self.pipe
-        msg, tracked, count = run.remaining.pop(0)
         decisions: list[tuple[Message, AcknowledgeType]] = []
         done = False
+        self._suspect_runs += 1
         try:
             async with self._isolation_lock:
                 quiet = False
@@ -968,23 +974,38 @@ class ShareGroupEngine:
                 if not quiet:
                     # Stopping, or the lock is about to expire: release the rest undelivered (they
                     # stay suspects for whoever acquires them next).
-                    for m, _t, _c in [(msg, tracked, count), *run.remaining]:
-                        decisions.append((m, AcknowledgeType.RELEASE))
+                    decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining]
                     run.remaining.clear()
                     done = True
                     return _Step(decisions, flush=True)
+                turns = (run.deadline - trio.current_time()) / (
+                    self._isolation_turn_s * max(1, self._suspect_runs)
+                )
+                take = max(1, math.ceil(len(run.remaining) / max(1.0, turns)))
+                chunk, run.remaining[:take] = run.remaining[:take], []
                 batch = _Batch(run.consumer, run.deadline)
-                d = pipe.issue(tracked, count, _Acquired(msg, batch), lock_deadline=run.deadline)
-                batch.pending = 1
+                ds = [
+                    pipe.issue(t, c, _Acquired(m, batch), lock_deadline=run.deadline)
+                    for m, t, c in chunk
+                ]
+                batch.pending = len(ds)
                 self._batches.add(batch)
-                self.isolated_deliveries += 1
+                self.isolated_deliveries += len(ds)
+                started = trio.current_time()
                 try:
                     with batch.hard:
-                        await self._wait_answers(batch, [d])
-                        await self._decide(d, decisions)
+                        await self._wait_answers(batch, ds)
+                        async with trio.open_nursery() as nursery:
+                            for d in ds:
+                                nursery.start_soon(self._decide, d, decisions)
                 finally:
                     self._batches.discard(batch)
-                    pipe.retire(d)
+                    for d in ds:
+                        pipe.retire(d)
+                took = trio.current_time() - started
+                self._isolation_turn_s = 0.5 * self._isolation_turn_s + 0.5 * max(
+                    _ISOLATION_POLL_S, took + _ISOLATION_POLL_S
+                )
             done = not run.remaining
             return _Step(
                 decisions,
@@ -995,6 +1016,7 @@ class ShareGroupEngine:
             done = True
             raise
         finally:
+            self._suspect_runs -= 1
             if done:
                 self._suspects_done(run.total)
                 self._release_held(run.held)
