@@ -28,6 +28,10 @@ Invariants kept here:
   death or a lock expiry) is dead-lettered at acquisition, never sent to the app. G must be at least L
   plus the number of share consumers (see `required_group_limit`): a lower G is raised (the group
   config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
+- isolation: a record acquired again whose last delivery this process did not see end is a suspect
+  (that outcome was lost, maybe in a death it caused); it goes to the app only once every other record
+  the sidecar holds is settled and acknowledged to the broker (`commit_sync`), and no consumer polls
+  meanwhile, so a death charges it and the suspects still held, nothing else (`_next_suspect`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
   releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
 

@@ -1,9 +1,11 @@
-"""A record that kills the sidecar on every delivery (SPEC §3 crash isolation, consumer engine).
+"""A record that kills the sidecar on every delivery (SPEC §3 crash isolation), both engines.
 
 The app SIGKILLs the sidecar whenever the killer record reaches it, holds every other record a
-while (so many are in flight at each death), and the sidecar is restarted after each death. The
-promise: the killer reaches the DLQ after at most `limit + 1` deaths, nothing is lost, no other
-record is dead-lettered, and no other record's delivery count goes up because of the deaths.
+while (so many are in flight at each death), and the sidecar is restarted after each death.
+Consumer engine: the killer reaches the DLQ after at most `limit + 1` deaths, nothing is lost, no
+other record is dead-lettered, and no other record's delivery count goes up because of the deaths.
+Share engine (one share consumer): the broker charges every held record, but the isolation pass
+keeps every other record out of the DLQ; the killer is there after `limit` deaths.
 """
 
 from __future__ import annotations
