@@ -28,6 +28,10 @@ Invariants kept here:
   death or a lock expiry) is dead-lettered at acquisition, never sent to the app. G must be at least L
   plus the number of share consumers (see `required_group_limit`): a lower G is raised (the group
   config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
+- isolation: a record acquired again whose last delivery this process did not see end is a suspect
+  (that outcome was lost, maybe in a death it caused); it goes to the app only once every other record
+  the sidecar holds is settled and acknowledged to the broker (`commit_sync`), and no consumer polls
+  meanwhile, so a death charges it and the suspects still held, nothing else (`_next_suspect`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
   releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
 
@@ -38,9 +42,11 @@ metadata.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -450,6 +456,30 @@ class _Acquired:
     batch: _Batch
 
 
+@dataclass(slots=True)
+class _Step:
+    """What a consumer thread does with one part of a batch: acknowledge `decisions`, send them
+    now when `flush`, then run `next` (in trio) for the next part, if any."""
+
+    decisions: list[tuple[Message, AcknowledgeType]]
+    flush: bool = False
+    next: Callable[[], Awaitable[_Step]] | None = None
+
+
+@dataclass(slots=True)
+class _SuspectRun:
+    """A batch's suspects, delivered one at a time after its other records are settled."""
+
+    consumer: int
+    deadline: float
+    remaining: list[tuple[Message, Tracked, int]]
+    held: list[PartitionKey]
+    total: int = 0
+
+    def __post_init__(self) -> None:
+        self.total = len(self.remaining)
+
+
 @dataclass(frozen=True, slots=True)
 class _AckCommit:
     offsets: dict[PartitionKey, int]
@@ -531,6 +561,19 @@ class ShareGroupEngine:
         # by (topic, partition, offset): acquired again past the limit, they go to the app once
         # more rather than to the DLQ at acquisition. Bounded: the oldest are forgotten first.
         self._held: dict[tuple[str, int, int], None] = {}
+        # Isolation (see `_next_suspect`): records whose last release this process decided; the
+        # suspects acquired and not yet settled; batches still delivering their ordinary records;
+        # per consumer, whether it holds acknowledgements the broker has not received yet.
+        self._known_outcome: dict[tuple[str, int, int], None] = {}
+        self._suspects_waiting = 0
+        self._isolation_over = trio.Event()
+        self._isolation_over.set()
+        self._isolation_lock = trio.Lock()
+        self._delivering = 0
+        self._unflushed = [False] * self.consumer_count
+        self.isolated_deliveries = 0
+        self._suspect_runs = 0  # batches whose suspects wait for (or have) an isolation turn
+        self._isolation_turn_s = 0.05  # how long one turn takes (the app's answer and the flush)
 
     # ----------------------------------------------------------------------------- DeliveryState
 
@@ -615,6 +658,9 @@ class ShareGroupEngine:
                 ),
                 "lock_duration_ms": s.lock_duration_ms if s else None,
                 "lock_duration_source": s.lock_duration_source if s else None,
+                "isolation_active": self._suspects_waiting > 0,
+                "suspects_waiting": self._suspects_waiting,
+                "isolated_deliveries": self.isolated_deliveries,
             }
         }
 
@@ -713,11 +759,15 @@ class ShareGroupEngine:
             trio.from_thread.run_sync(self._consumer_started, trio_token=token)
             while not self.source.stop_requested:
                 if not trio.from_thread.run(self._wait_intake_open, trio_token=token):
+                    if self._unflushed[index]:  # isolation waits for these outcomes
+                        _commit(consumer)
+                        self._unflushed[index] = False
                     continue
                 try:
                     messages = consumer.poll(0.5)
                 except KafkaException as exc:
                     raise self._source_error(exc) from exc
+                self._unflushed[index] = False  # the poll carried them
                 good: list[Message] = []
                 for msg in messages:
                     err = msg.error()
@@ -730,32 +780,25 @@ class ShareGroupEngine:
                     log.warning("share consumer error: %s", err)
                 if not good:
                     continue
-                decisions = trio.from_thread.run(self._process_batch, index, good, trio_token=token)
-                for msg, ack_type in decisions:
-                    try:
-                        consumer.acknowledge(msg, ack_type)
-                    except (IllegalStateException, KafkaException) as exc:
-                        # The client no longer holds the record (its lock ran out first): the broker
-                        # redelivers it, at least once as always.
-                        log.warning(
-                            "cannot acknowledge %s[%d]@%d (%s): %s",
-                            msg.topic(),
-                            msg.partition(),
-                            msg.offset(),
-                            ack_type.name,
-                            exc,
-                        )
-                # The acknowledgements go to the broker with the next poll (or the close below);
-                # at once when the DLQ circuit breaker stops polling, so that accepted records
-                # are not redelivered once their locks expire.
-                stops: bool = trio.from_thread.run_sync(
+                step = trio.from_thread.run(self._process_batch, index, good, trio_token=token)
+                while True:
+                    _acknowledge(consumer, step.decisions)
+                    if step.flush:
+                        # Isolation: these outcomes reach the broker before anything else is
+                        # delivered, so a death from here on charges none of these records.
+                        _commit(consumer)
+                    self._unflushed[index] = bool(step.decisions) and not step.flush
+                    if step.next is None:
+                        break
+                    step = trio.from_thread.run(step.next, trio_token=token)
+                # Otherwise the acknowledgements go to the broker with the next poll (or the close
+                # below); at once when the DLQ circuit breaker stops polling, so that accepted
+                # records are not redelivered once their locks expire.
+                if self._unflushed[index] and trio.from_thread.run_sync(
                     self._breaker_stops_polling, trio_token=token
-                )
-                if stops:
-                    try:
-                        consumer.commit_sync(10)
-                    except KafkaException as exc:
-                        log.warning("sending acknowledgements: %s", exc)
+                ):
+                    _commit(consumer)
+                    self._unflushed[index] = False
         finally:
             try:
                 consumer.close()
@@ -805,23 +848,31 @@ class ShareGroupEngine:
         return self.pipe.breaker_room() == 0
 
     async def _wait_intake_open(self) -> bool:
-        """Wait while the app is unreachable (pull mode: while no poll waits) or the DLQ circuit
-        breaker lets no record out (open, or its probe is out); False when the consumer should
-        re-check for a stop."""
+        """Wait while the app is unreachable (pull mode: while no poll waits), the DLQ circuit
+        breaker lets no record out (open, or its probe is out) or suspects wait for isolation;
+        False when the consumer should re-check for a stop."""
         if self.pipe.breaker_room() == 0:
             await trio.sleep(0.1)
             return False
-        return await self.pipe.wait_intake_open(trio.current_time() + 0.5)
+        if not await self.pipe.wait_intake_open(trio.current_time() + 0.5):
+            return False
+        if self._suspects_waiting:
+            # Isolation: no new acquisitions while suspects wait (they would be charged by a death).
+            with trio.move_on_after(0.5):
+                await self._isolation_over.wait()
+            return not self._suspects_waiting
+        return True
 
     # ----------------------------------------------------------------------------- one batch
 
-    async def _process_batch(
-        self, consumer: int, messages: Sequence[Message]
-    ) -> list[tuple[Message, AcknowledgeType]]:
+    async def _process_batch(self, consumer: int, messages: Sequence[Message]) -> _Step:
         """Hand a poll's records to the app, wait for every answer (or the lock), decide each ack.
 
         A record acquired past the limit (its earlier deliveries ended without an outcome the broker
         received: a death, a lock expiry) is not sent: it is dead-lettered at once, within its lock.
+        A suspect (acquired again, its last outcome unknown to this process: see `_is_suspect`) is
+        not sent with the others: the step returned flushes the others' outcomes, then the suspects
+        go out one at a time (`_next_suspect`).
         """
         assert self.settings is not None
         pipe = self.pipe
@@ -837,10 +888,11 @@ class ShareGroupEngine:
         ):
             released, messages = self._hold_back(messages)
             if not messages:
-                return released
+                return _Step(released)
         batch = _Batch(consumer, deadline)
         deliveries: list[Delivery] = []
         exhausted: list[tuple[Message, Tracked, int]] = []
+        suspects: list[tuple[Message, Tracked, int]] = []
         held: list[PartitionKey] = []
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
@@ -854,15 +906,28 @@ class ShareGroupEngine:
             self._held.pop(coordinates, None)
             if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
+            elif self._is_suspect(record.topic, record.partition, record.offset, count):
+                suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
                     pipe.issue(
                         Tracked(record), count, _Acquired(msg, batch), lock_deadline=deadline
                     )
                 )
+        if suspects:
+            if not self._suspects_waiting:
+                self._isolation_over = trio.Event()
+                log.warning(
+                    "isolation: %d records acquired again whose last delivery ended without an "
+                    "outcome (the sidecar died, or its lock expired): each goes to the app alone",
+                    len(suspects),
+                )
+            self._suspects_waiting += len(suspects)
         batch.pending = len(deliveries)
         self._batches.add(batch)
+        self._delivering += 1
         decisions: list[tuple[Message, AcknowledgeType]] = []
+        run: _SuspectRun | None = None
         try:
             # Cut short only at close: records left without a decision stay unacknowledged, and
             # closing the consumer releases them (never a REJECT without a confirmed DLQ record).
@@ -876,17 +941,126 @@ class ShareGroupEngine:
                         await self._wait_answers(batch, deliveries)
                     for d in deliveries:
                         nursery.start_soon(self._decide, d, decisions)
-            return released + decisions
+            if suspects:
+                run = _SuspectRun(consumer, deadline, _isolation_order(suspects), held)
+                return _Step(
+                    released + decisions,
+                    flush=True,
+                    next=functools.partial(self._next_suspect, run),
+                )
+            # While suspects wait, these outcomes must reach the broker before one goes out.
+            return _Step(released + decisions, flush=self._suspects_waiting > 0)
         finally:
+            self._delivering -= 1
             self._batches.discard(batch)
             for d in deliveries:
                 pipe.retire(d)
-            for key in held:
-                left = self._in_flight_by_partition.get(key, 1) - 1
-                if left > 0:
-                    self._in_flight_by_partition[key] = left
-                else:
-                    self._in_flight_by_partition.pop(key, None)
+            if run is None:
+                if suspects:  # cut short before the suspects' turn: closing releases them
+                    self._suspects_done(len(suspects))
+                self._release_held(held)
+
+    def _is_suspect(self, topic: str, partition: int, offset: int, count: int) -> bool:
+        """Acquired again, and this process did not see its last delivery end (a release, a lock
+        timeout): that delivery's outcome was lost — in a death, possibly caused by this record."""
+        if count <= 1:
+            return False
+        return self._known_outcome.pop((topic, partition, offset), None) is None
+
+    def _outcome_known(self, msg: Message) -> None:
+        """Released by this process: when it comes back, its count holds no unknown outcome."""
+        known = self._known_outcome
+        known[(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))] = None
+        if len(known) > _KNOWN_OUTCOMES_MAX:
+            del known[next(iter(known))]
+
+    def _suspects_done(self, n: int) -> None:
+        self._suspects_waiting -= n
+        if self._suspects_waiting <= 0:
+            self._suspects_waiting = 0
+            self._isolation_over.set()
+
+    def _release_held(self, held: Sequence[PartitionKey]) -> None:
+        for key in held:
+            left = self._in_flight_by_partition.get(key, 1) - 1
+            if left > 0:
+                self._in_flight_by_partition[key] = left
+            else:
+                self._in_flight_by_partition.pop(key, None)
+
+    async def _next_suspect(self, run: _SuspectRun) -> _Step:
+        """Deliver the batch's next suspects, alone: nothing else the sidecar holds is unsettled.
+
+        Every other record's outcome has reached the broker, and no consumer polls, so a death now
+        charges these records and the suspects still waiting only. One at a time while the lock
+        leaves room for it (an isolation turn takes about `_isolation_turn_s`, and the batches with
+        suspects take turns); else the fewest at a time that still fit in the lock, because a
+        suspect released undelivered at the lock's end is charged as surely as by a death.
+        """
+        pipe = self.pipe
+        decisions: list[tuple[Message, AcknowledgeType]] = []
+        done = False
+        self._suspect_runs += 1
+        try:
+            async with self._isolation_lock:
+                quiet = False
+                with trio.move_on_at(run.deadline):
+                    while not self.source.stop_requested and not pipe.stopping:
+                        if not self._delivering and not any(
+                            dirty for i, dirty in enumerate(self._unflushed) if i != run.consumer
+                        ):
+                            quiet = True
+                            break
+                        await trio.sleep(_ISOLATION_POLL_S)
+                if not quiet:
+                    # Stopping, or the lock is about to expire: release the rest undelivered (they
+                    # stay suspects for whoever acquires them next).
+                    decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining]
+                    run.remaining.clear()
+                    done = True
+                    return _Step(decisions, flush=True)
+                turns = (run.deadline - trio.current_time()) / (
+                    self._isolation_turn_s * max(1, self._suspect_runs)
+                )
+                take = max(1, math.ceil(len(run.remaining) / max(1.0, turns)))
+                chunk, run.remaining[:take] = run.remaining[:take], []
+                batch = _Batch(run.consumer, run.deadline)
+                ds = [
+                    pipe.issue(t, c, _Acquired(m, batch), lock_deadline=run.deadline)
+                    for m, t, c in chunk
+                ]
+                batch.pending = len(ds)
+                self._batches.add(batch)
+                self.isolated_deliveries += len(ds)
+                started = trio.current_time()
+                try:
+                    with batch.hard:
+                        await self._wait_answers(batch, ds)
+                        async with trio.open_nursery() as nursery:
+                            for d in ds:
+                                nursery.start_soon(self._decide, d, decisions)
+                finally:
+                    self._batches.discard(batch)
+                    for d in ds:
+                        pipe.retire(d)
+                took = trio.current_time() - started
+                self._isolation_turn_s = 0.5 * self._isolation_turn_s + 0.5 * max(
+                    _ISOLATION_POLL_S, took + _ISOLATION_POLL_S
+                )
+            done = not run.remaining
+            return _Step(
+                decisions,
+                flush=True,
+                next=None if done else functools.partial(self._next_suspect, run),
+            )
+        except BaseException:
+            done = True
+            raise
+        finally:
+            self._suspect_runs -= 1
+            if done:
+                self._suspects_done(run.total)
+                self._release_held(run.held)
 
     def _hold_back(
         self, messages: Sequence[Message]
@@ -902,6 +1076,7 @@ class ShareGroupEngine:
                 kept.append(msg)
                 continue
             self._remember_held(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            self._outcome_known(msg)  # released by us: not a suspect when it comes back
             released.append((msg, AcknowledgeType.RELEASE))
         return released, kept
 
@@ -944,6 +1119,7 @@ class ShareGroupEngine:
             return
         if not isinstance(verdict, DeadLetter):
             out.append((msg, AcknowledgeType.RELEASE))  # the broker redelivers it
+            self._outcome_known(msg)
             return
         await self._archive(
             msg, d.tracked, d.delivery_count, verdict.reason, error_info(answer.error), out
@@ -1014,6 +1190,7 @@ class ShareGroupEngine:
         # except at the group's limit, where the broker archives it itself.
         self._warn_if_broker_archives(tracked, delivery_count if acquired is None else acquired)
         out.append((msg, AcknowledgeType.RELEASE))
+        self._outcome_known(msg)
 
     async def _write_dlq(self, failed: FailedRecord, dlq_topic: str) -> bool:
         await self.dlq.write(failed, dlq_topic)
@@ -1062,6 +1239,52 @@ class ShareGroupEngine:
 
 
 # ------------------------------------------------------------------------------- helpers
+
+_KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again
+_ISOLATION_POLL_S = 0.02  # how often a waiting suspect checks that nothing else is unsettled
+
+
+def _isolation_order(
+    suspects: Sequence[tuple[Message, Tracked, int]],
+) -> list[tuple[Message, Tracked, int]]:
+    """The suspects in offset order, reversed when their delivery count is odd.
+
+    A record that kills the sidecar charges the suspects still waiting behind it; the next pass (one
+    count higher) runs the other way, so the survivors go out before it and only it is charged.
+    """
+    ordered = sorted(
+        suspects, key=lambda s: (s[1].record.topic, s[1].record.partition, s[1].record.offset)
+    )
+    if min(c for _m, _t, c in suspects) % 2:
+        ordered.reverse()
+    return ordered
+
+
+def _acknowledge(
+    consumer: ShareConsumer, decisions: Sequence[tuple[Message, AcknowledgeType]]
+) -> None:
+    for msg, ack_type in decisions:
+        try:
+            consumer.acknowledge(msg, ack_type)
+        except (IllegalStateException, KafkaException) as exc:
+            # The client no longer holds the record (its lock ran out first): the broker
+            # redelivers it, at least once as always.
+            log.warning(
+                "cannot acknowledge %s[%d]@%d (%s): %s",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                ack_type.name,
+                exc,
+            )
+
+
+def _commit(consumer: ShareConsumer) -> None:
+    """Send the acknowledgements made so far now, not with the next poll."""
+    try:
+        consumer.commit_sync()
+    except KafkaException as exc:
+        log.warning("sending acknowledgements: %s", exc)
 
 
 # How many held records the share engine remembers (see ShareGroupEngine._held).
