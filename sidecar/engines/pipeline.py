@@ -526,7 +526,8 @@ class Pipeline:
         self.send_capacity = app.max_in_flight * (app.batch_max_records if batch else 1)
         self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
         self._app_reachable = True
-        self._app_back = trio.Event()
+        self._app_back = trio.Event()  # set while the app is reachable
+        self._app_back.set()
         self.app_down_since: float | None = None
         self._stop = trio.Event()
         # Why the cluster cannot be used at start-up (authentication, TLS, connection), while it cannot.
@@ -915,6 +916,8 @@ class Pipeline:
 
     async def wait_app_reachable(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for the app to be reachable; whether it is."""
+        if self._app_reachable:
+            return True
         with trio.move_on_at(deadline):
             await self._app_back.wait()
         return self._app_reachable

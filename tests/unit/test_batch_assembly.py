@@ -276,3 +276,16 @@ async def test_the_workers_send_full_batches_at_once(autojump_clock: MockClock) 
     assert [app.sent_at[o] for o in (0, 100, 200, 300)] == [start] * 4
     # The fifth waited for a free worker, no longer: the first answer came after 10 ms.
     assert app.sent_at[400] == pytest.approx(start + 0.010)
+
+
+async def test_waiting_for_a_reachable_app_returns_at_once(autojump_clock: MockClock) -> None:
+    """The share engine asks before every poll: with the app reachable the answer is immediate.
+
+    The regression: the pipeline's "app is back" event started unset, so each share consumer waited
+    its whole 0.5 s timeout before every poll (share-engine throughput halved).
+    """
+    pipe = Pipeline(batch_config(4), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
+    start = trio.current_time()
+    assert await pipe.wait_app_reachable(start + 0.5) is True
+    assert await pipe.wait_intake_open(start + 0.5) is True
+    assert trio.current_time() == start
