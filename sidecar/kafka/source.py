@@ -225,6 +225,9 @@ class KafkaSource:
         self._handed_wake = trio.Event()
         self._intake_lock = trio.Lock()  # one taker of handed batches at a time
         self._thread_stop = False  # trio left the poll loop (cancelled): the thread ends too
+        # The poll thread has served its last poll (set under `_commit_waiters_lock`): an async
+        # commit issued now would never get its callback, so commits take the synchronous path.
+        self._thread_exiting = False
         self._direct_lock = trio.Lock()
         self._busy_until = 0.0
         self._busy_poll_timeout_s = 0.001
@@ -416,6 +419,7 @@ class KafkaSource:
         token = self._token
         assert token is not None
         self._thread_stop = False
+        self._thread_exiting = False
         self._poll_thread_active = True
         thread = threading.Thread(
             target=self._poll_thread, args=(consumer, token), name="sidecar-poll", daemon=True
@@ -483,7 +487,7 @@ class KafkaSource:
         """
         end = _PollEnd(None)
         try:
-            while (not self._stop_polling or self._commit_waiters) and not self._thread_stop:
+            while not self._thread_stop and not self._may_exit():
                 with self._handed_cond:
                     while self._handed_bytes > HANDED_OVER_MAX_BYTES and not self._thread_stop:
                         self._handed_cond.wait(self._poll_timeout_s)
@@ -499,7 +503,22 @@ class KafkaSource:
         # Not handled here: trio's poll loop raises it, as it would from a to_thread call.
         except BaseException as exc:
             end = _PollEnd(exc)
+        with self._commit_waiters_lock:
+            self._thread_exiting = True
         self._hand_over(token, end)
+
+    def _may_exit(self) -> bool:
+        """After `stop_polling()`: the thread ends once no commit waits for its result (only a
+        poll serves the callback). Decided under the waiters' lock, so a commit issued from then on
+        sees `_thread_exiting` and commits synchronously instead of waiting for a poll that never
+        comes (a final commit used to time out after 15 s about one stop in two)."""
+        if not self._stop_polling:
+            return False
+        with self._commit_waiters_lock:
+            if self._commit_waiters:
+                return False
+            self._thread_exiting = True
+            return True
 
     def _hand_over(self, token: trio.lowlevel.TrioToken, item: list[Message] | _PollEnd) -> None:
         if isinstance(item, list):
@@ -627,20 +646,22 @@ class KafkaSource:
 
     async def _commit(self, tps: list[TopicPartition]) -> None:
         async with self._commit_lock:
-            if not self._poll_thread_active:
-                # No poll loop serves the callbacks (before `run()` or after it stopped): a
-                # synchronous commit in a worker thread, abandoned if it outlives the timeout.
-                with trio.move_on_after(self.commit_timeout_s) as scope:
-                    async with self._direct_lock:
-                        await trio.to_thread.run_sync(
-                            self._commit_sync, self.consumer, tps, abandon_on_cancel=True
-                        )
-                if scope.cancelled_caught:
-                    raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
+            if self._poll_thread_active and await self._commit_async(tps):
                 return
-            await self._commit_async(tps)
+            # No poll loop serves the callbacks (before `run()`, after it stopped, or its thread
+            # has served its last poll): a synchronous commit in a worker thread, abandoned if it
+            # outlives the timeout.
+            with trio.move_on_after(self.commit_timeout_s) as scope:
+                async with self._direct_lock:
+                    await trio.to_thread.run_sync(
+                        self._commit_sync, self.consumer, tps, abandon_on_cancel=True
+                    )
+            if scope.cancelled_caught:
+                raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
 
-    async def _commit_async(self, tps: list[TopicPartition]) -> None:
+    async def _commit_async(self, tps: list[TopicPartition]) -> bool:
+        """Commit through the poll thread, the result from the callback; False (nothing done) when
+        the thread has served its last poll."""
         key = _commit_key(tps)
         finished = trio.Event()
         outcome: list[BaseException | None] = []
@@ -656,6 +677,8 @@ class KafkaSource:
                 token.run_sync_soon(wake)
 
         with self._commit_waiters_lock:
+            if self._thread_exiting:
+                return False
             self._commit_waiters.setdefault(key, deque()).append(done)
         try:
             await self._call(lambda c: c.commit(offsets=tps, asynchronous=True))
@@ -670,6 +693,7 @@ class KafkaSource:
         if outcome[0] is not None:
             raise outcome[0]
         self._broker_usable()
+        return True
 
     def _forget_commit_waiter(
         self, key: CommitKey, done: Callable[[BaseException | None], None]
