@@ -42,11 +42,7 @@ Invariants kept here (the ledger keeps the rest):
 - a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
 
 The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
-commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way. One
-transaction carries every DLQ record that arrived while the previous one was under way, and commits every
-partition whose state moved on (the horizon included), so it is the commit of all of them. Its records go
-into the open transaction while plain commits go on (the ledger does not count them done yet); only its
-commit step, from marking them done to the transaction's commit, holds `_commit_guard`.
+commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
 """
 
 from __future__ import annotations
@@ -189,25 +185,6 @@ class _Slot:
 
 # One partition's commit: what goes to the broker, and (horizon mode) the ledger's commit point.
 _Pending = tuple[_Slot, OffsetToCommit, "L.CommitPoint | None"]
-
-
-class _HeldGuard:
-    """The commit guard as the transaction loop holds it: taken once, kept across redos, released
-    once (acquire and release are idempotent), by the task that took it."""
-
-    def __init__(self, lock: trio.Lock) -> None:
-        self._lock = lock
-        self._held = False
-
-    async def acquire(self) -> None:
-        if not self._held:
-            await self._lock.acquire()
-            self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._lock.release()
 
 
 @dataclass(slots=True, eq=False)
@@ -930,12 +907,8 @@ class ConsumerGroupEngine:
     async def _txn_loop(self) -> None:
         """Transactional mode: batches of DLQ records and the offset commit, atomically.
 
-        Every DLQ record that arrives while one transaction is under way goes into the next one, so
-        one transaction carries many records, and it commits the offsets of every partition that
-        has something new to commit (the horizon too), not only of its own records' partitions.
-        Only the commit step waits for the commit guard (`_txn_once`): the records are produced into
-        the open transaction while the committer's commits go on, since the ledger does not count
-        them done until the guard is held.
+        Commits are serialised with the regular ones (`_commit_guard`): a plain commit may never
+        move an offset past a record whose DLQ write is in a transaction not yet committed.
         """
         while True:
             await self._txn_wake.wait()
@@ -954,22 +927,16 @@ class ConsumerGroupEngine:
 
         Sets `skipped` on the items left out because their partition went to another owner: the
         next owner archives those (writing their DLQ record here too would duplicate it there).
-
-        The commit guard is taken only once the records are in the open transaction, right before
-        the ledger counts them done; from then on it is held until the transaction commits (or the
-        sidecar stops): a plain commit may never move an offset past a record whose DLQ write is in
-        a transaction not yet committed. Before that, commits go on: the records are not done.
         """
-        give_up_at = trio.current_time() + TXN_COMMIT_DEADLINE_S
-        marked: set[int] = set()  # ids of the items the ledger already counts as done
-        delay_s = 0.5
-        guard = _HeldGuard(self._commit_guard)
-        try:
+        async with self._commit_guard:
+            give_up_at = trio.current_time() + TXN_COMMIT_DEADLINE_S
+            marked: set[int] = set()  # ids of the items the ledger already counts as done
+            delay_s = 0.5
             while True:
                 batch = [it for it in items if self._still_owned(it.slot)]
                 try:
                     if batch:
-                        await self._txn_attempt(batch, marked, guard)
+                        await self._txn_attempt(batch, marked)
                     for it in items:
                         it.skipped = it not in batch
                     return None
@@ -985,8 +952,6 @@ class ConsumerGroupEngine:
                 # sidecar with the reason, never crash the transaction loop.
                 except Exception as exc:
                     return await self._txn_fatal(items, marked, f"DLQ transaction failed: {exc!r}")
-                if not marked:
-                    guard.release()  # nothing counted done yet: commits may go on meanwhile
                 if trio.current_time() + delay_s > give_up_at:
                     return await self._txn_fatal(
                         items,
@@ -997,27 +962,20 @@ class ConsumerGroupEngine:
                 log.warning("DLQ transaction aborted (%s); redoing it in %.1f s", reason, delay_s)
                 await trio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
-        finally:
-            guard.release()
 
-    async def _txn_attempt(
-        self, batch: list[_TxnItem], marked: set[int], guard: _HeldGuard
-    ) -> None:
-        """One transaction: the DLQ records of `batch`, then the offsets of every partition.
+    async def _txn_attempt(self, batch: list[_TxnItem], marked: set[int]) -> None:
+        """One transaction: the DLQ records of `batch`, then the offsets of their partitions.
 
         The ledger must count a record done before its offset can be committed, and cannot take that
-        back: an aborted attempt is redone (with the commit guard still held, so no plain commit
-        passes the records meanwhile) with the same records, so the redone transaction commits what
-        the ledger already says.
+        back: an aborted attempt is redone (under the commit guard, so no plain commit passes the
+        records meanwhile) with the same records, so the redone transaction commits what the ledger
+        already says.
         """
         await self.dlq.txn_begin()
         await self._txn_produce_all(batch)
         if not all(self._still_owned(it.slot) for it in batch):
             # Revoked or lost while the records were written: without the partition's offset in the
             # transaction, its DLQ record would be committed and written again by the next owner.
-            raise DlqTxnAbortable("a partition went to another owner during the transaction")
-        await guard.acquire()
-        if not all(self._still_owned(it.slot) for it in batch):
             raise DlqTxnAbortable("a partition went to another owner during the transaction")
         slots: dict[int, _Slot] = {}
         for it in batch:
@@ -1026,12 +984,7 @@ class ConsumerGroupEngine:
                 it.slot.txn_uncommitted = True
                 marked.add(id(it))
             slots[id(it.slot)] = it.slot
-        # The batch's partitions always (their records are done now), and every other partition
-        # whose state moved on since its last commit: the transaction is their commit too (the
-        # horizon included), so they need no plain commit behind it.
-        others = [s for s in self.slots.values() if id(s) not in slots]
         pending = self._commit_offsets(list(slots.values()), force=True)
-        pending += self._commit_offsets(others, force=False)
         tps = [
             TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
             for _, o, _ in pending
@@ -1039,7 +992,6 @@ class ConsumerGroupEngine:
         await self.dlq.txn_commit(tps, self.source.group_metadata())
         for sl in slots.values():
             sl.txn_uncommitted = False
-        self.commit_failing_since = None
         self._confirmed(pending)
         self.counters.commits += 1
 
@@ -1047,7 +999,8 @@ class ConsumerGroupEngine:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
 
         One at a time, each record waited out the producer's linger and a round trip, and the
-        transaction with it. The first fatal error wins over an abortable one.
+        transaction (which holds the commit guard, so every write-ahead commit waits) with it.
+        The first fatal error wins over an abortable one.
         """
         errors: list[DlqFatalError | DlqTxnAbortable] = []
 
