@@ -35,8 +35,12 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy --strict sidecar
 
+# The suite waits on real outages far more than it computes: its files run side by side (one file per worker,
+# so a module's fixtures stay together). PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 3
+
 pytest: venv tools
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25
+	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test: lint typecheck pytest
 

@@ -22,6 +22,20 @@ ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SCRIPT = ROOT / "scripts" / "kafka"
 
 
+# Run order, longest tier first: `make pytest` runs files side by side (pytest-xdist, one file per worker), and a
+# long file that starts last would run alone at the end.
+_TIER_ORDER = ("reliability", "integration", "e2e", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def tier(item: pytest.Item) -> int:
+        parts = item.path.relative_to(ROOT).parts
+        name = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+        return _TIER_ORDER.index(name) if name in _TIER_ORDER else len(_TIER_ORDER)
+
+    items.sort(key=tier)  # stable: each tier keeps its files' and tests' own order
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> Iterator[str]:
     external = os.environ.get("KAFKA_BOOTSTRAP")

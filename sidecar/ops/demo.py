@@ -827,6 +827,7 @@ class Demo:
         if n <= 0:
             return
         from rich.table import Table
+        from rich.text import Text
 
         records = pick_varied(read_dlq(bootstrap, dlq_topic, min(written, 1000)), n)
         self.console.print(
@@ -848,7 +849,7 @@ class Demo:
                 if name.endswith(".stacktrace"):
                     lines = value.strip().splitlines()
                     shown = f"{lines[-1] if lines else ''}  ({len(lines)} lines)"
-                table.add_row(name, shown)
+                table.add_row(Text(name), Text(shown))  # record data: never markup
             self.console.print(table)
 
     def _keep_running(self, sidecar: Child, api_port: int, config_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Tables of records (with a short payload preview that never prints more than a few dozen bytes), the
 counts by exception class and source topic, and the replay summary. Writes only to the `Console` it is
-given; decides nothing.
+given; decides nothing. Every value that comes from a record (topics, exception classes and messages,
+payloads) is printed as plain text, never as rich markup: a message holding `[/x]` once stopped `inspect`.
 
 Imports: the standard library, rich and the `sidecar.ops.dlq_*` result types.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
@@ -15,6 +16,7 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sidecar.ops.dlq_entries import DlqEntry
 from sidecar.ops.dlq_inspect import InspectResult
@@ -37,8 +39,40 @@ def payload_preview(entry: DlqEntry, width: int = 40) -> str:
     return f"{shown} ({len(entry.value)} B)"
 
 
+# Below this many columns the nine-column table has no room left for its folded columns (an 80-column terminal
+# showed the payload column zero wide): each record is then a block of "name: value" lines instead.
+WIDE_TABLE_MIN_COLUMNS = 140
+
+
+def _fields(e: DlqEntry) -> list[tuple[str, str]]:
+    return [
+        ("DLQ p/offset", f"{e.dlq_partition}/{e.dlq_offset}"),
+        ("source topic", e.source_topic or "(not a DLQ record)"),
+        ("src p@offset", f"{e.source_partition}@{e.source_offset}" if e.is_dlq_record else ""),
+        ("count", str(e.delivery_count if e.delivery_count is not None else "")),
+        ("exception class", e.exception_class or ""),
+        ("message", e.exception_message or e.cause or ""),
+        (
+            "DLQ time (UTC)",
+            datetime.fromtimestamp(e.timestamp_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[
+                :-3
+            ],
+        ),
+        ("replays", str(e.replay_count or "")),
+        ("payload", payload_preview(e)),
+    ]
+
+
 def render_inspect(console: Console, result: InspectResult, topic: str) -> None:
-    table = Table(title=f"DLQ {topic}", show_lines=False)
+    if console.width < WIDE_TABLE_MIN_COLUMNS:
+        _render_inspect_blocks(console, result, topic)
+    else:
+        _render_inspect_table(console, result, topic)
+    render_inspect_summary(console, result)
+
+
+def _render_inspect_table(console: Console, result: InspectResult, topic: str) -> None:
+    table = Table(title=Text(f"DLQ {topic}"), show_lines=False)
     table.add_column("DLQ p/offset", no_wrap=True)
     table.add_column("source topic", overflow="fold")
     table.add_column("src p@offset", no_wrap=True)
@@ -49,21 +83,22 @@ def render_inspect(console: Console, result: InspectResult, topic: str) -> None:
     table.add_column("replays", justify="right", no_wrap=True)
     table.add_column("payload", overflow="fold", min_width=12)
     for e in result.entries:
-        table.add_row(
-            f"{e.dlq_partition}/{e.dlq_offset}",
-            e.source_topic or "(not a DLQ record)",
-            f"{e.source_partition}@{e.source_offset}" if e.is_dlq_record else "",
-            str(e.delivery_count if e.delivery_count is not None else ""),
-            e.exception_class or "",
-            e.exception_message or e.cause or "",
-            datetime.fromtimestamp(e.timestamp_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[
-                :-3
-            ],
-            str(e.replay_count or ""),
-            payload_preview(e),
-        )
+        table.add_row(*(Text(value) for _, value in _fields(e)))
     console.print(table)
-    render_inspect_summary(console, result)
+
+
+def _render_inspect_blocks(console: Console, result: InspectResult, topic: str) -> None:
+    console.print(f"DLQ {topic}", markup=False, highlight=False)
+    for e in result.entries:
+        block = Table.grid(padding=(0, 1))
+        block.add_column(style="bold", no_wrap=True)
+        block.add_column(overflow="fold")
+        for name, value in _fields(e):
+            if value:
+                block.add_row(f"{name}:", Text(value))
+        console.print()
+        console.print(block)
+    console.print()
 
 
 def render_inspect_summary(console: Console, result: InspectResult) -> None:
@@ -78,11 +113,11 @@ def render_inspect_summary(console: Console, result: InspectResult) -> None:
         ("by exception class", result.by_exception_class),
         ("by source topic", result.by_source_topic),
     ):
-        table = Table(title=title)
+        table = Table(title=Text(title))
         table.add_column("name", overflow="fold")
         table.add_column("records", justify="right")
         for name, n in counts.most_common():
-            table.add_row(name, str(n))
+            table.add_row(Text(name), str(n))
         console.print(table)
 
 
