@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import trio
+from confluent_kafka import KafkaException
 
 from sidecar.http.server import Response
 from tests.faults.broker import PrivateBroker
@@ -42,6 +43,15 @@ from tests.kafkatools import Broker, Rec
 
 UNKNOWN = "the DLQ transaction commit's outcome is unknown"
 SETTLED = ("the DLQ transaction had committed", "the DLQ transaction had not committed")
+
+
+def _committed(broker: Broker, group: str, topic: str, partition: int) -> tuple[int, str | None]:
+    """The group's committed offset and metadata; (-1, None) while the group coordinator is not
+    ready (a fresh private broker answers NOT_COORDINATOR while its offsets partitions load)."""
+    try:
+        return broker.committed(group, topic, [partition])[partition]
+    except KafkaException:
+        return (-1, None)
 
 
 def _reject_poison(d: Delivery) -> Response:
@@ -85,14 +95,14 @@ async def test_a_dlq_transaction_aborted_after_an_unknown_commit_outcome_is_redo
         )
         async with rig.sidecar(rig.config("first.yaml")) as first:
             await wait_until_thread(
-                lambda: direct.committed(group, topic, [1])[1][0] == 5,
+                lambda: _committed(direct, group, topic, 1)[0] == 5,
                 60,
                 "partition 1 committed at its end",
             )
             first.proc.send_signal(signal.SIGKILL)
             assert await first.wait_exit(30) == -signal.SIGKILL
-        committed_p1 = await trio.to_thread.run_sync(lambda: direct.committed(group, topic, [1]))
-        assert committed_p1[1][0] == 5 and committed_p1[1][1], committed_p1
+        committed_p1 = await trio.to_thread.run_sync(_committed, direct, group, topic, 1)
+        assert committed_p1[0] == 5 and committed_p1[1], committed_p1
 
         # 2. A poison record on partition 0; the second sidecar's first DLQ transaction loses its
         # EndTxn. No periodic commit meanwhile: partition 1 keeps the state it was opened with.
