@@ -134,6 +134,7 @@ async def test_a_dlq_transaction_aborted_after_an_unknown_commit_outcome_is_redo
                 "partition 0 done",
             )
             assert await second.stop() == 0
+            log_text = second.log_text()
     committed = await trio.to_thread.run_sync(lambda: direct.committed(group, topic, [0, 1]))
     assert committed[0][0] == 4 and committed[1][0] == 5, committed
     got = await trio.to_thread.run_sync(direct.read_committed_to_end, dlq)
@@ -141,5 +142,7 @@ async def test_a_dlq_transaction_aborted_after_an_unknown_commit_outcome_is_redo
         f"partition 0 was committed past the poison record, whose DLQ record is {got!r} "
         "(the aborted transaction was taken for committed)"
     )
+    # Settled the right way: the transaction had been aborted by the new producer's fencing.
+    assert "the DLQ transaction had not committed; it is redone" in log_text
     # The app saw the poison record once: the redo rewrote its DLQ record, it did not redeliver it.
     assert [d.offset for d in app.deliveries if d.value == b"poison:0"] == [0]
