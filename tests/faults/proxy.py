@@ -9,7 +9,12 @@ without stalling the traffic it proxies. Modes apply to bytes in both directions
   stall) — what a dead peer behind a firewall looks like; when the mode ends, held bytes flow again;
 - ``reset``: close every connection with RST and refuse new ones until the mode changes;
 - ``blackhole-produce``: blackhole only connections on which a producer request was seen (the proxy frames
-  the client's Kafka requests), so a sidecar's DLQ producer stalls while its consumer carries on.
+  the client's Kafka requests), so a sidecar's DLQ producer stalls while its consumer carries on;
+- ``hold-end-txn``: the first connection that sends an EndTxn request (a transaction's commit or abort)
+  after the mode is set is held from that request on, both ways, while every other connection (new ones
+  too) passes: the coordinator never gets that EndTxn, and a client that gives up on it (a transactional
+  producer replaced by one with the same transactional.id) reaches the coordinator on a new connection.
+  When the mode changes, the held connection is reset and its held bytes are dropped, never delivered.
 
 Clients learn broker addresses from metadata, so a proxy sees all of a client's traffic only when the broker
 advertises the proxy's port (tests/faults/broker.py does).
@@ -28,10 +33,13 @@ import trio
 PASS, LATENCY, BLACKHOLE, RESET = "pass", "latency", "blackhole", "reset"
 # Blackhole only the connections of Kafka producers: the DLQ unavailable while the consumer carries on.
 BLACKHOLE_PRODUCE = "blackhole-produce"
+# Hold the first EndTxn request sent after the mode is set (and its connection): see the module docstring.
+HOLD_END_TXN = "hold-end-txn"
 
 # Request API keys only a producer sends: Produce, InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn,
 # EndTxn, TxnOffsetCommit. A connection that sent one is a producer's (librdkafka never shares one).
 _PRODUCER_API_KEYS = frozenset({0, 22, 24, 25, 26, 28})
+_END_TXN_API_KEY = 26
 
 
 class _Conn:
@@ -57,6 +65,37 @@ class _Conn:
             del self._buf[: 4 + size]
 
 
+class _Framer:
+    """The API keys of the requests a client sends on one connection, framed as the bytes pass (each
+    request is a 4-byte size and its body, which begins with the 2-byte api key); O(1) memory."""
+
+    def __init__(self) -> None:
+        self._head = bytearray()  # the first bytes of the request under way (up to 6)
+        self._skip = 0  # the bytes of the request under way still to pass by
+        self.held = False  # hold-end-txn: this connection sent the EndTxn held
+
+    def keys(self, data: bytes) -> list[int]:
+        """The api keys of the requests whose first 6 bytes complete in `data`."""
+        out: list[int] = []
+        i, n = 0, len(data)
+        while i < n:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            take = data[i : i + 6 - len(self._head)]
+            self._head += take
+            i += len(take)
+            if len(self._head) < 6:
+                break
+            size = int.from_bytes(self._head[:4], "big", signed=True)
+            out.append(int.from_bytes(self._head[4:6], "big", signed=True))
+            self._head.clear()
+            self._skip = max(0, size - 2)
+        return out
+
+
 class FaultProxy:
     def __init__(self, upstream: tuple[str, int], listen_port: int = 0) -> None:
         self.upstream = upstream
@@ -67,6 +106,9 @@ class FaultProxy:
         # Chunks of a producer's requests held back (blackhole-produce): more than zero since the mode
         # was set means the fault is in effect (a producer tried to send and is stalled).
         self.held_producer_chunks = 0
+        # Connections held for their EndTxn request (hold-end-txn) since the mode was set: 0 or 1.
+        self.end_txn_held = 0
+        self._end_txn_armed = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -87,7 +129,7 @@ class FaultProxy:
         return self
 
     def set_mode(self, mode: str, latency_s: float = 0.0) -> None:
-        assert mode in (PASS, LATENCY, BLACKHOLE, RESET, BLACKHOLE_PRODUCE), mode
+        assert mode in (PASS, LATENCY, BLACKHOLE, RESET, BLACKHOLE_PRODUCE, HOLD_END_TXN), mode
         assert self._token is not None
         trio.from_thread.run_sync(self._apply, mode, latency_s, trio_token=self._token)
 
@@ -117,6 +159,8 @@ class FaultProxy:
     def _apply(self, mode: str, latency_s: float) -> None:
         self.mode, self.latency_s = mode, latency_s
         self.held_producer_chunks = 0
+        self.end_txn_held = 0
+        self._end_txn_armed = mode == HOLD_END_TXN
         if mode == RESET:
             for stream in list(self._streams):
                 _abort(stream)
@@ -137,16 +181,29 @@ class FaultProxy:
             await self._stop.wait()
             nursery.cancel_scope.cancel()
 
-    def _held(self, conn: _Conn) -> bool:
+    def _held(self, conn: _Conn, framer: _Framer | None = None) -> bool:
+        if framer is not None and framer.held:
+            return True
         return self.mode in (BLACKHOLE, RESET) or (self.mode == BLACKHOLE_PRODUCE and conn.producer)
 
-    async def _wait_flowing(self, conn: _Conn) -> None:
+    async def _wait_flowing(self, conn: _Conn, framer: _Framer | None = None) -> None:
         """Return when bytes may move; raise when the connection must die (reset)."""
-        while self._held(conn):
+        while self._held(conn, framer):
             if self.mode == RESET:
                 raise trio.BrokenResourceError("reset by the fault proxy")
+            if framer is not None and framer.held and self.mode != HOLD_END_TXN:
+                raise trio.BrokenResourceError("the held EndTxn is dropped with its connection")
             assert self._changed is not None
             await self._changed.wait()
+
+    def _watch_end_txn(self, framer: _Framer, data: bytes) -> None:
+        """Frame the client's requests (always: framing starts with the connection); in hold-end-txn,
+        hold this connection if `data` begins the first EndTxn request since the mode was set."""
+        keys = framer.keys(data)
+        if self.mode == HOLD_END_TXN and self._end_txn_armed and _END_TXN_API_KEY in keys:
+            self._end_txn_armed = False
+            framer.held = True
+            self.end_txn_held += 1
 
     async def _handle(self, client: trio.SocketStream) -> None:
         if self.mode == RESET:
@@ -159,6 +216,7 @@ class FaultProxy:
             return
         self.connections += 1
         conn = _Conn()
+        framer = _Framer()
         self._streams.update((client, upstream))
         try:
             async with trio.open_nursery() as nursery:
@@ -173,10 +231,11 @@ class FaultProxy:
                                 conn.feed(data)
                                 if conn.producer and self._held(conn):
                                     self.held_producer_chunks += 1
-                            await self._wait_flowing(conn)
+                                self._watch_end_txn(framer, data)
+                            await self._wait_flowing(conn, framer)
                             if self.mode == LATENCY and self.latency_s > 0:
                                 await trio.sleep(self.latency_s)
-                            await self._wait_flowing(conn)
+                            await self._wait_flowing(conn, framer)
                             await dst.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
@@ -188,7 +247,7 @@ class FaultProxy:
         finally:
             self._streams.difference_update((client, upstream))
             for s in (client, upstream):
-                if self.mode == RESET:
+                if self.mode == RESET or framer.held:
                     _abort(s)
                 else:
                     with trio.CancelScope(shield=True):
