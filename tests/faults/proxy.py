@@ -43,38 +43,17 @@ _END_TXN_API_KEY = 26
 
 
 class _Conn:
-    """Per connection: is it a producer's? Learnt by framing the client's requests (4-byte size, api key)."""
+    """What the proxy knows of one client connection: the API keys of the requests it sends, framed as the
+    bytes pass (each request is a 4-byte size and its body, which begins with the 2-byte api key), in O(1)
+    memory; whether it is a producer's; and whether it is held for its EndTxn (hold-end-txn)."""
 
     def __init__(self) -> None:
         self.producer = False
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        if self.producer:
-            return
-        self._buf += data
-        while len(self._buf) >= 6:
-            size = int.from_bytes(self._buf[:4], "big", signed=True)
-            api_key = int.from_bytes(self._buf[4:6], "big", signed=True)
-            if api_key in _PRODUCER_API_KEYS:
-                self.producer = True
-                self._buf.clear()
-                return
-            if size < 2 or len(self._buf) < 4 + size:
-                return
-            del self._buf[: 4 + size]
-
-
-class _Framer:
-    """The API keys of the requests a client sends on one connection, framed as the bytes pass (each
-    request is a 4-byte size and its body, which begins with the 2-byte api key); O(1) memory."""
-
-    def __init__(self) -> None:
+        self.held = False
         self._head = bytearray()  # the first bytes of the request under way (up to 6)
         self._skip = 0  # the bytes of the request under way still to pass by
-        self.held = False  # hold-end-txn: this connection sent the EndTxn held
 
-    def keys(self, data: bytes) -> list[int]:
+    def feed(self, data: bytes) -> list[int]:
         """The api keys of the requests whose first 6 bytes complete in `data`."""
         out: list[int] = []
         i, n = 0, len(data)
@@ -93,6 +72,8 @@ class _Framer:
             out.append(int.from_bytes(self._head[4:6], "big", signed=True))
             self._head.clear()
             self._skip = max(0, size - 2)
+        if not self.producer and any(k in _PRODUCER_API_KEYS for k in out):
+            self.producer = True
         return out
 
 
@@ -181,28 +162,27 @@ class FaultProxy:
             await self._stop.wait()
             nursery.cancel_scope.cancel()
 
-    def _held(self, conn: _Conn, framer: _Framer | None = None) -> bool:
-        if framer is not None and framer.held:
+    def _held(self, conn: _Conn) -> bool:
+        if conn.held:
             return True
         return self.mode in (BLACKHOLE, RESET) or (self.mode == BLACKHOLE_PRODUCE and conn.producer)
 
-    async def _wait_flowing(self, conn: _Conn, framer: _Framer | None = None) -> None:
+    async def _wait_flowing(self, conn: _Conn) -> None:
         """Return when bytes may move; raise when the connection must die (reset)."""
-        while self._held(conn, framer):
+        while self._held(conn):
             if self.mode == RESET:
                 raise trio.BrokenResourceError("reset by the fault proxy")
-            if framer is not None and framer.held and self.mode != HOLD_END_TXN:
+            if conn.held and self.mode != HOLD_END_TXN:
                 raise trio.BrokenResourceError("the held EndTxn is dropped with its connection")
             assert self._changed is not None
             await self._changed.wait()
 
-    def _watch_end_txn(self, framer: _Framer, data: bytes) -> None:
-        """Frame the client's requests (always: framing starts with the connection); in hold-end-txn,
-        hold this connection if `data` begins the first EndTxn request since the mode was set."""
-        keys = framer.keys(data)
+    def _watch_end_txn(self, conn: _Conn, keys: list[int]) -> None:
+        """In hold-end-txn, hold this connection if `keys` (the requests it just began) hold the first
+        EndTxn request since the mode was set."""
         if self.mode == HOLD_END_TXN and self._end_txn_armed and _END_TXN_API_KEY in keys:
             self._end_txn_armed = False
-            framer.held = True
+            conn.held = True
             self.end_txn_held += 1
 
     async def _handle(self, client: trio.SocketStream) -> None:
@@ -216,7 +196,6 @@ class FaultProxy:
             return
         self.connections += 1
         conn = _Conn()
-        framer = _Framer()
         self._streams.update((client, upstream))
         try:
             async with trio.open_nursery() as nursery:
@@ -228,14 +207,14 @@ class FaultProxy:
                             if not data:
                                 break
                             if src is client:
-                                conn.feed(data)
+                                keys = conn.feed(data)
                                 if conn.producer and self._held(conn):
                                     self.held_producer_chunks += 1
-                                self._watch_end_txn(framer, data)
-                            await self._wait_flowing(conn, framer)
+                                self._watch_end_txn(conn, keys)
+                            await self._wait_flowing(conn)
                             if self.mode == LATENCY and self.latency_s > 0:
                                 await trio.sleep(self.latency_s)
-                            await self._wait_flowing(conn, framer)
+                            await self._wait_flowing(conn)
                             await dst.send_all(data)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
@@ -247,7 +226,7 @@ class FaultProxy:
         finally:
             self._streams.difference_update((client, upstream))
             for s in (client, upstream):
-                if self.mode == RESET or framer.held:
+                if self.mode == RESET or conn.held:
                     _abort(s)
                 else:
                     with trio.CancelScope(shield=True):
