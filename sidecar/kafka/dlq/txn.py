@@ -624,6 +624,11 @@ def transaction_committed(sent: Sequence[TopicPartition], committed: CommittedOf
     lost meanwhile may have moved on under its next owner. An aborted transaction leaves the earlier
     commit, and that always differs: the transaction carries a record newly counted done on each of its
     partitions (a higher offset, or the done record in the metadata).
+
+    That precondition is the callers' to keep: a transaction that also carried a partition without a newly
+    done record (one opened from the group's committed state carries exactly that state) would match here
+    after an abort, and its batch's records would be committed past without their DLQ records
+    (tests/reliability/test_txn_redo.py reproduces it).
     """
     for tp in sent:
         got = committed.get((tp.topic, tp.partition))
