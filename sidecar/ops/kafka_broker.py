@@ -45,6 +45,11 @@ KAFKA_VERSION = "4.4.0"
 HERE = Path(__file__).resolve().parent
 POM = HERE / "kafka-pom.xml"
 START_TIMEOUT_S = 90.0
+# Ports are picked free, then bound by the JVM seconds later: another process may take one meanwhile
+# (a busy machine opens many connections, each on an ephemeral port). Then the start is tried again.
+PORT_ATTEMPTS = 3
+_PORT_TAKEN = -1
+_BIND_FAILED = "Address already in use"
 STOP_TIMEOUT_S = 30.0
 
 LOG4J2_PROPERTIES = """\
@@ -453,6 +458,18 @@ def start(secured: bool = False) -> int:
 
     libs = fetch_jars()
     state_dir().mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        rc = _start_once(libs, secured, last=attempt == PORT_ATTEMPTS)
+        if rc != _PORT_TAKEN:
+            return rc
+        say("a port picked for the broker was taken before it could listen; starting on new ports")
+    return 1
+
+
+def _start_once(libs: Path, secured: bool, last: bool) -> int:
+    """One start on freshly picked ports: 0 when it answers, _PORT_TAKEN when another process bound one of
+    its ports between the pick and the broker's bind (the ports are free when picked, not reserved) and
+    this is not the `last` attempt, else 1 with the log's last lines."""
     run_dir = Path(tempfile.mkdtemp(prefix="kafka-", dir=os.environ.get("TMPDIR", "/tmp")))
     data_dir = run_dir / "data"
     broker_port, controller_port = free_port(), free_port()
@@ -551,6 +568,9 @@ def start(secured: bool = False) -> int:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if not last and _BIND_FAILED in log_tail(log_path, 200):
+                _cleanup(state)
+                return _PORT_TAKEN
             say(
                 f"the broker exited with code {proc.returncode} while starting; last lines of {log_path}:"
             )

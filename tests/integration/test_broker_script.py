@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,36 @@ def test_external_broker_that_does_not_answer_fails_fast() -> None:
     res = _run("start", env)
     assert res.returncode == 1
     assert "does not answer" in res.stderr
+
+
+@pytest.mark.slow
+# In process, the launcher's Popen of the JVM (left running on purpose, as `scripts/kafka start` does) warns
+# when it is collected while the broker still runs.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("taken", ["broker", "controller"])
+def test_a_port_taken_between_the_pick_and_the_bind_means_a_start_on_new_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], taken: str
+) -> None:
+    # The launcher picks free ports, and the JVM binds them seconds later; on a busy machine another
+    # process can take one in between. Here one is taken on purpose: the first pick (the broker's
+    # listener) or the second (the controller's) is a port this test already listens on.
+    from sidecar.ops import kafka_broker
+
+    monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv("DLQ_KAFKA_STATE_DIR", str(tmp_path / "state"))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        held_port = held.getsockname()[1]
+        picks = iter([held_port] if taken == "broker" else [kafka_broker.free_port(), held_port])
+        real = kafka_broker.free_port
+        monkeypatch.setattr(kafka_broker, "free_port", lambda: next(picks, None) or real())
+        try:
+            assert kafka_broker.start() == 0
+            out, err = capsys.readouterr()
+            addr = out.strip().splitlines()[-1]
+            assert "was taken before it could listen; starting on new ports" in err, err
+            assert addr != f"127.0.0.1:{held_port}"
+            Broker(addr).create_topic("port-retry-check", partitions=1)  # a working broker
+        finally:
+            assert kafka_broker.stop() == 0
