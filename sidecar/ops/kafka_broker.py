@@ -142,7 +142,37 @@ def fetch_jars() -> Path:
 # --------------------------------------------------------------------------- broker protocol probe
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the source ports of outgoing connections (Linux; else IANA's)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+_PICK_FROM = (
+    15000  # the low end of the ports picked below the ephemeral range (above common services)
+)
+
+
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1, below the kernel's ephemeral range when there is room.
+
+    A port from the ephemeral range (what binding port 0 gives) can be taken by any outgoing
+    connection, as its source port: between the pick and the listener's bind, or while the listener
+    is down (a broker killed and restarted on the same ports), when clients reconnecting to it may
+    even connect to themselves on it. Below that range only an explicit bind can take it.
+    """
+    low, _ = ephemeral_port_range()
+    if low - _PICK_FROM >= 1000:
+        for port in secrets.SystemRandom().sample(range(_PICK_FROM, low), 64):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -568,7 +598,8 @@ def _start_once(libs: Path, secured: bool, last: bool) -> int:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            if not last and _BIND_FAILED in log_tail(log_path, 200):
+            # The whole log: the broker dumps its config (hundreds of lines) after the bind error.
+            if not last and _BIND_FAILED in log_path.read_text(errors="replace"):
                 _cleanup(state)
                 return _PORT_TAKEN
             say(

@@ -65,6 +65,10 @@ async def _dump_stuck(run: Run, sc: Sidecar, broker: PrivateBroker) -> None:
         )
         (run.workdir / "stuck-stacks.txt").write_bytes(res.stdout)
     _copy_broker_logs(run, broker)
+    # Also into the test's report: CI keeps that, not the temporary directories.
+    state = "running" if broker.proc and broker.proc.poll() is None else "exited"
+    print(f"private broker {state}; its log's last lines:\n{broker.log_tail(80)}")
+    print(f"sidecar log's last lines:\n{sc.log_text()[-6000:]}")
 
 
 def _alive(sc: Sidecar) -> Callable[[], None]:
