@@ -781,3 +781,12 @@ async def _in_process(rig: Rig, run_kwargs: dict[str, Any]) -> AsyncIterator[Non
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
         yield
+
+
+def prometheus_values(text: str) -> dict[str, float]:
+    """`GET /metrics` text as {'name{labels}': value} (labels as the exposition writes them)."""
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }

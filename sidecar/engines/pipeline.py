@@ -158,6 +158,9 @@ class Delivery:
     answer: Answer | AckItem | None = None
     # trio time the lock expires (pull mode tells the app); None: the config's lock from issue.
     lock_deadline: float | None = None
+    # perf_counter when the app got it to answer later through /v1/acks (a pull, or a push answered
+    # `deferred`): the answer's delay is observed from here. None: answered in its own request.
+    handed_at: float | None = None
 
     @property
     def topic(self) -> str:
@@ -234,7 +237,10 @@ class Engine(Protocol):
     def lag(self) -> dict[PartitionKey, int]: ...
     def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
     def observe_latencies(
-        self, app: Callable[[float], None], dlq: Callable[[float], None]
+        self,
+        app: Callable[[float], None],
+        dlq: Callable[[float], None],
+        acks: Callable[[float], None],
     ) -> None: ...
     async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]: ...
     def breaker_status(self) -> dict[str, Any] | None: ...
@@ -536,6 +542,7 @@ class Pipeline:
         self._skip_drain = False
         self._nursery: trio.Nursery | None = None
         self._observe_app: Callable[[float], None] = _ignore
+        self._observe_ack: Callable[[float], None] = _ignore
         self._observe_dlq: Callable[[float], None] = _ignore
         self._probe: Delivery | None = None  # the breaker's half-open probe (its attempt)
         self._init_breaker(config)
@@ -555,9 +562,15 @@ class Pipeline:
     def dlq_ready(self) -> bool:
         return self._dlq_ready
 
-    def observe_latencies(self, app: Callable[[float], None], dlq: Callable[[float], None]) -> None:
-        """Latency observers (seconds) for app requests and DLQ writes: Prometheus histograms."""
-        self._observe_app, self._observe_dlq = app, dlq
+    def observe_latencies(
+        self,
+        app: Callable[[float], None],
+        dlq: Callable[[float], None],
+        acks: Callable[[float], None],
+    ) -> None:
+        """Latency observers (seconds), Prometheus histograms: app requests, DLQ writes, and the
+        delay of answers through /v1/acks (from the pull, or the `deferred` answer, to the ack)."""
+        self._observe_app, self._observe_dlq, self._observe_ack = app, dlq, acks
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check the DLQ topics (DlqStartupError before `started`), run, and shut down in order.
@@ -763,6 +776,7 @@ class Pipeline:
     def _apply(self, delivery: Delivery, answer: Answer | AckItem) -> AckResult:
         """`answer` for a delivery that is live (the caller checked)."""
         if isinstance(answer, Answer) and answer.ack == "deferred":
+            delivery.handed_at = time.perf_counter()
             return "ok"  # the app answers later through /v1/acks, before the lock expires
         ack = ACK_BY_WORD[answer.ack]
         result = self.state.answered(delivery, ack, answer)
@@ -771,6 +785,8 @@ class Pipeline:
             self.counters.expired_answers += 1
             return result
         if ack is not Ack.RENEW:
+            if delivery.handed_at is not None:
+                self._observe_ack(time.perf_counter() - delivery.handed_at)
             if self.breaker is not None:
                 self._breaker_answer(delivery, ack)
             self.retire(delivery)
@@ -885,9 +901,11 @@ class Pipeline:
             max_records, wait_s, lambda d: self._live.get(d.id) is d, self.state.wake
         )
         now = trio.current_time()
+        handed_at = time.perf_counter()
         lock_s = self.config.delivery.lock_duration_ms / 1000
         out = []
         for d in taken:
+            d.handed_at = handed_at
             view, actx = attempt_view(self.tracing, d.tracked, d.delivery_count, d.id)
             end_attempt_span(actx, d.tracked, _PULLED)
             deadline = d.lock_deadline if d.lock_deadline is not None else now + lock_s

@@ -170,6 +170,8 @@ def _breaker_families(
 # Loopback HTTP answers take well under a millisecond to seconds; DLQ writes are broker round trips.
 _APP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _DLQ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+# Answers through /v1/acks come within a record's lock: milliseconds to the lock's minutes.
+_ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class Metrics:
@@ -188,7 +190,16 @@ class Metrics:
             buckets=_DLQ_BUCKETS,
             registry=self.registry,
         )
-        engine.observe_latencies(self.app_latency.observe, self.dlq_latency.observe)
+        self.ack_delay = Histogram(
+            "dlq_sidecar_app_ack_delay_seconds",
+            "Time from handing a record to the app for a later answer (a pull, or a push answered"
+            " deferred) until its accept, release or reject arrived through POST /v1/acks.",
+            buckets=_ACK_BUCKETS,
+            registry=self.registry,
+        )
+        engine.observe_latencies(
+            self.app_latency.observe, self.dlq_latency.observe, self.ack_delay.observe
+        )
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -24,6 +24,7 @@ from tests.harness import (
     counts_by_value,
     json_answer,
     produce,
+    prometheus_values,
     running_sidecar,
     short_tmp,
     wait_assigned,
@@ -364,6 +365,8 @@ async def test_deferred_answers_through_the_ack_api(
         await r.committed_at_end()
         dlq = await r.read_dlq(1)
         st = await sc.status()
+        code, metrics = await sc.get("/metrics")
+        assert code == 200
         assert await sc.stop() == 0
 
     counts = counts_by_value(app.deliveries)
@@ -374,6 +377,12 @@ async def test_deferred_answers_through_the_ack_api(
         b"renew": [1],
         b"late": [1, 2],
     }, counts
+    # Each final answer through /v1/acks (not the renew, not the expired ones) is timed from its
+    # `deferred` answer: six; the renewed record's came after its first lock (5 s) had passed.
+    m = prometheus_values(metrics)
+    assert m["dlq_sidecar_app_ack_delay_seconds_count"] == 6, metrics
+    assert m['dlq_sidecar_app_ack_delay_seconds_bucket{le="5.0"}'] == 5, metrics
+    assert m["dlq_sidecar_app_ack_delay_seconds_sum"] >= lock_ms / 1000
     c = st["counters"]
     assert c["delivered"].get("accept") == 4
     assert c["delivered"].get("reject") == 1

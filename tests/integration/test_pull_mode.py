@@ -24,7 +24,15 @@ import trio
 
 from sidecar.core.record import is_delivery_id
 from sidecar.ops.kafka_broker import free_port
-from tests.harness import FAST, ROOT, Sidecar, short_tmp, sidecar, wait_committed_at_end
+from tests.harness import (
+    FAST,
+    ROOT,
+    Sidecar,
+    prometheus_values,
+    short_tmp,
+    sidecar,
+    wait_committed_at_end,
+)
 from tests.integration import test_examples
 from tests.kafkatools import Broker, Rec
 from tests.pulltools import (
@@ -142,6 +150,14 @@ async def test_pull_delivers_records_with_their_metadata_and_acks_finish_them(
             code, ready = await trio.to_thread.run_sync(client.request, "GET", "/readyz")
             assert code == 200, ready
             assert "app_reachable" not in ready["checks"]
+            # Each answer is timed from its pull: all came after the 0.3 s empty poll above.
+            code, text = await trio.to_thread.run_sync(client.request, "GET", "/metrics")
+            assert code == 200
+            m = prometheus_values(text.decode())
+            assert m["dlq_sidecar_app_ack_delay_seconds_count"] == len(recs), text
+            assert m['dlq_sidecar_app_ack_delay_seconds_bucket{le="0.25"}'] == 0, text
+            assert m["dlq_sidecar_app_ack_delay_seconds_sum"] >= 0.29 * len(recs)
+            assert m["dlq_sidecar_app_request_duration_seconds_count"] == 0  # no push requests
             client.close()
             await sc.stop()
 
