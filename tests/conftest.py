@@ -16,10 +16,31 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.ops.kafka_broker import PORT_RANGE_ENV, ephemeral_port_range
 from tests.kafkatools import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SCRIPT = ROOT / "scripts" / "kafka"
+
+
+def worker_port_range(worker: str | None, workers: int) -> tuple[int, int] | None:
+    """The ports parallel test worker `worker` ("gw0", ...) of `workers` picks from: a slice of its own of
+    the range below the kernel's ephemeral ports, so that no other worker can take a port of its brokers
+    while they are down (a kill and restart), nor between a pick and its bind. None: not a worker."""
+    if not worker or not worker.startswith("gw") or workers < 2:
+        return None
+    start, end = 15000, ephemeral_port_range()[0]
+    span = (end - start) // workers
+    low = start + int(worker[2:]) * span
+    return low, low + span - 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    picks = worker_port_range(
+        os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    )
+    if picks is not None and PORT_RANGE_ENV not in os.environ:
+        os.environ[PORT_RANGE_ENV] = f"{picks[0]}-{picks[1]}"  # inherited by the brokers it starts
 
 
 # Run order, longest tier first: `make pytest` runs files side by side (pytest-xdist, one file per worker), and a

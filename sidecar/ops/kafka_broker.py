@@ -151,22 +151,33 @@ def ephemeral_port_range() -> tuple[int, int]:
         return 49152, 65535
 
 
-_PICK_FROM = (
-    15000  # the low end of the ports picked below the ephemeral range (above common services)
-)
+# The low end of the ports picked below the ephemeral range (above common services).
+_PICK_FROM = 15000
+# "LOW-HIGH": where free_port picks (each parallel test worker gets a range of its own).
+PORT_RANGE_ENV = "DLQ_FREE_PORT_RANGE"
+
+
+def pick_range() -> range:
+    """Where free_port picks: $DLQ_FREE_PORT_RANGE, else from 15000 up to the ephemeral range."""
+    given = os.environ.get(PORT_RANGE_ENV, "")
+    if given:
+        low, _, high = given.partition("-")
+        return range(int(low), int(high) + 1)
+    return range(_PICK_FROM, ephemeral_port_range()[0])
 
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1, below the kernel's ephemeral range when there is room.
 
     A port from the ephemeral range (what binding port 0 gives) can be taken by any outgoing
-    connection, as its source port: between the pick and the listener's bind, or while the listener
-    is down (a broker killed and restarted on the same ports), when clients reconnecting to it may
-    even connect to themselves on it. Below that range only an explicit bind can take it.
+    connection, as its source port, and is what the next bind to port 0 anywhere may get: between
+    the pick and the listener's bind, or while the listener is down (a broker killed and restarted
+    on the same ports). Below that range only an explicit bind can take it, and with
+    $DLQ_FREE_PORT_RANGE each process sharing the machine (the test workers) picks from its own.
     """
-    low, _ = ephemeral_port_range()
-    if low - _PICK_FROM >= 1000:
-        for port in secrets.SystemRandom().sample(range(_PICK_FROM, low), 64):
+    candidates = pick_range()
+    if len(candidates) >= 100:
+        for port in secrets.SystemRandom().sample(candidates, 64):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
                     s.bind(("127.0.0.1", port))

@@ -1,4 +1,5 @@
-"""The launcher's port picks: free, and out of the range the kernel gives outgoing connections."""
+"""The launcher's port picks: free, out of the range the kernel gives outgoing connections and port-0
+binds, and inside $DLQ_FREE_PORT_RANGE when it is set (each parallel test worker has its own)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import socket
 import pytest
 
 from sidecar.ops import kafka_broker
-from sidecar.ops.kafka_broker import ephemeral_port_range, free_port
+from sidecar.ops.kafka_broker import PORT_RANGE_ENV, ephemeral_port_range, free_port
 
 
 def _bindable(port: int) -> bool:
@@ -19,9 +20,10 @@ def _bindable(port: int) -> bool:
         return True
 
 
-def test_picks_are_free_and_below_the_ephemeral_range() -> None:
-    # An outgoing connection's source port comes from the ephemeral range: a broker listening there can
-    # lose its port to one while it is down (a kill and restart on the same ports).
+def test_picks_are_free_and_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An outgoing connection's source port, and any bind to port 0, come from the ephemeral range: a
+    # broker listening there can lose its port to one while it is down (a kill and restart).
+    monkeypatch.delenv(PORT_RANGE_ENV, raising=False)
     low, high = ephemeral_port_range()
     assert 0 < low <= high <= 65535
     ports = {free_port() for _ in range(30)}
@@ -36,14 +38,31 @@ def test_a_port_in_use_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        # Only the taken port and one other below a narrowed "ephemeral" range: the other one is picked.
-        monkeypatch.setattr(kafka_broker, "_PICK_FROM", taken - 1 if taken > 1024 else taken)
-        monkeypatch.setattr(kafka_broker, "ephemeral_port_range", lambda: (taken + 1000, 65535))
-        picks = {free_port() for _ in range(20)}
+        # The taken port and the 99 after it make up the range: the taken one is never picked.
+        monkeypatch.setenv(PORT_RANGE_ENV, f"{taken}-{taken + 99}")
+        picks = {free_port() for _ in range(50)}
         assert taken not in picks
+        assert all(taken < p <= taken + 99 for p in picks), picks
+
+
+def test_a_range_of_its_own_is_kept_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, "21000-21499")
+    assert {free_port() for _ in range(50)} <= set(range(21000, 21500))
 
 
 def test_without_room_below_the_range_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka_broker, "ephemeral_port_range", lambda: (15500, 60999))
-    port = free_port()
-    assert _bindable(port)
+    monkeypatch.delenv(PORT_RANGE_ENV, raising=False)
+    monkeypatch.setattr(kafka_broker, "ephemeral_port_range", lambda: (15050, 60999))
+    assert _bindable(free_port())
+
+
+def test_each_test_worker_has_a_range_of_its_own() -> None:
+    from tests.conftest import worker_port_range
+
+    low, _ = ephemeral_port_range()
+    ranges = [worker_port_range(f"gw{i}", 3) for i in range(3)]
+    assert worker_port_range(None, 1) is None  # one process: the whole range
+    for i, (lo, hi) in enumerate(ranges):
+        assert 15000 <= lo < hi < low and hi - lo >= 1000
+        if i:
+            assert lo > ranges[i - 1][1]  # disjoint
