@@ -298,8 +298,12 @@ class Sidecar:
     async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-        with trio.fail_after(timeout_s):
+        with trio.move_on_after(timeout_s):
             return await self.proc.wait()
+        raise AssertionError(
+            f"the sidecar did not exit within {timeout_s:.0f}s of signal {sig}; its log's end:\n"
+            f"{self.log_text()[-6000:]}"
+        )
 
     async def wait_exit(self, timeout_s: float = 60) -> int:
         with trio.fail_after(timeout_s):
