@@ -800,10 +800,16 @@ class ShareGroupEngine:
                     _commit(consumer)
                     self._unflushed[index] = False
         finally:
+            closing = time.monotonic()
             try:
                 consumer.close()
             except KafkaException as exc:
                 log.warning("closing share consumer %d: %s", index, exc)
+            took_s = time.monotonic() - closing
+            if took_s >= _SLOW_CLOSE_S:
+                # The client's close sends the last acknowledgements and leaves the group: slow
+                # when the broker is (a stop then takes as long).
+                log.warning("closing share consumer %d took %.1f s", index, took_s)
             with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(self._consumer_stopped, trio_token=token)
 
@@ -1286,6 +1292,9 @@ def _commit(consumer: ShareConsumer) -> None:
     except KafkaException as exc:
         log.warning("sending acknowledgements: %s", exc)
 
+
+# A share consumer's close that takes this long is logged.
+_SLOW_CLOSE_S = 2.0
 
 # How many held records the share engine remembers (see ShareGroupEngine._held).
 _HELD_REMEMBERED = 100_000
