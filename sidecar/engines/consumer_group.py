@@ -543,6 +543,10 @@ class ConsumerGroupEngine:
                 if pending is None:
                     continue  # fetched just before a revoke: the next owner reads it again
                 slot = self._open_slot(key, record.offset, None)
+            elif slot.ledger.revoked:
+                # Closed for the final commit of a stop (`commit_all`) while the poll thread still
+                # served its last polls: not delivered, not committed; the next owner reads it.
+                continue
             slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
         self._apply_flow_control()
         self.kick()
