@@ -166,13 +166,30 @@ async def test_blackholed_broker_connection_10_s(
         await _check(run, broker, f"blackholed broker connection 10 s ({run.elapsed_s():.0f}s)")
 
 
-@MODES
-async def test_broker_killed_and_restarted_on_same_log_dir(
-    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
-) -> None:
-    broker, _proxy = kafka_behind_proxy
+# Kafka's transaction coordinator, restarted after a SIGKILL of the only broker, can load a transaction that
+# was committing before the partitions have leaders again; it takes them for deleted partitions and skips
+# their COMMIT markers (the KAFKA-20734 family: see tests/reliability/test_txn_markers.py for the ABORT case).
+# The group's offsets then stay unstable (UNSTABLE_OFFSET_COMMIT) for good: no read_committed consumer (the
+# sidecar's, the checker's) can read them, and the scenario cannot end, whatever the sidecar does.
+_MARKERS_SKIPPED = "Couldn't find leader endpoint for partitions"
+_ATTEMPTS = 3
+
+
+def _broker_skipped_markers(broker: PrivateBroker, group: str, log_from: int) -> bool:
+    """The broker's log since `log_from` shows the skip, for a transactional id of `group`'s sidecar."""
+    text = broker.log_text()[log_from:]
+    return any(
+        _MARKERS_SKIPPED in line and f"transaction markers for dlq-sidecar.{group}." in line
+        for line in text.splitlines()
+    )
+
+
+async def _kill_and_restart_once(
+    broker: PrivateBroker, tmp_path: Path, transactional: bool, attempt: int
+) -> bool:
+    """One run of the scenario; False (nothing asserted) when the broker skipped the markers."""
     async with open_run(
-        tmp_path,
+        tmp_path / f"attempt-{attempt}",
         bootstrap=broker.external,
         direct=broker.direct,
         name="bkill",
@@ -182,12 +199,20 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
         await _flowing(run, env_seed(303))
         async with sidecar(run.config()) as sc:
             await wait_until(lambda: run.app.seen >= 300, 60, "300 deliveries")
+            log_from = len(broker.log_text())
             run.fault("broker_sigkill")
             took = await trio.to_thread.run_sync(broker.restart)
             run.fault("broker_restarted", f"{took:.1f}s")
             try:
                 await run.wait_done(180, _alive(sc))
             except AssertionError:
+                if transactional and _broker_skipped_markers(broker, run.group, log_from):
+                    print(
+                        f"attempt {attempt}: the broker skipped the COMMIT markers of a DLQ transaction "
+                        "at its restart (the group's offsets stay unstable); the scenario starts over"
+                    )
+                    sc.proc.kill()
+                    return False
                 await _dump_stuck(run, sc, broker)
                 sc.proc.kill()  # wedged: a SIGTERM would wait for the same lock
                 raise
@@ -196,6 +221,24 @@ async def test_broker_killed_and_restarted_on_same_log_dir(
         await _check(
             run, broker, f"broker SIGKILL + restart ({run.elapsed_s():.0f}s, restart {took:.0f}s)"
         )
+    return True
+
+
+@MODES
+async def test_broker_killed_and_restarted_on_same_log_dir(
+    kafka_behind_proxy: tuple[PrivateBroker, FaultProxy], tmp_path: Path, transactional: bool
+) -> None:
+    """SIGKILL of the broker mid-stream and a restart on the same log dir: nothing lost, nothing
+    dead-lettered twice. In transactional mode the broker itself can leave the group's offsets unstable
+    for good (above); only then, and only on that evidence in its log, the scenario starts over on a
+    fresh topic and group (at most three runs in all)."""
+    broker, _proxy = kafka_behind_proxy
+    for attempt in range(1, _ATTEMPTS + 1):
+        if await _kill_and_restart_once(broker, tmp_path, transactional, attempt):
+            return
+    raise AssertionError(
+        f"the broker skipped the COMMIT markers of a DLQ transaction at {_ATTEMPTS} restarts in a row"
+    )
 
 
 @MODES
