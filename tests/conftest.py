@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.ops.kafka_broker import PORT_RANGE_ENV, ephemeral_port_range
+from sidecar.ops.kafka_broker import PORT_RANGE_ENV, default_pick_range
 from tests.kafkatools import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,9 +29,9 @@ def worker_port_range(worker: str | None, workers: int) -> tuple[int, int] | Non
     while they are down (a kill and restart), nor between a pick and its bind. None: not a worker."""
     if not worker or not worker.startswith("gw") or workers < 2:
         return None
-    start, end = 15000, ephemeral_port_range()[0]
-    span = (end - start) // workers
-    low = start + int(worker[2:]) * span
+    whole = default_pick_range()
+    span = len(whole) // workers
+    low = whole.start + int(worker[2:]) * span
     return low, low + span - 1
 
 

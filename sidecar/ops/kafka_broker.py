@@ -45,8 +45,8 @@ KAFKA_VERSION = "4.4.0"
 HERE = Path(__file__).resolve().parent
 POM = HERE / "kafka-pom.xml"
 START_TIMEOUT_S = 90.0
-# Ports are picked free, then bound by the JVM seconds later: another process may take one meanwhile
-# (a busy machine opens many connections, each on an ephemeral port). Then the start is tried again.
+# Ports are picked free, then bound by the JVM seconds later: another process may bind one meanwhile.
+# Then the start is tried again on new ports.
 PORT_ATTEMPTS = 3
 _PORT_TAKEN = -1
 _BIND_FAILED = "Address already in use"
@@ -152,7 +152,7 @@ def ephemeral_port_range() -> tuple[int, int]:
 
 
 # The low end of the ports picked below the ephemeral range (above common services).
-_PICK_FROM = 15000
+PICK_FROM = 15000
 # "LOW-HIGH": where free_port picks (each parallel test worker gets a range of its own).
 PORT_RANGE_ENV = "DLQ_FREE_PORT_RANGE"
 
@@ -163,7 +163,12 @@ def pick_range() -> range:
     if given:
         low, _, high = given.partition("-")
         return range(int(low), int(high) + 1)
-    return range(_PICK_FROM, ephemeral_port_range()[0])
+    return default_pick_range()
+
+
+def default_pick_range() -> range:
+    """From PICK_FROM up to the kernel's ephemeral range (empty when there is no room)."""
+    return range(PICK_FROM, ephemeral_port_range()[0])
 
 
 def free_port() -> int:

@@ -17,6 +17,7 @@ from tests.harness import (
     Delivery,
     RecordingApp,
     free_port,
+    prometheus_values,
     running_sidecar,
 )
 from tests.harness import wait_until_thread as _wait_thread
@@ -205,11 +206,7 @@ async def test_metrics_count_what_happened(broker: Broker, unique: str, tmp_path
                     await trio.sleep(0.2)
             assert want in text, [ln for ln in text.splitlines() if "delivered" in ln]
             assert await sc.stop() == 0
-    lines = {
-        ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
-        for ln in text.splitlines()
-        if ln and not ln.startswith("#")
-    }
+    lines = prometheus_values(text)
     assert lines[f'dlq_sidecar_records_delivered_total{{outcome="reject",topic="{topic}"}}'] == 7
     assert lines['dlq_sidecar_records_archived_total{reason="rejected"}'] == 7
     assert lines["dlq_sidecar_dlq_written_total"] == 7
