@@ -118,6 +118,8 @@ class Counters:
     commit_failures: int = 0
     rebalances: int = 0
     metadata_pauses: int = 0
+    # topic -> records the broker archives on its own, with no DLQ record (share engine; a defect to report)
+    broker_archived: dict[str, int] = field(default_factory=dict)
 
     by_topic: dict[tuple[str, str], int] = field(default_factory=dict)  # (topic, outcome) -> count
 

@@ -1206,6 +1206,7 @@ class ShareGroupEngine:
         assert self.settings is not None
         if acquired >= self.settings.group_delivery_count_limit:
             rec = tracked.record
+            self.pipe.counters.bump(self.pipe.counters.broker_archived, rec.topic)
             log.error(
                 "%s[%d]@%d is on the broker's last delivery (%d, the group's %s): released without "
                 "a DLQ record, the broker archives it; it is not in the DLQ",

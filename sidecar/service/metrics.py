@@ -48,6 +48,14 @@ class EngineCollector(Collector):
         for reason, n in sorted(c.archived.items()):
             archived.add_metric([reason], n)
         yield archived
+        broker_archived = CounterMetricFamily(
+            "dlq_sidecar_broker_archived_without_dlq",
+            "Records the broker archived on its own, with no DLQ record (share engine; never expected).",
+            labels=["topic"],
+        )
+        for topic, n in sorted(c.broker_archived.items()):
+            broker_archived.add_metric([topic], n)
+        yield broker_archived
         yield CounterMetricFamily(
             "dlq_sidecar_dlq_written", "DLQ records confirmed by the broker.", value=c.dlq_written
         )
