@@ -17,7 +17,16 @@ from collections import Counter
 import pytest
 from rich.console import Console
 
-from sidecar.kafka.dlq import H_COPY_DROPPED, H_EXC_CLASS, H_OFFSET, H_PARTITION, H_TOPIC
+from sidecar.kafka.dlq import (
+    CAUSE_REJECTED,
+    H_COPY_DROPPED,
+    H_EXC_CLASS,
+    H_OFFSET,
+    H_PARTITION,
+    H_TOPIC,
+    FailedRecord,
+    build_dlq_record,
+)
 from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_NAME, DlqEntry
 from sidecar.ops.dlq_filters import Filters
 from sidecar.ops.dlq_formats import (
@@ -176,3 +185,34 @@ def test_unknown_records_are_shown_raw_with_the_format_filter() -> None:
     render_inspect(Console(file=out, width=200), result, "dlq.x")
     text = out.getvalue()
     assert "(not a DLQ record)" in text and "spring g" in text and "0xfffe" in text
+
+
+def test_our_records_stay_ours_whatever_headers_the_original_or_the_app_brings() -> None:
+    """Our writer appends its context last, so a source record or an app's extra DLQ headers in another
+    format's namespace cannot make our record look like Spring's or Connect's (nor redirect its replay)."""
+    failed = FailedRecord(
+        topic="orders",
+        partition=2,
+        offset=7,
+        key=b"k",
+        value=b"v",
+        headers=((SP_TOPIC, b"elsewhere"), ("trace", b"t")),
+        group="g",
+        delivery_count=3,
+        cause=CAUSE_REJECTED,
+        extra_headers=((C_TOPIC, b"forged"), (C_PARTITION, b"0")),
+    )
+    record = build_dlq_record(failed, "dlq.orders", 1, True, 100)
+    e = entry(record.headers, record.key, record.value)
+    assert (e.format, e.source_topic, e.source_partition, e.delivery_count) == (
+        FORMAT_DLQ,
+        "orders",
+        2,
+        3,
+    )
+    assert e.original_headers() == [
+        (SP_TOPIC, b"elsewhere"),
+        ("trace", b"t"),
+        (C_TOPIC, b"forged"),
+        (C_PARTITION, b"0"),
+    ]
