@@ -1,8 +1,10 @@
 """Operator tools: reading and replaying DLQ topics (SPEC §10), and the local demo.
 
     dlq_errors    DlqToolError, UsageError, ToolKafkaError; exit codes
-    dlq_filters   --since/--until/--offset-range parsing and the filter set
-    dlq_entries   one DLQ record read back, its __dlq.* context decoded
+    dlq_filters   --format/--since/--until/--offset-range parsing and the filter set
+    dlq_formats   which system wrote a DLQ record (ours and share groups, Kafka Streams, Kafka Connect,
+                  Spring Kafka) and its context headers decoded into the fields they share
+    dlq_entries   one DLQ record read back, its context decoded (by dlq_formats)
     dlq_reader    the read-only consumer and a read bounded by the watermarks seen at start
     dlq_inspect   dlq inspect: read to the end, count what matches
     dlq_fetch     headers-only records: the original read back from its source topic

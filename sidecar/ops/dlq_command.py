@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sidecar.ops.dlq_entries import DlqEntry
 from sidecar.ops.dlq_errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolError, UsageError
 from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
+from sidecar.ops.dlq_formats import FORMATS
 from sidecar.ops.dlq_inspect import inspect_dlq
 from sidecar.ops.dlq_render import render_inspect, render_inspect_summary, render_replay_summary
 from sidecar.ops.dlq_replay import Replayer, ReplayOptions, ReplaySummary
@@ -76,28 +77,38 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="librdkafka property for every client (security.protocol, sasl.*, ssl.*); repeatable",
     )
-    f = p.add_argument_group("filters (all must match; repeat an option to allow several values)")
-    f.add_argument(
-        "--source-topic", action="append", default=[], help="the record's __dlq.errors.topic"
+    f = p.add_argument_group(
+        "filters (all must match; repeat an option to allow several values; the source fields are "
+        "read from whichever format wrote the record: __dlq.errors.*, __streams.errors.*, "
+        "__connect.errors.* or kafka_dlt-*)"
     )
+    f.add_argument(
+        "--format",
+        action="append",
+        choices=FORMATS,
+        default=[],
+        help="which system wrote the record: dlq (dlq-sidecar, share groups), streams, connect, "
+        "spring, unknown",
+    )
+    f.add_argument("--source-topic", action="append", default=[], help="the record's source topic")
     f.add_argument(
         "--source-partition",
         action="append",
         type=_non_negative_int,
         default=[],
-        help="the record's __dlq.errors.partition",
+        help="the record's source partition",
     )
     f.add_argument(
         "--exception-class",
         action="append",
         default=[],
-        help="the record's __dlq.errors.exception.class.name (exact)",
+        help="the record's exception class, or its root cause's (Spring), exactly",
     )
     f.add_argument(
         "--offset-range",
         default=None,
         metavar="A-B",
-        help="source offsets (__dlq.errors.offset), inclusive: A-B, A- or -B",
+        help="source offsets, inclusive: A-B, A- or -B",
     )
     f.add_argument(
         "--since",
@@ -140,15 +151,19 @@ def add_dlq_parser(subparsers: Any) -> None:
         "replay",
         help="send DLQ records back to their source topic (or --to)",
         description=(
-            "Replay DLQ records: original key, value and headers (without __dlq.* headers) plus "
-            "__dlq.replay.name/from/count markers. The --name is a consumer group on the DLQ topic "
+            "Replay DLQ records of any known format (dlq-sidecar and share groups, Kafka Streams, "
+            "Kafka Connect, Spring Kafka): original key, value and headers (without the writer's "
+            "context headers) plus __dlq.replay.name/from/count markers. The --name is a consumer group on the DLQ topic "
             "(dlq-replay.NAME) that remembers progress, so a rerun replays nothing twice; one name "
             "stands for one filter set. Headers-only records are read back from the source topic."
         ),
     )
     replay.add_argument("--from", dest="from_topic", required=True, help="the DLQ topic")
     replay.add_argument(
-        "--to", default=None, help="target topic (default: each record's source topic)"
+        "--to",
+        default=None,
+        help="target topic (default: each record's source topic; needed for records whose "
+        "format names none, e.g. a Kafka Streams punctuator's)",
     )
     replay.add_argument(
         "--name", required=True, help="replay name: remembers progress and the filters"
@@ -186,6 +201,7 @@ _NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
     return Filters(
+        formats=tuple(args.format),
         source_topics=tuple(args.source_topic),
         source_partitions=tuple(args.source_partition),
         exception_classes=tuple(args.exception_class),

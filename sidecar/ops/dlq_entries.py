@@ -1,31 +1,28 @@
-"""One record read back from a DLQ topic, with its `__dlq.*` context decoded (SPEC §10).
+"""One record read back from a DLQ topic, with its context decoded whichever system wrote it (SPEC §10).
 
-Owns `DlqEntry` (source coordinates, delivery count, exception, cause, replay markers, whether the
-original record is held or only its headers), its JSON form for `dlq inspect --json` (bytes as UTF-8
-text or base64), and the names of the `__dlq.replay.*` markers a replay adds. Pure: no broker calls.
+Owns `DlqEntry` (the writer's format and the fields every format shares, decoded by
+`sidecar.ops.dlq_formats`: source coordinates, exception, group or connector; the replay markers;
+whether the original record is held or only its headers), its JSON form for `dlq inspect --json` (bytes
+as UTF-8 text or base64), and the names of the `__dlq.replay.*` markers a replay adds. Pure: no broker
+calls.
 
-Imports: the standard library and the header names of `sidecar.dlq` only.
+Imports: the standard library, the header names of `sidecar.kafka.dlq` and `sidecar.ops.dlq_formats`.
 """
 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sidecar.kafka.dlq import (
-    DLQ_HEADER_PREFIX,
-    H_COPY_DROPPED,
-    H_DELIVERY_COUNT,
-    H_EXC_CLASS,
-    H_EXC_MESSAGE,
-    H_GROUP,
-    H_MESSAGE,
-    H_OFFSET,
-    H_PARTITION,
-    H_TOPIC,
-    REPLAY_HEADER_PREFIX,
+from sidecar.kafka.dlq import H_COPY_DROPPED, REPLAY_HEADER_PREFIX
+from sidecar.ops.dlq_formats import (
+    FORMAT_DLQ,
+    FORMAT_UNKNOWN,
+    DlqContext,
+    decode_context,
+    strip_context,
 )
 
 H_REPLAY_NAME = REPLAY_HEADER_PREFIX + "name"
@@ -59,7 +56,7 @@ def encode_bytes(value: bytes | None) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class DlqEntry:
-    """One record read from a DLQ topic, with its `__dlq.*` context decoded."""
+    """One record read from a DLQ topic, with its context decoded (`context`, from its headers)."""
 
     dlq_topic: str
     dlq_partition: int
@@ -68,6 +65,10 @@ class DlqEntry:
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...]
+    context: DlqContext = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "context", decode_context(self.headers))
 
     def header(self, name: str) -> bytes | None:
         """The last value of a header (the DLQ writer's context headers come last)."""
@@ -78,32 +79,41 @@ class DlqEntry:
         return found
 
     @property
+    def format(self) -> str:
+        """Which system wrote the record: `dlq`, `streams`, `connect`, `spring` or `unknown`."""
+        return self.context.format
+
+    @property
     def source_topic(self) -> str | None:
-        return _text(self.header(H_TOPIC))
+        return self.context.source_topic
 
     @property
     def source_partition(self) -> int | None:
-        return _int(self.header(H_PARTITION))
+        return self.context.source_partition
 
     @property
     def source_offset(self) -> int | None:
-        return _int(self.header(H_OFFSET))
+        return self.context.source_offset
 
     @property
     def delivery_count(self) -> int | None:
-        return _int(self.header(H_DELIVERY_COUNT))
+        return self.context.delivery_count
 
     @property
     def exception_class(self) -> str | None:
-        return _text(self.header(H_EXC_CLASS))
+        return self.context.exception_class
 
     @property
     def exception_message(self) -> str | None:
-        return _text(self.header(H_EXC_MESSAGE))
+        return self.context.exception_message
 
     @property
     def cause(self) -> str | None:
-        return _text(self.header(H_MESSAGE))
+        return self.context.cause
+
+    @property
+    def group(self) -> str | None:
+        return self.context.group
 
     @property
     def replay_count(self) -> int:
@@ -111,7 +121,8 @@ class DlqEntry:
 
     @property
     def is_dlq_record(self) -> bool:
-        return self.source_topic is not None and self.source_partition is not None
+        """True when a known writer's context headers are there (the source may still be unnamed)."""
+        return self.context.format != FORMAT_UNKNOWN
 
     @property
     def headers_only(self) -> bool:
@@ -119,12 +130,15 @@ class DlqEntry:
 
         A copied record always has a key or a value unless the original was a keyless tombstone; that
         one reads back the same from the source topic, so treating it as headers-only loses nothing.
+        (Kafka Streams writes null key and value for a failure with no input record, a punctuator's.)
         """
-        return self.header(H_COPY_DROPPED) is not None or (self.key is None and self.value is None)
+        dropped = self.context.format == FORMAT_DLQ and self.header(H_COPY_DROPPED) is not None
+        return dropped or (self.key is None and self.value is None)
 
     def original_headers(self) -> list[Header]:
-        """The copied original headers: everything but our own `__dlq.*` namespace, order and repeats kept."""
-        return [(n, v) for n, v in self.headers if not n.startswith(DLQ_HEADER_PREFIX)]
+        """The copied original headers: all but the writer's context headers (ours: the whole `__dlq.*`
+        namespace) and the old replay markers, order and repeats kept."""
+        return strip_context(self.headers, self.context.format)
 
     def coordinates(self) -> str:
         return f"{self.dlq_topic}/{self.dlq_partition}/{self.dlq_offset}"
@@ -136,14 +150,19 @@ class DlqEntry:
             "dlq_offset": self.dlq_offset,
             "timestamp_ms": self.timestamp_ms,
             "timestamp": _iso(self.timestamp_ms),
+            "format": self.format,
+            "writer": self.context.writer,
             "source_topic": self.source_topic,
             "source_partition": self.source_partition,
             "source_offset": self.source_offset,
-            "group": _text(self.header(H_GROUP)),
+            "group": self.group,
             "delivery_count": self.delivery_count,
             "exception_class": self.exception_class,
             "exception_message": self.exception_message,
+            "cause_class": self.context.cause_class,
             "cause": self.cause,
+            "detail": self.context.detail,
+            "source_timestamp_ms": self.context.source_timestamp_ms,
             "headers_only": self.headers_only,
             "replay_count": self.replay_count,
             "replay_name": _text(self.header(H_REPLAY_NAME)),

@@ -1,7 +1,7 @@
 """Reading one original record back from its source topic, for a headers-only DLQ record.
 
-A headers-only DLQ record (copy off, or the copy dropped as too large) is replayed from the source
-topic while its retention still holds the offset. `_SourceFetcher.fetch` tells "found", "gone for
+A headers-only DLQ record (copy off, or the copy dropped as too large; or another writer's record
+without key and value) is replayed from the source topic while its retention still holds the offset. `_SourceFetcher.fetch` tells "found", "gone for
 good" (deleted topic or partition, offset below the low watermark, compacted away: a skip with
 `--skip-unrecoverable`) and "not readable now" (a failure that stops the partition) apart.
 

@@ -1,6 +1,6 @@
 """Which DLQ records a command looks at: the filter set and the parsing of its arguments.
 
-Owns `--since`/`--until` (an ISO 8601 instant, naive = UTC, or a duration before now: `90m`, `1h30m`,
+Owns `--format` (which system wrote the record), `--since`/`--until` (an ISO 8601 instant, naive = UTC, or a duration before now: `90m`, `1h30m`,
 `2d`), `--offset-range` (`A-B`, `A-`, `-B`, inclusive source offsets) and `Filters`, whose `describe()`
 is the canonical form a replay name's fingerprint is computed from. Pure: callers pass `now_ms`.
 
@@ -80,17 +80,25 @@ class Filters:
     source_topics: tuple[str, ...] = ()
     source_partitions: tuple[int, ...] = ()
     exception_classes: tuple[str, ...] = ()
+    formats: tuple[
+        str, ...
+    ] = ()  # which system wrote the record (`sidecar.ops.dlq_formats.FORMATS`)
     since: TimeBound | None = None
     until: TimeBound | None = None
     offset_range: tuple[int, int] | None = None
 
     def mismatch(self, entry: DlqEntry, now_ms: int) -> str | None:
         """None when `entry` matches, else the name of the first filter it fails."""
+        if self.formats and entry.format not in self.formats:
+            return "format"
         if self.source_topics and entry.source_topic not in self.source_topics:
             return "source-topic"
         if self.source_partitions and entry.source_partition not in self.source_partitions:
             return "source-partition"
-        if self.exception_classes and entry.exception_class not in self.exception_classes:
+        if self.exception_classes and not (
+            entry.exception_class in self.exception_classes
+            or entry.context.cause_class in self.exception_classes
+        ):
             return "exception-class"
         if self.offset_range is not None and (
             entry.source_offset is None
@@ -105,6 +113,8 @@ class Filters:
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        if self.formats:
+            out["formats"] = sorted(self.formats)
         if self.source_topics:
             out["source_topics"] = sorted(self.source_topics)
         if self.source_partitions:

@@ -1,6 +1,7 @@
 """`dlq inspect`: read a DLQ topic from the beginning to its current end and count what matches.
 
-Nothing is committed. Every matching record is counted (by exception class and source topic), the
+Nothing is committed. Every matching record is counted (by exception class, source topic and the system
+that wrote it: `sidecar.ops.dlq_formats`), the
 first `limit` are kept for rendering or streamed to `on_entry` (`--json`).
 
 Imports: the standard library and the `sidecar.ops.dlq_*` modules entries, filters and reader.
@@ -33,6 +34,7 @@ class InspectResult:
     matched: int = 0
     by_exception_class: Counter[str] = field(default_factory=Counter)
     by_source_topic: Counter[str] = field(default_factory=Counter)
+    by_writer: Counter[str] = field(default_factory=Counter)
 
 
 def inspect_dlq(
@@ -60,7 +62,11 @@ def inspect_dlq(
                     continue
                 result.matched += 1
                 result.by_exception_class[entry.exception_class or "(none)"] += 1
-                result.by_source_topic[entry.source_topic or "(not a DLQ record)"] += 1
+                result.by_source_topic[
+                    entry.source_topic
+                    or ("(none named)" if entry.is_dlq_record else "(not a DLQ record)")
+                ] += 1
+                result.by_writer[entry.context.writer] += 1
                 if limit is None or len(result.entries) < limit:
                     result.entries.append(entry)
                     if on_entry is not None:

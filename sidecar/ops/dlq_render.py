@@ -1,6 +1,6 @@
 """Rendering the results of `dlq inspect` and `dlq replay` for a terminal or a pipe (rich).
 
-Tables of records (with a short payload preview that never prints more than a few dozen bytes), the
+Tables of records (which system wrote each, with a short payload preview that never prints more than a few dozen bytes), the
 counts by exception class and source topic, and the replay summary. Writes only to the `Console` it is
 given; decides nothing. Every value that comes from a record (topics, exception classes and messages,
 payloads) is printed as plain text, never as rich markup: a message holding `[/x]` once stopped `inspect`.
@@ -39,18 +39,31 @@ def payload_preview(entry: DlqEntry, width: int = 40) -> str:
     return f"{shown} ({len(entry.value)} B)"
 
 
-# Below this many columns the nine-column table has no room left for its folded columns (an 80-column terminal
+def written_by(e: DlqEntry) -> str:
+    """The writer's format and, where it says, the group, connector or application: `connect my-sink`."""
+    return f"{e.format} {e.group}" if e.group else e.format
+
+
+# Below this many columns (140 before the "written by" column) the ten-column table has no room left for its folded columns (an 80-column terminal
 # showed the payload column zero wide): each record is then a block of "name: value" lines instead.
-WIDE_TABLE_MIN_COLUMNS = 140
+WIDE_TABLE_MIN_COLUMNS = 160
 
 
 def _fields(e: DlqEntry) -> list[tuple[str, str]]:
     return [
         ("DLQ p/offset", f"{e.dlq_partition}/{e.dlq_offset}"),
-        ("source topic", e.source_topic or "(not a DLQ record)"),
-        ("src p@offset", f"{e.source_partition}@{e.source_offset}" if e.is_dlq_record else ""),
+        ("written by", written_by(e)),
+        (
+            "source topic",
+            e.source_topic or ("(none named)" if e.is_dlq_record else "(not a DLQ record)"),
+        ),
+        ("src p@offset", f"{e.source_partition}@{e.source_offset}" if e.source_topic else ""),
         ("count", str(e.delivery_count if e.delivery_count is not None else "")),
-        ("exception class", e.exception_class or ""),
+        (
+            "exception class",
+            (e.exception_class or "")
+            + (f" (cause {e.context.cause_class})" if e.context.cause_class else ""),
+        ),
         ("message", e.exception_message or e.cause or ""),
         (
             "DLQ time (UTC)",
@@ -74,6 +87,7 @@ def render_inspect(console: Console, result: InspectResult, topic: str) -> None:
 def _render_inspect_table(console: Console, result: InspectResult, topic: str) -> None:
     table = Table(title=Text(f"DLQ {topic}"), show_lines=False)
     table.add_column("DLQ p/offset", no_wrap=True)
+    table.add_column("written by", overflow="fold")
     table.add_column("source topic", overflow="fold")
     table.add_column("src p@offset", no_wrap=True)
     table.add_column("count", justify="right", no_wrap=True)
@@ -112,6 +126,7 @@ def render_inspect_summary(console: Console, result: InspectResult) -> None:
     for title, counts in (
         ("by exception class", result.by_exception_class),
         ("by source topic", result.by_source_topic),
+        ("by writer", result.by_writer),
     ):
         table = Table(title=Text(title))
         table.add_column("name", overflow="fold")

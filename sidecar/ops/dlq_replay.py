@@ -1,5 +1,8 @@
 """`dlq replay`: send DLQ records back to their source topic (or another topic), exactly once per name.
 
+Works on every format `sidecar.ops.dlq_formats` knows (dlq-sidecar and share groups, Kafka Streams, Kafka
+Connect, Spring Kafka): the source comes from the writer's context headers, which are dropped from the
+replayed record; a record whose format names no source (a Kafka Streams punctuator's) needs `--to`.
 Owns replaying and its bookkeeping:
 
 - progress: the replay name is a consumer group on the DLQ topic, `dlq-replay.<name>`; the DLQ offsets are
@@ -343,7 +346,10 @@ class Replayer:
         """A plan to send, None to skip (and commit past), or "blocked" (stop this DLQ partition here)."""
         o, s = self.options, self.summary
         if not entry.is_dlq_record:
-            s.skipped["not a DLQ record (no __dlq.errors.topic/partition headers)"] += 1
+            s.skipped[
+                "not a DLQ record (no __dlq.errors.*, __streams.errors.*, __connect.errors.* or "
+                "kafka_dlt-* context headers)"
+            ] += 1
             return None
         mismatch = o.filters.mismatch(entry, now_ms)
         if mismatch == "until":
@@ -357,7 +363,18 @@ class Replayer:
             return None
         s.matched += 1
         source_topic, source_partition = entry.source_topic, entry.source_partition
-        assert source_topic is not None and source_partition is not None
+        if source_topic is None or source_partition is None:
+            # A Kafka Streams punctuator's record (no input record), or a writer that left the source out.
+            why = None
+            if o.target_topic is None:
+                why = f"the {entry.context.writer} record names no source topic: replay it with --to TOPIC"
+            elif entry.headers_only:
+                why = (
+                    f"the {entry.context.writer} record holds no key or value and names no source "
+                    "topic to read them from"
+                )
+            if why is not None:
+                return self._unrecoverable(Problem(entry.coordinates(), _source_of(entry), why))
         previous = entry.replay_count
         if previous >= o.max_replays:
             s.max_replays_skipped.append(
@@ -373,8 +390,9 @@ class Replayer:
             msg: Any
             reason: str | None
             if offset is None:
-                msg, reason, gone = None, "no __dlq.errors.offset header", True
+                msg, reason, gone = None, f"no source offset in the {entry.format} headers", True
             else:
+                assert source_topic is not None and source_partition is not None
                 msg, reason, gone = self._fetcher_or_new().fetch(
                     source_topic, source_partition, offset
                 )
@@ -384,12 +402,7 @@ class Replayer:
                 if not gone:
                     s.failures.append(problem)
                     return "blocked"
-                if o.skip_unrecoverable:
-                    s.unrecoverable_skipped.append(problem)
-                    s.skipped["unrecoverable (--skip-unrecoverable)"] += 1
-                    return None
-                s.unrecoverable.append(problem)
-                return "blocked"
+                return self._unrecoverable(problem)
             key, value = msg.key(), msg.value()
             original = list(msg.headers() or ())
             previous = max(previous, _int(_last(original, H_REPLAY_COUNT)) or 0)
@@ -403,6 +416,7 @@ class Replayer:
                 return None
             headers = [(n, v) for n, v in original if not n.startswith(DLQ_HEADER_PREFIX)]
         target = o.target_topic or source_topic
+        assert target is not None
         count = self._partition_count(target)
         plan = _Planned(
             entry=entry,
@@ -410,7 +424,10 @@ class Replayer:
             # Back to the same partition of the source topic keeps the key's partition (and its order);
             # another topic uses the producer's partitioner on the key.
             partition=source_partition
-            if target == source_topic and count is not None and source_partition < count
+            if target == source_topic
+            and source_partition is not None
+            and count is not None
+            and source_partition < count
             else None,
             key=key,
             value=value,
@@ -425,6 +442,16 @@ class Replayer:
             plan.error = f"target topic {target} does not exist"
         return plan
 
+    def _unrecoverable(self, problem: Problem) -> _Planned | str | None:
+        """Stop the partition at a record that cannot be replayed, or pass it with --skip-unrecoverable."""
+        s = self.summary
+        if self.options.skip_unrecoverable:
+            s.unrecoverable_skipped.append(problem)
+            s.skipped["unrecoverable (--skip-unrecoverable)"] += 1
+            return None
+        s.unrecoverable.append(problem)
+        return "blocked"
+
     def _send(self, plan: _Planned) -> None:
         o = self.options
         where = f"{plan.topic}[{plan.partition}]" if plan.partition is not None else plan.topic
@@ -433,7 +460,8 @@ class Replayer:
         self.planned += 1
         if o.dry_run:
             self.summary.planned.append(
-                f"would replay {plan.entry.coordinates()} ({_source_of(plan.entry)}, "
+                f"would replay {plan.entry.coordinates()} ({plan.entry.format}, "
+                f"{_source_of(plan.entry)}, "
                 f"{plan.entry.exception_class or 'no exception class'}) to {where}"
                 + (" (read from the source topic)" if plan.entry.headers_only else "")
             )
@@ -480,6 +508,8 @@ def _last(headers: Sequence[Header], name: str) -> bytes | None:
 
 
 def _source_of(entry: DlqEntry) -> str:
+    if entry.source_topic is None:
+        return "no source named"
     return f"{entry.source_topic}[{entry.source_partition}]@{entry.source_offset}"
 
 
