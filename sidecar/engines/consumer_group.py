@@ -49,10 +49,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -73,7 +71,7 @@ from sidecar.core.errors import CommitFailed
 from sidecar.core.outcome import Ack, error_info
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
-from sidecar.engines.pipeline import AckResult, Delivery, PartitionKey, Pipeline
+from sidecar.engines.interfaces import AckResult, Delivery, PartitionKey, Pipe
 from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable
 from sidecar.kafka.source import (
     AssignedPartition,
@@ -96,24 +94,6 @@ TXN_COMMIT_DEADLINE_S = 120.0
 POLL_STOP_WAIT_S = 5.0
 # What a commit may raise: librdkafka's error, our own time limit on it, or a closed consumer.
 _COMMIT_ERRORS = (KafkaException, CommitTimeout, RuntimeError)
-
-
-def default_transactional_id(config: Config) -> str:
-    """`kafka.transactional.id`, else one that is stable across restarts and unique per instance.
-
-    Stable, so a restarted sidecar fences its dead incarnation and aborts its open transaction;
-    unique, because two producers with one id fence each other. `group.instance.id` (static
-    membership) names the instance when set; otherwise the host name plus the local API's address,
-    which no two sidecars on one host can share.
-    """
-    explicit = config.kafka.get("transactional.id")
-    if explicit:
-        return str(explicit)
-    instance = config.kafka.get("group.instance.id")
-    if instance:
-        return f"dlq-sidecar.{config.group_id}.{instance}"
-    api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
-    return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
 
 
 def horizon_window(config: Config) -> int:
@@ -167,7 +147,7 @@ class _Slot:
     ledger: L.PartitionLedger
     last_commit: tuple[int, str] | None = None
     # The live deliveries of this partition, by ledger attempt id (expiry and revoke find them).
-    live: dict[str, Delivery] = field(default_factory=dict)
+    live: dict[str, Delivery[_Ref]] = field(default_factory=dict)
     dlq_writes: int = 0  # DLQ writes in progress for this partition
     revoking: bool = False  # no new acquisitions: the partition is being handed over
     # Transactional mode: the ledger counts records of a DLQ transaction that has not committed
@@ -182,6 +162,9 @@ class _Slot:
     # AVAILABLE again once it is half-open or closed (`release_held`).
     held: list[int] = field(default_factory=list)
 
+
+# A consumer-group delivery's `ref`: its partition and its ledger attempt.
+_Ref = tuple[_Slot, L.Attempt]
 
 # One partition's commit: what goes to the broker, and (horizon mode) the ledger's commit point.
 _Pending = tuple[_Slot, OffsetToCommit, "L.CommitPoint | None"]
@@ -203,7 +186,7 @@ class ConsumerGroupEngine:
 
     kind = "consumer"
 
-    def __init__(self, pipe: Pipeline, *, write_ahead: bool = False) -> None:
+    def __init__(self, pipe: Pipe[_Ref], *, write_ahead: bool = False) -> None:
         config = pipe.config
         self.pipe = pipe
         self.config = config
@@ -234,8 +217,7 @@ class ConsumerGroupEngine:
         self._max_entries = max(DEFAULT_MAX_ENTRIES, 2 * d.max_buffered_records_per_partition + 2)
         dlq = config.errors.dlq
         self.transactional = dlq.transactional_enable and dlq.enabled
-        if self.transactional:
-            self.dlq.transactional_id = default_transactional_id(config)
+        # In that mode the pipeline built the writer with its transactional id (`dlq_writer_for`).
         self._txn_items: list[_TxnItem] = []
         self._txn_wake = trio.Event()
         self._commit_guard = trio.Lock()
@@ -820,8 +802,8 @@ class ConsumerGroupEngine:
 
     # ----------------------------------------------------------------------------- answers
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        slot, attempt = cast(tuple[_Slot, L.Attempt], delivery.ref)
+    def answered(self, delivery: Delivery[_Ref], ack: Ack, answer: Answer | AckItem) -> AckResult:
+        slot, attempt = delivery.ref
         try:
             slot.ledger.answer(
                 attempt.attempt_id,
@@ -842,11 +824,11 @@ class ConsumerGroupEngine:
                 self._revoke_progress.set()
         return "ok"
 
-    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
+    async def not_reached(self, deliveries: Sequence[Delivery[_Ref]]) -> bool:
         """Not an attempt: back to the ledger uncounted (the pipeline pauses intake meanwhile)."""
         now = now_ms()
         for delivery in deliveries:
-            slot, attempt = cast(tuple[_Slot, L.Attempt], delivery.ref)
+            slot, attempt = delivery.ref
             self.pipe.retire(delivery)
             slot.live.pop(attempt.attempt_id, None)
             if self._still_owned(slot):
@@ -1147,4 +1129,4 @@ class ConsumerGroupEngine:
         await self._commit_slots(list(self.slots.values()))
 
 
-__all__ = ["ConsumerGroupEngine", "default_transactional_id", "horizon_window", "now_ms"]
+__all__ = ["ConsumerGroupEngine", "horizon_window", "now_ms"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.config import parse_config
-from sidecar.engines.consumer_group import default_transactional_id
+from sidecar.kafka.dlq import default_transactional_id
 
 
 def _config(kafka: dict[str, Any] | None = None, listen: str = "127.0.0.1:8787") -> Any:

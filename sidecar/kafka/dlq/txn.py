@@ -16,7 +16,9 @@ engines or the HTTP modules.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +33,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
+from sidecar.config import Config
 from sidecar.core.deadletter import FailedRecord
 from sidecar.kafka.dlq.errors import (
     RETRIABLE_CODES,
@@ -77,30 +80,28 @@ PROBE_HEADER = "__dlq.sidecar.abort.probe"
 OUTCOME_READ_BUDGET_S = 60.0
 
 
-class DlqWriter(PlainDlqWriter):
-    """Plain DLQ writes, and with `transactional_id` set before `run()` the transactional protocol."""
+def default_transactional_id(config: Config) -> str:
+    """`kafka.transactional.id`, else one that is stable across restarts and unique per instance.
 
-    def __init__(
-        self,
-        kafka: Mapping[str, Any],
-        group: str,
-        copy_record: bool,
-        stacktrace_max_bytes: int,
-        retries_timeout_ms: int,
-        auto_create: bool,
-        topic_partitions: int,
-        topic_replication_factor: int,
-    ) -> None:
-        super().__init__(
-            kafka,
-            group,
-            copy_record,
-            stacktrace_max_bytes,
-            retries_timeout_ms,
-            auto_create,
-            topic_partitions,
-            topic_replication_factor,
-        )
+    Stable, so a restarted sidecar fences its dead incarnation and aborts its open transaction;
+    unique, because two producers with one id fence each other. `group.instance.id` (static
+    membership) names the instance when set; otherwise the host name plus the local API's address,
+    which no two sidecars on one host can share.
+    """
+    explicit = config.kafka.get("transactional.id")
+    if explicit:
+        return str(explicit)
+    instance = config.kafka.get("group.instance.id")
+    if instance:
+        return f"dlq-sidecar.{config.group_id}.{instance}"
+    api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
+    return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
+
+
+class DlqWriter(PlainDlqWriter):
+    """Plain DLQ writes, and with a `transactional_id` (given when built) the transactional protocol."""
+
+    def _init_protocol(self) -> None:
         self._stuck = False  # a transaction call on the producer overstayed its watchdog
         # The producer's fatal error, when replacing the producer recovers from it (`replaceable`):
         # the producer is replaced before it is used again.
