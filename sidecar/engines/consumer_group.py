@@ -58,7 +58,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import trio
-from confluent_kafka import KafkaException, Message, TopicPartition
 
 from sidecar.config import AppMode, Config
 from sidecar.core import ledger as L
@@ -73,9 +72,9 @@ from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.interfaces import AckResult, Delivery, PartitionKey, Pipe
 from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable
+from sidecar.kafka.message import Message
 from sidecar.kafka.source import (
     AssignedPartition,
-    CommitTimeout,
     KafkaSource,
     OffsetToCommit,
 )
@@ -92,8 +91,6 @@ COMMITS_FAILING_NOT_READY_S = 30.0
 TXN_COMMIT_DEADLINE_S = 120.0
 # How long the shutdown waits for the poll loop's last consume() before closing the consumer.
 POLL_STOP_WAIT_S = 5.0
-# What a commit may raise: librdkafka's error, our own time limit on it, or a closed consumer.
-_COMMIT_ERRORS = (KafkaException, CommitTimeout, RuntimeError)
 
 
 def horizon_window(config: Config) -> int:
@@ -971,11 +968,7 @@ class ConsumerGroupEngine:
                 marked.add(id(it))
             slots[id(it.slot)] = it.slot
         pending = self._commit_offsets(list(slots.values()), force=True)
-        tps = [
-            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
-            for _, o, _ in pending
-        ]
-        await self.dlq.txn_commit(tps, self.source.group_metadata())
+        await self.dlq.txn_commit([o for _, o, _ in pending], self.source.group_metadata())
         for sl in slots.values():
             sl.txn_uncommitted = False
         self._confirmed(pending)
@@ -1075,7 +1068,8 @@ class ConsumerGroupEngine:
         if not pending:
             return True
         try:
-            await self._send_commit([o for _, o, _ in pending])
+            # The source translates librdkafka's error, and its own time limit, into CommitFailed.
+            await self.source.commit([o for _, o, _ in pending])
         except CommitFailed as exc:  # retried by the next commit: redelivery, never loss
             self.counters.commit_failures += 1
             if self.commit_failing_since is None:
@@ -1086,13 +1080,6 @@ class ConsumerGroupEngine:
         self.commit_failing_since = None
         self._confirmed(pending)
         return True
-
-    async def _send_commit(self, offsets: list[OffsetToCommit]) -> None:
-        """The Kafka boundary for commits: librdkafka's error, or our time limit, becomes CommitFailed."""
-        try:
-            await self.source.commit(offsets)
-        except _COMMIT_ERRORS as exc:
-            raise CommitFailed(str(exc)) from exc
 
     async def _committer(self) -> None:
         """Periodic commits, and (horizon mode) a commit as soon as a partition wants one.

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from confluent_kafka import (
@@ -96,6 +96,20 @@ def default_transactional_id(config: Config) -> str:
         return f"dlq-sidecar.{config.group_id}.{instance}"
     api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
     return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
+
+
+class CommitOffset(Protocol):
+    """One partition's offset and metadata to commit (the source's `OffsetToCommit`, or a
+    `TopicPartition`)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def metadata(self) -> str | None: ...
 
 
 class DlqWriter(PlainDlqWriter):
@@ -250,8 +264,8 @@ class DlqWriter(PlainDlqWriter):
         self._count_dropped_headers(record, failed)
         return record
 
-    async def txn_commit(self, offsets: list[TopicPartition], group_metadata: object) -> None:
-        """Add `offsets` to the open transaction and commit it.
+    async def txn_commit(self, commit: Sequence[CommitOffset], group_metadata: object) -> None:
+        """Add the offsets `commit` names to the open transaction and commit it.
 
         Returns once it committed. DlqTxnAbortable: it did not commit; abort it (a no-op when it has
         been ended here already), then it may be redone. DlqFatalError: the producer cannot go on
@@ -265,6 +279,9 @@ class DlqWriter(PlainDlqWriter):
         started = trio.current_time()
         if self._broken is not None:
             raise DlqTxnAbortable(f"the transactional DLQ producer failed: {self._broken}")
+        offsets = [
+            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata) for o in commit
+        ]
         while offsets:
             try:
                 await self._txn_call(
