@@ -20,7 +20,7 @@ import hashlib
 import logging
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import trio
 from confluent_kafka import (
@@ -246,10 +246,7 @@ class DlqWriter(PlainDlqWriter):
                 f"{dlq_topic} failed: {err.name()}: {err.str()}"
             )
             if err.fatal():
-                if not replaceable(err):
-                    raise DlqFatalError(what)
-                self._broken = err
-                raise DlqTxnAbortable(what)
+                self._raise_fatal(err, what)
             if (
                 err.retriable()
                 or err.txn_requires_abort()
@@ -263,6 +260,16 @@ class DlqWriter(PlainDlqWriter):
             self.copies_dropped += 1
         self._count_dropped_headers(record, failed)
         return record
+
+    def _raise_fatal(
+        self, err: KafkaError, what: str, cause: BaseException | None = None
+    ) -> NoReturn:
+        """A transaction call failed fatally: DlqFatalError when a new producer cannot get past
+        `err` (`replaceable`), else DlqTxnAbortable with the producer replaced before its next use."""
+        if not replaceable(err):
+            raise DlqFatalError(what) from cause
+        self._broken = err
+        raise DlqTxnAbortable(what) from cause
 
     async def txn_commit(self, commit: Sequence[CommitOffset], group_metadata: object) -> None:
         """Add the offsets `commit` names to the open transaction and commit it.
@@ -295,10 +302,7 @@ class DlqWriter(PlainDlqWriter):
                 # Not committing yet: whatever went wrong, an abort (or a fencing) ends it.
                 err = kafka_error(exc)
                 if err.fatal():
-                    if not replaceable(err):
-                        raise DlqFatalError(f"send_offsets_to_transaction: {err}") from exc
-                    self._broken = err
-                    raise DlqTxnAbortable(f"send_offsets_to_transaction: {err}") from exc
+                    self._raise_fatal(err, f"send_offsets_to_transaction: {err}", exc)
                 if (
                     not err.retriable()
                     or err.txn_requires_abort()
