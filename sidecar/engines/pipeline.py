@@ -57,8 +57,7 @@ import trio
 
 from sidecar.config import AppMode, Config
 from sidecar.core.breaker import CircuitBreaker
-from sidecar.core.deadletter import ArchiveOutcome
-from sidecar.core.outcome import ACK_BY_WORD, Ack, ArchiveReason, ErrorInfo
+from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.batching import BatchAssembler
@@ -75,7 +74,6 @@ from sidecar.engines.interfaces import (
     Counters,
     Delivery,
     DeliveryState,
-    DlqWrite,
     Engine,
     PartitionKey,
     Pipe,
@@ -156,6 +154,8 @@ class Pipeline:
             else BreakerGate(breaker, config.delivery.delivery_count_limit, lambda: self.state)
         )
         self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
+        # Archive one record: stop, skip, hold, or write its DLQ record (the adapters' `dead_letter`).
+        self.dead_letter = self._dlq_step.dead_letter
         self.state = make_state(self)
 
     # ------------------------------------------------------------------------- the Engine face
@@ -567,30 +567,6 @@ class Pipeline:
             self._app_back.set()
             self.state.intake_changed()
             return
-
-    # ------------------------------------------------------------------------- the DLQ step
-
-    async def dead_letter(
-        self,
-        tracked: Tracked,
-        delivery_count: int,
-        reason: ArchiveReason,
-        error: ErrorInfo | None,
-        *,
-        consequence: str,
-        write: DlqWrite,
-        may_hold: bool = True,
-    ) -> ArchiveOutcome:
-        """Archive one record (see :meth:`sidecar.engines.dlq_step.DlqStep.dead_letter`)."""
-        return await self._dlq_step.dead_letter(
-            tracked,
-            delivery_count,
-            reason,
-            error,
-            consequence=consequence,
-            write=write,
-            may_hold=may_hold,
-        )
 
     # ------------------------------------------------------------------------- the circuit breaker
 
