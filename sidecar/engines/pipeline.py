@@ -579,10 +579,6 @@ class Pipeline:
     def gate(self) -> BreakerGate | None:
         return self._gate
 
-    @property
-    def breaker_held(self) -> int:
-        return 0 if self._gate is None else self._gate.held
-
     async def wait_breaker_room(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
         does (at once when it is closed or disabled)."""
