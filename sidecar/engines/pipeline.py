@@ -1,9 +1,10 @@
-"""The delivery pipeline both engines run, and the two interfaces around it.
+"""The delivery pipeline both engines run.
 
 The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
-ledgers plus the offset commit's metadata (``engine: consumer``, :mod:`sidecar.engines.consumer_group`),
-or in the broker's share partitions (``engine: share``, :mod:`sidecar.engines.share_group`). That difference is a
-:class:`DeliveryState` adapter; everything else is here, once::
+ledgers plus the offset commit's metadata (``engine: consumer``,
+:mod:`sidecar.engines.consumer_group`), or in the broker's share partitions (``engine: share``,
+:mod:`sidecar.engines.share_group`). That difference is a :class:`DeliveryState` adapter;
+everything else is here, once::
 
     DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ workers ──HTTP──▶ app
           ▲                                                           │
@@ -15,11 +16,13 @@ or in the broker's share partitions (``engine: share``, :mod:`sidecar.engines.sh
 
 :class:`Pipeline` is the one implementation of :class:`~sidecar.engines.interfaces.Engine`, the
 interface the daemon, the local API and the metrics use, and of
-:class:`~sidecar.engines.interfaces.Pipe`, what an adapter may use of it. What it owns besides the
-workers, the answers and the shutdown order lives beside it: :mod:`sidecar.engines.pull` (the pull
-queue), :mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the
-DLQ circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it with ``await nursery.start(engine.run)`` and steers it
-only through that interface (``request_stop``, ``skip_drain``); nothing sets its attributes.
+:class:`~sidecar.engines.interfaces.Pipe`, what an adapter may use of it (both in
+:mod:`sidecar.engines.interfaces`). What it owns besides the workers, the app prober, the answers
+and the shutdown order lives beside it: :mod:`sidecar.engines.pull` (the pull queue),
+:mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the DLQ
+circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it
+with ``await nursery.start(engine.run)`` and steers it only through that interface
+(``request_stop``, ``skip_drain``); nothing sets its attributes.
 
 Who may change what (every call below runs in the trio thread and changes state synchronously,
 between two awaits, so each change is atomic):
@@ -34,10 +37,10 @@ between two awaits, so each change is atomic):
   and keep the records it held until ``release_held``;
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
-- the open app requests (:class:`~sidecar.engines.batching.BatchAssembler`): ``send`` adds, the workers take, the linger
-  timer sends what has waited its linger;
-- pull mode's :class:`~sidecar.engines.pull.PullQueue`: ``send`` puts, the API's poll tasks take (``pull``), ``_drain``
-  releases the waiting polls.
+- the open app requests (:class:`~sidecar.engines.batching.BatchAssembler`): ``send`` adds, the
+  workers take, the linger timer sends what has waited its linger;
+- pull mode's :class:`~sidecar.engines.pull.PullQueue`: ``send`` puts, the API's poll tasks take
+  (``pull``), ``_drain`` releases the waiting polls.
 
 Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
 exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
