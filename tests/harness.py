@@ -515,8 +515,8 @@ def transactional_dlq_writer(bootstrap: str, group: str, transactional_id: str) 
         auto_create=False,
         topic_partitions=1,
         topic_replication_factor=1,
+        transactional_id=transactional_id,
     )
-    writer.transactional_id = transactional_id
     return writer
 
 

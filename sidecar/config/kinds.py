@@ -61,6 +61,14 @@ class _Kind:
         raise NotImplementedError
 
 
+def _number_text(raw: str, path: str, ctx: _Context, what: str) -> str:
+    """A number written as a string: only a whole `${VAR}` reference may be one (its value)."""
+    text, whole = ctx.expand(raw, path)
+    if not whole:
+        raise _Invalid(path, f"expected {what}, got {_describe(raw)}; write numbers without quotes")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class _Int(_Kind):
     lo: int
@@ -70,11 +78,7 @@ class _Int(_Kind):
     def read(self, raw: object, path: str, ctx: _Context) -> int:
         value = raw
         if isinstance(raw, str):
-            text, whole = ctx.expand(raw, path)
-            if not whole:
-                raise _Invalid(
-                    path, f"expected an integer, got {_describe(raw)}; write numbers without quotes"
-                )
+            text = _number_text(raw, path, ctx, "an integer")
             digits = text.strip()
             if not re.fullmatch(r"[-+]?[0-9]+", digits):
                 raise _Invalid(path, f"expected an integer from the environment, got {text!r}")
@@ -100,11 +104,7 @@ class _Float(_Kind):
     def read(self, raw: object, path: str, ctx: _Context) -> float:
         value = raw
         if isinstance(raw, str):
-            text, whole = ctx.expand(raw, path)
-            if not whole:
-                raise _Invalid(
-                    path, f"expected a number, got {_describe(raw)}; write numbers without quotes"
-                )
+            text = _number_text(raw, path, ctx, "a number")
             try:
                 value = float(text)
             except ValueError:

@@ -1,9 +1,16 @@
-"""The two engines around one delivery pipeline.
+"""The two engines around one delivery pipeline, and the pipeline's parts.
 
-    pipeline        workers, app prober, answers, DLQ step, status: shared by both engines
-    delivery        what both engines build from the config: app client, DLQ writer, attempt spans
-    consumer_group  delivery state in the ledger plus commit metadata (`engine: consumer`)
-    share_group     delivery state in the broker's share partitions (`engine: share`, KIP-932)
+    interfaces        Engine, DeliveryState and Pipe (what an adapter may use of the pipeline); Delivery
+    pipeline          workers, app prober, answers, status, shutdown: shared by both engines
+    pull              pull mode's queue between intake and `GET /v1/records`
+    batching          batch assembly: when a batch leaves for a worker
+    breaker_gate      the DLQ circuit breaker's gate: held records, the probe, its timer
+    dlq_step          the DLQ step (stop, skip, hold or write) and the DLQ writer built from the config
+    delivery          what both engines build from the config: app client, attempt spans
+    consumer_group    delivery state in the ledger plus commit metadata (`engine: consumer`)
+    consumer_commits  the consumer engine's offset commits and transactional DLQ batches
+    consumer_slots    the consumer engine's per-partition slot, horizon window and clock
+    share_group       delivery state in the broker's share partitions (`engine: share`, KIP-932)
 
 May import the core, the config and the adapters (Kafka, HTTP, telemetry); never the service or the
 operator tools.

@@ -1,6 +1,6 @@
 """The consumer-group engine (`engine: consumer`): delivery state in per-partition ledgers and commits.
 
-The pipeline (:mod:`sidecar.pipeline`) sends records to the app and applies answers; this adapter owns
+The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
 the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
 crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
 stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
@@ -12,7 +12,7 @@ commits with the delivery state in their metadata, and the optional transactiona
     ledgers ──to_archive──▶ archive tasks ──pipeline.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
     committer / hand-out / txn_loop ──▶ Kafka offsets + metadata
 
-Who may change a partition's ledger (`_Slot.ledger`). This adapter is its only owner: the pipeline
+Who may change a partition's ledger (`Slot.ledger`). This adapter is its only owner: the pipeline
 never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is synchronous
 and runs in the trio thread, so no two transitions interleave:
 
@@ -43,41 +43,45 @@ Invariants kept here (the ledger keeps the rest):
 
 The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
 commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
+
+The commits and the DLQ transactions (committer, txn_loop, commit_all) are a part of this class that
+lives in :mod:`sidecar.engines.consumer_commits` (its base class); a partition's slot, the horizon's
+window and the engine's clock in :mod:`sidecar.engines.consumer_slots`. The Kafka boundary is
+`sidecar.kafka`: this module does not import confluent-kafka (an import-linter contract).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import hashlib
 import logging
-import os
-import socket
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import trio
-from confluent_kafka import KafkaException, Message, TopicPartition
 
-from sidecar.config import AppMode, Config
 from sidecar.core import ledger as L
 from sidecar.core.backoff import RetryPolicy
 from sidecar.core.budget import record_bytes, split_budget
 from sidecar.core.commitstate import DEFAULT_MAX_ENTRIES, CommitStateError
 from sidecar.core.commitstate import parse as parse_state
 from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
-from sidecar.core.errors import CommitFailed
 from sidecar.core.outcome import Ack, error_info
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
-from sidecar.engines.pipeline import AckResult, Delivery, PartitionKey, Pipeline
-from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable
+from sidecar.engines.consumer_commits import OffsetCommits
+from sidecar.engines.consumer_slots import (
+    Slot,
+    SlotRef,
+    TxnItem,
+    fix_mmap_threshold,
+    horizon_window,
+    now_ms,
+)
+from sidecar.engines.interfaces import AckResult, Delivery, PartitionKey, Pipe
+from sidecar.kafka.message import Message
 from sidecar.kafka.source import (
     AssignedPartition,
-    CommitTimeout,
     KafkaSource,
     OffsetToCommit,
 )
@@ -88,122 +92,16 @@ log = logging.getLogger("sidecar.engine")
 REVOKE_DLQ_WAIT_S = 10.0
 # Readiness reports `commits_ok: false` once every commit has failed for this long.
 COMMITS_FAILING_NOT_READY_S = 30.0
-# A batch of DLQ records whose transaction is aborted for a retriable reason (a broker restart, a
-# rebalance, a stuck producer replaced) is redone; one not committed within this time stops the sidecar
-# (exit 1) instead of wedging it.
-TXN_COMMIT_DEADLINE_S = 120.0
 # How long the shutdown waits for the poll loop's last consume() before closing the consumer.
 POLL_STOP_WAIT_S = 5.0
-# What a commit may raise: librdkafka's error, our own time limit on it, or a closed consumer.
-_COMMIT_ERRORS = (KafkaException, CommitTimeout, RuntimeError)
 
 
-def default_transactional_id(config: Config) -> str:
-    """`kafka.transactional.id`, else one that is stable across restarts and unique per instance.
-
-    Stable, so a restarted sidecar fences its dead incarnation and aborts its open transaction;
-    unique, because two producers with one id fence each other. `group.instance.id` (static
-    membership) names the instance when set; otherwise the host name plus the local API's address,
-    which no two sidecars on one host can share.
-    """
-    explicit = config.kafka.get("transactional.id")
-    if explicit:
-        return str(explicit)
-    instance = config.kafka.get("group.instance.id")
-    if instance:
-        return f"dlq-sidecar.{config.group_id}.{instance}"
-    api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
-    return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
-
-
-def horizon_window(config: Config) -> int:
-    """How far (in offsets) the committed horizon runs ahead of a partition's hand-outs.
-
-    A commit is wanted when half of it is used, so the commit has half a window of hand-outs to
-    land: with the poll thread's 100 ms timeout and a round trip, 64 offsets last ~370 ms at 1,000
-    records/s over 6 partitions. The window is also how many never-delivered records an unclean
-    stop leaves as suspects, each isolated alone (an app round trip and a commit) after a
-    restart; so it follows what the app can take at once (twice its in-flight capacity, at least
-    64), within `share.partition.max.record.locks` and `max.in.flight.records`.
-    """
-    d = config.delivery
-    app = config.app
-    capacity = app.max_in_flight * (app.batch_max_records if app.mode == AppMode.BATCH else 1)
-    return max(2, min(d.partition_max_record_locks, d.max_in_flight_records, max(64, 2 * capacity)))
-
-
-# glibc's mallopt parameter for the size from which allocations are mmapped.
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_BYTES = 128 * 1024
-
-
-def fix_mmap_threshold() -> bool:
-    """Keep large records' memory returnable to the system (glibc only; True if set).
-
-    glibc raises its mmap threshold after every large free (up to 32 MiB), so once a 1 MiB record
-    has been freed the next ones come from heap arenas, which keep their peak size: measured with
-    the bench's 1 MiB backlog, peak RSS 157-165 MB against 139-141 MB with the threshold fixed at
-    its initial 128 KiB (records below it are unaffected). `MALLOC_MMAP_THRESHOLD_` in the
-    environment takes precedence.
-    """
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES))
-
-
-def now_ms() -> int:
-    # The ledger wants a clock that never goes backwards.
-    return time.monotonic_ns() // 1_000_000
-
-
-@dataclass(slots=True, eq=False)
-class _Slot:
-    """One partition's ledger plus what the engine keeps beside it."""
-
-    ledger: L.PartitionLedger
-    last_commit: tuple[int, str] | None = None
-    # The live deliveries of this partition, by ledger attempt id (expiry and revoke find them).
-    live: dict[str, Delivery] = field(default_factory=dict)
-    dlq_writes: int = 0  # DLQ writes in progress for this partition
-    revoking: bool = False  # no new acquisitions: the partition is being handed over
-    # Transactional mode: the ledger counts records of a DLQ transaction that has not committed
-    # (yet) as done, so its state must not be committed outside that transaction.
-    txn_uncommitted: bool = False
-    # Horizon mode: an isolation pass is under way (logged at its start and end).
-    in_pass: bool = False
-    # Horizon mode: the restored state has suspects to come (up to this offset); None once every
-    # fetched record is past it and the pass is over, so steady state checks nothing per turn.
-    suspect_top: int | None = None
-    # Offsets the DLQ circuit breaker held on their way to the DLQ (ARCHIVING, not written):
-    # AVAILABLE again once it is half-open or closed (`release_held`).
-    held: list[int] = field(default_factory=list)
-
-
-# One partition's commit: what goes to the broker, and (horizon mode) the ledger's commit point.
-_Pending = tuple[_Slot, OffsetToCommit, "L.CommitPoint | None"]
-
-
-@dataclass(slots=True, eq=False)
-class _TxnItem:
-    slot: _Slot
-    offset: int
-    failed: FailedRecord
-    dlq_topic: str
-    done: trio.Event = field(default_factory=trio.Event)
-    error: str | None = None
-    skipped: bool = False  # the partition went to another owner before the transaction
-
-
-class ConsumerGroupEngine:
+class ConsumerGroupEngine(OffsetCommits):
     """The `DeliveryState` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
     kind = "consumer"
 
-    def __init__(self, pipe: Pipeline, *, write_ahead: bool = False) -> None:
+    def __init__(self, pipe: Pipe[SlotRef], *, write_ahead: bool = False) -> None:
         config = pipe.config
         self.pipe = pipe
         self.config = config
@@ -234,9 +132,8 @@ class ConsumerGroupEngine:
         self._max_entries = max(DEFAULT_MAX_ENTRIES, 2 * d.max_buffered_records_per_partition + 2)
         dlq = config.errors.dlq
         self.transactional = dlq.transactional_enable and dlq.enabled
-        if self.transactional:
-            self.dlq.transactional_id = default_transactional_id(config)
-        self._txn_items: list[_TxnItem] = []
+        # In that mode the pipeline built the writer with its transactional id (`dlq_writer_for`).
+        self._txn_items: list[TxnItem] = []
         self._txn_wake = trio.Event()
         self._commit_guard = trio.Lock()
         # Something a revoke waits for finished (a DLQ write; horizon mode: an answer, an expiry).
@@ -247,7 +144,7 @@ class ConsumerGroupEngine:
         self.source = KafkaSource(
             config.kafka, config.source.topics, self, max_buffered_bytes=d.max_buffered_bytes
         )
-        self.slots: dict[PartitionKey, _Slot] = {}
+        self.slots: dict[PartitionKey, Slot] = {}
         self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
         self._epoch = 0
         self._kick = trio.Event()
@@ -256,7 +153,7 @@ class ConsumerGroupEngine:
         self.commit_failing_since: float | None = None
         # Acquired records whose new delivery counts are not yet committed (write-ahead): the
         # hand-out task commits them as one group while the scheduler goes on acquiring.
-        self._awaiting: list[tuple[_Slot, L.Attempt]] = []
+        self._awaiting: list[tuple[Slot, L.Attempt]] = []
         self._awaiting_wake = trio.Event()
         self._rr = 0
         self._nursery: trio.Nursery | None = None
@@ -436,7 +333,7 @@ class ConsumerGroupEngine:
                 self._pending_assign[key] = ap
         self.kick()
 
-    def _open_slot(self, key: PartitionKey, start_offset: int, metadata: str | None) -> _Slot:
+    def _open_slot(self, key: PartitionKey, start_offset: int, metadata: str | None) -> Slot:
         restored = None
         if metadata:
             try:
@@ -465,7 +362,7 @@ class ConsumerGroupEngine:
         ledger = L.PartitionLedger(
             key[0], key[1], start_offset, self.ledger_config, restored=restored, epoch=self._epoch
         )
-        slot = _Slot(ledger)
+        slot = Slot(ledger)
         top = restored.horizon if self.horizon and restored is not None else None
         if top is not None and top >= start_offset:
             slot.suspect_top = top
@@ -525,7 +422,7 @@ class ConsumerGroupEngine:
                 self._close_slot(slot)
         self.kick()
 
-    def _close_slot(self, slot: _Slot) -> None:
+    def _close_slot(self, slot: Slot) -> None:
         """The partition is no longer ours: fence its ledger and its live deliveries."""
         slot.ledger.revoke()
         for delivery in slot.live.values():
@@ -611,7 +508,7 @@ class ConsumerGroupEngine:
                     )
                     if slot.revoking:
                         self._revoke_progress.set()
-            acquired: list[tuple[_Slot, L.Attempt]] = []
+            acquired: list[tuple[Slot, L.Attempt]] = []
             may_acquire = False  # every partition was offered room: no retry time is pending
             exclusive = self.horizon and self._isolation_step(now)
             if exclusive:
@@ -680,7 +577,7 @@ class ConsumerGroupEngine:
         process and no other partition's isolated outcome waiting for its commit.
         """
         blocking = False
-        candidates: list[_Slot] = []
+        candidates: list[Slot] = []
         for slot in self.slots.values():
             if slot.suspect_top is None:
                 continue
@@ -737,7 +634,7 @@ class ConsumerGroupEngine:
             break
         return True
 
-    def _pass_over(self, slot: _Slot) -> None:
+    def _pass_over(self, slot: Slot) -> None:
         slot.in_pass = False
         status = slot.ledger.horizon_status()
         log.info(
@@ -795,7 +692,7 @@ class ConsumerGroupEngine:
             self._hand_out(batch)
             self.kick()
 
-    def _return_unsent(self, batch: list[tuple[_Slot, L.Attempt]]) -> None:
+    def _return_unsent(self, batch: list[tuple[Slot, L.Attempt]]) -> None:
         """Acquired records that will not be sent go back without counting the attempt."""
         now = now_ms()
         for slot, attempt in batch:
@@ -803,7 +700,7 @@ class ConsumerGroupEngine:
                 with contextlib.suppress(L.LedgerError):
                     slot.ledger.not_attempted(attempt.attempt_id, now)
 
-    def _hand_out(self, acquired: list[tuple[_Slot, L.Attempt]]) -> None:
+    def _hand_out(self, acquired: list[tuple[Slot, L.Attempt]]) -> None:
         for slot, attempt in acquired:
             if not self._still_owned(slot):
                 continue  # revoked while the commit was in flight: fenced
@@ -820,8 +717,10 @@ class ConsumerGroupEngine:
 
     # ----------------------------------------------------------------------------- answers
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        slot, attempt = cast(tuple[_Slot, L.Attempt], delivery.ref)
+    def answered(
+        self, delivery: Delivery[SlotRef], ack: Ack, answer: Answer | AckItem
+    ) -> AckResult:
+        slot, attempt = delivery.ref
         try:
             slot.ledger.answer(
                 attempt.attempt_id,
@@ -842,11 +741,11 @@ class ConsumerGroupEngine:
                 self._revoke_progress.set()
         return "ok"
 
-    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
+    async def not_reached(self, deliveries: Sequence[Delivery[SlotRef]]) -> bool:
         """Not an attempt: back to the ledger uncounted (the pipeline pauses intake meanwhile)."""
         now = now_ms()
         for delivery in deliveries:
-            slot, attempt = cast(tuple[_Slot, L.Attempt], delivery.ref)
+            slot, attempt = delivery.ref
             self.pipe.retire(delivery)
             slot.live.pop(attempt.attempt_id, None)
             if self._still_owned(slot):
@@ -864,14 +763,14 @@ class ConsumerGroupEngine:
                 slot.dlq_writes += 1
                 self._nursery.start_soon(self._archive_counted, slot, req)
 
-    async def _archive_counted(self, slot: _Slot, req: L.ArchiveRequest) -> None:
+    async def _archive_counted(self, slot: Slot, req: L.ArchiveRequest) -> None:
         try:
             await self._archive(slot, req)
         finally:
             slot.dlq_writes -= 1
             self._revoke_progress.set()
 
-    async def _archive(self, slot: _Slot, req: L.ArchiveRequest) -> None:
+    async def _archive(self, slot: Slot, req: L.ArchiveRequest) -> None:
         async def write(failed: FailedRecord, dlq_topic: str) -> bool:
             if self.transactional:
                 # The batcher marks the record done inside the transaction that commits its offset.
@@ -894,257 +793,5 @@ class ConsumerGroupEngine:
             slot.held.append(req.offset)  # not done: nothing is committed past it
         self.kick()
 
-    async def _txn_write(
-        self, slot: _Slot, offset: int, failed: FailedRecord, dlq_topic: str
-    ) -> bool:
-        """True once written and committed; False when the partition went to another owner first."""
-        item = _TxnItem(slot, offset, failed, dlq_topic)
-        self._txn_items.append(item)
-        self._txn_wake.set()
-        await item.done.wait()
-        if item.error is not None:
-            raise DlqFatalError(item.error)
-        return not item.skipped
 
-    # ----------------------------------------------------------------------------- transactions
-
-    async def _txn_loop(self) -> None:
-        """Transactional mode: batches of DLQ records and the offset commit, atomically.
-
-        Commits are serialised with the regular ones (`_commit_guard`): a plain commit may never
-        move an offset past a record whose DLQ write is in a transaction not yet committed.
-        """
-        while True:
-            await self._txn_wake.wait()
-            self._txn_wake = trio.Event()
-            items, self._txn_items = self._txn_items, []
-            if not items:
-                continue
-            error = await self._txn_once(items)
-            for it in items:
-                it.error = None if it.skipped else error
-                it.done.set()
-            self.kick()
-
-    async def _txn_once(self, items: list[_TxnItem]) -> str | None:
-        """Commit `items` in one transaction, redoing it until it commits; None, or why it cannot.
-
-        Sets `skipped` on the items left out because their partition went to another owner: the
-        next owner archives those (writing their DLQ record here too would duplicate it there).
-        """
-        async with self._commit_guard:
-            give_up_at = trio.current_time() + TXN_COMMIT_DEADLINE_S
-            marked: set[int] = set()  # ids of the items the ledger already counts as done
-            delay_s = 0.5
-            while True:
-                batch = [it for it in items if self._still_owned(it.slot)]
-                try:
-                    if batch:
-                        await self._txn_attempt(batch, marked)
-                    for it in items:
-                        it.skipped = it not in batch
-                    return None
-                except DlqTxnAbortable as exc:
-                    reason = str(exc)
-                    try:
-                        await self.dlq.txn_abort()
-                    except DlqFatalError as abort_exc:
-                        return await self._txn_fatal(items, marked, str(abort_exc))
-                except DlqFatalError as exc:
-                    return await self._txn_fatal(items, marked, str(exc))
-                # One batch's dispatch boundary (allowed here, see sidecar.core.errors): stop the
-                # sidecar with the reason, never crash the transaction loop.
-                except Exception as exc:
-                    return await self._txn_fatal(items, marked, f"DLQ transaction failed: {exc!r}")
-                if trio.current_time() + delay_s > give_up_at:
-                    return await self._txn_fatal(
-                        items,
-                        marked,
-                        f"the DLQ transaction did not commit within {TXN_COMMIT_DEADLINE_S:.0f} s "
-                        f"(last: {reason})",
-                    )
-                log.warning("DLQ transaction aborted (%s); redoing it in %.1f s", reason, delay_s)
-                await trio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
-
-    async def _txn_attempt(self, batch: list[_TxnItem], marked: set[int]) -> None:
-        """One transaction: the DLQ records of `batch`, then the offsets of their partitions.
-
-        The ledger must count a record done before its offset can be committed, and cannot take that
-        back: an aborted attempt is redone (under the commit guard, so no plain commit passes the
-        records meanwhile) with the same records, so the redone transaction commits what the ledger
-        already says.
-        """
-        await self.dlq.txn_begin()
-        await self._txn_produce_all(batch)
-        if not all(self._still_owned(it.slot) for it in batch):
-            # Revoked or lost while the records were written: without the partition's offset in the
-            # transaction, its DLQ record would be committed and written again by the next owner.
-            raise DlqTxnAbortable("a partition went to another owner during the transaction")
-        slots: dict[int, _Slot] = {}
-        for it in batch:
-            if id(it) not in marked:
-                it.slot.ledger.dlq_written(it.offset)
-                it.slot.txn_uncommitted = True
-                marked.add(id(it))
-            slots[id(it.slot)] = it.slot
-        pending = self._commit_offsets(list(slots.values()), force=True)
-        tps = [
-            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata)
-            for _, o, _ in pending
-        ]
-        await self.dlq.txn_commit(tps, self.source.group_metadata())
-        for sl in slots.values():
-            sl.txn_uncommitted = False
-        self._confirmed(pending)
-        self.counters.commits += 1
-
-    async def _txn_produce_all(self, batch: list[_TxnItem]) -> None:
-        """Produce the batch's DLQ records at once and wait for every acknowledgement.
-
-        One at a time, each record waited out the producer's linger and a round trip, and the
-        transaction (which holds the commit guard, so every write-ahead commit waits) with it.
-        The first fatal error wins over an abortable one.
-        """
-        errors: list[DlqFatalError | DlqTxnAbortable] = []
-
-        async def one(it: _TxnItem) -> None:
-            try:
-                await self.dlq.txn_produce(it.failed, it.dlq_topic)
-            except (DlqFatalError, DlqTxnAbortable) as exc:
-                errors.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            for it in batch:
-                nursery.start_soon(one, it)
-        fatal = [e for e in errors if isinstance(e, DlqFatalError)]
-        if fatal or errors:
-            raise (fatal or errors)[0]
-
-    async def _txn_fatal(self, items: list[_TxnItem], marked: set[int], reason: str) -> str:
-        """Stop: drop the partitions whose ledger counts records of an uncommitted transaction done,
-        so no commit (the final one, the revoke's) passes them; the next owner reads them again.
-
-        The open transaction is ended first if it can be (an abort, or fencing by a new producer),
-        so its offsets do not stay pending (unreadable to read_committed offset fetches) until the
-        transaction times out or the next incarnation starts.
-        """
-        for it in items:
-            if id(it) in marked and self._still_owned(it.slot):
-                key = (it.slot.ledger.topic, it.slot.ledger.partition)
-                self.slots.pop(key, None)
-                self._close_slot(it.slot)
-        with contextlib.suppress(DlqFatalError):
-            await self.dlq.txn_abort()
-        return f"fatal: {reason}"
-
-    def _still_owned(self, slot: _Slot) -> bool:
-        return self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot
-
-    # ----------------------------------------------------------------------------- commits
-
-    def _commit_offsets(self, slots: Sequence[_Slot], force: bool) -> list[_Pending]:
-        """What to commit for `slots` (horizon mode: each one's commit point, see `_confirmed`).
-
-        Points are made and committed one at a time, in order, under the commit guard: a horizon
-        committed after a higher one would take hand-outs back.
-        """
-        out: list[_Pending] = []
-        for slot in slots:
-            if not self._still_owned(slot):
-                continue
-            ledger = slot.ledger
-            point: L.CommitPoint | None = None
-            must = force
-            if self.horizon and not ledger.revoked:
-                must = must or ledger.horizon_wanted() is not None
-                point = ledger.commit_point()
-                offset, metadata = point.offset, point.metadata
-            else:
-                offset = ledger.committable_offset()
-                metadata = ledger.encode_metadata()
-            if not must and slot.last_commit == (offset, metadata):
-                continue
-            out.append(
-                (slot, OffsetToCommit(ledger.topic, ledger.partition, offset, metadata), point)
-            )
-        return out
-
-    def _confirmed(self, pending: Sequence[_Pending]) -> None:
-        """The broker has these commits: record them, and send the isolated records they allow."""
-        now = now_ms()
-        released: list[tuple[_Slot, L.Attempt]] = []
-        for slot, o, point in pending:
-            slot.last_commit = (o.offset, o.metadata)
-            if point is not None and self._still_owned(slot) and not slot.ledger.revoked:
-                attempt = slot.ledger.committed(point, now)
-                if attempt is not None:
-                    released.append((slot, attempt))
-        if released:
-            self._hand_out(released)
-        self.kick()
-
-    async def _commit_slots(self, slots: Sequence[_Slot], force: bool = False) -> bool:
-        async with self._commit_guard:
-            return await self._commit_slots_locked(slots, force)
-
-    async def _commit_slots_locked(self, slots: Sequence[_Slot], force: bool) -> bool:
-        pending = self._commit_offsets(slots, force)
-        if not pending:
-            return True
-        try:
-            await self._send_commit([o for _, o, _ in pending])
-        except CommitFailed as exc:  # retried by the next commit: redelivery, never loss
-            self.counters.commit_failures += 1
-            if self.commit_failing_since is None:
-                self.commit_failing_since = time.monotonic()
-            log.warning("commit failed: %s", exc)
-            return False
-        self.counters.commits += 1
-        self.commit_failing_since = None
-        self._confirmed(pending)
-        return True
-
-    async def _send_commit(self, offsets: list[OffsetToCommit]) -> None:
-        """The Kafka boundary for commits: librdkafka's error, or our time limit, becomes CommitFailed."""
-        try:
-            await self.source.commit(offsets)
-        except _COMMIT_ERRORS as exc:
-            raise CommitFailed(str(exc)) from exc
-
-    async def _committer(self) -> None:
-        """Periodic commits, and (horizon mode) a commit as soon as a partition wants one.
-
-        A wanted commit (the horizon, an isolated record's count or outcome) goes out at once and
-        asynchronously: hand-outs go on up to the horizon already committed meanwhile.
-        """
-        interval_s = self.config.commit_interval_ms / 1000
-        next_periodic = trio.current_time() + interval_s
-        while not self.pipe.stopping:
-            with trio.move_on_at(next_periodic):
-                await self._commit_wake.wait()
-            self._commit_wake = trio.Event()
-            slots = list(self.slots.values())
-            if trio.current_time() >= next_periodic:
-                next_periodic = trio.current_time() + interval_s
-            else:
-                slots = [s for s in slots if s.ledger.horizon_wanted() is not None]
-            if slots and not await self._commit_slots(slots):
-                await trio.sleep(0.1)  # failing: retried soon, not in a tight loop
-                self._commit_wake.set()
-
-    async def commit_all(self) -> None:
-        if self.pipe.stopping and self._awaiting:
-            # Stopping: records still waiting for their write-ahead commit were never sent.
-            batch, self._awaiting = self._awaiting, []
-            self._return_unsent(batch)
-        if self.horizon and self.pipe.stopping:
-            # A clean stop is a revoke of every partition (after the drain let the app answer):
-            # the final state's horizon covers only what is unsettled, so the next owner has no
-            # isolation pass unless answers were lost.
-            for slot in self.slots.values():
-                self._close_slot(slot)
-        await self._commit_slots(list(self.slots.values()))
-
-
-__all__ = ["ConsumerGroupEngine", "default_transactional_id", "horizon_window", "now_ms"]
+__all__ = ["ConsumerGroupEngine", "horizon_window", "now_ms"]

@@ -1,9 +1,10 @@
-"""The delivery pipeline both engines run, and the two interfaces around it.
+"""The delivery pipeline both engines run.
 
 The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
-ledgers plus the offset commit's metadata (``engine: consumer``, :mod:`sidecar.engine`), or in the
-broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That difference is a
-:class:`DeliveryState` adapter; everything else is here, once::
+ledgers plus the offset commit's metadata (``engine: consumer``,
+:mod:`sidecar.engines.consumer_group`), or in the broker's share partitions (``engine: share``,
+:mod:`sidecar.engines.share_group`). That difference is a :class:`DeliveryState` adapter;
+everything else is here, once::
 
     DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ workers ──HTTP──▶ app
           ▲                                                           │
@@ -13,9 +14,15 @@ broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That
 
     pull mode (app.mode: pull): send() ──▶ PullQueue ◀── GET /v1/records (the app's long polls)
 
-:class:`Pipeline` is the one implementation of :class:`Engine`, the interface the daemon, the local
-API and the metrics use. The daemon starts it with ``await nursery.start(engine.run)`` and steers it
-only through that interface (``request_stop``, ``skip_drain``); nothing sets its attributes.
+:class:`Pipeline` is the one implementation of :class:`~sidecar.engines.interfaces.Engine`, the
+interface the daemon, the local API and the metrics use, and of
+:class:`~sidecar.engines.interfaces.Pipe`, what an adapter may use of it (both in
+:mod:`sidecar.engines.interfaces`). What it owns besides the workers, the app prober, the answers
+and the shutdown order lives beside it: :mod:`sidecar.engines.pull` (the pull queue),
+:mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the DLQ
+circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it
+with ``await nursery.start(engine.run)`` and steers it only through that interface
+(``request_stop``, ``skip_drain``); nothing sets its attributes.
 
 Who may change what (every call below runs in the trio thread and changes state synchronously,
 between two awaits, so each change is atomic):
@@ -24,16 +31,16 @@ between two awaits, so each change is atomic):
   (the adapter: expiry, revoke, not reachable), ``answer`` (a worker, or the API's request task);
 - ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
 - app reachability: the workers (not reachable) and the probe task (reachable again);
-- the DLQ circuit breaker (:mod:`sidecar.core.breaker`): ``dead_letter`` (hold or write), ``_apply``
-  (successes, the probe's verdict), ``issue`` (the half-open probe), its timer task (half-open) and
-  ``close_breaker`` (the API); adapters read ``breaker_room`` / ``breaker_open`` and keep the records
-  it held until ``release_held``;
+- the DLQ circuit breaker (:class:`~sidecar.engines.breaker_gate.BreakerGate`): ``dead_letter`` (hold
+  or write), ``_apply`` (successes, the probe's verdict), ``issue`` (the half-open probe), its timer
+  task (half-open) and ``close_breaker`` (the API); adapters read ``breaker_room`` / ``breaker_open``
+  and keep the records it held until ``release_held``;
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
-- the open app requests (:class:`BatchAssembler`): ``send`` adds, the workers take, the linger
-  timer sends what has waited its linger;
-- pull mode's :class:`PullQueue`: ``send`` puts, the API's poll tasks take (``pull``), ``_drain``
-  releases the waiting polls.
+- the open app requests (:class:`~sidecar.engines.batching.BatchAssembler`): ``send`` adds, the
+  workers take, the linger timer sends what has waited its linger;
+- pull mode's :class:`~sidecar.engines.pull.PullQueue`: ``send`` puts, the API's poll tasks take
+  (``pull``), ``_drain`` releases the waiting polls.
 
 Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
 exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
@@ -42,49 +49,42 @@ catches broadly. Must not import either engine, the ledger, or confluent-kafka.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import trio
-from opentelemetry import trace
 
-from sidecar.config import AppMode, Config, ErrorsTolerance
-from sidecar.core.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
-from sidecar.core.deadletter import (
-    ArchiveOutcome,
-    DeadLetterPlan,
-    FailedRecord,
-    archived_log_fields,
-    dead_letter,
-)
-from sidecar.core.errors import SidecarError
-from sidecar.core.outcome import (
-    ACK_BY_WORD,
-    DLQ_WRITE_FAILED,
-    Accept,
-    Ack,
-    ArchiveReason,
-    DeadLetter,
-    ErrorInfo,
-    decide,
-)
+from sidecar.config import AppMode, Config
+from sidecar.core.breaker import CircuitBreaker
+from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
-from sidecar.core.wire import AckItem, Answer, RecordView
+from sidecar.core.wire import AckItem, Answer
+from sidecar.engines.batching import BatchAssembler
+from sidecar.engines.breaker_gate import BreakerGate, breaker_for
 from sidecar.engines.delivery import (
     abandon_attempt_span,
     app_client_for,
     attempt_view,
     end_attempt_span,
 )
+from sidecar.engines.dlq_step import DlqStep, dlq_writer_for
+from sidecar.engines.interfaces import (
+    AckResult,
+    Counters,
+    Delivery,
+    DeliveryState,
+    Engine,
+    PartitionKey,
+    Pipe,
+    PulledRecord,
+)
+from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
-from sidecar.kafka.dlq import DlqFatalError, DlqWriter
+from sidecar.kafka.dlq import DlqWriter
 from sidecar.kafka.source import SourceError, check_cluster_sync
 from sidecar.telemetry.tracing import Tracing
 
@@ -93,405 +93,10 @@ CLUSTER_RETRY_MAX_S = 10.0
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
-PartitionKey = tuple[str, int]
-AckResult = Literal["ok", "unknown", "expired"]
-# Writes one DLQ record; False when the record went to another owner before it could be (its
-# new owner archives it); raises DlqFatalError when it cannot be written.
-DlqWrite = Callable[[FailedRecord, str], Awaitable[bool]]
-
 # The app prober's connection attempt.
 PROBE_TIMEOUT_S = 2.0
 
-
-@dataclass(slots=True)
-class Counters:
-    """Plain integers the metrics read at scrape time (the hot path makes no metric calls)."""
-
-    delivered: dict[str, int] = field(default_factory=dict)  # outcome -> count
-    attempts: int = 0
-    not_attempted: int = 0
-    archived: dict[str, int] = field(default_factory=dict)  # reason -> count
-    dlq_written: int = 0
-    dlq_failed: int = 0
-    expired_answers: int = 0
-    commits: int = 0
-    commit_failures: int = 0
-    rebalances: int = 0
-    metadata_pauses: int = 0
-    # topic -> records the broker archives on its own, with no DLQ record (share engine; a defect to report)
-    broker_archived: dict[str, int] = field(default_factory=dict)
-
-    by_topic: dict[tuple[str, str], int] = field(default_factory=dict)  # (topic, outcome) -> count
-
-    def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
-        table[key] = table.get(key, 0) + n
-
-    def outcome(self, topic: str, word: str) -> None:
-        self.bump(self.delivered, word)
-        self.bump(self.by_topic, (topic, word))
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "delivered": dict(self.delivered),
-            "attempts": self.attempts,
-            "not_attempted": self.not_attempted,
-            "archived": dict(self.archived),
-            "dlq_written": self.dlq_written,
-            "dlq_failed": self.dlq_failed,
-            "expired_answers": self.expired_answers,
-            "commits": self.commits,
-            "commit_failures": self.commit_failures,
-            "rebalances": self.rebalances,
-        }
-
-
-@dataclass(slots=True, eq=False)
-class Delivery:
-    """One live attempt: a record handed to the app under a fresh random id.
-
-    ``ref`` is the adapter's handle on the record's delivery state (a ledger attempt, a share
-    batch); ``answer`` is set by the share adapter when the answer arrives.
-    """
-
-    id: str
-    tracked: Tracked
-    delivery_count: int
-    ref: Any
-    answer: Answer | AckItem | None = None
-    # trio time the lock expires (pull mode tells the app); None: the config's lock from issue.
-    lock_deadline: float | None = None
-    # perf_counter when the app got it to answer later through /v1/acks (a pull, or a push answered
-    # `deferred`): the answer's delay is observed from here. None: answered in its own request.
-    handed_at: float | None = None
-
-    @property
-    def topic(self) -> str:
-        return self.tracked.record.topic
-
-
-class DeliveryState(Protocol):
-    """Where delivery state lives: what an engine adds to the pipeline (see the module docstring)."""
-
-    kind: str  # "consumer" | "share": the status's `engine`
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Intake and the adapter's own tasks; started once subscribed. Cancelled at the end."""
-
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        """Apply an answer to a live delivery (the pipeline retires it and counts the outcome)."""
-
-    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
-        """The app was not listening (not an attempt): True to send them again now."""
-
-    def wake(self) -> None:
-        """Something changed (an answer, a delivery finished): re-evaluate soon."""
-
-    def intake_changed(self) -> None:
-        """App reachability, draining or stopping changed: pause or resume intake now."""
-
-    def stop_intake(self) -> None:
-        """Shutdown begins: fetch no more records."""
-
-    def release_held(self) -> None:
-        """The DLQ circuit breaker is half-open or closed: records it held on their way to the DLQ
-        (`ArchiveOutcome.HELD`) may go to the app again (within `Pipeline.breaker_room`)."""
-
-    async def wait_drained(self) -> None:
-        """Return once nothing is in flight (the pipeline bounds the wait)."""
-
-    async def finish(self) -> None:
-        """Final commits and close (shielded by the caller)."""
-
-    def readiness(self) -> dict[str, bool]: ...
-    def broker_error(self) -> str | None: ...
-    def stalled(self) -> str | None: ...
-    def status_fields(self) -> dict[str, Any]: ...
-    def partitions(self) -> list[dict[str, Any]]: ...
-    def paused(self) -> set[PartitionKey]: ...
-    def lag(self) -> dict[PartitionKey, int]: ...
-    def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
-
-
-class Engine(Protocol):
-    """What the daemon, the local API and the metrics may do with an engine."""
-
-    @property
-    def config(self) -> Config: ...
-    @property
-    def failure(self) -> str | None: ...
-    @property
-    def counters(self) -> Counters: ...
-    @property
-    def app_reachable(self) -> bool: ...
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Prepare (DLQ topics), start, report started, and run until stopped; then shut down."""
-
-    def request_stop(self) -> None: ...
-    def skip_drain(self) -> None: ...
-    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]: ...
-    def readiness(self) -> dict[str, bool]: ...
-    def broker_error(self) -> str | None: ...
-    def stalled(self) -> str | None: ...
-    def status(self) -> dict[str, Any]: ...
-    def in_flight_records(self) -> int: ...
-    def paused_partitions(self) -> set[PartitionKey]: ...
-    def lag(self) -> dict[PartitionKey, int]: ...
-    def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
-    def observe_latencies(
-        self,
-        app: Callable[[float], None],
-        dlq: Callable[[float], None],
-        acks: Callable[[float], None],
-    ) -> None: ...
-    async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]: ...
-    def breaker_status(self) -> dict[str, Any] | None: ...
-    def close_breaker(self, reason: str) -> bool: ...
-
-
-T = TypeVar("T")
-
-
-# ------------------------------------------------------------------------- pull mode
-
-
-@dataclass(frozen=True, slots=True)
-class PulledRecord:
-    """One delivery handed to `GET /v1/records`: its wire view and how long its lock has left."""
-
-    view: RecordView
-    lock_remaining_s: float
-
-
-class NotPullMode(SidecarError):
-    """`GET /v1/records` on a sidecar that pushes records to the app (app.mode single/batch)."""
-
-
-@dataclass(slots=True, eq=False)
-class _PullWaiter:
-    room: int  # how many more deliveries this poll takes
-    items: list[Delivery] = field(default_factory=list)
-    got: trio.Event = field(default_factory=trio.Event)
-
-
-class PullQueue:
-    """``app.mode: pull``: deliveries wait here for ``GET /v1/records`` instead of a worker.
-
-    Demand drives intake: :meth:`demand` is what the waiting polls still take, minus what is
-    queued, and the consumer-group engine acquires no more than that (``Pipeline.send_room``), so
-    a record is acquired — its delivery counted and its lock started — only for a poll that is
-    waiting for it, and the queue stays bounded by the polls' ``max``. A share group acquires
-    whole broker batches when a poll waits (``Pipeline.wait_intake_open``); what the poll does
-    not take waits here for the next one, under the broker's lock.
-
-    Each delivery goes to exactly one poll: `put` gives it to the oldest poll with room (or the
-    queue), and a poll takes what the queue holds first. A poll that is cancelled before it
-    returned (shutdown, or its client closed the connection) gives its deliveries back, in
-    order and uncounted, to the polls still waiting, then to the front of the queue; it wants
-    nothing more. Every method runs in the trio thread; `put` never blocks.
-    """
-
-    def __init__(self) -> None:
-        self._queued: deque[Delivery] = deque()
-        self._waiters: deque[_PullWaiter] = deque()
-        self._demand = trio.Event()  # set while a poll waits
-
-    def queued(self) -> int:
-        return len(self._queued)
-
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    def demand(self) -> int:
-        return max(0, sum(w.room for w in self._waiters) - len(self._queued))
-
-    async def wait_demand(self) -> None:
-        await self._demand.wait()
-
-    def release_waiters(self) -> None:
-        """Shutdown: every waiting poll returns now, with what it has (usually nothing)."""
-        for waiter in self._waiters:
-            waiter.room = 0
-            waiter.got.set()
-
-    def put(self, delivery: Delivery) -> None:
-        for waiter in self._waiters:
-            if waiter.room > 0:
-                waiter.items.append(delivery)
-                waiter.room -= 1
-                waiter.got.set()
-                return
-        self._queued.append(delivery)
-
-    async def take(
-        self,
-        max_records: int,
-        wait_s: float,
-        live: Callable[[Delivery], bool],
-        wake: Callable[[], None],
-    ) -> list[Delivery]:
-        """Up to `max_records` live deliveries; waits up to `wait_s` for the first one.
-
-        `live` drops what expired while it was queued; `wake` tells the engine there is demand.
-        """
-        out: list[Delivery] = []
-        queued = self._queued
-        while queued and len(out) < max_records:
-            d = queued.popleft()
-            if live(d):
-                out.append(d)
-        if out or wait_s <= 0:
-            return out
-        waiter = _PullWaiter(max_records)
-        self._waiters.append(waiter)
-        self._demand.set()
-        try:
-            wake()
-            with trio.move_on_after(wait_s):
-                while not waiter.items and waiter.room > 0:
-                    await waiter.got.wait()
-            return [d for d in waiter.items if live(d)]
-        except BaseException:
-            # Cancelled before the response was built (shutdown, or the client closed the
-            # connection): nothing was handed out, so nothing was counted as an attempt.
-            self._waiters.remove(waiter)
-            self._give_back(waiter.items)
-            waiter.items = []
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-            if not self._waiters:
-                self._demand = trio.Event()
-
-    def _give_back(self, items: list[Delivery]) -> None:
-        """A cancelled poll's deliveries, in order: to the polls still waiting with room (oldest
-        first, as `put` does), the rest to the front of the queue."""
-        rest = deque(items)
-        for waiter in self._waiters:
-            while rest and waiter.room > 0:
-                waiter.items.append(rest.popleft())
-                waiter.room -= 1
-                waiter.got.set()
-        self._queued.extendleft(reversed(rest))
-
-
-@dataclass(slots=True, eq=False)
-class _OpenBatch(Generic[T]):
-    deadline: float  # trio time: its first record's arrival plus the linger
-    items: list[T]
-
-
-class BatchAssembler(Generic[T]):
-    """Deliveries into app requests, and requests to the workers that are free.
-
-    The rule (``app.mode: batch``): a batch goes to a worker when it holds ``max_records``, or
-    ``linger_s`` after its first record arrived, whichever comes first — at once if a worker is
-    free, else as soon as one is. Nothing else delays it: the linger is timed from the record's
-    arrival here (not from a worker's next wake), one timer task sleeps until the oldest open
-    batch's deadline and only while there is one, and a batch never waits for another batch's
-    linger. While every worker is busy, a due batch goes on filling up to ``max_records`` (what
-    arrives meanwhile rides along instead of forming near-empty batches behind it).
-
-    Records stay here, not in a worker, until their batch leaves: a worker that took one record
-    and then lingered (or waited for another worker's linger) is what made records wait many
-    lingers. Single mode is ``max_records`` 1: every record is a full batch, and no timer runs.
-    With linger 0 a batch is due at once but leaves after the adding task's next checkpoint, so
-    what one hand-out adds in one go shares a request.
-
-    Every method runs in the trio thread; `add` and `worker_free` never block.
-    """
-
-    def __init__(
-        self,
-        max_records: int,
-        linger_s: float,
-        workers: int,
-        dispatch: Callable[[list[T]], None],
-    ) -> None:
-        self.max_records = max_records
-        self.linger_s = linger_s
-        self._dispatch = dispatch
-        self._free = workers  # workers neither sending nor given a batch to send
-        self._open: deque[_OpenBatch[T]] = deque()
-        self._timer_wake = trio.Event()
-
-    @property
-    def needs_timer(self) -> bool:
-        return self.max_records > 1
-
-    def queued(self) -> int:
-        """Records waiting for their batch to leave."""
-        return sum(len(b.items) for b in self._open)
-
-    def add(self, item: T) -> None:
-        batches = self._open
-        if self.max_records == 1 and self._free and not batches:
-            self._free -= 1  # single mode with a worker free: straight to it
-            self._dispatch([item])
-            return
-        if batches:
-            tail = batches[-1]
-            if len(tail.items) < self.max_records:
-                tail.items.append(item)
-                if len(tail.items) == self.max_records and self._free:
-                    self._dispatch_due(trio.current_time())
-                return
-        if self.max_records == 1:
-            batches.append(_OpenBatch(0.0, [item]))
-            if self._free:
-                self._dispatch_due(0.0)
-            return
-        batches.append(_OpenBatch(trio.current_time() + self.linger_s, [item]))
-        if len(batches) == 1:
-            self._timer_wake.set()
-
-    def worker_free(self) -> None:
-        """A worker finished its request: give it the oldest due batch, if any."""
-        self._free += 1
-        if self._open:
-            self._dispatch_due(trio.current_time() if self.max_records > 1 else 0.0)
-
-    def _due(self, batch: _OpenBatch[T], now: float) -> bool:
-        return len(batch.items) >= self.max_records or now >= batch.deadline
-
-    def _dispatch_due(self, now: float) -> None:
-        batches = self._open
-        while batches and self._free and self._due(batches[0], now):
-            self._free -= 1
-            self._dispatch(batches.popleft().items)
-        if batches and not self._due(batches[0], now):
-            self._timer_wake.set()  # a new oldest batch: the timer sleeps until its deadline
-
-    async def run_timer(self) -> None:
-        """Send each batch when its linger is over (the timer task; runs until cancelled)."""
-        batches = self._open
-        while True:
-            now = trio.current_time()
-            if not batches or (self._due(batches[0], now) and not self._free):
-                # Nothing open, or the oldest batch is due and waits for a worker (`worker_free`
-                # sends it): sleep until something is added or a batch left.
-                self._timer_wake = trio.Event()
-                await self._timer_wake.wait()
-            elif self._due(batches[0], now):
-                self._dispatch_due(now)
-                await trio.lowlevel.checkpoint()
-            else:
-                await trio.sleep_until(batches[0].deadline)
-
-
-def dlq_writer_for(config: Config) -> DlqWriter:
-    dlq = config.errors.dlq
-    return DlqWriter(
-        config.kafka,
-        config.group_id,
-        copy_record=dlq.copy_record_enable,
-        stacktrace_max_bytes=dlq.stacktrace_max_bytes,
-        retries_timeout_ms=dlq.produce_retries_timeout_ms,
-        auto_create=dlq.auto_create_enable,
-        topic_partitions=dlq.topic_partitions,
-        topic_replication_factor=dlq.topic_replication_factor,
-    )
+R = TypeVar("R")
 
 
 class Pipeline:
@@ -517,14 +122,14 @@ class Pipeline:
         self.draining = False
         self._failure: str | None = None
         self._dlq_ready = not config.errors.dlq.enabled
-        self._live: LiveIds[Delivery] = LiveIds(random_bytes)
+        self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
         # Requests for the workers: the assembler hands one over only when a worker is free, so
         # the channel holds at most one request per worker.
-        self._work_send, self._work_recv = trio.open_memory_channel[list[Delivery]](math.inf)
+        self._work_send, self._work_recv = trio.open_memory_channel[list[Delivery[Any]]](math.inf)
         self.sending = 0  # deliveries handed over by `send` whose request has not finished
         app = config.app
         batch = app.mode == AppMode.BATCH
-        self._batches = BatchAssembler[Delivery](
+        self._batches = BatchAssembler[Delivery[Any]](
             app.batch_max_records if batch else 1,
             app.batch_linger_ms / 1000,
             app.max_in_flight,
@@ -545,9 +150,15 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None
         self._observe_app: Callable[[float], None] = _ignore
         self._observe_ack: Callable[[float], None] = _ignore
-        self._observe_dlq: Callable[[float], None] = _ignore
-        self._probe: Delivery | None = None  # the breaker's half-open probe (its attempt)
-        self._init_breaker(config)
+        breaker = breaker_for(config)
+        self._gate = (
+            None
+            if breaker is None
+            else BreakerGate(breaker, config.delivery.delivery_count_limit, lambda: self.state)
+        )
+        self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
+        # Archive one record: stop, skip, hold, or write its DLQ record (the adapters' `dead_letter`).
+        self.dead_letter = self._dlq_step.dead_letter
         self.state = make_state(self)
 
     # ------------------------------------------------------------------------- the Engine face
@@ -572,7 +183,8 @@ class Pipeline:
     ) -> None:
         """Latency observers (seconds), Prometheus histograms: app requests, DLQ writes, and the
         delay of answers through /v1/acks (from the pull, or the `deferred` answer, to the ack)."""
-        self._observe_app, self._observe_dlq, self._observe_ack = app, dlq, acks
+        self._observe_app, self._observe_ack = app, acks
+        self._dlq_step.observe_latency(dlq)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check the DLQ topics (DlqStartupError before `started`), run, and shut down in order.
@@ -595,8 +207,8 @@ class Pipeline:
                 await nursery.start(self.dlq.run)
                 await nursery.start(self.state.run)
                 self.start_workers(nursery)
-                if self.breaker is not None:
-                    nursery.start_soon(self._breaker_timer)
+                if self._gate is not None:
+                    nursery.start_soon(self._gate.run_timer)
                 task_status.started()
                 await self._stop.wait()
                 self.state.stop_intake()
@@ -682,8 +294,8 @@ class Pipeline:
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
-        if self.breaker is not None:
-            checks["circuit_breaker_closed"] = self.breaker.state is BreakerState.CLOSED
+        if self._gate is not None:
+            checks["circuit_breaker_closed"] = self._gate.closed
         return checks
 
     def stalled(self) -> str | None:
@@ -722,8 +334,8 @@ class Pipeline:
     # ------------------------------------------------------------------------- deliveries
 
     def issue(
-        self, tracked: Tracked, delivery_count: int, ref: Any, *, lock_deadline: float | None = None
-    ) -> Delivery:
+        self, tracked: Tracked, delivery_count: int, ref: R, *, lock_deadline: float | None = None
+    ) -> Delivery[R]:
         """A new live attempt under a fresh random id (not sent yet: see `send`); `lock_deadline`
         (trio time) is when the adapter's lock expires, for the polls of pull mode.
 
@@ -732,27 +344,27 @@ class Pipeline:
         delivery = self._live.issue(
             lambda i: Delivery(i, tracked, delivery_count, ref, lock_deadline=lock_deadline)
         )
-        if self.breaker is not None and self.breaker.room() == 1:
-            self.breaker.probe_sent(_now_ms())
-            self._probe = delivery
+        if self._gate is not None:
+            self._gate.issued(delivery)
         return delivery
 
-    def send(self, delivery: Delivery) -> None:
+    def send(self, delivery: Delivery[Any]) -> None:
         """Hand a delivery to the workers: it leaves in the next request (batch mode: see
-        :class:`BatchAssembler` for when); pull mode: to the polls (:class:`PullQueue`)."""
+        :class:`~sidecar.engines.batching.BatchAssembler` for when); pull mode: to the polls
+        (:class:`~sidecar.engines.pull.PullQueue`)."""
         if self._pull is not None:
             self._pull.put(delivery)
             return
         self.sending += 1
         self._batches.add(delivery)
 
-    def retire(self, delivery: Delivery) -> None:
+    def retire(self, delivery: Delivery[Any]) -> None:
         """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
         self._live.retire(delivery.id, delivery)
-        if delivery is self._probe:
-            self._probe_ended(delivery, None)
+        if self._gate is not None:
+            self._gate.retired(delivery)
 
-    def lock_expired(self, topic: str, delivery: Delivery | None, outcome: str) -> None:
+    def lock_expired(self, topic: str, delivery: Delivery[Any] | None, outcome: str) -> None:
         """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""
         if delivery is not None:
             self.retire(delivery)
@@ -775,7 +387,7 @@ class Pipeline:
             return self._live.not_live_answer(delivery_id)
         return self._apply(delivery, answer)
 
-    def _apply(self, delivery: Delivery, answer: Answer | AckItem) -> AckResult:
+    def _apply(self, delivery: Delivery[Any], answer: Answer | AckItem) -> AckResult:
         """`answer` for a delivery that is live (the caller checked)."""
         if isinstance(answer, Answer) and answer.ack == "deferred":
             delivery.handed_at = time.perf_counter()
@@ -789,8 +401,8 @@ class Pipeline:
         if ack is not Ack.RENEW:
             if delivery.handed_at is not None:
                 self._observe_ack(time.perf_counter() - delivery.handed_at)
-            if self.breaker is not None:
-                self._breaker_answer(delivery, ack)
+            if self._gate is not None:
+                self._gate.answered(delivery, ack)
             self.retire(delivery)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:
@@ -822,7 +434,7 @@ class Pipeline:
                 self._batches.worker_free()
                 self.state.wake()
 
-    async def _deliver(self, items: list[Delivery], timeout_s: float, batch: bool) -> None:
+    async def _deliver(self, items: list[Delivery[Any]], timeout_s: float, batch: bool) -> None:
         """Send the live ones (one request, or one batch request) and apply the answers.
 
         Not reachable is not an attempt: the adapter decides whether they go again now (share:
@@ -959,279 +571,38 @@ class Pipeline:
             self.state.intake_changed()
             return
 
-    # ------------------------------------------------------------------------- the DLQ step
-
-    async def dead_letter(
-        self,
-        tracked: Tracked,
-        delivery_count: int,
-        reason: ArchiveReason,
-        error: ErrorInfo | None,
-        *,
-        consequence: str,
-        write: DlqWrite,
-        may_hold: bool = True,
-    ) -> ArchiveOutcome:
-        """Archive one record: stop (errors.tolerance: none), skip (no DLQ), or write its DLQ record.
-
-        The outcome says whether the record is done (`ArchiveOutcome.done`); a write that fails for
-        good stops the sidecar. `consequence` says what stopping leaves the record as. While the
-        circuit breaker is not closed the record is held (`ArchiveOutcome.HELD`), unless the
-        caller cannot keep it (`may_hold` False: the share engine on the broker's last delivery).
-        """
-        config = self.config
-        plan = dead_letter(
-            tracked,
-            delivery_count,
-            reason,
-            error,
-            group=config.group_id,
-            dlq_topic=config.dlq_topic_for(tracked.record.topic),
-            tolerate=config.errors.tolerance != ErrorsTolerance.NONE,
-            consequence=consequence,
-        )
-        if plan.stop is not None:
-            self.fail(plan.stop)
-            return ArchiveOutcome.STOPPED
-        if self.breaker is not None and may_hold and not self._breaker_admits():
-            return ArchiveOutcome.HELD
-        self._log_archived(tracked, delivery_count, plan)
-        if plan.failed is None or plan.dlq_topic is None:
-            self.counters.bump(self.counters.archived, reason.label)
-            return ArchiveOutcome.NO_DLQ
-        span, failed = self._start_dlq_span(tracked, plan, plan.failed, plan.dlq_topic)
-        started = time.perf_counter()
-        try:
-            written = await write(failed, plan.dlq_topic)
-        except DlqFatalError as exc:
-            self.counters.dlq_failed += 1
-            if span is not None:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-                span.add_event(
-                    "exception",
-                    {"exception.type": DLQ_WRITE_FAILED, "exception.message": str(exc)},
-                )
-                span.end()
-            self.fail(str(exc))
-            return ArchiveOutcome.FAILED
-        except BaseException:
-            if span is not None:
-                span.end()
-            raise
-        if not written:
-            if span is not None:
-                span.end()
-            return ArchiveOutcome.HANDED_OVER
-        self._observe_dlq(time.perf_counter() - started)
-        if span is not None:
-            span.end()
-        self.counters.dlq_written += 1
-        self.counters.bump(self.counters.archived, reason.label)
-        return ArchiveOutcome.WRITTEN
-
-    def _start_dlq_span(
-        self, tracked: Tracked, plan: DeadLetterPlan, failed: FailedRecord, dlq_topic: str
-    ) -> tuple[trace.Span | None, FailedRecord]:
-        """The DLQ write's span (linked to the last attempt's); the record carries its context."""
-        if not self.tracing.enabled:
-            return None, failed
-        rec = tracked.record
-        last = tracked.last_span
-        span, trace_headers = self.tracing.start_dlq_write(
-            source_topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            dlq_topic=dlq_topic,
-            reason=plan.reason.label,
-            traceparent=rec.traceparent,
-            tracestate=rec.tracestate,
-            links=[trace.Link(last)] if last is not None else [],
-        )
-        # The DLQ record carries the write's context (overriding a copied traceparent).
-        extra = (*failed.extra_headers, *trace_headers)
-        return span, dataclasses.replace(failed, extra_headers=extra)
-
-    def _log_archived(self, tracked: Tracked, delivery_count: int, plan: DeadLetterPlan) -> None:
-        errors = self.config.errors
-        if not errors.log_enable:
-            return
-        fields = archived_log_fields(
-            tracked, delivery_count, plan, include_messages=errors.log_include_messages
-        )
-        last = tracked.last_span
-        if last is not None and last.is_valid:
-            fields["trace_id"] = f"{last.trace_id:032x}"
-            fields["span_id"] = f"{last.span_id:016x}"
-        log.error("record archived", extra={"fields": fields})
-
     # ------------------------------------------------------------------------- the circuit breaker
 
-    def _init_breaker(self, config: Config) -> None:
-        """`errors.deadletterqueue.circuit.breaker.*` (see sidecar.core.breaker)."""
-        dlq = config.errors.dlq
-        self.breaker: CircuitBreaker | None = None
-        if dlq.circuit_breaker_enable:
-            policy = BreakerPolicy(
-                ratio=dlq.circuit_breaker_ratio,
-                window_ms=dlq.circuit_breaker_window_ms,
-                min_records=dlq.circuit_breaker_min_records,
-                cooldown_ms=dlq.circuit_breaker_cooldown_ms,
-            )
-            self.breaker = CircuitBreaker(policy, 0)  # may be built before trio runs
-        self._breaker_changed = trio.Event()  # the timer re-reads the breaker's deadline
-        self._breaker_moved = trio.Event()  # set (and replaced) whenever `breaker_room` may change
-        self._breaker_since_wall = time.time()  # when it entered its state (wall clock)
-        self.breaker_held = 0  # dead-letters held (counted once per hold)
+    @property
+    def breaker(self) -> CircuitBreaker | None:
+        """The DLQ circuit breaker (None: disabled); its gate is `gate`."""
+        return None if self._gate is None else self._gate.breaker
+
+    @property
+    def gate(self) -> BreakerGate | None:
+        return self._gate
 
     async def wait_breaker_room(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
         does (at once when it is closed or disabled)."""
-        with trio.move_on_at(deadline):
-            while self.breaker_room() == 0:
-                await self._breaker_moved.wait()
-        return self.breaker_room() != 0
+        return True if self._gate is None else await self._gate.wait_room(deadline)
 
     def breaker_room(self) -> int | None:
         """How many more records may go to the app now: None (no limit), 1 (a probe) or 0."""
-        return None if self.breaker is None else self.breaker.room()
+        return None if self._gate is None else self._gate.room()
 
     @property
     def breaker_open(self) -> bool:
         """Open (not half-open): intake stops."""
-        return self.breaker is not None and self.breaker.state is BreakerState.OPEN
-
-    def _breaker_admits(self) -> bool:
-        """A record is on its way to the DLQ: whether to write it (False: hold it)."""
-        assert self.breaker is not None
-        verdict = self.breaker.dead_letter(_now_ms())
-        if verdict.transition is not None:
-            self._breaker_transition(verdict.transition)
-        if not verdict.write:
-            self.breaker_held += 1
-        return verdict.write
-
-    def _breaker_answer(self, delivery: Delivery, ack: Ack) -> None:
-        """An answer that ends an attempt: the probe's verdict, or an accepted record counted."""
-        assert self.breaker is not None
-        if delivery is self._probe:
-            self._probe_ended(delivery, ack)
-        elif ack is Ack.ACCEPT:
-            self.breaker.succeeded(_now_ms())
-
-    def _probe_ended(self, delivery: Delivery, ack: Ack | None) -> None:
-        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else void."""
-        assert self.breaker is not None
-        self._probe = None
-        now = _now_ms()
-        if ack is None:
-            self.breaker.probe_void(now)
-            self._room_changed()
-            self.state.wake()
-            return
-        verdict = decide(ack, delivery.delivery_count, self.config.delivery.delivery_count_limit)
-        if isinstance(verdict, Accept):
-            self._breaker_transition(self.breaker.probe_succeeded(now))
-        elif isinstance(verdict, DeadLetter):
-            self._breaker_transition(self.breaker.probe_failed(now))
-        else:
-            self.breaker.probe_void(now)
-            self._room_changed()
-            self.state.wake()
-
-    def _room_changed(self) -> None:
-        self._breaker_moved.set()
-        self._breaker_moved = trio.Event()
+        return self._gate is not None and self._gate.open
 
     def close_breaker(self, reason: str) -> bool:
         """Close the breaker (the control API); False when it was closed already (or disabled)."""
-        if self.breaker is None:
-            return False
-        transition = self.breaker.close(_now_ms(), reason)
-        if transition is None:
-            return False
-        self._probe = None
-        self._breaker_transition(transition)
-        return True
-
-    def _breaker_transition(self, t: Transition) -> None:
-        """Log it (one line when it trips, one when it closes), and steer intake and held records."""
-        assert self.breaker is not None
-        self._probe = None  # any state change ends the probe: its answer no longer counts
-        self._breaker_since_wall = time.time()
-        self._breaker_changed.set()
-        self._room_changed()
-        if t.before is BreakerState.CLOSED:
-            log.warning(
-                "DLQ circuit breaker open: %s; dead-lettering and intake stop, held records stay "
-                "uncommitted; a probe record in %d ms",
-                t.reason,
-                self.breaker.policy.cooldown_ms,
-            )
-        elif t.after is BreakerState.CLOSED:
-            log.warning(
-                "DLQ circuit breaker closed (%s): held records go to the app again", t.reason
-            )
-        elif t.after is BreakerState.HALF_OPEN:
-            log.info("DLQ circuit breaker %s", t.reason)
-        else:
-            log.info("DLQ circuit breaker still open: %s", t.reason)
-        if t.after is not BreakerState.OPEN:
-            self.state.release_held()
-        self.state.intake_changed()
-        self.state.wake()
-
-    async def _breaker_timer(self) -> None:
-        """Half-open once the cool-down is over (the breaker says when)."""
-        assert self.breaker is not None
-        while True:
-            self._breaker_changed = trio.Event()
-            deadline = self.breaker.next_deadline_ms()
-            if deadline is None:
-                await self._breaker_changed.wait()
-                continue
-            with trio.move_on_after(max(0.0, (deadline - _now_ms()) / 1000)):
-                await self._breaker_changed.wait()
-            transition = self.breaker.tick(_now_ms())
-            if transition is not None:
-                self._breaker_transition(transition)
+        return False if self._gate is None else self._gate.close(reason)
 
     def breaker_status(self) -> dict[str, Any] | None:
         """The breaker and its window for `/v1/status` and the API (None: disabled)."""
-        if self.breaker is None:
-            return None
-        now = _now_ms()
-        st = self.breaker.status(now)
-        policy = self.breaker.policy
-        ratio = st.observed_ratio
-        return {
-            "state": st.state.value,
-            "since": _iso(self._breaker_since_wall),
-            "reason": st.reason,
-            "finished": st.finished,
-            "dead_lettered": st.dead_lettered,
-            "ratio": None if ratio is None else round(ratio, 4),
-            "trips": st.trips,
-            "held": self.breaker_held,
-            "probe_out": st.probe_out,
-            "half_open_in_ms": None
-            if st.half_open_at_ms is None
-            else max(0, st.half_open_at_ms - now),
-            "policy": {
-                "ratio": policy.ratio,
-                "window_ms": policy.window_ms,
-                "min_records": policy.min_records,
-                "cooldown_ms": policy.cooldown_ms,
-            },
-        }
-
-
-def _now_ms() -> int:
-    # The breaker's clock: trio's (monotonic; the cool-down timer sleeps on it too).
-    return int(trio.current_time() * 1000)
-
-
-def _iso(wall_s: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_s))
+        return None if self._gate is None else self._gate.status()
 
 
 # A pulled record's attempt span ends when it is handed out: the answer comes through /v1/acks.
@@ -1256,14 +627,18 @@ def _ignore(_seconds: float) -> None:
     return None
 
 
+# Names other modules import from here (defined beside the pipeline).
 __all__ = [
     "AckResult",
     "BatchAssembler",
     "Counters",
     "Delivery",
     "DeliveryState",
+    "DlqWriter",
     "Engine",
     "NotPullMode",
+    "PartitionKey",
+    "Pipe",
     "Pipeline",
     "PullQueue",
     "PulledRecord",

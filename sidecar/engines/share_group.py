@@ -49,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import trio
 from confluent_kafka import (
@@ -80,7 +80,7 @@ from sidecar.core.outcome import (
 )
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer, AppError
-from sidecar.engines.pipeline import AckResult, Delivery, Pipeline
+from sidecar.engines.interfaces import AckResult, Delivery, Pipe
 from sidecar.kafka.source import SourceError
 
 log = logging.getLogger("sidecar.share")
@@ -544,7 +544,7 @@ class ShareGroupEngine:
 
     kind = "share"
 
-    def __init__(self, pipe: Pipeline) -> None:
+    def __init__(self, pipe: Pipe[_Acquired]) -> None:
         config = pipe.config
         self.pipe = pipe
         self.config = config
@@ -896,7 +896,7 @@ class ShareGroupEngine:
             if not messages:
                 return _Step(released)
         batch = _Batch(consumer, deadline)
-        deliveries: list[Delivery] = []
+        deliveries: list[Delivery[_Acquired]] = []
         exhausted: list[tuple[Message, Tracked, int]] = []
         suspects: list[tuple[Message, Tracked, int]] = []
         held: list[PartitionKey] = []
@@ -1091,7 +1091,7 @@ class ShareGroupEngine:
         if len(self._held) > _HELD_REMEMBERED:
             del self._held[next(iter(self._held))]
 
-    async def _wait_answers(self, batch: _Batch, deliveries: Sequence[Delivery]) -> None:
+    async def _wait_answers(self, batch: _Batch, deliveries: Sequence[Delivery[_Acquired]]) -> None:
         """Send the batch's deliveries; an answer still missing at the deadline is a release."""
         pipe = self.pipe
         for d in deliveries:
@@ -1113,9 +1113,11 @@ class ShareGroupEngine:
                 )
                 pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
 
-    async def _decide(self, d: Delivery, out: list[tuple[Message, AcknowledgeType]]) -> None:
+    async def _decide(
+        self, d: Delivery[_Acquired], out: list[tuple[Message, AcknowledgeType]]
+    ) -> None:
         assert self.settings is not None and d.answer is not None
-        msg = cast(_Acquired, d.ref).msg
+        msg = d.ref.msg
         answer = d.answer
         verdict = decide(
             ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
@@ -1219,7 +1221,9 @@ class ShareGroupEngine:
 
     # ----------------------------------------------------------------------------- answers
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
+    def answered(
+        self, delivery: Delivery[_Acquired], ack: Ack, answer: Answer | AckItem
+    ) -> AckResult:
         if ack is Ack.RENEW:
             if not self._renew_warned:
                 self._renew_warned = True
@@ -1229,19 +1233,19 @@ class ShareGroupEngine:
                 )
             return "ok"
         delivery.answer = answer
-        batch = cast(_Acquired, delivery.ref).batch
+        batch = delivery.ref.batch
         batch.pending -= 1
         if batch.pending <= 0:
             batch.answered.set()
         return "ok"
 
-    async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
+    async def not_reached(self, deliveries: Sequence[Delivery[_Acquired]]) -> bool:
         """Not an attempt: wait for the app within the earliest batch's lifetime, then send again.
 
         The broker has counted the acquisition already; sending again once the app is back (rather
         than releasing now) is what keeps an app restart from using up deliveries.
         """
-        deadline = min(cast(_Acquired, d.ref).batch.deadline for d in deliveries)
+        deadline = min(d.ref.batch.deadline for d in deliveries)
         return await self.pipe.wait_app_reachable(deadline)
 
 

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from sidecar.core.budget import DEFAULT_BUFFERED_BYTES, split_budget
 from sidecar.core.errors import CommitFailed, KafkaClientError
+from sidecar.kafka.dlq.errors import kafka_error
 
 log = logging.getLogger("sidecar.source")
 
@@ -173,12 +174,12 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
                 consumer.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
                 return None
             except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
+                err = kafka_error(exc)
                 consumer.poll(0)  # serves the error callbacks, which say why the request failed
                 causes = [e for e in errors if e.code() in _NOT_TRANSIENT]
                 if not causes and time.monotonic() < deadline:
                     continue  # nothing definite yet: the broker may still be starting
-                cause = causes[-1] if causes else err if isinstance(err, KafkaError) else None
+                cause = causes[-1] if causes else err
                 reason = broker_error_reason(cause) if cause is not None else None
                 return reason or f"cannot read the cluster's metadata: {exc}"
     finally:
@@ -353,18 +354,14 @@ class KafkaSource:
                     raise KafkaException(bad)
                 return result
             except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                retriable = isinstance(err, KafkaError) and (
-                    err.retriable()
-                    or err.code()
-                    in (
-                        KafkaError.NOT_COORDINATOR,
-                        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                        KafkaError.COORDINATOR_NOT_AVAILABLE,
-                        KafkaError.UNSTABLE_OFFSET_COMMIT,
-                        KafkaError._TIMED_OUT,
-                        KafkaError._WAIT_COORD,
-                    )
+                err = kafka_error(exc)
+                retriable = err.retriable() or err.code() in (
+                    KafkaError.NOT_COORDINATOR,
+                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                    KafkaError.COORDINATOR_NOT_AVAILABLE,
+                    KafkaError.UNSTABLE_OFFSET_COMMIT,
+                    KafkaError._TIMED_OUT,
+                    KafkaError._WAIT_COORD,
                 )
                 if not retriable or time.monotonic() + 1 > deadline:
                     raise
@@ -728,8 +725,7 @@ class KafkaSource:
         try:
             result = consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError._NO_OFFSET:
+            if kafka_error(exc).code() == KafkaError._NO_OFFSET:
                 return
             raise
         for tp in result or []:

@@ -12,6 +12,10 @@
     dlq_render    tables and summaries (rich)
     dlq_command   argparse and exit codes for `dlq-sidecar dlq inspect|replay`
     demo          `dlq-sidecar demo`: broker, example app, sidecar, DLQ inspect and replay, end to end
+    demo_setup    the demo's files, ports, derived config, broker and topic
+    demo_orders   the demo's seeded order stream and what the example app makes of it
+    demo_children the demo's producer thread, child processes and status reads
+    demo_display  the demo's progress display and the DLQ records it shows
 
 These are blocking command-line tools (no trio). They sit above the sidecar's configuration and the DLQ
 writer's vocabulary and may import them; nothing in the sidecar's delivery path may import `sidecar.ops`.

@@ -1,6 +1,9 @@
 """`dlq-sidecar demo`: a local broker, the bundled example app, the sidecar, and orders landing in the DLQ.
 
-This module owns the demo's orchestration and nothing else: it finds (or starts) a broker through the
+This module owns the demo's orchestration and nothing else (the pieces it orchestrates live beside
+it: `demo_setup` files, ports, config and broker; `demo_orders` the order stream; `demo_children` the
+producer, the child processes and the status reads; `demo_display` the progress and the DLQ records
+shown). It finds (or starts) a broker through the
 launcher behind `scripts/kafka` (`sidecar.ops.kafka_broker`), recreates the `orders` topic, derives a
 config from `config.example.yaml`, runs the example app (`examples/python/app.py`) and the sidecar as
 subprocesses — exactly as a user runs them — produces a seeded stream of orders (ok, poison, flaky,
@@ -14,38 +17,44 @@ own files (one copy in the repository; the wheel holds their contents), and the 
 Maven POM live in `sidecar/ops`. The children import the same `sidecar` package as the demo.
 
 It talks to the sidecar over HTTP only: it must not import the engine, the daemon or the API modules.
-`sidecar.config` is imported only to validate the derived config before anything starts.
+`sidecar.config` is imported only to validate the derived config before anything starts (`demo_setup`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
-import json
 import os
-import random
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import yaml
+from sidecar.ops.demo_children import Child, Producing, Snapshot, http_get_json, spawn
+from sidecar.ops.demo_display import Display, pick_varied, read_dlq
+from sidecar.ops.demo_orders import Expected, expected_outcomes, plan_orders
+from sidecar.ops.demo_setup import (
+    DemoError,
+    Layout,
+    derive_config,
+    find_layout,
+    find_or_start_broker,
+    pick_port,
+    port_is_free,
+    recreate_topic,
+    run_kafka_script,
+)
 
 if TYPE_CHECKING:
     # rich is imported where it is used: the CLI imports this module to build its parser, and
     # `dlq-sidecar run` should not pay for rich's import.
-    from rich.console import Console, Group
-    from rich.live import Live
+    from rich.console import Console
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -58,510 +67,11 @@ PARTITIONS = 3
 DEFAULT_API_PORT = 8787
 DEFAULT_APP_PORT = 8080
 
-# The order mix, in percent: the rest are "ok". A quarter of the flaky orders never recover and
-# are archived at the delivery limit; the others are released twice, then accepted.
-POISON_PCT = 3
-FLAKY_PCT = 6
-SLOW_PCT = 3
-HOPELESS_FAILS = 99
-CUSTOMERS = 200
-
 DLQ_HEADER_PREFIX = "__dlq.errors."
-
-_HERE = Path(__file__).resolve().parent
-_DATA = _HERE / "demo_data"
-
-# A DLQ record as shown: (partition, offset, headers decoded as UTF-8).
-DlqRecord = tuple[int, int, list[tuple[str, str]]]
-
-
-class DemoError(Exception):
-    """Something the demo needs is missing or failed; the message says what and what to do."""
 
 
 class _Stop(Exception):
     """SIGTERM or Ctrl-C: stop everything the demo started."""
-
-
-# --------------------------------------------------------------------------- the orders
-
-
-@dataclass(frozen=True, slots=True)
-class Order:
-    key: bytes
-    value: bytes
-    kind: str  # ok | poison | flaky | hopeless | slow
-
-
-def plan_orders(n: int, seed: int) -> list[Order]:
-    """A reproducible stream of orders keyed by customer."""
-    rng = random.Random(seed)
-    orders = []
-    for i in range(n):
-        roll = rng.randrange(100)
-        kind = "ok"
-        if roll < POISON_PCT:
-            kind = "poison"
-        elif roll < POISON_PCT + FLAKY_PCT:
-            kind = "hopeless" if rng.randrange(4) == 0 else "flaky"
-        elif roll < POISON_PCT + FLAKY_PCT + SLOW_PCT:
-            kind = "slow"
-        customer = f"customer-{rng.randrange(CUSTOMERS):03d}"
-        body: dict[str, Any] = {
-            "id": f"o-{i + 1:05d}",
-            "kind": "flaky" if kind == "hopeless" else kind,
-            "customer": customer,
-            "amount": round(rng.uniform(5, 500), 2),
-        }
-        if kind == "hopeless":
-            body["fails"] = HOPELESS_FAILS
-        orders.append(Order(customer.encode(), json.dumps(body).encode(), kind))
-    return orders
-
-
-@dataclass(frozen=True, slots=True)
-class Expected:
-    """What the bundled app's decision rule must produce for a planned stream."""
-
-    accepted: int
-    rejected: int
-    exhausted: int
-    attempts: int
-
-    @property
-    def archived(self) -> int:
-        return self.rejected + self.exhausted
-
-
-def expected_outcomes(orders: list[Order], delivery_limit: int) -> Expected:
-    kinds = [o.kind for o in orders]
-    n_flaky, n_hopeless = kinds.count("flaky"), kinds.count("hopeless")
-    # A flaky order is released at deliveries 1 and 2 and accepted at the 3rd (if the limit allows).
-    flaky_ok = n_flaky if delivery_limit >= 3 else 0
-    exhausted = n_hopeless + n_flaky - flaky_ok
-    return Expected(
-        accepted=kinds.count("ok") + kinds.count("slow") + flaky_ok,
-        rejected=kinds.count("poison"),
-        exhausted=exhausted,
-        attempts=kinds.count("ok")
-        + kinds.count("slow")
-        + kinds.count("poison")
-        + 3 * flaky_ok
-        + delivery_limit * exhausted,
-    )
-
-
-# --------------------------------------------------------------------------- the pieces on disk
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where the demo's files are; `root` is where its children run (it holds `sidecar/`)."""
-
-    root: Path
-    kafka_script: Path
-    example_config: Path
-    example_app: Path
-
-
-def find_layout() -> Layout:
-    """The files the demo runs, shipped in this package (see the module docstring)."""
-    # In a checkout the data files are links into the repository: resolved, the demo names (and
-    # runs) examples/python/app.py and config.example.yaml themselves.
-    layout = Layout(
-        _HERE.parent.parent,
-        _HERE / "kafka_broker.py",
-        (_DATA / "config.example.yaml").resolve(),
-        (_DATA / "example_app.py").resolve(),
-    )
-    missing = [
-        str(p)
-        for p in (layout.kafka_script, layout.example_config, layout.example_app)
-        if not p.is_file()
-    ]
-    if missing:
-        raise DemoError(
-            "the dlq-sidecar package is incomplete: the demo cannot find " + ", ".join(missing)
-        )
-    return layout
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port(preferred: int) -> int:
-    if port_is_free(preferred):
-        return preferred
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def derive_config(
-    example: Path,
-    out: Path,
-    *,
-    bootstrap: str,
-    group: str,
-    topic: str,
-    app_url: str,
-    api_listen: str,
-) -> dict[str, Any]:
-    """Write the demo's config: config.example.yaml with the run's addresses and short backoffs.
-
-    The example file stays the documented, working file; only what differs per run (and the
-    backoffs, so released orders come back within the demo's seconds) is overridden.
-    """
-    cfg = yaml.safe_load(example.read_text(encoding="utf-8"))
-    cfg["kafka"]["bootstrap.servers"] = bootstrap
-    cfg["kafka"]["group.id"] = group
-    cfg["source"]["topics"] = [topic]
-    cfg["app"]["url"] = app_url
-    cfg["errors.retry.delay.initial.ms"] = 100
-    cfg["errors.retry.delay.max.ms"] = 1000
-    cfg["commit.interval.ms"] = 500
-    cfg["shutdown.drain.timeout.ms"] = 5000
-    cfg["api"]["listen"] = api_listen
-    header = (
-        f"# Written by `dlq-sidecar demo` from {example}: the same file with this run's broker,\n"
-        "# group, topic, app and API addresses, and short retry backoffs.\n"
-    )
-    out.write_text(header + yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-
-    from sidecar.config import ConfigError, load_config
-
-    try:
-        load_config(out)
-    except ConfigError as exc:
-        raise DemoError(f"the derived config {out} is not valid: {exc}") from None
-    return dict(cfg)
-
-
-# --------------------------------------------------------------------------- the broker
-
-
-def _kafka_script(
-    layout: Layout, command: str, timeout_s: float
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(layout.kafka_script), command],
-        stdout=subprocess.PIPE,
-        stderr=None if command == "start" else subprocess.PIPE,  # start's progress goes to the user
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
-
-
-def find_or_start_broker(layout: Layout, say: Callable[[str], None]) -> tuple[str, bool]:
-    """(bootstrap, started by us). KAFKA_BOOTSTRAP wins; a running local broker is reused."""
-    external = os.environ.get("KAFKA_BOOTSTRAP")
-    if not external:
-        status = _kafka_script(layout, "status", 30)
-        if status.returncode == 0 and status.stdout.strip():
-            bootstrap = status.stdout.strip().splitlines()[-1]
-            say(f"using the local broker at {bootstrap}")
-            return bootstrap, False
-        say("starting a local Kafka broker (scripts/kafka start) ...")
-    proc = _kafka_script(layout, "start", 600)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        where = f"KAFKA_BOOTSTRAP={external}" if external else "scripts/kafka start"
-        raise DemoError(f"no Kafka broker: {where} failed (exit {proc.returncode}); see above")
-    bootstrap = proc.stdout.strip().splitlines()[-1]
-    if external:
-        say(f"using the broker at {bootstrap} (KAFKA_BOOTSTRAP)")
-        return bootstrap, False
-    return bootstrap, True
-
-
-def recreate_topic(bootstrap: str, topic: str, dlq_topic: str, partitions: int) -> None:
-    """Delete the topic and its DLQ if they exist, so each run starts from empty, then create the topic.
-
-    The DLQ topic is left for the sidecar to create at start-up (errors.deadletterqueue.auto.create.enable).
-    """
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        existing = set(admin.list_topics(timeout=15).topics)
-    except KafkaException as exc:
-        raise DemoError(f"the broker at {bootstrap} does not answer: {exc}") from None
-    doomed = [t for t in (topic, dlq_topic) if t in existing]
-    if doomed:
-        for fut in admin.delete_topics(doomed, operation_timeout=30).values():
-            fut.result(timeout=30)
-    deadline = time.monotonic() + 60
-    while True:
-        # Deletion finishes asynchronously; creating too early fails with TOPIC_ALREADY_EXISTS.
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[
-                topic
-            ].result(timeout=30)
-            break
-        except KafkaException as exc:
-            if time.monotonic() > deadline:
-                raise DemoError(f"cannot create topic {topic}: {exc}") from None
-            time.sleep(0.2)
-    while time.monotonic() < deadline:
-        md = admin.list_topics(topic, timeout=5).topics.get(topic)
-        gone = dlq_topic not in admin.list_topics(timeout=5).topics
-        if (
-            md
-            and md.error is None
-            and len(md.partitions) == partitions
-            and all(p.leader >= 0 for p in md.partitions.values())
-            and gone
-        ):
-            return
-        time.sleep(0.1)
-    raise DemoError(f"topic {topic} has no leader after 60 s")
-
-
-# --------------------------------------------------------------------------- the sidecar's API
-
-
-def http_get_json(port: int, path: str, timeout_s: float = 2.0) -> dict[str, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        body = json.loads(resp.read())
-    finally:
-        conn.close()
-    if not isinstance(body, dict):
-        raise ValueError(f"{path} answered {body!r}")
-    return body
-
-
-@dataclass
-class Snapshot:
-    """The sidecar's counters at one moment (from GET /v1/status)."""
-
-    at: float
-    delivered: dict[str, int]
-    attempts: int
-    archived: dict[str, int]
-    dlq_written: int
-    dlq_failed: int
-    in_flight: int
-    app_reachable: bool
-    failure: str | None
-
-    @classmethod
-    def from_status(cls, status: dict[str, Any], at: float) -> Snapshot:
-        c = status["counters"]
-        return cls(
-            at=at,
-            delivered=dict(c["delivered"]),
-            attempts=int(c["attempts"]),
-            archived=dict(c["archived"]),
-            dlq_written=int(c["dlq_written"]),
-            dlq_failed=int(c["dlq_failed"]),
-            in_flight=int(status["in_flight"]),
-            app_reachable=bool(status["app_reachable"]),
-            failure=status.get("failure"),
-        )
-
-    @property
-    def accepted(self) -> int:
-        return self.delivered.get("accept", 0)
-
-    @property
-    def archived_total(self) -> int:
-        return sum(self.archived.values())
-
-    @property
-    def done(self) -> int:
-        return self.accepted + self.archived_total
-
-
-# --------------------------------------------------------------------------- the producer
-
-
-@dataclass
-class Producing:
-    """The order stream, produced from a thread; `rate` 0 means as fast as the broker takes it."""
-
-    bootstrap: str
-    topic: str
-    orders: list[Order]
-    rate: float
-    produced: int = 0
-    errors: list[str] = field(default_factory=list)
-    finished: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        from confluent_kafka import KafkaException, Producer
-
-        try:
-            producer = Producer(
-                {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5}
-            )
-
-            def on_delivery(err: object, _msg: object) -> None:
-                if err is None:
-                    self.produced += 1
-                else:
-                    self.errors.append(str(err))
-
-            started = time.monotonic()
-            for i, order in enumerate(self.orders):
-                if self.stop.is_set():
-                    return
-                if self.rate > 0:
-                    ahead_s = started + i / self.rate - time.monotonic()
-                    if ahead_s > 0:
-                        producer.poll(ahead_s)
-                while True:
-                    try:
-                        producer.produce(
-                            self.topic, value=order.value, key=order.key, on_delivery=on_delivery
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-                producer.poll(0)
-            if producer.flush(30) > 0:
-                self.errors.append("records still unsent after 30 s")
-        except KafkaException as exc:
-            self.errors.append(str(exc))
-        finally:
-            self.finished.set()
-
-
-# --------------------------------------------------------------------------- processes
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: Any
-
-    def tail(self, n: int = 20) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(lines[-n:])
-
-    def stop(self, timeout_s: float) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log_file.close()
-        return self.proc.returncode
-
-
-def spawn(name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> Child:
-    log_file = open(log_path, "wb")  # noqa: SIM115 - closed by Child.stop
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        cwd=cwd,
-        # Its own session: Ctrl-C reaches only the demo, which then stops the children in order
-        # (the sidecar must drain before the app it delivers to goes away).
-        start_new_session=True,
-    )
-    return Child(name, proc, log_path, log_file)
-
-
-# --------------------------------------------------------------------------- display
-
-
-def _fmt_counts(d: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "0"
-
-
-class Display:
-    """Live progress on a terminal; one plain line per second otherwise (CI, pipes)."""
-
-    def __init__(self, console: Console, total: int) -> None:
-        self.console = console
-        self.total = total
-        self.live: Live | None = None
-        self.last_line_at = 0.0
-        self.prev: Snapshot | None = None
-        self.rate = 0.0
-
-    def __enter__(self) -> Display:
-        if self.console.is_terminal:
-            from rich.live import Live
-
-            self.live = Live(console=self.console, refresh_per_second=8, transient=False)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-
-    def update(self, snap: Snapshot, produced: int, elapsed_s: float) -> None:
-        if self.prev is not None and snap.at > self.prev.at:
-            instant = (snap.attempts - self.prev.attempts) / (snap.at - self.prev.at)
-            self.rate = instant if self.rate == 0 else 0.6 * self.rate + 0.4 * instant
-        self.prev = snap
-        if self.live is not None:
-            self.live.update(self._render(snap, produced, elapsed_s))
-            return
-        if elapsed_s - self.last_line_at >= 1.0 or snap.done >= self.total:
-            self.last_line_at = elapsed_s
-            self.console.print(
-                f"[{elapsed_s:5.1f}s] produced {produced}/{self.total}  done {snap.done}/{self.total}"
-                f"  delivered {snap.attempts}  accepted {snap.accepted}"
-                f"  released {snap.delivered.get('release', 0)}"
-                f"  rejected {snap.delivered.get('reject', 0)}  archived {snap.archived_total}"
-                f"  dlq {snap.dlq_written}  in-flight {snap.in_flight}  {self.rate:.0f} deliveries/s",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-
-    def _render(self, snap: Snapshot, produced: int, elapsed_s: float) -> Group:
-        from rich.console import Group
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-        from rich.text import Text
-
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column(justify="right")
-        table.add_row("produced", f"{produced} / {self.total}")
-        table.add_row("delivered to the app", str(snap.attempts))
-        table.add_row("accepted", f"[green]{snap.accepted}[/]")
-        table.add_row(
-            "released (redelivered later)", f"[yellow]{snap.delivered.get('release', 0)}[/]"
-        )
-        table.add_row("rejected", f"[red]{snap.delivered.get('reject', 0)}[/]")
-        table.add_row("archived", f"[red]{_fmt_counts(snap.archived)}[/]")
-        table.add_row("DLQ records written", f"[magenta]{snap.dlq_written}[/]")
-        table.add_row("in flight", str(snap.in_flight))
-        table.add_row("throughput", f"{self.rate:.0f} deliveries/s")
-        if not snap.app_reachable:
-            table.add_row("app", "[red]not reachable[/]")
-        bar = Table.grid(padding=(0, 1))
-        bar.add_row(
-            ProgressBar(total=self.total, completed=snap.done, width=40),
-            Text(f"{snap.done}/{self.total} done  {elapsed_s:.1f}s"),
-        )
-        return Group(bar, table)
 
 
 # --------------------------------------------------------------------------- the demo
@@ -891,63 +401,11 @@ class Demo:
         self.children.clear()
         if self.broker_started and self.layout is not None:
             self.say("stopping the local broker")
-            _kafka_script(self.layout, "stop", 60)
+            run_kafka_script(self.layout, "stop", 60)
             self.broker_started = False
         if self.keep_workdir:
             return
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def read_dlq(bootstrap: str, topic: str, n: int, timeout_s: float = 15) -> list[DlqRecord]:
-    """The first `n` DLQ records (by partition, offset) with their headers decoded as UTF-8."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"dlq-sidecar-demo-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
-    out: list[DlqRecord] = []
-    try:
-        md = consumer.list_topics(topic, timeout=10).topics[topic]
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.partitions])
-        deadline = time.monotonic() + timeout_s
-        while len(out) < n and time.monotonic() < deadline:
-            for msg in consumer.consume(n, 0.5):
-                if msg.error():
-                    continue
-                raw = msg.headers() or []
-                items = raw.items() if isinstance(raw, dict) else raw
-                headers = [
-                    (
-                        name,
-                        value
-                        if isinstance(value, str)
-                        else (value or b"").decode(errors="replace"),
-                    )
-                    for name, value in items
-                ]
-                out.append((int(msg.partition() or 0), int(msg.offset() or 0), headers))
-    finally:
-        consumer.close()
-    return sorted(out)[:n]
-
-
-def pick_varied(records: list[DlqRecord], n: int) -> list[DlqRecord]:
-    """The first record of each kind of failure (cause and error class), then the next ones, by offset."""
-    seen: set[tuple[str, str]] = set()
-    first_of_kind: list[DlqRecord] = []
-    for rec in records:
-        h = dict(rec[2])
-        kind = (h.get("__dlq.errors.message", ""), h.get("__dlq.errors.exception.class.name", ""))
-        if kind not in seen:
-            seen.add(kind)
-            first_of_kind.append(rec)
-    chosen = first_of_kind[:n]
-    chosen += [r for r in records if r not in chosen][: n - len(chosen)]
-    return sorted(chosen)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -33,8 +33,10 @@ def _timestamp(record: logging.LogRecord) -> str:
     )
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
+class _FieldsFormatter(logging.Formatter):
+    """A record as one mapping (time, level, logger, message, its fields, the exception)."""
+
+    def _doc(self, record: logging.LogRecord) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "ts": _timestamp(record),
             "level": record.levelname.lower(),
@@ -44,7 +46,12 @@ class JsonFormatter(logging.Formatter):
         doc.update(_fields(record))
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str, ensure_ascii=False)
+        return doc
+
+
+class JsonFormatter(_FieldsFormatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(self._doc(record), default=str, ensure_ascii=False)
 
 
 def _logfmt_value(value: Any) -> str:
@@ -54,18 +61,9 @@ def _logfmt_value(value: Any) -> str:
     return text
 
 
-class LogfmtFormatter(logging.Formatter):
+class LogfmtFormatter(_FieldsFormatter):
     def format(self, record: logging.LogRecord) -> str:
-        pairs: dict[str, Any] = {
-            "ts": _timestamp(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        pairs.update(_fields(record))
-        if record.exc_info:
-            pairs["exception"] = self.formatException(record.exc_info)
-        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in pairs.items())
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in self._doc(record).items())
 
 
 class TextFormatter(logging.Formatter):

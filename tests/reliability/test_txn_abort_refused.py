@@ -107,8 +107,8 @@ async def test_an_abort_refused_after_a_lost_add_partitions_request_replaces_the
         auto_create=False,
         topic_partitions=1,
         topic_replication_factor=1,
+        transactional_id=f"txn-refused-{suffix}",
     )
-    writer.transactional_id = f"txn-refused-{suffix}"
     await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
     member = Consumer({"bootstrap.servers": broker.direct, "group.id": group})
     group_metadata = member.consumer_group_metadata()

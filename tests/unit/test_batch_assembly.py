@@ -1,4 +1,4 @@
-"""When a batch leaves (sidecar.engines.pipeline.BatchAssembler, and the pipeline's workers around it).
+"""When a batch leaves (sidecar.engines.batching.BatchAssembler, and the pipeline's workers around it).
 
 The rule (issue 19, item 4: "a record waits at most the linger plus one round trip"): a batch goes to a
 worker when it holds `batch.max.records`, or `batch.linger.ms` after its first record arrived, whichever

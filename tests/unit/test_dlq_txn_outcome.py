@@ -168,8 +168,8 @@ def writer(monkeypatch: pytest.MonkeyPatch) -> dlq.DlqWriter:
         auto_create=False,
         topic_partitions=1,
         topic_replication_factor=1,
+        transactional_id="dlq-sidecar.g.test",
     )
-    w.transactional_id = "dlq-sidecar.g.test"
     w.topics.partitions[DLQ_TOPIC] = 1
     w.topics.max_bytes[DLQ_TOPIC] = None
     return w

@@ -77,7 +77,8 @@ def half_open(pipe: Pipeline) -> None:
     pipe.breaker._since -= 1000  # the cool-down is over
     transition = pipe.breaker.tick(pipe.breaker._now + 1000)
     assert transition is not None
-    pipe._breaker_transition(transition)
+    assert pipe.gate is not None
+    pipe.gate.transition(transition)
 
 
 async def test_trip_hold_probe_close() -> None:
@@ -133,9 +134,9 @@ async def test_the_timer_moves_to_half_open_after_the_cool_down(autojump_clock: 
     pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
     await dead_letter(pipe, 0)
     await dead_letter(pipe, 1)
-    assert pipe.breaker is not None
+    assert pipe.gate is not None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pipe._breaker_timer)
+        nursery.start_soon(pipe.gate.run_timer)
         with trio.fail_after(5):
             while pipe.breaker_room() != 1:
                 await trio.sleep(0.05)

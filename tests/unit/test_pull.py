@@ -1,6 +1,6 @@
 """Pull mode's pure parts: the pull queue, the query parameters, the response body, the config rules.
 
-The pull queue (sidecar.engines.pipeline.PullQueue) runs on trio's autojump clock: a long poll's wait
+The pull queue (sidecar.engines.pull.PullQueue) runs on trio's autojump clock: a long poll's wait
 is exact and no test depends on the machine's load.
 """
 

@@ -48,6 +48,7 @@ from sidecar.kafka.dlq.txn import (
     TXN_CALL_WATCHDOG_S,
     CommittedOffsets,
     DlqWriter,
+    default_transactional_id,
     replaceable,
     transaction_committed,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "Header",
     "PlainDlqWriter",
     "build_dlq_record",
+    "default_transactional_id",
     "is_reserved_header",
     "producer_properties",
     "replaceable",

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
-from sidecar.kafka.dlq.errors import DlqStartupError
+from sidecar.kafka.dlq.errors import DlqStartupError, kafka_error
 
 log = logging.getLogger("sidecar.dlq")
 
@@ -172,14 +172,10 @@ class DlqTopics:
                 log.info("created DLQ topic %s (%d partitions)", topic, self.topic_partitions)
                 return
             except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                err = kafka_error(exc)
+                if err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     return
-                if (
-                    isinstance(err, KafkaError)
-                    and err.code() == KafkaError.INVALID_CONFIG
-                    and config
-                ):
+                if err.code() == KafkaError.INVALID_CONFIG and config:
                     # A broker before 4.4 does not know the share-group DLQ topic config.
                     last = exc
                     continue

@@ -16,9 +16,11 @@ engines or the HTTP modules.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import socket
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import trio
 from confluent_kafka import (
@@ -31,6 +33,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
+from sidecar.config import Config
 from sidecar.core.deadletter import FailedRecord
 from sidecar.kafka.dlq.errors import (
     RETRIABLE_CODES,
@@ -77,30 +80,42 @@ PROBE_HEADER = "__dlq.sidecar.abort.probe"
 OUTCOME_READ_BUDGET_S = 60.0
 
 
-class DlqWriter(PlainDlqWriter):
-    """Plain DLQ writes, and with `transactional_id` set before `run()` the transactional protocol."""
+def default_transactional_id(config: Config) -> str:
+    """`kafka.transactional.id`, else one that is stable across restarts and unique per instance.
 
-    def __init__(
-        self,
-        kafka: Mapping[str, Any],
-        group: str,
-        copy_record: bool,
-        stacktrace_max_bytes: int,
-        retries_timeout_ms: int,
-        auto_create: bool,
-        topic_partitions: int,
-        topic_replication_factor: int,
-    ) -> None:
-        super().__init__(
-            kafka,
-            group,
-            copy_record,
-            stacktrace_max_bytes,
-            retries_timeout_ms,
-            auto_create,
-            topic_partitions,
-            topic_replication_factor,
-        )
+    Stable, so a restarted sidecar fences its dead incarnation and aborts its open transaction;
+    unique, because two producers with one id fence each other. `group.instance.id` (static
+    membership) names the instance when set; otherwise the host name plus the local API's address,
+    which no two sidecars on one host can share.
+    """
+    explicit = config.kafka.get("transactional.id")
+    if explicit:
+        return str(explicit)
+    instance = config.kafka.get("group.instance.id")
+    if instance:
+        return f"dlq-sidecar.{config.group_id}.{instance}"
+    api = hashlib.sha256(config.api.listen.encode()).hexdigest()[:8]
+    return f"dlq-sidecar.{config.group_id}.{socket.gethostname()}.{api}"
+
+
+class CommitOffset(Protocol):
+    """One partition's offset and metadata to commit (the source's `OffsetToCommit`, or a
+    `TopicPartition`)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def metadata(self) -> str | None: ...
+
+
+class DlqWriter(PlainDlqWriter):
+    """Plain DLQ writes, and with a `transactional_id` (given when built) the transactional protocol."""
+
+    def _init_protocol(self) -> None:
         self._stuck = False  # a transaction call on the producer overstayed its watchdog
         # The producer's fatal error, when replacing the producer recovers from it (`replaceable`):
         # the producer is replaced before it is used again.
@@ -231,10 +246,7 @@ class DlqWriter(PlainDlqWriter):
                 f"{dlq_topic} failed: {err.name()}: {err.str()}"
             )
             if err.fatal():
-                if not replaceable(err):
-                    raise DlqFatalError(what)
-                self._broken = err
-                raise DlqTxnAbortable(what)
+                self._raise_fatal(err, what)
             if (
                 err.retriable()
                 or err.txn_requires_abort()
@@ -249,8 +261,18 @@ class DlqWriter(PlainDlqWriter):
         self._count_dropped_headers(record, failed)
         return record
 
-    async def txn_commit(self, offsets: list[TopicPartition], group_metadata: object) -> None:
-        """Add `offsets` to the open transaction and commit it.
+    def _raise_fatal(
+        self, err: KafkaError, what: str, cause: BaseException | None = None
+    ) -> NoReturn:
+        """A transaction call failed fatally: DlqFatalError when a new producer cannot get past
+        `err` (`replaceable`), else DlqTxnAbortable with the producer replaced before its next use."""
+        if not replaceable(err):
+            raise DlqFatalError(what) from cause
+        self._broken = err
+        raise DlqTxnAbortable(what) from cause
+
+    async def txn_commit(self, commit: Sequence[CommitOffset], group_metadata: object) -> None:
+        """Add the offsets `commit` names to the open transaction and commit it.
 
         Returns once it committed. DlqTxnAbortable: it did not commit; abort it (a no-op when it has
         been ended here already), then it may be redone. DlqFatalError: the producer cannot go on
@@ -264,6 +286,9 @@ class DlqWriter(PlainDlqWriter):
         started = trio.current_time()
         if self._broken is not None:
             raise DlqTxnAbortable(f"the transactional DLQ producer failed: {self._broken}")
+        offsets = [
+            TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata) for o in commit
+        ]
         while offsets:
             try:
                 await self._txn_call(
@@ -277,10 +302,7 @@ class DlqWriter(PlainDlqWriter):
                 # Not committing yet: whatever went wrong, an abort (or a fencing) ends it.
                 err = kafka_error(exc)
                 if err.fatal():
-                    if not replaceable(err):
-                        raise DlqFatalError(f"send_offsets_to_transaction: {err}") from exc
-                    self._broken = err
-                    raise DlqTxnAbortable(f"send_offsets_to_transaction: {err}") from exc
+                    self._raise_fatal(err, f"send_offsets_to_transaction: {err}", exc)
                 if (
                     not err.retriable()
                     or err.txn_requires_abort()

@@ -52,6 +52,7 @@ class PlainDlqWriter:
         auto_create: bool,
         topic_partitions: int,
         topic_replication_factor: int,
+        transactional_id: str | None = None,
     ) -> None:
         self._kafka = dict(kafka)
         self.group = group
@@ -65,7 +66,8 @@ class PlainDlqWriter:
             topic_replication_factor=topic_replication_factor,
         )
         self._producer: Producer | None = None
-        self.transactional_id: str | None = None  # set before run() for the transactional mode
+        # The transactional mode's id (sidecar.kafka.dlq.txn); None: plain writes. Fixed before run().
+        self.transactional_id = transactional_id
         self._handle_lock = trio.Lock()  # one call on the producer handle at a time (FIFO)
         self._token: trio.lowlevel.TrioToken | None = None
         # Event-driven polling (see run()): set when a call may have given the producer work.
@@ -78,6 +80,10 @@ class PlainDlqWriter:
         # App-supplied `__dlq.*` headers left out of written DLQ records (see is_reserved_header).
         self.reserved_headers_dropped = 0
         self._reserved_drop_logged = False
+        self._init_protocol()
+
+    def _init_protocol(self) -> None:
+        """The subclass's own state (the transaction protocol's), set up at the end of __init__."""
 
     # -- start-up ---------------------------------------------------------------------------------
 

@@ -1,0 +1,226 @@
+"""The pipeline's side of the DLQ circuit breaker: what it holds, its probe, its timer, its status.
+
+Owns the :class:`~sidecar.core.breaker.CircuitBreaker` (pure: the decisions) and everything around
+it that needs trio: the half-open probe (the first delivery issued while half-open), the cool-down
+timer task, the events the adapters wait on for room, and the log line of each transition. The
+pipeline tells it what happens (`issued`, `retired`, `answered`, `admits` for a record on its way
+to the DLQ); it tells the delivery state what follows (`release_held`, `intake_changed`, `wake`).
+
+Who changes what: all of it runs in the trio thread, between two awaits. Must not import either
+engine, the pipeline, the ledger, or confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from sidecar.config import Config
+from sidecar.core.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
+from sidecar.core.outcome import Accept, Ack, DeadLetter, decide
+from sidecar.engines.interfaces import Delivery, DeliveryState
+
+log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
+
+
+def breaker_for(config: Config) -> CircuitBreaker | None:
+    """`errors.deadletterqueue.circuit.breaker.*` (see sidecar.core.breaker); None: disabled."""
+    dlq = config.errors.dlq
+    if not dlq.circuit_breaker_enable:
+        return None
+    policy = BreakerPolicy(
+        ratio=dlq.circuit_breaker_ratio,
+        window_ms=dlq.circuit_breaker_window_ms,
+        min_records=dlq.circuit_breaker_min_records,
+        cooldown_ms=dlq.circuit_breaker_cooldown_ms,
+    )
+    return CircuitBreaker(policy, 0)  # may be built before trio runs
+
+
+class BreakerGate:
+    """One enabled circuit breaker between the pipeline and the DLQ (see the module docstring)."""
+
+    def __init__(
+        self,
+        breaker: CircuitBreaker,
+        delivery_count_limit: int,
+        state: Callable[[], DeliveryState],
+    ) -> None:
+        self.breaker = breaker
+        self._delivery_count_limit = delivery_count_limit
+        self._state = state  # the pipeline's delivery state (built after the gate)
+        self._probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
+        self._changed = trio.Event()  # the timer re-reads the breaker's deadline
+        self._moved = trio.Event()  # set (and replaced) whenever `room` may change
+        self._since_wall = time.time()  # when it entered its state (wall clock)
+        self.held = 0  # dead-letters held (counted once per hold)
+
+    # -- what the pipeline tells it -----------------------------------------------------------
+
+    def issued(self, delivery: Delivery[Any]) -> None:
+        """A new attempt: with the breaker half-open, the first one issued is its probe."""
+        if self.breaker.room() == 1:
+            self.breaker.probe_sent(_now_ms())
+            self._probe = delivery
+
+    def retired(self, delivery: Delivery[Any]) -> None:
+        """An attempt is over without an answer that counts (expired, fenced, not sent)."""
+        if delivery is self._probe:
+            self._probe_ended(delivery, None)
+
+    def answered(self, delivery: Delivery[Any], ack: Ack) -> None:
+        """An answer that ends an attempt: the probe's verdict, or an accepted record counted."""
+        if delivery is self._probe:
+            self._probe_ended(delivery, ack)
+        elif ack is Ack.ACCEPT:
+            self.breaker.succeeded(_now_ms())
+
+    def admits(self) -> bool:
+        """A record is on its way to the DLQ: whether to write it (False: hold it)."""
+        verdict = self.breaker.dead_letter(_now_ms())
+        if verdict.transition is not None:
+            self.transition(verdict.transition)
+        if not verdict.write:
+            self.held += 1
+        return verdict.write
+
+    # -- what the adapters and the API see ----------------------------------------------------
+
+    def room(self) -> int | None:
+        """How many more records may go to the app now: None (no limit), 1 (a probe) or 0."""
+        return self.breaker.room()
+
+    @property
+    def open(self) -> bool:
+        """Open (not half-open): intake stops."""
+        return self.breaker.state is BreakerState.OPEN
+
+    @property
+    def closed(self) -> bool:
+        return self.breaker.state is BreakerState.CLOSED
+
+    async def wait_room(self, deadline: float) -> bool:
+        """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
+        does (at once when it is closed)."""
+        with trio.move_on_at(deadline):
+            while self.breaker.room() == 0:
+                await self._moved.wait()
+        return self.breaker.room() != 0
+
+    def close(self, reason: str) -> bool:
+        """Close the breaker (the control API); False when it was closed already."""
+        transition = self.breaker.close(_now_ms(), reason)
+        if transition is None:
+            return False
+        self._probe = None
+        self.transition(transition)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """The breaker and its window for `/v1/status` and the API."""
+        now = _now_ms()
+        st = self.breaker.status(now)
+        policy = self.breaker.policy
+        ratio = st.observed_ratio
+        return {
+            "state": st.state.value,
+            "since": _iso(self._since_wall),
+            "reason": st.reason,
+            "finished": st.finished,
+            "dead_lettered": st.dead_lettered,
+            "ratio": None if ratio is None else round(ratio, 4),
+            "trips": st.trips,
+            "held": self.held,
+            "probe_out": st.probe_out,
+            "half_open_in_ms": None
+            if st.half_open_at_ms is None
+            else max(0, st.half_open_at_ms - now),
+            "policy": {
+                "ratio": policy.ratio,
+                "window_ms": policy.window_ms,
+                "min_records": policy.min_records,
+                "cooldown_ms": policy.cooldown_ms,
+            },
+        }
+
+    # -- state changes --------------------------------------------------------------------------
+
+    def _probe_ended(self, delivery: Delivery[Any], ack: Ack | None) -> None:
+        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else void."""
+        self._probe = None
+        now = _now_ms()
+        if ack is None:
+            self.breaker.probe_void(now)
+            self._room_changed()
+            self._state().wake()
+            return
+        verdict = decide(ack, delivery.delivery_count, self._delivery_count_limit)
+        if isinstance(verdict, Accept):
+            self.transition(self.breaker.probe_succeeded(now))
+        elif isinstance(verdict, DeadLetter):
+            self.transition(self.breaker.probe_failed(now))
+        else:
+            self.breaker.probe_void(now)
+            self._room_changed()
+            self._state().wake()
+
+    def _room_changed(self) -> None:
+        self._moved.set()
+        self._moved = trio.Event()
+
+    def transition(self, t: Transition) -> None:
+        """Log it (one line when it trips, one when it closes), and steer intake and held records."""
+        self._probe = None  # any state change ends the probe: its answer no longer counts
+        self._since_wall = time.time()
+        self._changed.set()
+        self._room_changed()
+        if t.before is BreakerState.CLOSED:
+            log.warning(
+                "DLQ circuit breaker open: %s; dead-lettering and intake stop, held records stay "
+                "uncommitted; a probe record in %d ms",
+                t.reason,
+                self.breaker.policy.cooldown_ms,
+            )
+        elif t.after is BreakerState.CLOSED:
+            log.warning(
+                "DLQ circuit breaker closed (%s): held records go to the app again", t.reason
+            )
+        elif t.after is BreakerState.HALF_OPEN:
+            log.info("DLQ circuit breaker %s", t.reason)
+        else:
+            log.info("DLQ circuit breaker still open: %s", t.reason)
+        state = self._state()
+        if t.after is not BreakerState.OPEN:
+            state.release_held()
+        state.intake_changed()
+        state.wake()
+
+    async def run_timer(self) -> None:
+        """Half-open once the cool-down is over (the breaker says when; the timer task)."""
+        while True:
+            self._changed = trio.Event()
+            deadline = self.breaker.next_deadline_ms()
+            if deadline is None:
+                await self._changed.wait()
+                continue
+            with trio.move_on_after(max(0.0, (deadline - _now_ms()) / 1000)):
+                await self._changed.wait()
+            transition = self.breaker.tick(_now_ms())
+            if transition is not None:
+                self.transition(transition)
+
+
+def _now_ms() -> int:
+    # The breaker's clock: trio's (monotonic; the cool-down timer sleeps on it too).
+    return int(trio.current_time() * 1000)
+
+
+def _iso(wall_s: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_s))
+
+
+__all__ = ["BreakerGate", "breaker_for"]

@@ -1,0 +1,189 @@
+"""The pipeline's DLQ step: one record archived (stopped, skipped, held, or written) and its trace.
+
+Owns what happens between an adapter deciding a record is done with (`Pipe.dead_letter`) and its
+DLQ record being confirmed: the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
+breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
+line, the DLQ write's span, the counters, and building the DLQ writer from the configuration.
+The write itself is the adapter's (`write`: plain, or its transaction's). Must not import either
+engine, the pipeline, the ledger, or confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from opentelemetry import trace
+
+from sidecar.config import Config, ErrorsTolerance
+from sidecar.config import Engine as EngineKind
+from sidecar.core.deadletter import (
+    ArchiveOutcome,
+    DeadLetterPlan,
+    FailedRecord,
+    archived_log_fields,
+    dead_letter,
+)
+from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo
+from sidecar.core.record import Tracked
+from sidecar.engines.breaker_gate import BreakerGate
+from sidecar.engines.interfaces import Counters, DlqWrite
+from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
+from sidecar.telemetry.tracing import Tracing
+
+log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
+
+
+def dlq_writer_for(config: Config) -> DlqWriter:
+    """The DLQ writer the configuration asks for; transactional (`errors.deadletterqueue.
+    transactional.enable`, consumer engine) with its transactional id from the start."""
+    dlq = config.errors.dlq
+    transactional = (
+        dlq.transactional_enable and dlq.enabled and config.engine is EngineKind.CONSUMER
+    )
+    return DlqWriter(
+        config.kafka,
+        config.group_id,
+        copy_record=dlq.copy_record_enable,
+        stacktrace_max_bytes=dlq.stacktrace_max_bytes,
+        retries_timeout_ms=dlq.produce_retries_timeout_ms,
+        auto_create=dlq.auto_create_enable,
+        topic_partitions=dlq.topic_partitions,
+        topic_replication_factor=dlq.topic_replication_factor,
+        transactional_id=default_transactional_id(config) if transactional else None,
+    )
+
+
+class DlqStep:
+    """Archives records for the pipeline (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        tracing: Tracing,
+        counters: Counters,
+        gate: BreakerGate | None,
+        fail: Callable[[str], None],
+    ) -> None:
+        self.config = config
+        self.tracing = tracing
+        self.counters = counters
+        self._gate = gate
+        self._fail = fail
+        self._observe: Callable[[float], None] = _ignore
+
+    def observe_latency(self, observe: Callable[[float], None]) -> None:
+        """The DLQ writes' latency observer (seconds; a Prometheus histogram)."""
+        self._observe = observe
+
+    async def dead_letter(
+        self,
+        tracked: Tracked,
+        delivery_count: int,
+        reason: ArchiveReason,
+        error: ErrorInfo | None,
+        *,
+        consequence: str,
+        write: DlqWrite,
+        may_hold: bool = True,
+    ) -> ArchiveOutcome:
+        """Archive one record: stop (errors.tolerance: none), skip (no DLQ), or write its DLQ record.
+
+        The outcome says whether the record is done (`ArchiveOutcome.done`); a write that fails for
+        good stops the sidecar. `consequence` says what stopping leaves the record as. While the
+        circuit breaker is not closed the record is held (`ArchiveOutcome.HELD`), unless the
+        caller cannot keep it (`may_hold` False: the share engine on the broker's last delivery).
+        """
+        config = self.config
+        plan = dead_letter(
+            tracked,
+            delivery_count,
+            reason,
+            error,
+            group=config.group_id,
+            dlq_topic=config.dlq_topic_for(tracked.record.topic),
+            tolerate=config.errors.tolerance != ErrorsTolerance.NONE,
+            consequence=consequence,
+        )
+        if plan.stop is not None:
+            self._fail(plan.stop)
+            return ArchiveOutcome.STOPPED
+        if self._gate is not None and may_hold and not self._gate.admits():
+            return ArchiveOutcome.HELD
+        self._log_archived(tracked, delivery_count, plan)
+        if plan.failed is None or plan.dlq_topic is None:
+            self.counters.bump(self.counters.archived, reason.label)
+            return ArchiveOutcome.NO_DLQ
+        span, failed = self._start_dlq_span(tracked, plan, plan.failed, plan.dlq_topic)
+        started = time.perf_counter()
+        try:
+            written = await write(failed, plan.dlq_topic)
+        except DlqFatalError as exc:
+            self.counters.dlq_failed += 1
+            if span is not None:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+                span.add_event(
+                    "exception",
+                    {"exception.type": DLQ_WRITE_FAILED, "exception.message": str(exc)},
+                )
+                span.end()
+            self._fail(str(exc))
+            return ArchiveOutcome.FAILED
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        if not written:
+            if span is not None:
+                span.end()
+            return ArchiveOutcome.HANDED_OVER
+        self._observe(time.perf_counter() - started)
+        if span is not None:
+            span.end()
+        self.counters.dlq_written += 1
+        self.counters.bump(self.counters.archived, reason.label)
+        return ArchiveOutcome.WRITTEN
+
+    def _start_dlq_span(
+        self, tracked: Tracked, plan: DeadLetterPlan, failed: FailedRecord, dlq_topic: str
+    ) -> tuple[trace.Span | None, FailedRecord]:
+        """The DLQ write's span (linked to the last attempt's); the record carries its context."""
+        if not self.tracing.enabled:
+            return None, failed
+        rec = tracked.record
+        last = tracked.last_span
+        span, trace_headers = self.tracing.start_dlq_write(
+            source_topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            dlq_topic=dlq_topic,
+            reason=plan.reason.label,
+            traceparent=rec.traceparent,
+            tracestate=rec.tracestate,
+            links=[trace.Link(last)] if last is not None else [],
+        )
+        # The DLQ record carries the write's context (overriding a copied traceparent).
+        extra = (*failed.extra_headers, *trace_headers)
+        return span, dataclasses.replace(failed, extra_headers=extra)
+
+    def _log_archived(self, tracked: Tracked, delivery_count: int, plan: DeadLetterPlan) -> None:
+        errors = self.config.errors
+        if not errors.log_enable:
+            return
+        fields = archived_log_fields(
+            tracked, delivery_count, plan, include_messages=errors.log_include_messages
+        )
+        last = tracked.last_span
+        if last is not None and last.is_valid:
+            fields["trace_id"] = f"{last.trace_id:032x}"
+            fields["span_id"] = f"{last.span_id:016x}"
+        log.error("record archived", extra={"fields": fields})
+
+
+def _ignore(_seconds: float) -> None:
+    return None
+
+
+__all__ = ["DlqStep", "dlq_writer_for"]
