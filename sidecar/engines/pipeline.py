@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import secrets
 import time
 from collections import deque
@@ -122,6 +123,8 @@ class Counters:
     broker_archived: dict[str, int] = field(default_factory=dict)
 
     by_topic: dict[tuple[str, str], int] = field(default_factory=dict)  # (topic, outcome) -> count
+    # (source topic, reason, exception class) -> DLQ records written; see dead_lettered_key
+    dead_lettered: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -143,6 +146,31 @@ class Counters:
             "commit_failures": self.commit_failures,
             "rebalances": self.rebalances,
         }
+
+
+# The exception class is the app's word: a metric label keeps the first few distinct ones only.
+DEAD_LETTERED_CLASSES_MAX = 50
+_CLASS_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.$:-]{0,127}")
+
+
+def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, str, str]:
+    """The labels of one DLQ record: source topic, reason, exception class.
+
+    The class is `none` when nobody said one, and `other` when it does not look like a class name or
+    when DEAD_LETTERED_CLASSES_MAX distinct classes are already counted (a metric must stay bounded).
+    """
+    topic = plan.failed.topic if plan.failed is not None else ""
+    name = plan.failed.exception_class if plan.failed is not None else None
+    if not name:
+        label = "none"
+    elif _CLASS_LABEL.fullmatch(name) is None:
+        label = "other"
+    else:
+        label = name
+        seen = {k[2] for k in counters.dead_lettered}
+        if label not in seen and len(seen) >= DEAD_LETTERED_CLASSES_MAX:
+            label = "other"
+    return topic, plan.reason.label, label
 
 
 @dataclass(slots=True, eq=False)
@@ -1027,6 +1055,7 @@ class Pipeline:
             span.end()
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason.label)
+        self.counters.bump(self.counters.dead_lettered, dead_lettered_key(self.counters, plan))
         return ArchiveOutcome.WRITTEN
 
     def _start_dlq_span(
