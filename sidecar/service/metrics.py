@@ -62,7 +62,9 @@ class EngineCollector(Collector):
             "Records the broker archived on its own, with no DLQ record (share engine; never expected).",
             labels=["topic"],
         )
-        for topic, n in sorted(c.broker_archived.items()):
+        # Every source topic from 0, so the first archive is an increase Prometheus sees.
+        by_topic = dict.fromkeys(e.config.source.topics, 0) | c.broker_archived
+        for topic, n in sorted(by_topic.items()):
             broker_archived.add_metric([topic], n)
         yield broker_archived
         yield CounterMetricFamily(
