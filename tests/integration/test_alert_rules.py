@@ -25,7 +25,6 @@ import pytest
 import yaml
 
 from tests.integration.test_helm import CHART, ROOT, ci_file, only, render
-from tests.integration.test_helm import helm as helm  # the fixture
 
 RULES = ROOT / "deploy" / "prometheus" / "dlq-sidecar-rules.yaml"
 DASHBOARD = CHART / "dashboards" / "dlq-sidecar.json"
@@ -121,7 +120,8 @@ def test_every_dashboard_query_parses(promtool: str, tmp_path: Path) -> None:
     queries = dashboard_queries()
     assert len(queries) >= 25
     records = []
-    for n, (_title, expr) in enumerate(queries):
+    for n, (_title, query) in enumerate(queries):
+        expr = query
         for var, value in _GRAFANA_VARS.items():
             expr = expr.replace(var, value)
         assert "$" not in expr, expr

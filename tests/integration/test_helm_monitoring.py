@@ -41,7 +41,6 @@ from tests.integration.test_helm import (
     render_error,
     run_helm,
 )
-from tests.integration.test_helm import helm as helm  # the fixture
 
 CRDS = Path(__file__).resolve().parent / "crds"
 CRD_RELEASES = {

@@ -32,7 +32,6 @@ from tests.harness import (
     wait_until,
 )
 from tests.integration.test_helm import CHART, ROOT, ci_file, only, render
-from tests.integration.test_helm import helm as helm  # the fixture
 from tests.kafkatools import Broker, Rec
 
 RULES = ROOT / "deploy" / "prometheus" / "dlq-sidecar-rules.yaml"
