@@ -130,9 +130,9 @@ def uses() -> list[tuple[str, str, set[str]]]:
 
 async def scrape(rig: Rig, app: TurningApp) -> str:
     """Records accepted, then rejected until the breaker opens; a refused request; `/metrics`."""
-    await rig.produce([Rec(value=f"v{i}".encode()) for i in range(GOOD)])
+    await rig.produce([Rec(key=None, value=f"v{i}".encode()) for i in range(GOOD)])
     await wait_until(lambda: app.accepted >= GOOD, 120, "the good records accepted")
-    await rig.produce([Rec(value=f"w{i}".encode()) for i in range(40)])
+    await rig.produce([Rec(key=None, value=f"w{i}".encode()) for i in range(40)])
     await rig.sc.wait_status(
         lambda st: (
             (st["circuit_breaker"] or {}).get("state") == "open"
