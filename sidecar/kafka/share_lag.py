@@ -67,8 +67,10 @@ class ShareLagEstimate:
             out[key] = max(0, end - start)
         return out
 
-    async def run(self, admin: Callable[[], Any]) -> None:
-        """Refresh the high watermarks every `refresh_s` until cancelled (errors are retried)."""
+    async def run(self, admin_factory: Callable[[], Any]) -> None:
+        """Refresh the high watermarks every `refresh_s` until cancelled (errors are retried), with
+        one admin client from `admin_factory` (kept referenced: a dropped client never answers)."""
+        admin = await trio.to_thread.run_sync(admin_factory)
         while True:
             try:
                 self.update_ends(await trio.to_thread.run_sync(self._read_ends, admin))
@@ -76,10 +78,7 @@ class ShareLagEstimate:
                 log.debug("share lag estimate: cannot read the high watermarks: %s", exc)
             await trio.sleep(self.refresh_s)
 
-    def _read_ends(self, admin_factory: Callable[[], Any]) -> dict[PartitionKey, int]:
-        admin = (
-            admin_factory()
-        )  # referenced until the results are in: a dropped client never answers
+    def _read_ends(self, admin: Any) -> dict[PartitionKey, int]:
         parts: list[TopicPartition] = []
         metadata = admin.list_topics(timeout=10)
         for topic in self.topics:
