@@ -230,8 +230,9 @@ def cases(r: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ],
             "alert_rule_test": [
                 {"eval_time": "2m", "alertname": failing["alert"], "exp_alerts": []},
+                {"eval_time": "4m", "alertname": failing["alert"], "exp_alerts": []},  # `for:`
                 {
-                    "eval_time": "5m",
+                    "eval_time": "6m",
                     "alertname": failing["alert"],
                     "exp_alerts": [
                         expect(failing, p, t, f"DLQ writes are failing (source topic {t})")

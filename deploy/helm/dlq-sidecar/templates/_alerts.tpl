@@ -33,6 +33,7 @@ groups:
       - alert: DlqSidecarDlqWriteFailing
         expr: >-
           {{ include "dlq-sidecar.perTopic" (list $s (printf "increase(dlq_sidecar_dlq_failed_total%s[10m]) > 0 or dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s)) (include "dlq-sidecar.promSel" (list $s `check="dlq_writable"`)))) }}
+        for: {{ $t.dlqFailingFor }}
         labels:
           severity: critical
         annotations:
