@@ -5,17 +5,19 @@ returns it next to the share-partition start offset), but the pinned confluent-k
 librdkafka have no share-group admin call, so the sidecar cannot read it. It estimates instead, per
 source partition:
 
-    lag = high watermark - max(furthest offset this process was handed + 1, baseline)
+    lag = high watermark - (furthest offset this process was handed + 1)
 
-that is, the records past the furthest one this sidecar's share consumers acquired. ``baseline`` is
-the high watermark when the partition was first seen here (share groups start at the latest offset
-unless ``share.auto.offset.reset`` says otherwise), so records produced before the sidecar watched
-are not counted. Records acquired and not yet acknowledged are not in it (they are in flight).
+that is, the records past the furthest one this sidecar's share consumers acquired, for each partition
+it was handed a record of at least once (a partition the group assigned elsewhere gets no series, so a
+pod never reports a partition it does not read). Records acquired and not yet acknowledged are not in
+it (they are in flight).
 
 With several pods in one share group each one sees only the records it acquired: the group's lag is
 the smallest estimate across pods for a partition (``min by (topic, partition)`` in PromQL), the
-furthest any member got. It is an estimate: it lags the broker by up to one refresh, and a record
-released back and acquired again is not counted.
+furthest any member got; a pod that lost a partition in a rebalance keeps its older, larger estimate,
+which the minimum ignores. It is an estimate: it lags the broker by up to one refresh, it counts
+nothing on a partition before the first record was acquired, and a record released back and acquired
+again is not counted.
 
 Imports confluent_kafka's admin types and trio only.
 """
@@ -45,7 +47,6 @@ class ShareLagEstimate:
         self.topics = tuple(topics)
         self.refresh_s = refresh_s
         self._next: dict[PartitionKey, int] = {}  # furthest offset handed here, plus one
-        self._baseline: dict[PartitionKey, int] = {}  # high watermark when first seen
         self._end: dict[PartitionKey, int] = {}  # high watermark at the last refresh
 
     def handed(self, key: PartitionKey, offset: int) -> None:
@@ -54,18 +55,14 @@ class ShareLagEstimate:
             self._next[key] = offset + 1
 
     def update_ends(self, ends: dict[PartitionKey, int]) -> None:
-        """Record the high watermarks just read (the first one of a partition is its baseline)."""
-        for key, end in ends.items():
-            self._baseline.setdefault(key, end)
-            self._end[key] = end
+        """Record the high watermarks just read."""
+        self._end.update(ends)
 
     def lag(self) -> dict[PartitionKey, int]:
-        """The estimate per partition whose high watermark has been read at least once."""
-        out = {}
-        for key, end in self._end.items():
-            start = max(self._next.get(key, 0), self._baseline[key])
-            out[key] = max(0, end - start)
-        return out
+        """The estimate per partition handed here whose high watermark has been read."""
+        return {
+            key: max(0, self._end[key] - nxt) for key, nxt in self._next.items() if key in self._end
+        }
 
     async def run(self, admin_factory: Callable[[], Any]) -> None:
         """Refresh the high watermarks every `refresh_s` until cancelled (errors are retried), with

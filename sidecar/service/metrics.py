@@ -112,8 +112,8 @@ class EngineCollector(Collector):
         share_lag = GaugeMetricFamily(
             "dlq_sidecar_share_lag_records",
             "The sidecar's estimate of the share group's lag (share engine): records past the furthest"
-            " offset this process acquired, up to the high watermark. The group's lag is the minimum"
-            " across pods.",
+            " offset this process acquired, up to the high watermark, for each partition it acquired"
+            " records of. The group's lag is the minimum across pods.",
             labels=["topic", "partition"],
         )
         for (topic, partition), n in sorted(e.lag().items()):

@@ -99,17 +99,21 @@ groups:
           description: >-
             The sidecar cannot connect to the app: intake is paused and records wait in Kafka.
           runbook_url: {{ printf "%s#dlqsidecarappunreachable" $book }}
+      {{- $commitLag := printf "dlq_sidecar_commit_lag_records%s" (include "dlq-sidecar.promSel" (list $s)) }}
+      {{- $shareLag := printf "min by (namespace, job, topic, partition) (dlq_sidecar_share_lag_records%s)" (include "dlq-sidecar.promSel" (list $s)) }}
       - alert: DlqSidecarLagGrowing
         expr: >-
-          sum by (namespace, pod, topic) (deriv(dlq_sidecar_commit_lag_records{{ include "dlq-sidecar.promSel" (list $s) }}[10m]) or deriv(dlq_sidecar_share_lag_records{{ include "dlq-sidecar.promSel" (list $s) }}[10m])) > 0 and sum by (namespace, pod, topic) (dlq_sidecar_commit_lag_records{{ include "dlq-sidecar.promSel" (list $s) }} or dlq_sidecar_share_lag_records{{ include "dlq-sidecar.promSel" (list $s) }}) > {{ $t.lagMinRecords }}
+          (sum by (namespace, pod, topic) (deriv({{ $commitLag }}[10m])) > 0 and sum by (namespace, pod, topic) ({{ $commitLag }}) > {{ $t.lagMinRecords }}) or (sum by (namespace, job, topic) (deriv(({{ $shareLag }})[10m:1m])) > 0 and sum by (namespace, job, topic) ({{ $shareLag }}) > {{ $t.lagMinRecords }})
         for: {{ $t.lagGrowingFor }}
         labels:
           severity: warning
         annotations:
-          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: lag of topic {{ $labels.topic }} keeps growing'`}}
+          summary: {{`'{{ $labels.namespace }}/{{ if $labels.pod }}{{ $labels.pod }}{{ else }}{{ $labels.job }} (share group){{ end }}: lag of topic {{ $labels.topic }} keeps growing'`}}
           description: >-
             The lag has grown for prometheusRule.thresholds.lagGrowingFor ({{ $t.lagGrowingFor }}) and is
-            above {{ $t.lagMinRecords }} records: the consumers do not keep up.
+            above {{ $t.lagMinRecords }} records: the consumers do not keep up. Consumer engine: per pod;
+            share engine: per share group (the pods behind one Service, `job`), from the smallest of the
+            pods' estimates per partition.
           runbook_url: {{ printf "%s#dlqsidecarlaggrowing" $book }}
       - alert: DlqSidecarIsolationPassLong
         expr: >-
