@@ -128,8 +128,10 @@ def uses() -> list[tuple[str, str, set[str]]]:
     return out
 
 
-async def scrape(rig: Rig, app: TurningApp) -> str:
-    """Records accepted, then rejected until the breaker opens; a refused request; `/metrics`."""
+async def scrape(rig: Rig, app: TurningApp, lag_family: str) -> str:
+    """Records accepted, then rejected until the breaker opens; a refused request; `/metrics` once
+    it has samples of `lag_family` (the consumer reads its watermarks every second, the share
+    engine's estimate every 10 s)."""
     await rig.produce([Rec(key=None, value=f"v{i}".encode()) for i in range(GOOD)])
     await wait_until(lambda: app.accepted >= GOOD, 120, "the good records accepted")
     await rig.produce([Rec(key=None, value=f"w{i}".encode()) for i in range(40)])
@@ -152,10 +154,15 @@ async def scrape(rig: Rig, app: TurningApp) -> str:
             conn.close()
 
     assert await trio.to_thread.run_sync(foreign_host) == 403
-    code, text = await rig.sc.get("/metrics")
-    assert code == 200
-    assert isinstance(text, str)
-    return text
+    with trio.move_on_after(60):
+        while True:
+            code, text = await rig.sc.get("/metrics")
+            assert code == 200
+            assert isinstance(text, str)
+            if f"{lag_family}{{" in text:
+                return text
+            await trio.sleep(0.2)
+    raise AssertionError(f"no {lag_family} sample within 60 s:\n{text}")
 
 
 async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
@@ -181,7 +188,12 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
         async with running_sidecar(
             broker, path, app.recording, unique=f"{unique}-{engine}", extra=extra
         ) as rig:
-            texts[engine] = await scrape(rig, app)
+            lag = (
+                "dlq_sidecar_commit_lag_records"
+                if engine == "consumer"
+                else "dlq_sidecar_share_lag_records"
+            )
+            texts[engine] = await scrape(rig, app, lag)
 
     async with trio.open_nursery() as nursery:
         for engine in ("consumer", "share"):
