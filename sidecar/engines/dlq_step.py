@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,31 @@ from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
 from sidecar.telemetry.tracing import Tracing
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
+
+
+# The exception class is the app's word: a metric label keeps the first few distinct ones only.
+DEAD_LETTERED_CLASSES_MAX = 50
+_CLASS_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.$:-]{0,127}")
+
+
+def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, str, str]:
+    """The labels of one DLQ record: source topic, reason, exception class.
+
+    The class is `none` when nobody said one, and `other` when it does not look like a class name or
+    when DEAD_LETTERED_CLASSES_MAX distinct classes are already counted (a metric must stay bounded).
+    """
+    topic = plan.failed.topic if plan.failed is not None else ""
+    name = plan.failed.exception_class if plan.failed is not None else None
+    if not name:
+        label = "none"
+    elif _CLASS_LABEL.fullmatch(name) is None:
+        label = "other"
+    else:
+        label = name
+        seen = {k[2] for k in counters.dead_lettered}
+        if label not in seen and len(seen) >= DEAD_LETTERED_CLASSES_MAX:
+            label = "other"
+    return topic, plan.reason.label, label
 
 
 def dlq_writer_for(config: Config) -> DlqWriter:
@@ -144,6 +170,7 @@ class DlqStep:
             span.end()
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason.label)
+        self.counters.bump(self.counters.dead_lettered, dead_lettered_key(self.counters, plan))
         return ArchiveOutcome.WRITTEN
 
     def _start_dlq_span(

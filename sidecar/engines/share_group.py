@@ -81,6 +81,7 @@ from sidecar.core.outcome import (
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer, AppError
 from sidecar.engines.interfaces import AckResult, Delivery, Pipe
+from sidecar.kafka.share_lag import ShareLagEstimate
 from sidecar.kafka.source import SourceError
 
 log = logging.getLogger("sidecar.share")
@@ -555,6 +556,7 @@ class ShareGroupEngine:
         self.settings: ShareSettings | None = None
         self._batches: set[_Batch] = set()
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
+        self.lag_estimate = ShareLagEstimate(config.source.topics)
         self._renew_warned = False
         self._consumers_running = 0
         # Records the DLQ circuit breaker held (released to the broker instead of dead-lettered),
@@ -580,8 +582,10 @@ class ShareGroupEngine:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the consumers (after reading the group's settings) until polling stops."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.pipe.run_source, self.source.run)
+            nursery.start_soon(self.lag_estimate.run, self.dlq.admin)
             task_status.started()
+            await self.pipe.run_source(self.source.run)
+            nursery.cancel_scope.cancel()
 
     def wake(self) -> None:
         """Nothing to re-evaluate: the broker decides which records each consumer acquires."""
@@ -625,8 +629,7 @@ class ShareGroupEngine:
         return self.source.paused
 
     def lag(self) -> dict[PartitionKey, int]:
-        # The share-partition start offset lives in the broker; the client has no per-member lag.
-        return {}
+        return self.lag_estimate.lag()  # the sidecar's own estimate: see sidecar/kafka/share_lag.py
 
     def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
         return {}  # no delivery state in commit metadata
@@ -905,6 +908,7 @@ class ShareGroupEngine:
             count = msg.delivery_count() or 1
             key = (record.topic, record.partition)
             self.source.assigned.add(key)
+            self.lag_estimate.handed(key, record.offset)
             self._in_flight_by_partition[key] = self._in_flight_by_partition.get(key, 0) + 1
             held.append(key)
             coordinates = (record.topic, record.partition, record.offset)

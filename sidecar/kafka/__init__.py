@@ -1,8 +1,9 @@
 """Kafka adapters (confluent-kafka): the consumer driven from trio, and the DLQ writer.
 
-    source   the consumer: subscribe, the poll loop, commits with metadata, pause/resume, close
-    dlq/     the DLQ: records, topics (admin), plain writes (acks=all, idempotent), the transactional
-             protocol (see its `__init__`)
+    source     the consumer: subscribe, the poll loop, commits with metadata, pause/resume, close
+    share_lag  the share group's lag as the sidecar estimates it (high watermarks through the admin client)
+    dlq/       the DLQ: records, topics (admin), plain writes (acks=all, idempotent), the transactional
+               protocol (see its `__init__`)
 
 May import `sidecar.core` and `sidecar.config`; never the engines, the HTTP adapters or the service.
 """

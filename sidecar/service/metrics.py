@@ -48,12 +48,23 @@ class EngineCollector(Collector):
         for reason, n in sorted(c.archived.items()):
             archived.add_metric([reason], n)
         yield archived
+        dead_lettered = CounterMetricFamily(
+            "dlq_sidecar_dead_lettered",
+            "DLQ records confirmed by the broker, by source topic, reason and exception class (`none`:"
+            " not said; `other`: not a class name, or past the first 50 distinct classes).",
+            labels=["topic", "reason", "exception_class"],
+        )
+        for (topic, reason, exception_class), n in sorted(c.dead_lettered.items()):
+            dead_lettered.add_metric([topic, reason, exception_class], n)
+        yield dead_lettered
         broker_archived = CounterMetricFamily(
             "dlq_sidecar_broker_archived_without_dlq",
             "Records the broker archived on its own, with no DLQ record (share engine; never expected).",
             labels=["topic"],
         )
-        for topic, n in sorted(c.broker_archived.items()):
+        # Every source topic from 0, so the first archive is an increase Prometheus sees.
+        by_topic = dict.fromkeys(e.config.source.topics, 0) | c.broker_archived
+        for topic, n in sorted(by_topic.items()):
             broker_archived.add_metric([topic], n)
         yield broker_archived
         yield CounterMetricFamily(
@@ -91,14 +102,70 @@ class EngineCollector(Collector):
             "1 when the app accepts connections.",
             value=1 if e.app_reachable else 0,
         )
+        status = e.status()
+        share = status.get("engine") == "share"
         lag = GaugeMetricFamily(
             "dlq_sidecar_commit_lag_records",
-            "Records between the committable offset and the partition's high watermark.",
+            "Records between the committable offset and the partition's high watermark (consumer engine).",
+            labels=["topic", "partition"],
+        )
+        share_lag = GaugeMetricFamily(
+            "dlq_sidecar_share_lag_records",
+            "The sidecar's estimate of the share group's lag (share engine): records past the furthest"
+            " offset this process acquired, up to the high watermark, for each partition it acquired"
+            " records of. The group's lag is the minimum across pods.",
             labels=["topic", "partition"],
         )
         for (topic, partition), n in sorted(e.lag().items()):
-            lag.add_metric([topic, str(partition)], n)
+            (share_lag if share else lag).add_metric([topic, str(partition)], n)
         yield lag
+        yield share_lag
+        partitions = status.get("partitions") or []
+        yield GaugeMetricFamily(
+            "dlq_sidecar_buffered_records",
+            "Records fetched and held in memory, not yet handed to the app (consumer engine).",
+            value=sum(int(p.get("buffered") or 0) for p in partitions),
+        )
+        yield GaugeMetricFamily(
+            "dlq_sidecar_buffered_bytes",
+            "Bytes of the records fetched and held in memory, not yet handed to the app (consumer engine).",
+            value=sum(int(p.get("buffered_bytes") or 0) for p in partitions),
+        )
+        failing = status.get("commits_failing_s")
+        yield GaugeMetricFamily(
+            "dlq_sidecar_commits_failing_seconds",
+            "Seconds every offset commit has been failing (0: the last one succeeded; consumer engine)."
+            " At commit.stall.timeout.ms /healthz reports the sidecar stalled.",
+            value=float(failing or 0.0),
+        )
+        yield GaugeMetricFamily(
+            "dlq_sidecar_stalled",
+            "1 while /healthz answers 503 (the sidecar failed, or every commit failed for"
+            " commit.stall.timeout.ms).",
+            value=1 if (e.failure or e.stalled()) else 0,
+        )
+        checks = e.readiness()
+        yield GaugeMetricFamily(
+            "dlq_sidecar_ready",
+            "1 when /readyz answers 200 (every readiness check passes).",
+            value=1 if all(checks.values()) else 0,
+        )
+        check = GaugeMetricFamily(
+            "dlq_sidecar_readiness_check",
+            "1 for each readiness check of /readyz that passes, 0 for one that fails.",
+            labels=["check"],
+        )
+        for name, ok in sorted(checks.items()):
+            check.add_metric([name], 1 if ok else 0)
+        yield check
+        info = GaugeMetricFamily(
+            "dlq_sidecar_source_topic_info",
+            "1 per source topic, labelled with the engine and group (joins a topic into per-pod alerts).",
+            labels=["topic", "engine", "group"],
+        )
+        for topic in e.config.source.topics:
+            info.add_metric([topic, str(status.get("engine")), e.config.group_id], 1)
+        yield info
         meta = GaugeMetricFamily(
             "dlq_sidecar_commit_metadata_bytes",
             "Size of the delivery state last committed in the offset metadata, per partition.",
@@ -112,23 +179,23 @@ class EngineCollector(Collector):
             "Times a partition paused because its delivery state neared offset.metadata.max.bytes.",
             value=c.metadata_pauses,
         )
-        # Crash isolation (consumer engine): records that may have been in flight at an unclean
-        # stop, delivered one at a time. The share engine has no such pass: the families stay 0.
-        status = e.status()
+        # Crash isolation: records that may have been in flight at an unclean stop, delivered one
+        # at a time (the consumer engine's fields are top level, the share engine's under "share").
+        iso = status.get("share") or status
         yield GaugeMetricFamily(
             "dlq_sidecar_isolation_active",
             "1 while an isolation pass delivers suspects one at a time after an unclean stop.",
-            value=1 if status.get("isolation_active") else 0,
+            value=1 if iso.get("isolation_active") else 0,
         )
         yield GaugeMetricFamily(
             "dlq_sidecar_isolation_suspects",
             "Suspects of the isolation pass not yet settled.",
-            value=int(status.get("suspects_left", 0)),
+            value=int(iso.get("suspects_left", iso.get("suspects_waiting", 0))),
         )
         yield CounterMetricFamily(
             "dlq_sidecar_isolated_deliveries",
             "Isolated deliveries that ended (answer, expiry or revoke), this assignment.",
-            value=int(status.get("isolated_total", 0)),
+            value=int(iso.get("isolated_total", iso.get("isolated_deliveries", 0))),
         )
         # Pull mode (app.mode: pull): the app's long polls and what waits for them (0 otherwise).
         pull = status.get("pull") or {}

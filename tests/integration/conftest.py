@@ -2,6 +2,7 @@
 
 Started once per session, the first time a test asks for `secured_kafka`, and stopped at the end. It is a
 second broker beside the session's plain one (never KAFKA_BOOTSTRAP's: that one has no secured listeners).
+Also the `helm` binary of the chart tests (test_helm.py, test_helm_monitoring.py, ...).
 """
 
 from __future__ import annotations
@@ -17,7 +18,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KAFKA_SCRIPT
+from tests.integration.test_helm import find_helm
 from tests.kafkatools import SecuredKafka
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    path = find_helm()
+    if path is None:
+        pytest.fail(
+            "helm not found ($DLQ_HELM, ~/.cache/dlq-sidecar/bin/helm, PATH): run scripts/install-helm",
+            pytrace=False,
+        )
+    return path
 
 
 @pytest.fixture(scope="session")
