@@ -54,7 +54,7 @@ from sidecar.config.values import (
     TracingConfig,
     TracingExporter,
 )
-from sidecar.core.ledger import Ordering
+from sidecar.core.ordering import Ordering
 
 # --------------------------------------------------------------------------------------------
 # Custom readers

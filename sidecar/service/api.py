@@ -32,7 +32,7 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sidecar.config import is_loopback_host
+from sidecar.config import dump_config, is_loopback_host
 from sidecar.core.wire import (
     AckItem,
     WireError,
@@ -269,7 +269,7 @@ class LocalApi:
 
     async def status(self, _request: Request) -> Response:
         body = self.engine.status()
-        body["config"] = self.engine.config.to_dict()
+        body["config"] = dump_config(self.engine.config)
         return Response(
             200, (("Content-Type", "application/json"),), json.dumps(body, indent=1).encode()
         )
