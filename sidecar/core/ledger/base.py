@@ -235,7 +235,7 @@ class _LedgerBase:
             self._n_count_runs -= 1 - (left == count) - (right == count)
         if offset > self._max_done:  # noqa: PLR1730 (hot path)
             self._max_done = offset
-        self._count_done_run(seq, front_seq, extends=seq > self._max_done_seq)
+        self._count_done_run(seq, front_seq, seq > self._max_done_seq)
         queue_key = record.queue_key
         if queue_key is _UNORDERED:
             return
@@ -267,7 +267,7 @@ class _LedgerBase:
             delta += 1 - (left == after) - (right == after)
         self._n_count_runs += delta
 
-    def _count_done_run(self, seq: int, front_seq: int, *, extends: bool) -> None:
+    def _count_done_run(self, seq: int, front_seq: int, extends: bool) -> None:
         """Keep ``_n_ranges`` (the done ranges commit_state emits) exact as ``seq`` becomes done.
 
         Ranges are maximal runs, in fetch order, of done records between the lowest held record

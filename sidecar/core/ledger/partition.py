@@ -190,13 +190,19 @@ class PartitionLedger(_Archive):
         topic = self.topic
         partition = self.partition
         out: list[Attempt] = []
+        append = out.append
+        # Locals: this loop runs once per record handed out (the hot path).
+        heappop = heapq.heappop
+        get = records.get
+        id_prefix = self._id_prefix
+        id_epoch = self._id_epoch
         pause_chars = self.config.metadata_max_bytes * _PAUSE_FILL
         allowance = 0
         while ready and len(out) < room:
             offset = ready[0]
-            record = records.get(offset)
+            record = get(offset)
             if record is None or not record.queued:
-                heapq.heappop(ready)  # stale entry
+                heappop(ready)  # stale entry
                 continue
             if horizon and offset > confirmed:
                 # Beyond the committed horizon: held until its commit (the horizon fell behind).
@@ -221,7 +227,7 @@ class PartitionLedger(_Archive):
             allowance -= 1
             enter(record, _ACQUIRE)
             self._version += 1
-            heapq.heappop(ready)
+            heappop(ready)
             record.queued = False
             if horizon:
                 # Not counted until its outcome is known: a death does not charge it.
@@ -235,9 +241,9 @@ class PartitionLedger(_Archive):
                 if offset > self._max_counted:  # noqa: PLR1730 (hot path: no max() call)
                     self._max_counted = offset
                 # _recount(offset, count - 1, count), inlined: this is the hot path.
-                neighbour = records.get(offset - 1)
+                neighbour = get(offset - 1)
                 left = neighbour.delivery_count if neighbour is not None else 0
-                neighbour = records.get(offset + 1)
+                neighbour = get(offset + 1)
                 right = neighbour.delivery_count if neighbour is not None else 0
                 runs = 1 - (left == count) - (right == count)
                 if count > 1:
@@ -245,11 +251,11 @@ class PartitionLedger(_Archive):
                 self._n_count_runs += runs
             seq = self._next_seq
             self._next_seq = seq + 1
-            attempt_id = f"{self._id_prefix}{offset}{self._id_epoch}{seq}"
+            attempt_id = f"{id_prefix}{offset}{id_epoch}{seq}"
             record.attempt_id = attempt_id
             record.lock_deadline_ms = deadline
             live[attempt_id] = record
-            out.append(
+            append(
                 _attempt(
                     topic, partition, offset, attempt_id, count, deadline, record.key, record.item
                 )
