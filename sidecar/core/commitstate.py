@@ -61,6 +61,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from sidecar.core.errors import SidecarError
+
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
     "MAGIC",
@@ -378,7 +380,7 @@ def encode(state: CommitState, budget_bytes: int) -> str | None:
 # -- decoder -------------------------------------------------------------------------------------
 
 
-class CommitStateError(ValueError):
+class CommitStateError(SidecarError, ValueError):
     """The metadata is not a state this build can use: foreign, unknown version, corrupt, or over
     a decoding bound.  The message says which; the caller starts from the committed offset."""
 

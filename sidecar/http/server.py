@@ -61,6 +61,7 @@ import httptools
 import outcome
 import trio
 
+from sidecar.core.errors import SidecarError
 from sidecar.http.limits import LimitExceeded, MeteredCollector
 
 __all__ = [
@@ -148,7 +149,7 @@ class ServerStats:
         )
 
 
-class PeerClosed(Exception):
+class PeerClosed(SidecarError):
     """The client closed its connection (EOF or reset) during :meth:`Request.watch_peer`: the
     wait was cancelled, and the server answers nothing and closes the connection."""
 
@@ -261,7 +262,7 @@ def json_response(obj: object, status: int = 200) -> Response:
 _REASONS = {status.value: status.phrase for status in http.HTTPStatus}
 
 
-class BadResponse(ValueError):
+class BadResponse(SidecarError, ValueError):
     """A handler's response that cannot be written as HTTP/1.1 (the handler's bug: a 500)."""
 
 

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
+from sidecar.core.errors import SidecarError
+
 if TYPE_CHECKING:
     # rich is imported where it is used: the CLI imports this module to build its parser, and
     # `dlq-sidecar run` should not pay for rich's import.
@@ -75,7 +77,7 @@ _DATA = _HERE / "demo_data"
 DlqRecord = tuple[int, int, list[tuple[str, str]]]
 
 
-class DemoError(Exception):
+class DemoError(SidecarError):
     """Something the demo needs is missing or failed; the message says what and what to do."""
 
 

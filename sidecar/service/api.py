@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.config import dump_config, is_loopback_host
+from sidecar.core.errors import SidecarError
 from sidecar.core.wire import (
     AckItem,
     WireError,
@@ -58,7 +59,7 @@ PULL_DEFAULT_RECORDS = 100
 PULL_DEFAULT_WAIT_MS = 0
 
 
-class PullQueryError(ValueError):
+class PullQueryError(SidecarError, ValueError):
     """A bad ``GET /v1/records`` query (a 400); the message names the parameter."""
 
 
