@@ -16,7 +16,7 @@ Wire format, version 1 (written in write-ahead mode, and by every build before v
               | 0x02 uvarint(nbits) bytes                                        (bitset)
     counts    = uvarint(n) n * (uvarint(gap) uvarint(length - 1) uvarint(count - 1))
 
-Version 2 (horizon mode, see :mod:`sidecar.ledger`) adds a fixed header after the base; the framing,
+Version 2 (horizon mode, see :mod:`sidecar.core.ledger.horizon`) adds a fixed header after the base; the framing,
 the checksum and the two sections are version 1's::
 
     "dlq2:" + base64url-without-padding( flag byte | body )       (flag and body as in version 1)

@@ -13,7 +13,7 @@ Owns, in one place for both engines:
   DLQ record's ``__dlq.errors.exception.*`` headers.
 
 Pure: no trio, no Kafka, no I/O, no clock, no random source (the caller passes ``rand``). Must not
-import anything but the standard library and :mod:`sidecar.backoff`.
+import anything but the standard library and :mod:`sidecar.core.backoff`.
 """
 
 from __future__ import annotations

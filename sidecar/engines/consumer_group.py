@@ -1,6 +1,6 @@
 """The consumer-group engine (`engine: consumer`): delivery state in per-partition ledgers and commits.
 
-The pipeline (:mod:`sidecar.pipeline`) sends records to the app and applies answers; this adapter owns
+The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
 the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
 crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
 stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset

@@ -1,8 +1,8 @@
 """The delivery pipeline both engines run, and the two interfaces around it.
 
 The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
-ledgers plus the offset commit's metadata (``engine: consumer``, :mod:`sidecar.engine`), or in the
-broker's share partitions (``engine: share``, :mod:`sidecar.share_engine`). That difference is a
+ledgers plus the offset commit's metadata (``engine: consumer``, :mod:`sidecar.engines.consumer_group`), or in the
+broker's share partitions (``engine: share``, :mod:`sidecar.engines.share_group`). That difference is a
 :class:`DeliveryState` adapter; everything else is here, once::
 
     DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ workers ──HTTP──▶ app

@@ -1,6 +1,6 @@
 """Byte budgets for HTTP/1.1 header blocks, trailers and chunk framing, over httptools (llhttp).
 
-Shared by the server (:mod:`sidecar.httpserver`) and the app client (:mod:`sidecar.appclient`).
+Shared by the server (:mod:`sidecar.http.server`) and the app client (:mod:`sidecar.http.appclient`).
 Sans-IO: no sockets, no clock. It must not import other ``sidecar`` modules.
 
 Why limits cannot be checked in the header callbacks alone: httptools hands a header name or

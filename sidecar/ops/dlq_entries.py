@@ -4,7 +4,7 @@ Owns `DlqEntry` (source coordinates, delivery count, exception, cause, replay ma
 original record is held or only its headers), its JSON form for `dlq inspect --json` (bytes as UTF-8
 text or base64), and the names of the `__dlq.replay.*` markers a replay adds. Pure: no broker calls.
 
-Imports: the standard library and the header names of `sidecar.dlq` only.
+Imports: the standard library and the header names of `sidecar.kafka.dlq` only.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An app that can misbehave at the HTTP level: answer garbage, or take a request and never answer.
 
-`sidecar.httpserver` always frames a well-formed response, so the faulty app runs its own small HTTP/1.1
+`sidecar.http.server` always frames a well-formed response, so the faulty app runs its own small HTTP/1.1
 loop (requests parsed with httptools, as the real server does) and, per mode, either lets the `JournalApp`
 answer (healthy: the same answers and journal lines as `AppServer`), writes broken bytes, or hangs.
 
