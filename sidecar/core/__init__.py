@@ -8,7 +8,7 @@
                  and the isolation pass, commit metadata, flow control, archiving
     commitstate  the state beyond the committed offset, and its offset-metadata codec
     backoff      the redelivery backoff policy (an immutable value)
-    budget       the memory budget: what the records held and librdkafka's queues may use
+    budget       the byte budget for buffered records (`max.buffered.bytes`) and its split
     breaker      the DLQ circuit breaker
     text         the one UTF-8 check
     wire/        the HTTP wire contract with the app: requests, CloudEvents, answers, the ack API
