@@ -8,7 +8,7 @@ What the sidecar must make of each garbage answer is SPEC §5 and the README's "
 was sent and then failed is an attempt and a release, never an accept — except a 2xx whose body is not
 declared JSON, which is an accept by its status. Every variant below carries that expected meaning (the word
 the app journals) and the error class the sidecar reports for it (`sidecar/http/appclient.py`,
-`sidecar/core/wire.py`), which a DLQ record archived at the delivery limit names in
+`sidecar/core/wire/answers.py`), which a DLQ record archived at the delivery limit names in
 `__dlq.errors.exception.class.name`.
 """
 
