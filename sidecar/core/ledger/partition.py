@@ -329,9 +329,11 @@ class PartitionLedger(_Archive):
             self._settle(record)
         if isinstance(verdict, DeadLetter):
             reason = verdict.reason
-            if reason is not _REJECTED and error is not None:
-                record.error = error
-            self._start_archiving(record, reason, error if reason is _REJECTED else record.error)
+            if reason is _REJECTED:
+                record.error = error  # the reject's own account, or none
+            elif error is not None:
+                record.error = error  # else the last release's account stays
+            self._start_archiving(record, reason, record.error)
             return _result(
                 attempt_id, record.offset, ack, _ARCHIVING, record.delivery_count, reason=reason
             )
