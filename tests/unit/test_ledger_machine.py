@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 
 import pytest
@@ -62,3 +63,22 @@ def _machine_assignments() -> list[int]:
         for i, line in enumerate(source, 1)
         if line.strip().startswith(("record.state =", "self.state ="))
     ]
+
+
+def test_the_fast_builders_make_the_same_frozen_values() -> None:
+    from sidecar.core.ledger import AnswerResult, ArchiveReason, Attempt
+    from sidecar.core.ledger.values import _attempt, _result
+
+    attempt = _attempt("t", 1, 2, "t/1/2/0.0", 3, 4, b"k", "item")
+    expected = Attempt("t", 1, 2, "t/1/2/0.0", 3, 4, b"k", "item")
+    assert type(attempt) is Attempt
+    assert attempt == expected
+    assert hash(attempt) == hash(expected)
+    result = _result("id", 2, None, RecordState.ARCHIVING, 5, reason=ArchiveReason.REJECTED)
+    assert type(result) is AnswerResult
+    assert result == AnswerResult(
+        "id", 2, None, RecordState.ARCHIVING, 5, reason=ArchiveReason.REJECTED
+    )
+    for value in (attempt, result):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            value.offset = 9  # type: ignore[misc]
