@@ -5,7 +5,7 @@ stdout once both listeners are up and serves until stdin closes. One process lis
 loopback and on a Unix socket, so every scenario talks to the same app.
 
 It is asyncio + httptools (llhttp) on purpose: the app must cost as little CPU as possible so
-the figures measure the sidecar, not the app (``sidecar.httpserver`` on trio is the more
+the figures measure the sidecar, not the app (``sidecar.http.server`` on trio is the more
 general server, about three times the CPU per request). It imports nothing from ``sidecar``.
 
 What it does per ``POST`` (any path but ``/stats`` and ``/reset``):

@@ -21,7 +21,7 @@ _EXPORTS = {
     "PartitionLedger": "sidecar.core.ledger",
     "LedgerConfig": "sidecar.core.ledger",
     "Ack": "sidecar.core.outcome",
-    "Ordering": "sidecar.core.ledger",
+    "Ordering": "sidecar.core.ordering",
     "RecordState": "sidecar.core.ledger",
     "RetryPolicy": "sidecar.core.backoff",
     "CommitState": "sidecar.core.commitstate",

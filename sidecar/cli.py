@@ -76,13 +76,13 @@ def cmd_run(config_path: str) -> int:
 
 
 def cmd_check_config(config_path: str, print_config: bool) -> int:
-    from sidecar.config import Config
+    from sidecar.config import Config, dump_config
 
     config = _load(config_path)
     if not isinstance(config, Config):
         return EXIT_CONFIG
     if print_config:
-        print(json.dumps(config.to_dict(), indent=2))
+        print(json.dumps(dump_config(config), indent=2))
     else:
         topics = ", ".join(config.source.topics)
         dlq = {t: config.dlq_topic_for(t) or "(none)" for t in config.source.topics}

@@ -16,14 +16,15 @@ error, not a runtime surprise). It turns one YAML file into a tree of frozen dat
     yamlcore     the strict YAML 1.2 core-schema loader with hard limits
     load         load_config / parse_config: file or data to Config, or ConfigError
     masking      which values are secrets, by name
-    dump         Config.to_dict: the effective configuration, masked
+    dump         dump_config: the effective configuration as plain data, masked
 
-Imports: the standard library and PyYAML only. Nothing else in ``sidecar`` may be imported here;
-every other module imports this one.
+Imports: the standard library, PyYAML and `sidecar.core` (``Ordering``) only; every other layer may
+import this one.
 """
 
 from __future__ import annotations
 
+from sidecar.config.dump import dump_config
 from sidecar.config.errors import ConfigError
 from sidecar.config.load import load_config, parse_config
 from sidecar.config.masking import is_secret_header, is_secret_kafka_property
@@ -48,7 +49,7 @@ from sidecar.config.values import (
     TracingConfig,
     TracingExporter,
 )
-from sidecar.core.ledger import Ordering  # the one copy: the ledger's
+from sidecar.core.ordering import Ordering  # the one copy
 
 __all__ = [
     "ApiConfig",
@@ -72,6 +73,7 @@ __all__ = [
     "StatusAck",
     "TracingConfig",
     "TracingExporter",
+    "dump_config",
     "is_loopback_host",
     "is_secret_header",
     "is_secret_kafka_property",

@@ -1,10 +1,10 @@
 """The effective configuration as plain data, in the YAML file's own shape and key names.
 
-`_dump` walks the key tables (`sidecar.config.schema`), so every key that can be read is also
-written, and masks secrets with `sidecar.config.masking` unless told not to. `Config.to_dict` is
-the public way in.
+`dump_config` walks the key tables (`sidecar.config.schema`), so every key that can be read is also
+written, and masks secrets with `sidecar.config.masking` unless told not to.
 
-Imports: the standard library and the `sidecar.config` modules values, kinds, schema and masking.
+Imports: the standard library and the `sidecar.config` modules values, kinds, schema and masking
+(none of them imports this one).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
+
+__all__ = ["dump_config"]
 
 from sidecar.config.kinds import _Key, _Section
 from sidecar.config.masking import _MASK, _masked_kafka, is_secret_header
@@ -47,7 +49,14 @@ def _dump_table(owners: Mapping[type, object], keys: tuple[_Key, ...]) -> dict[s
     return out
 
 
-def _dump(config: Config, *, mask_secrets: bool) -> dict[str, Any]:
+def dump_config(config: Config, *, mask_secrets: bool = True) -> dict[str, Any]:
+    """The effective configuration in the YAML file's own shape and key names (JSON-safe).
+
+    Secrets are masked by name (`is_secret_kafka_property`, `is_secret_header`), and the
+    userinfo of any URL in a `kafka` value (``https://***@host``). Unmasked, the result
+    parses back to an equal Config (unless a value holds a literal ``${``, which would be
+    substituted again).
+    """
     owners: dict[type, object] = {
         Config: config,
         DeliveryConfig: config.delivery,

@@ -5,7 +5,7 @@
 carries the environment through one read; `expand` also says whether the text was exactly one
 reference, which lets a typed key convert it (environment variables are always text).
 
-Imports: the standard library and `sidecar.config.errors` only.
+Imports: the standard library, `sidecar.config.errors` and `sidecar.core.text` (the UTF-8 check) only.
 """
 
 from __future__ import annotations
@@ -15,21 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.config.errors import _Invalid
-
-
-def _has_utf8(text: str) -> bool:
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+from sidecar.core.text import has_utf8
 
 
 def _encodable(text: str, path: str) -> str:
     """`text`, if it has a UTF-8 encoding: every value ends up in librdkafka, a header or a log line."""
-    if not _has_utf8(text):
+    if not has_utf8(text):
         raise _Invalid(
             path,
             "has no UTF-8 encoding: it holds a lone surrogate (from a YAML '\\uD800' escape or a "

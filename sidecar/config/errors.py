@@ -4,7 +4,7 @@ Owns `ConfigError` (public: the CLI prints ``str(error)`` and exits 2) and `_Inv
 readers raise with a dotted path and a reason and `sidecar.config.load` turns into `ConfigError`
 with the file name.
 
-Imports: only `sidecar.errors` (the root error); not the rest of `sidecar.config`.
+Imports: only `sidecar.core.errors` (the root error); not the rest of `sidecar.config`.
 """
 
 from __future__ import annotations

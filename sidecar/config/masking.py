@@ -2,7 +2,7 @@
 
 Owns the rules for librdkafka properties (`is_secret_kafka_property`), `app.headers` entries
 (`is_secret_header`) and the userinfo of URLs inside values (``https://***@host``), used by
-/v1/status and ``check-config --print`` through `Config.to_dict`.
+/v1/status and ``check-config --print`` through `sidecar.config.dump.dump_config`.
 
 Imports: the standard library only.
 """

@@ -54,7 +54,7 @@ from sidecar.config.values import (
     TracingConfig,
     TracingExporter,
 )
-from sidecar.core.ledger import Ordering
+from sidecar.core.ordering import Ordering
 
 # --------------------------------------------------------------------------------------------
 # Custom readers
@@ -173,7 +173,7 @@ def _read_headers(raw: object, path: str, ctx: _Context) -> Mapping[str, str]:
             raise _Invalid(key_path, "header is listed twice (names are case-insensitive)")
         seen.add(name.lower())
         text = _Str().read(value, key_path, ctx)
-        # The rule of the request formatter (sidecar/core/wire.py), checked here so a bad value is a
+        # The rule of the request formatter (sidecar/core/wire/requests.py), checked here so a bad value is a
         # start-up error, not a failure at the first delivery. The value is never echoed: it may
         # be a secret.
         if not (text.isascii() and text.isprintable()):

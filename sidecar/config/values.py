@@ -4,9 +4,9 @@ Defaults live here only: a key is required exactly when its attribute has no def
 `sidecar.config.schema`), so the two can never disagree. The values are immutable, compare by
 value, and derive what they can (`AppConfig.host`, `ApiConfig.address`) with `sidecar.config.syntax`.
 
-Imports: the standard library, `sidecar.config.syntax` and `sidecar.core.ledger` (its `Ordering`, the one copy); `Config.to_dict` imports
-`sidecar.config.dump` when called (the dump reads the key tables, which are built from these
-classes). Nothing outside `sidecar.config`.
+Imports: the standard library, `sidecar.config.syntax` and `sidecar.core.ordering` (`Ordering`, the
+one copy). Never `sidecar.config.dump` or `sidecar.config.schema`: they read these classes (the
+effective configuration as plain data is `sidecar.config.dump.dump_config`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
-from sidecar.core.ledger import Ordering
+from sidecar.core.ordering import Ordering
 
 # --------------------------------------------------------------------------------------------
 # Enumerations (string enums: they compare equal to, and format as, their YAML spelling)
@@ -289,15 +289,3 @@ class Config:
         first = str(self.kafka["bootstrap.servers"]).split(",")[0].strip()
         cluster = first.split("://", 1)[-1]
         return self.app.cloudevents_source.replace("{cluster}", cluster)
-
-    def to_dict(self, *, mask_secrets: bool = True) -> dict[str, Any]:
-        """The effective configuration in the YAML file's own shape and key names (JSON-safe).
-
-        Secrets are masked by name (`is_secret_kafka_property`, `is_secret_header`), and the
-        userinfo of any URL in a `kafka` value (``https://***@host``). Unmasked, the result
-        parses back to an equal Config (unless a value holds a literal ``${``, which would be
-        substituted again).
-        """
-        from sidecar.config.dump import _dump
-
-        return _dump(self, mask_secrets=mask_secrets)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sidecar.core.errors import SidecarError
 from sidecar.core.record import SourceRecord
 
 __all__ = [
@@ -70,7 +71,7 @@ _FETCH_DIVISOR = 8
 _MIN_BUFFER_DIVISOR = 4
 
 
-class BudgetError(ValueError):
+class BudgetError(SidecarError, ValueError):
     """The budget cannot hold what the user's librdkafka settings ask for; ``key`` is to blame."""
 
     def __init__(self, key: str, reason: str) -> None:

@@ -16,7 +16,7 @@ Wire format, version 1 (written in write-ahead mode, and by every build before v
               | 0x02 uvarint(nbits) bytes                                        (bitset)
     counts    = uvarint(n) n * (uvarint(gap) uvarint(length - 1) uvarint(count - 1))
 
-Version 2 (horizon mode, see :mod:`sidecar.ledger`) adds a fixed header after the base; the framing,
+Version 2 (horizon mode, see :mod:`sidecar.core.ledger.horizon`) adds a fixed header after the base; the framing,
 the checksum and the two sections are version 1's::
 
     "dlq2:" + base64url-without-padding( flag byte | body )       (flag and body as in version 1)
@@ -60,6 +60,8 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from sidecar.core.errors import SidecarError
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
@@ -378,7 +380,7 @@ def encode(state: CommitState, budget_bytes: int) -> str | None:
 # -- decoder -------------------------------------------------------------------------------------
 
 
-class CommitStateError(ValueError):
+class CommitStateError(SidecarError, ValueError):
     """The metadata is not a state this build can use: foreign, unknown version, corrupt, or over
     a decoding bound.  The message says which; the caller starts from the committed offset."""
 

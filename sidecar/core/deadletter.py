@@ -11,8 +11,8 @@ The engine performs the write (plain or transactional) and reports which :class:
 it got; the record is done for WRITTEN and NO_DLQ only. :class:`FailedRecord` is what
 :func:`sidecar.kafka.dlq.build_dlq_record` turns into the record's bytes and ``__dlq.errors.*`` headers.
 
-Pure: no trio, no Kafka, no I/O, no clock. Must import only the core (:mod:`sidecar.outcome`,
-:mod:`sidecar.record`).
+Pure: no trio, no Kafka, no I/O, no clock. Must import only the core (:mod:`sidecar.core.outcome`,
+:mod:`sidecar.core.record`).
 """
 
 from __future__ import annotations

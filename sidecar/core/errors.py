@@ -1,28 +1,52 @@
 """The sidecar's errors: one root, like httpx's, with third-party exceptions translated at the boundary.
 
-    SidecarError
-    ├── ConfigError ............ the configuration is invalid (exit 2)                  sidecar.config
-    ├── WireError .............. malformed input to a wire parser or formatter          sidecar.core.wire
-    ├── LedgerError ............ an illegal call on a partition's ledger                sidecar.core.ledger
-    │   ├── UnknownAttempt, ExpiredAttempt, IllegalTransition, LedgerClosed
-    ├── AppClientError ......... talking to the app over HTTP                           sidecar.http.appclient
-    │   ├── AppNotReachable .... nothing listening: not an attempt (socket errors end here)
-    │   └── AppRequestFailed ... sent, then failed: an attempt (timeouts, resets, bad HTTP)
-    ├── KafkaClientError ....... librdkafka (`KafkaException`) seen through the sidecar
-    │   ├── SourceError ........ the consumer cannot continue (exit 1)                  sidecar.kafka.source
-    │   │   ├── ShareGroupsUnavailable ... the cluster cannot run this share group     sidecar.engines.share_group
-    │   │   └── ShareGroupLimitUnsafe .... the group's delivery limit leaves no room to dead-letter first
-    │   └── CommitFailed ....... one offset commit failed; the next one retries it     sidecar.engines.consumer_group
-    └── DlqError ............... the dead-letter queue                                  sidecar.kafka.dlq
-        ├── DlqStartupError .... a DLQ topic is missing or unusable at start-up (exit 1)
-        ├── DlqFatalError ...... a DLQ write that cannot succeed: stop, never drop (exit 1)
-        └── DlqTxnAbortable .... a DLQ transaction to abort and redo
-            └── DlqTxnStuck .... a transaction call that never returned
+Every error the package raises on purpose is a `SidecarError`; the tree below is all of them, each
+with the module that defines it (tests/unit/test_errors.py walks the package and checks it)::
 
-Where third-party exceptions are translated: `KafkaException` in `sidecar.source`, `sidecar.dlq`,
-`sidecar.share_engine` and (commits) `sidecar.engine`; socket errors (`OSError`) in `sidecar.appclient`
-and the pipeline's app probe. The engines catch broadly only around one record's dispatch (a DLQ write, one
-batch of a transaction); the CLI catches at the top. `trio.Cancelled` is never swallowed.
+    SidecarError ................. root of every error the sidecar raises on purpose       sidecar.core.errors
+    ├── ConfigError .............. the configuration is invalid (exit 2)                  sidecar.config.errors
+    ├── WireError ................ malformed input to a wire parser or formatter          sidecar.core.wire.values
+    ├── CommitStateError ......... commit metadata this build cannot use (start over)     sidecar.core.commitstate
+    ├── BudgetError .............. the memory budget cannot hold the librdkafka settings  sidecar.core.budget
+    ├── IllegalBreakerCall ....... a call the DLQ circuit breaker's state does not allow  sidecar.core.breaker
+    ├── LedgerError .............. an illegal call on a partition's ledger                sidecar.core.ledger.values
+    │   ├── UnknownAttempt ....... an attempt id this ledger never issued                 sidecar.core.ledger.values
+    │   ├── ExpiredAttempt ....... lock expired, superseded, answered, or revoked         sidecar.core.ledger.values
+    │   ├── IllegalTransition .... the call does not apply to the record's state          sidecar.core.ledger.values
+    │   └── LedgerClosed ......... the partition was revoked                              sidecar.core.ledger.values
+    ├── KafkaClientError ......... librdkafka (`KafkaException`) seen through the sidecar  sidecar.core.errors
+    │   ├── SourceError .......... the consumer cannot continue (exit 1)                  sidecar.kafka.source
+    │   │   ├── ShareGroupsUnavailable ... the cluster cannot run this share group        sidecar.engines.share_group
+    │   │   └── ShareGroupLimitUnsafe .... no room to dead-letter before the broker does  sidecar.engines.share_group
+    │   └── CommitFailed ......... one offset commit failed; the next one retries it      sidecar.core.errors
+    │       └── CommitTimeout .... a commit did not complete in time                      sidecar.kafka.source
+    ├── DlqError ................. the dead-letter queue                                  sidecar.core.errors
+    │   ├── DlqStartupError ...... a DLQ topic is missing or unusable at start-up (exit 1) sidecar.kafka.dlq.errors
+    │   ├── DlqFatalError ........ a DLQ write that cannot succeed: stop, never drop      sidecar.kafka.dlq.errors
+    │   └── DlqTxnAbortable ...... a DLQ transaction to abort and redo                    sidecar.kafka.dlq.errors
+    │       └── DlqTxnStuck ...... a transaction call that never returned                 sidecar.kafka.dlq.errors
+    ├── AppClientError ........... talking to the app over HTTP                           sidecar.http.appclient
+    │   ├── AppNotReachable ...... nothing listening: not an attempt                      sidecar.http.appclient
+    │   └── AppRequestFailed ..... sent, then failed: an attempt                          sidecar.http.appclient
+    ├── LimitExceeded ............ an HTTP message's head or chunk framing over budget    sidecar.http.limits
+    ├── PeerClosed ............... the API client closed its connection mid-request       sidecar.http.server
+    ├── BadResponse .............. a handler's response that cannot be written (a 500)    sidecar.http.server
+    ├── NotPullMode .............. GET /v1/records on a sidecar that pushes               sidecar.engines.pull
+    ├── PullQueryError ........... a bad GET /v1/records query (a 400)                    sidecar.service.api
+    ├── DlqToolError ............. what `dlq inspect` and `dlq replay` report             sidecar.ops.dlq_errors
+    │   ├── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq_errors
+    │   └── ToolKafkaError ....... the broker could not be reached or refused (exit 1)    sidecar.ops.dlq_errors
+    └── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo_setup
+
+`WireError`, `CommitStateError`, `BudgetError`, `BadResponse` and `PullQueryError` are also
+`ValueError`s, for callers that catch that.  Private signals that never leave their module
+(``_Invalid``, ``_Malformed``, ``_StaleConnection``, ``_SendTimeout``, ``_Stop``) are control
+flow, not errors, and sit outside the tree.
+
+Where third-party exceptions are translated: `KafkaException` in `sidecar.kafka.source` (commits
+included), `sidecar.kafka.dlq`, `sidecar.engines.share_group` and `sidecar.ops.dlq_errors`; socket errors (`OSError`) in `sidecar.http.appclient` and the
+pipeline's app probe. The engines catch broadly only around one record's dispatch (a DLQ write,
+one batch of a transaction); the CLI catches at the top. `trio.Cancelled` is never swallowed.
 
 Must not import anything: every module may import this one.
 """

@@ -13,7 +13,7 @@ Owns, in one place for both engines:
   DLQ record's ``__dlq.errors.exception.*`` headers.
 
 Pure: no trio, no Kafka, no I/O, no clock, no random source (the caller passes ``rand``). Must not
-import anything but the standard library and :mod:`sidecar.backoff`.
+import anything but the standard library and :mod:`sidecar.core.backoff`.
 """
 
 from __future__ import annotations
@@ -175,6 +175,17 @@ class DeadLetter:
 
 Verdict = Accept | KeepLock | Redeliver | DeadLetter
 
+# The verdicts without a variable part, made once (they are frozen), and the enum members decide
+# tests: reading a member through its class costs more than the rest of a decision.
+_ACCEPTED = Accept()
+_KEPT = KeepLock()
+_REJECTED = DeadLetter(ArchiveReason.REJECTED)
+_EXCEEDED = DeadLetter(ArchiveReason.DELIVERY_COUNT_EXCEEDED)
+_NOW = Redeliver(0)
+_ACCEPT = Ack.ACCEPT
+_RENEW = Ack.RENEW
+_REJECT = Ack.REJECT
+
 
 def decide(
     ack: Ack,
@@ -196,14 +207,14 @@ def decide(
         raise ValueError(f"delivery_count must be >= 1, got {delivery_count}")
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    if ack is Ack.ACCEPT:
-        return Accept()
-    if ack is Ack.RENEW:
-        return KeepLock()
-    if ack is Ack.REJECT:
-        return DeadLetter(ArchiveReason.REJECTED)
+    if ack is _ACCEPT:
+        return _ACCEPTED
+    if ack is _RENEW:
+        return _KEPT
+    if ack is _REJECT:
+        return _REJECTED
     if delivery_count >= limit:
-        return DeadLetter(ArchiveReason.DELIVERY_COUNT_EXCEEDED)
+        return _EXCEEDED
     if retry is None:
-        return Redeliver(0)
+        return _NOW
     return Redeliver(retry.delay_ms(delivery_count, rand, retry_after_ms))

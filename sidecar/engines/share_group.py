@@ -1,6 +1,6 @@
 """The share-group engine (`engine: share`, KIP-932): the broker keeps delivery counts and locks.
 
-The pipeline (:mod:`sidecar.pipeline`) sends records to the app and applies answers; this adapter owns
+The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
 what is particular to a share group: the share consumers, the batches they acquire, and turning each
 answer into ACCEPT / RELEASE / REJECT::
 

@@ -1,6 +1,6 @@
 """Byte budgets for HTTP/1.1 header blocks, trailers and chunk framing, over httptools (llhttp).
 
-Shared by the server (:mod:`sidecar.httpserver`) and the app client (:mod:`sidecar.appclient`).
+Shared by the server (:mod:`sidecar.http.server`) and the app client (:mod:`sidecar.http.appclient`).
 Sans-IO: no sockets, no clock. It must not import other ``sidecar`` modules.
 
 Why limits cannot be checked in the header callbacks alone: httptools hands a header name or
@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 from typing import Protocol
 
+from sidecar.core.errors import SidecarError
+
 __all__ = ["CHUNK_FRAMING_BYTES", "SLICE_BYTES", "LimitExceeded", "MeteredCollector"]
 
 SLICE_BYTES = 1024
@@ -36,7 +38,7 @@ _IDLE, _HEAD, _BODY, _FRAMING, _CHUNK_START = range(5)
 _HEADISH = (_IDLE, _HEAD, _CHUNK_START)
 
 
-class LimitExceeded(Exception):
+class LimitExceeded(SidecarError):
     """A message's head (header block plus trailers) or its chunk framing is over its budget."""
 
     def __init__(self, what: str, limit: int) -> None:

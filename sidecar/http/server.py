@@ -10,7 +10,7 @@ most once a second per reason) and counted in :class:`ServerStats`:
 
     413  body over ``max_request_bytes``
     431  header block plus chunked trailers over ``max_header_bytes`` (bytes on the wire,
-         :mod:`sidecar.httplimits`: an endless header value or trailer never grows memory)
+         :mod:`sidecar.http.limits`: an endless header value or trailer never grows memory)
     408  a request whose bytes (header block and body) have not all arrived within
          ``request_timeout_s`` of its first byte, however slowly they trickle in
     503  a connection beyond ``max_connections`` (answered and closed at once)
@@ -32,7 +32,7 @@ client that has already shut its side.
 Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
 they are not merged into the headers).
 
-It imports only :mod:`sidecar.httplimits` from this package; ``api`` and the example apps build
+It imports only :mod:`sidecar.http.limits` from this package; ``api`` and the example apps build
 on it.
 
 Usage::
@@ -61,6 +61,7 @@ import httptools
 import outcome
 import trio
 
+from sidecar.core.errors import SidecarError
 from sidecar.http.limits import LimitExceeded, MeteredCollector
 
 __all__ = [
@@ -148,7 +149,7 @@ class ServerStats:
         )
 
 
-class PeerClosed(Exception):
+class PeerClosed(SidecarError):
     """The client closed its connection (EOF or reset) during :meth:`Request.watch_peer`: the
     wait was cancelled, and the server answers nothing and closes the connection."""
 
@@ -261,7 +262,7 @@ def json_response(obj: object, status: int = 200) -> Response:
 _REASONS = {status.value: status.phrase for status in http.HTTPStatus}
 
 
-class BadResponse(ValueError):
+class BadResponse(SidecarError, ValueError):
     """A handler's response that cannot be written as HTTP/1.1 (the handler's bug: a 500)."""
 
 

@@ -21,13 +21,14 @@ from typing import Any
 
 import yaml
 
+from sidecar.core.errors import SidecarError
 from sidecar.ops.kafka_broker import free_port
 
 _HERE = Path(__file__).resolve().parent
 _DATA = _HERE / "demo_data"
 
 
-class DemoError(Exception):
+class DemoError(SidecarError):
     """Something the demo needs is missing or failed; the message says what and what to do."""
 
 

@@ -7,7 +7,7 @@ commands without the rest of the CLI.
 
 Imports: the standard library, confluent-kafka, rich and the other `sidecar.ops.dlq_*` modules.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.dlq`).
+shares only the header names (`sidecar.kafka.dlq`).
 """
 
 from __future__ import annotations

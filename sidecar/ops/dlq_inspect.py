@@ -6,7 +6,7 @@ first `limit` are kept for rendering or streamed to `on_entry` (`--json`).
 
 Imports: the standard library and the `sidecar.ops.dlq_*` modules entries, filters and reader.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.dlq`).
+shares only the header names (`sidecar.kafka.dlq`).
 """
 
 from __future__ import annotations

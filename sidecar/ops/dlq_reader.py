@@ -7,7 +7,7 @@ stalls. Blocking, every broker call has a timeout.
 
 Imports: the standard library, confluent-kafka and `sidecar.ops.dlq_errors`.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.dlq`).
+shares only the header names (`sidecar.kafka.dlq`).
 """
 
 from __future__ import annotations

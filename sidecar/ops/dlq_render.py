@@ -7,7 +7,7 @@ payloads) is printed as plain text, never as rich markup: a message holding `[/x
 
 Imports: the standard library, rich and the `sidecar.ops.dlq_*` result types.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.dlq`).
+shares only the header names (`sidecar.kafka.dlq`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ A blocking tool (no trio): every broker call has a timeout.
 Imports: the standard library, confluent-kafka and the `sidecar.ops.dlq_*` modules below it (entries,
 errors, fetch, filters, reader); never the rendering or the command layer.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.dlq`).
+shares only the header names (`sidecar.kafka.dlq`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sidecar.config import is_loopback_host
+from sidecar.config import dump_config, is_loopback_host
+from sidecar.core.errors import SidecarError
 from sidecar.core.wire import (
     AckItem,
     WireError,
@@ -58,7 +59,7 @@ PULL_DEFAULT_RECORDS = 100
 PULL_DEFAULT_WAIT_MS = 0
 
 
-class PullQueryError(ValueError):
+class PullQueryError(SidecarError, ValueError):
     """A bad ``GET /v1/records`` query (a 400); the message names the parameter."""
 
 
@@ -269,7 +270,7 @@ class LocalApi:
 
     async def status(self, _request: Request) -> Response:
         body = self.engine.status()
-        body["config"] = self.engine.config.to_dict()
+        body["config"] = dump_config(self.engine.config)
         return Response(
             200, (("Content-Type", "application/json"),), json.dumps(body, indent=1).encode()
         )

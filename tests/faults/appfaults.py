@@ -1,6 +1,6 @@
 """An app that can misbehave at the HTTP level: answer garbage, or take a request and never answer.
 
-`sidecar.httpserver` always frames a well-formed response, so the faulty app runs its own small HTTP/1.1
+`sidecar.http.server` always frames a well-formed response, so the faulty app runs its own small HTTP/1.1
 loop (requests parsed with httptools, as the real server does) and, per mode, either lets the `JournalApp`
 answer (healthy: the same answers and journal lines as `AppServer`), writes broken bytes, or hangs.
 
@@ -8,7 +8,7 @@ What the sidecar must make of each garbage answer is SPEC §5 and the README's "
 was sent and then failed is an attempt and a release, never an accept — except a 2xx whose body is not
 declared JSON, which is an accept by its status. Every variant below carries that expected meaning (the word
 the app journals) and the error class the sidecar reports for it (`sidecar/http/appclient.py`,
-`sidecar/core/wire.py`), which a DLQ record archived at the delivery limit names in
+`sidecar/core/wire/answers.py`), which a DLQ record archived at the delivery limit names in
 `__dlq.errors.exception.class.name`.
 """
 

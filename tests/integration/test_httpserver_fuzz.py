@@ -1,4 +1,4 @@
-"""Property tests of sidecar.httpserver's request parsing over real TCP and Unix sockets (Hypothesis).
+"""Property tests of sidecar.http.server's request parsing over real TCP and Unix sockets (Hypothesis).
 
 The server runs in its own thread (its own trio loop) for the whole module; every example opens a
 real connection. Properties:

@@ -29,6 +29,7 @@ from sidecar.config import (
     Ordering,
     StatusAck,
     TracingExporter,
+    dump_config,
     is_loopback_host,
     load_config,
     parse_config,
@@ -103,7 +104,7 @@ def test_example_sets_every_value_to_its_default() -> None:
 
 def test_example_documents_every_key_with_a_comment() -> None:
     raw = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
-    schema = load_config(EXAMPLE, env={}).to_dict()
+    schema = dump_config(load_config(EXAMPLE, env={}))
     # Same keys as the effective configuration, section by section (kafka is a pass-through).
     assert set(raw) == set(schema)
     for name, value in schema.items():
@@ -260,7 +261,7 @@ def test_to_dict_round_trips_and_is_json_shaped() -> None:
         ),
         env={},
     )
-    dumped = config.to_dict(mask_secrets=False)
+    dumped = dump_config(config, mask_secrets=False)
     assert dumped["app"]["status.mapping"] == {"409": "reject"}
     assert dumped["engine"] == "share" and type(dumped["engine"]) is str
     assert parse_config(dumped, env={}) == config
@@ -285,7 +286,7 @@ def test_to_dict_masks_secrets() -> None:
         ),
         env={},
     )
-    dumped = config.to_dict()
+    dumped = dump_config(config)
     assert dumped["kafka"] == {
         "bootstrap.servers": "127.0.0.1:9092",
         "group.id": "g",
@@ -942,7 +943,7 @@ _VALUES = st.recursive(
 )
 _KEY_PATHS = [
     (name,) if not isinstance(value, dict) or name == "kafka" else (name, child)
-    for name, value in parse_config(MINIMAL, env={}).to_dict().items()
+    for name, value in dump_config(parse_config(MINIMAL, env={})).items()
     for child in (value if isinstance(value, dict) and name != "kafka" else [None])
 ]
 
@@ -972,7 +973,7 @@ def test_arbitrary_values_fail_only_with_config_error(
             error.path == key or error.path.startswith((f"{key}.", f"{key}[")) for key in data
         ), error.path
     else:
-        assert parse_config(config.to_dict(mask_secrets=False), env={}) == config
+        assert parse_config(dump_config(config, mask_secrets=False), env={}) == config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1189,7 +1190,7 @@ def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
         ),
         env={},
     )
-    kafka = config.to_dict()["kafka"]
+    kafka = dump_config(config)["kafka"]
     assert kafka["sasl.oauthbearer.config"] == "***"
     assert kafka["sasl.oauthbearer.extensions"] == "***"
     assert kafka["Sasl.OAuthBearer.Config"] == "***"
@@ -1203,7 +1204,7 @@ def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
     assert kafka["session.timeout.ms"] == 45000
     assert kafka["socket.keepalive.enable"] is True
     assert kafka["client.id"] == "c"
-    shown = repr(config.to_dict())
+    shown = repr(dump_config(config))
     for secret in ("s1", "lkc-s2", "s3", "s4", "s5", "s6", "s7", "s8"):
         assert secret not in shown, secret
 
@@ -1220,7 +1221,7 @@ def test_masking_covers_oauthbearer_lists_and_url_userinfo() -> None:
 )
 def test_url_userinfo_is_masked_and_nothing_else(url: str, masked: str) -> None:
     config = parse_config(patched({"kafka": {"sasl.oauthbearer.token.endpoint.url": url}}), env={})
-    assert config.to_dict()["kafka"]["sasl.oauthbearer.token.endpoint.url"] == masked
+    assert dump_config(config)["kafka"]["sasl.oauthbearer.token.endpoint.url"] == masked
     assert config.kafka["sasl.oauthbearer.token.endpoint.url"] == url
 
 
@@ -1247,6 +1248,6 @@ def test_credential_like_app_headers_are_masked(name: str) -> None:
     config = parse_config(
         patched({"app": {"headers": {name: "hunter2", "X-Tenant": "acme"}}}), env={}
     )
-    headers = config.to_dict()["app"]["headers"]
+    headers = dump_config(config)["app"]["headers"]
     assert headers == {name: "***", "X-Tenant": "acme"}
     assert config.app.headers[name] == "hunter2"

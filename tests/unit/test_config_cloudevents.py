@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.config import AppFormat, ConfigError, parse_config
+from sidecar.config import AppFormat, ConfigError, dump_config, parse_config
 
 
 def config(bootstrap: str = "broker-0:9092,broker-1:9092", **app: Any) -> dict[str, Any]:
@@ -47,8 +47,8 @@ def test_source_and_type_are_configurable() -> None:
     )
     assert parsed.cloudevents_source == "/shop/{topic}"
     assert parsed.app.cloudevents_type == "com.shop.{topic}"
-    assert parsed.to_dict()["app"]["format"] == "cloudevents"
-    assert parse_config(parsed.to_dict(mask_secrets=False)) == parsed
+    assert dump_config(parsed)["app"]["format"] == "cloudevents"
+    assert parse_config(dump_config(parsed, mask_secrets=False)) == parsed
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
+import re
+
 import pytest
 
 from sidecar.config import ConfigError
@@ -62,3 +67,75 @@ def test_the_drawing_names_every_class() -> None:
         "DlqTxnStuck",
     ]:
         assert name in drawing, name
+
+
+# -- the drawing against the package ---------------------------------------------------------
+
+_TREE_LINE = re.compile(
+    r"^(?P<indent>[ │├└─]*?)(?P<name>[A-Z]\w*) \.* .*?(?P<module>sidecar(?:\.\w+)+)\s*$"
+)
+
+
+def _drawn() -> dict[str, tuple[str | None, str]]:
+    """Each class in core/errors.py's drawing: its parent in the drawing, and its module."""
+    import sidecar.core.errors
+
+    doc = sidecar.core.errors.__doc__ or ""
+    block = doc.split("::\n", 1)[1].strip("\n").split("\n\n", 1)[0]
+    drawn: dict[str, tuple[str | None, str]] = {}
+    stack: list[str] = []
+    for line in block.splitlines():
+        match = _TREE_LINE.match(line.removeprefix("    "))
+        assert match, f"a drawing line that does not read as 'name .... what  module': {line!r}"
+        depth = len(match["indent"]) // 4
+        del stack[depth:]
+        assert len(stack) == depth, f"{match['name']} is indented past its parent"
+        drawn[match["name"]] = (stack[-1] if stack else None, match["module"])
+        stack.append(match["name"])
+    return drawn
+
+
+def _package_exceptions() -> dict[str, type[BaseException]]:
+    """Every exception class the package defines (its private signals included)."""
+    import sidecar
+
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(sidecar.__path__, "sidecar."):
+        if info.name == "sidecar.__main__" or ".demo_data" in info.name:
+            continue  # __main__ runs the CLI; demo_data is the example app, copied out, not run
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == info.name
+            ):
+                assert obj.__name__ not in found, f"two exception classes named {obj.__name__}"
+                found[obj.__name__] = obj
+    return found
+
+
+def test_the_drawing_is_the_package_s_error_tree() -> None:
+    drawn = _drawn()
+    classes = _package_exceptions()
+    public = {name: cls for name, cls in classes.items() if not name.startswith("_")}
+    assert sorted(set(public) - set(drawn)) == [], "errors the drawing lacks"
+    assert sorted(set(drawn) - set(public)) == [], "drawn errors the package no longer has"
+    for name, (parent, module) in drawn.items():
+        cls = public[name]
+        assert cls.__module__ == module, f"{name} is defined in {cls.__module__}, drawn in {module}"
+        ours = [base for base in cls.__bases__ if base.__module__.startswith("sidecar.")]
+        if parent is None:
+            assert cls is SidecarError
+        else:
+            assert [base.__name__ for base in ours] == [parent], f"{name}'s parent"
+
+
+def test_private_signals_stay_outside_the_tree_and_are_named() -> None:
+    import sidecar.core.errors
+
+    doc = sidecar.core.errors.__doc__ or ""
+    for name, cls in _package_exceptions().items():
+        if name.startswith("_"):
+            assert not issubclass(cls, SidecarError), name
+            assert f"``{name}``" in doc, f"{name} is not named among the private signals"

@@ -1,4 +1,4 @@
-"""sidecar.httplimits: the head/trailer budget holds for every segmentation of the same bytes."""
+"""sidecar.http.limits: the head/trailer budget holds for every segmentation of the same bytes."""
 
 from __future__ import annotations
 

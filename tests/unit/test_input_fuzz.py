@@ -19,7 +19,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.config import Config, ConfigError, load_config, parse_config
+from sidecar.config import Config, ConfigError, dump_config, load_config, parse_config
 from sidecar.core.wire import (
     ACK_REQUEST_WORDS,
     MALFORMED_ANSWER,
@@ -346,7 +346,7 @@ def check_config(config: Config) -> None:
         _utf8(name)
         if isinstance(value, str):
             _utf8(value)
-    json.dumps(config.to_dict())
+    json.dumps(dump_config(config))
 
 
 @given(yaml_documents(), st.dictionaries(st.sampled_from(["X", "KAFKA"]), TEXT, max_size=2))

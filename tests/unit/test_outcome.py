@@ -39,7 +39,7 @@ def test_the_sidecars_error_classes_are_its_own_namespace() -> None:
 
 
 def test_the_wire_contracts_copy_of_its_class_name_agrees() -> None:
-    # wire.py spells its one class out (outcome imports wire, so wire cannot import outcome).
+    # The wire spells its one class out (sidecar.core.wire.values: the wire imports no outcome).
     from sidecar.core import wire
 
     assert wire.MALFORMED_ANSWER == O.MALFORMED_ANSWER

@@ -14,7 +14,7 @@ import pytest
 import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from sidecar.config import AppMode, ConfigError, parse_config
+from sidecar.config import AppMode, ConfigError, dump_config, parse_config
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import RecordView, format_pull_response
 from sidecar.engines.pipeline import Delivery, PullQueue
@@ -271,7 +271,7 @@ def test_pull_mode_needs_no_app_url_and_ignores_the_request_timeout() -> None:
     assert config.app.mode is AppMode.PULL
     assert config.app.url == "" and config.app.host == ""
     # The effective config parses back to the same config.
-    assert parse_config(config.to_dict(mask_secrets=False), env={}) == config
+    assert parse_config(dump_config(config, mask_secrets=False), env={}) == config
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.core.deadletter import FailedRecord
+from sidecar.core.text import has_utf8
 
 H_TOPIC = "__dlq.errors.topic"
 H_PARTITION = "__dlq.errors.partition"
@@ -63,11 +64,9 @@ def _encodable_name(name: str) -> str:
     # confluent-kafka encodes header names as UTF-8 in C and crashes (a segfault, not an exception) on a
     # lone surrogate. The wire refuses those from the app; anything else that carries one (a source
     # header name, a future caller) has it replaced here, so produce() is never handed one.
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return name
+    if has_utf8(name):
+        return name
+    return name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def _utf8(text: str) -> bytes:

@@ -1,0 +1,94 @@
+"""The per-partition delivery ledger (sans-IO): record states, delivery counts, what to commit.
+
+One :class:`PartitionLedger` per assigned partition tracks the records fetched from it through the
+lifecycle of SPEC §2 (a KIP-932 share group, run by the sidecar itself)::
+
+    AVAILABLE --acquire (delivery_count += 1)--> ACQUIRED --accept--> ACKNOWLEDGED        (done)
+        ^                                          |
+        +---- release / lock timeout (backoff) <---+  (while delivery_count < limit)
+                                                   |
+            reject, or release / timeout at the limit --> ARCHIVING --dlq_written--> ARCHIVED (done)
+
+Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``expire``,
+``dlq_written``, ``dlq_failed``, ``dlq_withheld`` (the DLQ circuit breaker), ``revoke``, and in
+horizon mode ``isolate`` and ``committed``);
+outputs are small frozen values (:class:`Attempt`, :class:`AnswerResult`, :class:`ArchiveRequest`,
+:class:`CommitPoint`, :class:`IsolationCharge`, :class:`HorizonStatus`,
+:class:`~sidecar.core.commitstate.CommitState`).  An illegal call raises a :class:`LedgerError` and
+leaves the ledger unchanged.  The committable offset, the state to commit and the horizon to commit
+are derived from the records held, never stored.
+
+The ledger is one class, :class:`PartitionLedger`, written in parts of one concern each::
+
+    machine     the state machine: the (state, event) -> state table and ``enter``, which alone
+                changes a record's state and refuses what the table lacks
+    values      states, modes, ``LedgerConfig``, the frozen values returned, the errors
+    base        the records held, their heaps and queues; ready, archiving, done
+    horizon     crash accounting: the horizon, suspects, the isolation pass (SPEC §3)
+    metadata    the state to commit, its size bound, commit points
+    flow        flow control: pause / resume, the next deadline
+    archive     the DLQ side of archiving: to_archive, dlq_written / failed / withheld
+    partition   ``PartitionLedger``: intake, hand-outs, answers (``outcome.decide``), revoke
+
+Must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and never reads
+a clock: callers pass ``now_ms``.  Import the public names from here.
+
+Error hierarchy (under `sidecar.core.errors.SidecarError`)::
+
+    LedgerError
+    ├── UnknownAttempt      an attempt id this ledger never issued
+    ├── ExpiredAttempt      lock expired, attempt superseded, already answered, or partition revoked
+    ├── IllegalTransition   e.g. dlq_written for a record that is not being archived
+    └── LedgerClosed        the partition was revoked
+"""
+
+from __future__ import annotations
+
+from sidecar.core.ledger.machine import TRANSITIONS, Event
+from sidecar.core.ledger.partition import PartitionLedger
+from sidecar.core.ledger.values import (
+    AnswerResult,
+    ArchiveRequest,
+    Attempt,
+    CommitPoint,
+    CrashAccounting,
+    ExpiredAttempt,
+    HorizonStatus,
+    IllegalTransition,
+    IsolationCharge,
+    IsolationPhase,
+    LedgerClosed,
+    LedgerConfig,
+    LedgerError,
+    LedgerStats,
+    RecordState,
+    UnknownAttempt,
+)
+from sidecar.core.ordering import Ordering
+from sidecar.core.outcome import Ack, ArchiveReason, ErrorInfo
+
+__all__ = [
+    "TRANSITIONS",
+    "Ack",
+    "AnswerResult",
+    "ArchiveReason",
+    "ArchiveRequest",
+    "Attempt",
+    "CommitPoint",
+    "CrashAccounting",
+    "ErrorInfo",
+    "Event",
+    "ExpiredAttempt",
+    "HorizonStatus",
+    "IllegalTransition",
+    "IsolationCharge",
+    "IsolationPhase",
+    "LedgerClosed",
+    "LedgerConfig",
+    "LedgerError",
+    "LedgerStats",
+    "Ordering",
+    "PartitionLedger",
+    "RecordState",
+    "UnknownAttempt",
+]

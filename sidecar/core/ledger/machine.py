@@ -1,0 +1,163 @@
+"""The record state machine: every state change of a ledger record is made here (sans-IO).
+
+Like h11's ``_state.py``: the transitions are one table, :data:`TRANSITIONS`, of
+``(state, event) -> state``, and one function, :func:`enter`, applies it.  An event the table
+lacks for the record's state raises :class:`IllegalTransition` and leaves the record unchanged;
+nothing else assigns ``_Record.state``.  SPEC §2's lifecycle, as the table holds it::
+
+    state       event          next state     made by (sidecar.core.ledger.*)
+    AVAILABLE   ACQUIRE        ACQUIRED       acquire; committed (an isolated hand-out)
+    AVAILABLE   DEAD_LETTER    ARCHIVING      restored at the limit (add, or next of its key)
+    ACQUIRED    ACCEPT         ACKNOWLEDGED   answer: accept                               done
+    ACQUIRED    RELEASE        AVAILABLE      answer: release, or expire, below the limit
+    ACQUIRED    DEAD_LETTER    ARCHIVING      answer: reject; a release or expiry at the limit
+    ACQUIRED    NOT_ATTEMPTED  AVAILABLE      not_attempted: the request was never sent
+    ACQUIRED    FENCE          AVAILABLE      revoke: the attempt's answer is lost
+    ARCHIVING   DLQ_WRITTEN    ARCHIVED       dlq_written                                  done
+    ARCHIVING   DLQ_WITHHELD   AVAILABLE      dlq_withheld (the DLQ circuit breaker)
+
+Which answer leads to which event is `sidecar.core.outcome.decide`'s verdict: ``Accept`` ->
+ACCEPT, ``Redeliver`` -> RELEASE, ``DeadLetter`` -> DEAD_LETTER, ``KeepLock`` (a renew) -> none.
+What a transition costs besides the state (counts, heaps, the horizon) is the caller's, in the
+module that owns it.
+
+Imports the standard library, `sidecar.core.outcome` and the ledger's values only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from sidecar.core.ledger.values import IllegalTransition, RecordState
+from sidecar.core.outcome import ArchiveReason, ErrorInfo
+
+__all__ = ["TRANSITIONS", "Event", "enter"]
+
+
+class Event(enum.IntEnum):
+    """What happens to a record (an int enum: :func:`enter` indexes its rules with it)."""
+
+    ACQUIRE = 0
+    ACCEPT = 1
+    RELEASE = 2
+    DEAD_LETTER = 3
+    NOT_ATTEMPTED = 4
+    FENCE = 5
+    DLQ_WRITTEN = 6
+    DLQ_WITHHELD = 7
+
+
+_AVAILABLE = RecordState.AVAILABLE
+_ACQUIRED = RecordState.ACQUIRED
+_ARCHIVING = RecordState.ARCHIVING
+
+#: Every transition a record may make; :func:`enter` refuses the rest.
+TRANSITIONS: Mapping[tuple[RecordState, Event], RecordState] = MappingProxyType(
+    {
+        (_AVAILABLE, Event.ACQUIRE): _ACQUIRED,
+        (_AVAILABLE, Event.DEAD_LETTER): _ARCHIVING,
+        (_ACQUIRED, Event.ACCEPT): RecordState.ACKNOWLEDGED,
+        (_ACQUIRED, Event.RELEASE): _AVAILABLE,
+        (_ACQUIRED, Event.DEAD_LETTER): _ARCHIVING,
+        (_ACQUIRED, Event.NOT_ATTEMPTED): _AVAILABLE,
+        (_ACQUIRED, Event.FENCE): _AVAILABLE,
+        (_ARCHIVING, Event.DLQ_WRITTEN): RecordState.ARCHIVED,
+        (_ARCHIVING, Event.DLQ_WITHHELD): _AVAILABLE,
+    }
+)
+
+
+_Rule = tuple[tuple[RecordState, ...], RecordState]
+
+
+def _compile() -> tuple[_Rule, ...]:
+    """Per event (at its index), the states it applies to and the one state it leads to.
+
+    :func:`enter` reads this, not the table: an enum's hash is a Python-level call, indexing a
+    tuple with an int enum and testing a few states by identity are not.
+    """
+    rules: list[_Rule] = []
+    for event in Event:
+        assert event == len(rules), "Event values are their indexes"
+        sources = tuple(state for state, on in TRANSITIONS if on is event)
+        targets = {TRANSITIONS[state, event] for state in sources}
+        assert len(targets) == 1, f"{event.name} leads to one state"
+        rules.append((sources, targets.pop()))
+    return tuple(rules)
+
+
+_RULES = _compile()
+
+
+def enter(record: _Record, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> None:
+    """Move ``record`` to the state :data:`TRANSITIONS` gives for its state and ``event``.
+
+    Raises :class:`IllegalTransition`, the record unchanged, when the table has no such entry.
+    (``_rules`` is bound once: a local is read faster than a global on the hot path.)
+    """
+    sources, target = _rules[event]
+    if record.state not in sources:
+        raise IllegalTransition(
+            f"{event.name} does not apply to offset {record.offset} ({record.state.name})"
+        )
+    record.state = target
+
+
+class _Record:
+    """One record held by a ledger, from its fetch until it is done.
+
+    Its ``state`` changes only through :func:`enter`; each other field is documented where the
+    ledger sets it.
+    """
+
+    __slots__ = (
+        "attempt_id",
+        "delivery_count",
+        "error",
+        "handed_out",
+        "item",
+        "key",
+        "lock_deadline_ms",
+        "not_before_ms",
+        "offset",
+        "pending",
+        "queue_key",
+        "queued",
+        "reason",
+        "seq",
+        "size",
+        "state",
+        "suspect",
+    )
+
+    def __init__(
+        self,
+        offset: int,
+        key: bytes | None,
+        item: object,
+        count: int,
+        queue_key: object,
+        seq: int,
+        size: int,
+    ) -> None:
+        self.offset = offset
+        self.size = size  # bytes held against the byte budget (see add)
+        self.seq = seq  # how many records were fetched before this one
+        self.key = key
+        self.item = item
+        self.state = RecordState.AVAILABLE
+        self.delivery_count = count
+        self.attempt_id: str | None = None
+        self.lock_deadline_ms = 0
+        self.not_before_ms = 0
+        self.reason: ArchiveReason | None = None
+        self.error: ErrorInfo | None = None
+        self.queue_key = queue_key
+        self.queued = False  # in the ready heap (the suspects' heap for a suspect)
+        self.handed_out = False  # ARCHIVING and returned by to_archive()
+        # Horizon mode: an attempt in flight that delivery_count does not include yet (charged
+        # when its outcome is known), and "may have been delivered before a death, not settled".
+        self.pending = False
+        self.suspect = False
