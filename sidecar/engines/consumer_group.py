@@ -532,7 +532,7 @@ class ConsumerGroupEngine:
             self.pipe.retire(delivery)
         slot.live.clear()
 
-    async def on_messages(self, messages: Sequence[Message]) -> None:
+    def on_messages(self, messages: Sequence[Message]) -> None:
         now = now_ms()
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it

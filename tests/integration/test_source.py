@@ -115,8 +115,8 @@ class _OrderListener(RecordingListener):
         self.events += [("revoked", p, -1) for _, p in partitions]
         return await super().on_revoked(partitions)
 
-    async def on_messages(self, messages: Sequence[Message]) -> None:
-        await super().on_messages(messages)
+    def on_messages(self, messages: Sequence[Message]) -> None:
+        super().on_messages(messages)
         self.events += [("m", m.partition() or 0, m.offset() or 0) for m in messages]
 
 
