@@ -121,6 +121,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime so far of each thread of ``pid`` still alive, summed by name: ``main`` (trio's),
+    librdkafka's by their own names (``rdk:main``, ``rdk:broker1``, ...), and the other Python
+    threads (the poll thread, the DLQ writer's, workers) as ``python``."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        name = "main" if task.name == str(pid) else comm
+        name = name.split("#")[0] if name.startswith("rdk:") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def proc_status_kb(pid: int, name: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -565,8 +582,17 @@ def running_sidecar(
     log_path = os.path.join(directory, f"{name}.log")
     with open(log_path, "wb") as log:
         # Logs go to stderr; stdout carries only console-exported spans.
+        # BENCH_CPROFILE=DIR: the sidecar runs under cProfile (bench.profile_sidecar: its trio
+        # thread's CPU time; slower, so for where the time goes, not for figures) and writes
+        # DIR/<name>.prof when it stops.
+        profile = os.environ.get("BENCH_CPROFILE")
+        if profile:
+            out = os.path.join(profile, f"{name}.prof")
+            command = [PY, "-m", "bench.profile_sidecar", out, "run", "-c", config_path]
+        else:
+            command = [PY, "-m", "sidecar", "run", "-c", config_path]
         proc = subprocess.Popen(
-            [PY, "-m", "sidecar", "run", "-c", config_path],
+            command,
             cwd=side.root,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -908,9 +934,17 @@ def run_latency(
             wait_assigned(api_path, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            threads0 = thread_cpu_seconds(proc.pid)
             acks = broker.produce_at_rate(topic, rate, seconds)
             wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
             cpu = cpu_seconds(proc.pid) - cpu0
+            threads1 = thread_cpu_seconds(proc.pid)
+            # µs per record by thread (10 ms ticks each: a rough split, the total above is exact).
+            extra["threads_us_per_record"] = {
+                name: round((threads1[name] - threads0.get(name, 0.0)) / max(1, count) * 1e6)
+                for name in sorted(threads1)
+                if threads1[name] - threads0.get(name, 0.0) > 0
+            }
             # The share of a core while records are offered; the CPU of the records' delivery
             # after the last one was produced is in the per-record figure too.
             extra["sidecar_cpu_share"] = cpu / (time.monotonic() - t0)
@@ -1342,7 +1376,8 @@ def part_rates(bench: Bench, rates: list[float]) -> None:
                 print(
                     f"  {rate:>7,.0f}/s{bench.tag(side)}:"
                     f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
-                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core",
+                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core;"
+                    f" by thread {r.get('threads_us_per_record', {})}",
                     flush=True,
                 )
     for side in bench.sides:
