@@ -548,8 +548,7 @@ class ConsumerGroupEngine:
                 # served its last polls: not delivered, not committed; the next owner reads it.
                 continue
             slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
-        self._apply_flow_control()
-        self.kick()
+        self.kick()  # the scheduler's turn applies flow control (pause/resume) too
 
     # ----------------------------------------------------------------------------- flow control
 
