@@ -7,6 +7,8 @@ A results dict holds one side's figures at its top level ("new": this checkout) 
     scenarios  name -> records/s, CPU s per 10k records, peak RSS (medians of the runs)
     latency    name -> p50/p99 ms at the offered rate, the broker's produce->ack share, CPU
     rates      offered records/s -> sidecar CPU µs per record and share of a core
+    floor      offered records/s -> a bare consumer's CPU µs per record at that rate (new only)
+    app_alone  tcp | unix -> the sidecar's app client's CPU per request at saturation (new only)
     idle       sidecar CPU share with partitions assigned and no records
     backlogs   100B | 10KiB | 1MiB -> RSS over time behind a slow app
     killer     consumer-none | consumer-key | share -> deaths, DLQ contents, the killer's counts
@@ -124,6 +126,36 @@ def saturation_us(figures: dict[str, Any], reference: dict[str, Any] | None = No
     return None
 
 
+def floor_us(
+    rate: str, figures: dict[str, Any], reference: dict[str, Any] | None = None
+) -> dict[str, float] | None:
+    """The floor at an offered rate (issue 29): what the work itself costs per record.
+
+    A bare confluent-kafka consumer's CPU per record at that rate (poll, commit every 1,000) plus
+    the sidecar's own app client's CPU per request (the app-alone run over TCP): a sidecar in
+    single mode can do no less than consume each record and send it. None when either is missing.
+    """
+    for source in (figures, reference or {}):
+        consumer = source.get("floor", {}).get(rate)
+        client = source.get("app_alone", {}).get("tcp", {}).get("client_cpu_us_per_request")
+        if consumer and client is not None:
+            c = float(consumer["consumer_cpu_us_per_record"])
+            return {"consumer": c, "client": float(client), "total": c + float(client)}
+    return None
+
+
+def saturation_floor_us(
+    figures: dict[str, Any], reference: dict[str, Any] | None = None
+) -> float | None:
+    """The floor at saturation: the raw consumer's (a) CPU per record plus the app client's."""
+    for source in (figures, reference or {}):
+        a = source.get("scenarios", {}).get("a", {})
+        client = source.get("app_alone", {}).get("tcp", {}).get("client_cpu_us_per_request")
+        if "cpu_s_per_10k" in a and client is not None:
+            return float(a["cpu_s_per_10k"]) * 100 + float(client)
+    return None
+
+
 def backlogs_of(figures: dict[str, Any]) -> dict[str, Any]:
     if "backlogs" in figures:
         found: dict[str, Any] = figures["backlogs"]
@@ -155,11 +187,12 @@ def check_targets(
 
     ratios: list[tuple[str, str, str, float]] = [
         ("single mode / bridge", "c-tcp-key", "b", 10.0),
-        ("batch mode / raw consumer (stretch 0.25)", "d-tcp-key", "a", 0.1),
+        ("batch mode / raw consumer", "d-tcp-key", "a", 0.15),
         ("DLQ path (10 % failing) / clean", "e-tcp-key", "c-tcp-key", 0.8),
-        ("transactional DLQ (5 % rejects) / clean", "e-txn", "c-tcp-key", 0.5),
+        ("transactional DLQ (5 % rejects) / clean", "e-txn", "c-tcp-key", 0.6),
         ("tracing, all sampled / off", "f-on", "f-off", 0.5),
         ("tracing, 10 % sampled / off", "f-on-10pct", "f-off", 0.85),
+        ("engine share / consumer engine (single, TCP, none)", "g-share", "c-tcp-none", 1.0),
     ]
     for what, num, den, target in ratios:
         if num in figures.get("scenarios", {}) and num in rate and den in rate:
@@ -173,6 +206,17 @@ def check_targets(
             "<=",
             1.5,
         )
+    # Issue 29: CPU per record against the floor measured in the same run.
+    for rate_key, label, target in (("1000", "1,000", 1.5), ("100", "100", 2.0)):
+        at = figures.get("rates", {}).get(rate_key)
+        floor = floor_us(rate_key, figures, reference)
+        if at and floor:
+            add(
+                f"CPU/record at {label}/s / the floor",
+                at["sidecar_cpu_us_per_record"] / floor["total"],
+                "<=",
+                target,
+            )
     if "idle" in figures:
         add("idle CPU, % of a core", figures["idle"]["cpu_share"] * 100, "<=", 0.5)
     latency = figures.get("latency", {})
@@ -200,7 +244,9 @@ def check_targets(
     return out
 
 
-def flat_figures(figures: dict[str, Any]) -> dict[str, float]:
+def flat_figures(
+    figures: dict[str, Any], reference: dict[str, Any] | None = None
+) -> dict[str, float]:
     """Every figure of one side by name, for the new/old comparison."""
     out: dict[str, float] = {}
     for name in ALL_SCENARIOS:
@@ -217,6 +263,9 @@ def flat_figures(figures: dict[str, Any]) -> dict[str, float]:
     for rate, r in figures.get("rates", {}).items():
         out[f"CPU at {rate}/s, µs/record"] = r["sidecar_cpu_us_per_record"]
         out[f"CPU at {rate}/s, % of a core"] = r["sidecar_cpu_share"] * 100
+        floor = floor_us(rate, figures, reference)
+        if floor:
+            out[f"CPU at {rate}/s / the floor"] = r["sidecar_cpu_us_per_record"] / floor["total"]
     if "idle" in figures:
         out["idle CPU, % of a core"] = figures["idle"]["cpu_share"] * 100
     for name, b in backlogs_of(figures).items():
@@ -264,13 +313,29 @@ def print_details(figures: dict[str, Any], reference: dict[str, Any] | None = No
             if saturation
             else ""
         )
+        floor = floor_us(rate, figures, reference)
+        if floor:
+            ratio += f", {r['sidecar_cpu_us_per_record'] / floor['total']:.2f} x the floor"
         print(
             f"  sidecar CPU at {float(rate):,.0f} records/s offered (c-tcp-key):"
             f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
             f" {r['sidecar_cpu_share'] * 100:.1f} % of a core{ratio}"
         )
+        if floor and reference is None:
+            print(
+                f"    the floor at {float(rate):,.0f}/s: {floor['total']:.0f} µs/record ="
+                f" a bare consumer {floor['consumer']:.0f} µs/record (poll, commit every 1,000)"
+                f" + the app client {floor['client']:.0f} µs/request (app alone, TCP)"
+            )
     if saturation:
-        print(f"  sidecar CPU at saturation (c-tcp-key run): {saturation:.0f} µs/record")
+        sat_floor = saturation_floor_us(figures, reference)
+        vs = (
+            f"; the floor there {sat_floor:.0f} µs (raw consumer a + app client),"
+            f" {saturation / sat_floor:.2f} x"
+            if sat_floor
+            else ""
+        )
+        print(f"  sidecar CPU at saturation (c-tcp-key run): {saturation:.0f} µs/record{vs}")
     if "idle" in figures:
         i = figures["idle"]
         print(
@@ -305,12 +370,13 @@ def print_details(figures: dict[str, Any], reference: dict[str, Any] | None = No
     for transport, app_figures in figures.get("app_alone", {}).items():
         print(
             f"  app alone over {transport}: {app_figures['requests_per_s']:,} req/s,"
-            f" app CPU {app_figures['app_cpu_us_per_request']} µs/req"
+            f" app CPU {app_figures['app_cpu_us_per_request']} µs/req, the sidecar's app client"
+            f" {app_figures['client_cpu_us_per_request']} µs/req"
         )
 
 
 def print_comparison(results: dict[str, Any]) -> None:
-    new, old = flat_figures(results), flat_figures(results["baseline"])
+    new, old = flat_figures(results), flat_figures(results["baseline"], results)
     print(f"\nnew ({results.get('commit', '?')}) vs old ({results['baseline'].get('commit', '?')})")
     print(f"  {'figure':<50}{'new':>11}{'old':>11}{'new/old':>9}")
     for name, value in new.items():

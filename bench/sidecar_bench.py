@@ -24,7 +24,10 @@ Then, in the same run (each part can be skipped with ``--skip``):
                 single and batch mode: a ``bench-ts`` header carries the produce time, the app
                 notes the receive time; the sidecar's CPU during it
     rates       sidecar CPU (µs per record, share of a core) at 100 and 1,000 records/s offered
-                (c-tcp-key), against its CPU per record at saturation (the c-tcp-key run)
+                (c-tcp-key), against its CPU per record at saturation (the c-tcp-key run) and
+                against the floor, measured in the same rounds: a bare confluent-kafka consumer
+                at the same offered rate (poll() per record, an asynchronous commit every 1,000
+                records) plus the sidecar's own app client's CPU per request (the app-alone run)
     idle        sidecar CPU with its partitions assigned and no traffic
     backlog     peak RSS with default settings behind a slow app (50 ms per answer): 2,000,000
                 records of 100 B, 30,000 of 10 KiB, 100 of 1 MiB
@@ -42,8 +45,8 @@ measured alone too. Every measured process is a child; CPU comes from /proc/<pid
 threads, librdkafka's included), peak RSS from VmHWM.
 
 The broker is ``$KAFKA_BOOTSTRAP``, or one this command starts with ``scripts/kafka start`` in a
-private state directory and stops at the end. Child roles (``--child ceiling|bridge``) are this
-module run again; they print one JSON line.
+private state directory and stops at the end. Child roles (``--child ceiling|bridge|floor``) are
+this module run again; they print one JSON line.
 """
 
 from __future__ import annotations
@@ -116,6 +119,23 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime so far of each thread of ``pid`` still alive, summed by name: ``main`` (trio's),
+    librdkafka's by their own names (``rdk:main``, ``rdk:broker1``, ...), and the other Python
+    threads (the poll thread, the DLQ writer's, workers) as ``python``."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        name = "main" if task.name == str(pid) else comm
+        name = name.split("#")[0] if name.startswith("rdk:") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
 
 
 def proc_status_kb(pid: int, name: str) -> int:
@@ -562,8 +582,17 @@ def running_sidecar(
     log_path = os.path.join(directory, f"{name}.log")
     with open(log_path, "wb") as log:
         # Logs go to stderr; stdout carries only console-exported spans.
+        # BENCH_CPROFILE=DIR: the sidecar runs under cProfile (bench.profile_sidecar: its trio
+        # thread's CPU time; slower, so for where the time goes, not for figures) and writes
+        # DIR/<name>.prof when it stops.
+        profile = os.environ.get("BENCH_CPROFILE")
+        if profile:
+            out = os.path.join(profile, f"{name}.prof")
+            command = [PY, "-m", "bench.profile_sidecar", out, "run", "-c", config_path]
+        else:
+            command = [PY, "-m", "sidecar", "run", "-c", config_path]
         proc = subprocess.Popen(
-            [PY, "-m", "sidecar", "run", "-c", config_path],
+            command,
             cwd=side.root,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -733,7 +762,7 @@ def run_child(
 
 
 def child_main(args: argparse.Namespace) -> None:
-    """``--child ceiling|bridge``: read ``--expect`` records once, print one JSON line."""
+    """``--child ceiling|bridge|floor``: read ``--expect`` records once, print one JSON line."""
     import resource
 
     from confluent_kafka import Consumer
@@ -778,6 +807,18 @@ def child_main(args: argparse.Namespace) -> None:
             if got and time.monotonic() >= next_commit:
                 consumer.commit(asynchronous=True)
                 next_commit = time.monotonic() + 1
+    elif args.child == "floor":
+        # The floor: what consuming the records costs with nothing else to do. poll() per record
+        # (as at an ordinary rate, where each poll finds one), an asynchronous commit every 1,000.
+        while count < args.expect:
+            polled = consumer.poll(0.1)
+            if polled is None or polled.error() is not None:
+                continue
+            if not first_ns:
+                first_ns, cpu0 = time.monotonic_ns(), time.process_time()
+            count += 1
+            if count % 1000 == 0:
+                consumer.commit(asynchronous=True)
     else:
         post = bridge_poster(args.url)
         while count < args.expect:
@@ -893,9 +934,17 @@ def run_latency(
             wait_assigned(api_path, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+            threads0 = thread_cpu_seconds(proc.pid)
             acks = broker.produce_at_rate(topic, rate, seconds)
             wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
             cpu = cpu_seconds(proc.pid) - cpu0
+            threads1 = thread_cpu_seconds(proc.pid)
+            # µs per record by thread (10 ms ticks each: a rough split, the total above is exact).
+            extra["threads_us_per_record"] = {
+                name: round((threads1[name] - threads0.get(name, 0.0)) / max(1, count) * 1e6)
+                for name in sorted(threads1)
+                if threads1[name] - threads0.get(name, 0.0) > 0
+            }
             # The share of a core while records are offered; the CPU of the records' delivery
             # after the last one was produced is in the per-record figure too.
             extra["sidecar_cpu_share"] = cpu / (time.monotonic() - t0)
@@ -913,6 +962,25 @@ def run_latency(
         "p99_ms": percentile(kept, 99),
         "max_ms": max(kept) if kept else float("nan"),
         **extra,
+    }
+
+
+def run_floor(broker: Broker, rate: float, seconds: float) -> dict[str, Any]:
+    """The floor at an offered rate: a bare consumer's CPU per record (see ``child_main``)."""
+    topic = broker.create_topic(f"bench-floor-{uuid.uuid4().hex[:6]}")
+    count = int(rate * seconds)
+
+    def produce() -> None:
+        time.sleep(1.0)  # let the first fetch settle, as the sidecar's runs do
+        broker.produce_at_rate(topic, rate, seconds)
+
+    result = run_child("floor", broker, topic, count, None, on_ready=produce)
+    cpu_s = result["cpu_s_per_10k"] * count / 10_000
+    return {
+        "rate": rate,
+        "records": count,
+        "consumer_cpu_us_per_record": cpu_s / max(1, count) * 1e6,
+        "consumer_cpu_share": cpu_s / seconds,
     }
 
 
@@ -1283,11 +1351,22 @@ def part_latency(bench: Bench, selected: list[str]) -> None:
 
 
 def part_rates(bench: Bench, rates: list[float]) -> None:
-    """Sidecar CPU at fixed offered rates (c-tcp-key): µs per record and share of a core."""
-    print("sidecar CPU at offered rates (c-tcp-key) ...", flush=True)
+    """Sidecar CPU at fixed offered rates (c-tcp-key): µs per record and share of a core; and the
+    floor at each rate (a bare consumer), measured in the same rounds, right before the sidecars."""
+    print(
+        "sidecar CPU at offered rates (c-tcp-key), and the floor (a bare consumer) ...", flush=True
+    )
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {side.name: {} for side in bench.sides}
+    floors: dict[str, list[dict[str, Any]]] = {}
     for _ in range(bench.args.part_runs):
         for rate in rates:
+            f = run_floor(bench.broker, rate, bench.args.rate_seconds)
+            floors.setdefault(f"{rate:g}", []).append(f)
+            print(
+                f"  {rate:>7,.0f}/s floor (bare consumer): {f['consumer_cpu_us_per_record']:.0f}"
+                f" µs/record, {f['consumer_cpu_share'] * 100:.1f} % of a core",
+                flush=True,
+            )
             for side in bench.sides:
                 r = run_latency(
                     "c-tcp-key", bench.broker, bench.app, bench.directory, rate,
@@ -1297,11 +1376,13 @@ def part_rates(bench: Bench, rates: list[float]) -> None:
                 print(
                     f"  {rate:>7,.0f}/s{bench.tag(side)}:"
                     f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
-                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core",
+                    f" {r['sidecar_cpu_share'] * 100:.1f} % of a core;"
+                    f" by thread {r.get('threads_us_per_record', {})}",
                     flush=True,
                 )
     for side in bench.sides:
         bench.figures[side.name]["rates"] = {k: median_of(v) for k, v in runs[side.name].items()}
+    bench.figures["new"]["floor"] = {k: median_of(v) for k, v in floors.items()}
 
 
 def part_idle(bench: Bench) -> None:
@@ -1403,7 +1484,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
     add("--show", metavar="JSON", help="print the tables of a saved run and exit")
     # Child roles.
-    add("--child", choices=["ceiling", "bridge"], help=argparse.SUPPRESS)
+    add("--child", choices=["ceiling", "bridge", "floor"], help=argparse.SUPPRESS)
     add("--bootstrap", help=argparse.SUPPRESS)
     add("--topic", help=argparse.SUPPRESS)
     add("--group", help=argparse.SUPPRESS)

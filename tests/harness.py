@@ -70,7 +70,7 @@ class RecordingListener:
     async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None:
         pass
 
-    async def on_messages(self, messages: Sequence[Message]) -> None:
+    def on_messages(self, messages: Sequence[Message]) -> None:
         self.messages.extend(messages)
 
 

@@ -429,7 +429,7 @@ class ConsumerGroupEngine(OffsetCommits):
             self.pipe.retire(delivery)
         slot.live.clear()
 
-    async def on_messages(self, messages: Sequence[Message]) -> None:
+    def on_messages(self, messages: Sequence[Message]) -> None:
         now = now_ms()
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
@@ -445,8 +445,7 @@ class ConsumerGroupEngine(OffsetCommits):
                 # served its last polls: not delivered, not committed; the next owner reads it.
                 continue
             slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
-        self._apply_flow_control()
-        self.kick()
+        self.kick()  # the scheduler's turn applies flow control (pause/resume) too
 
     # ----------------------------------------------------------------------------- flow control
 

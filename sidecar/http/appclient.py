@@ -32,11 +32,20 @@ and possibly a DLQ entry, for what is almost always our own stale socket. A fail
 connection, any failure after a response byte, and a timeout are never retried here. Idle
 connections older than ``idle_timeout_s`` (below common server keep-alive timeouts of 5 s)
 are closed rather than reused, to keep that race rare.
+
+Timeouts: a request's deadline is kept in a set the client's watchdog (one trio system task per
+client) reads; at the deadline the watchdog tells trio the socket is closing, which wakes the
+exchange waiting on it with ``ClosedResourceError``, and the request fails with
+``sidecar.AppTimeout``. The exchange only ever waits on its socket, so that is where a deadline can
+strike, as a cancel scope's would: but a cancel scope per request (and the deadline bookkeeping
+trio does for it) cost more CPU than the rest of the client's per-request work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import math
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -224,6 +233,10 @@ def _detach(stream: trio.SocketStream) -> socket.socket:
     return sock
 
 
+def _timed_out(timeout_s: float) -> AppRequestFailed:
+    return AppRequestFailed(APP_TIMEOUT, f"no complete answer within {timeout_s} s")
+
+
 def _close(sock: socket.socket) -> None:
     # No task waits on the socket when it is closed here (the exchange that used it has ended),
     # but tell trio anyway so a stale registration can never outlive the descriptor.
@@ -304,6 +317,18 @@ async def _exchange(
     return response, keep_alive
 
 
+class _Watched:
+    """One request's deadline (trio time) for the client's watchdog; ``sock`` None while it has no
+    connection (reconnecting)."""
+
+    __slots__ = ("deadline", "sock", "timed_out")
+
+    def __init__(self, deadline: float, sock: socket.socket | None) -> None:
+        self.deadline = deadline
+        self.sock = sock
+        self.timed_out = False
+
+
 class AppClient:
     """A keep-alive connection pool to one app, bounded at ``max_connections`` in flight.
 
@@ -333,6 +358,12 @@ class AppClient:
         self._idle: list[tuple[socket.socket, float]] = []
         self._closed = False
         self.connections_opened = 0
+        # The requests in flight with their deadlines, and their watchdog (see the module
+        # docstring): the trio run it serves, when it wakes next, and how to wake it sooner.
+        self._watched: set[_Watched] = set()
+        self._watchdog_token: trio.lowlevel.TrioToken | None = None
+        self._watchdog_until = math.inf
+        self._watchdog_wake = trio.Event()
 
     async def __aenter__(self) -> AppClient:
         return self
@@ -343,10 +374,45 @@ class AppClient:
     async def aclose(self) -> None:
         """Close idle connections; in-flight ones close when their request ends."""
         self._closed = True
+        self._watchdog_wake.set()  # it ends
         idle, self._idle = self._idle, []
         for sock, _ in idle:
             _close(sock)
         await trio.lowlevel.checkpoint()
+
+    def _watch(self, entry: _Watched) -> None:
+        self._watched.add(entry)
+        token = trio.lowlevel.current_trio_token()
+        if self._watchdog_token is not token:
+            self._watchdog_token = token
+            self._watchdog_until = math.inf
+            self._watchdog_wake = trio.Event()
+            trio.lowlevel.spawn_system_task(self._watchdog, token, name="sidecar app timeouts")
+        elif entry.deadline < self._watchdog_until:
+            self._watchdog_wake.set()
+
+    async def _watchdog(self, token: trio.lowlevel.TrioToken) -> None:
+        """Fail the requests whose deadline has passed; sleep until the next deadline."""
+        while self._watchdog_token is token and not self._closed:
+            now = trio.current_time()
+            soonest = math.inf
+            for entry in self._watched:
+                if entry.timed_out:
+                    continue
+                if entry.deadline <= now:
+                    entry.timed_out = True
+                    if entry.sock is not None:
+                        # Wakes the exchange waiting on it with ClosedResourceError; shut down, so
+                        # an exchange that was about to wait again ends at once too.
+                        trio.lowlevel.notify_closing(entry.sock)
+                        with contextlib.suppress(OSError):
+                            entry.sock.shutdown(socket.SHUT_RDWR)
+                elif entry.deadline < soonest:
+                    soonest = entry.deadline
+            self._watchdog_until = soonest
+            self._watchdog_wake = trio.Event()
+            with trio.move_on_at(soonest):
+                await self._watchdog_wake.wait()
 
     async def _open(self) -> socket.socket:
         stream: trio.SocketStream
@@ -406,32 +472,54 @@ class AppClient:
         """
         if self._closed:
             raise RuntimeError("AppClient is closed")
-        async with self._slots:
+        # A free slot is taken without a checkpoint (the exchange has its own): `async with` on
+        # the semaphore yields to the scheduler on every request, a trio loop turn for nothing
+        # when the caller bounds its own concurrency, as the pipeline does.
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        try:
             sock = self._take_idle()
             reused = sock is not None
             if sock is None:
                 sock = await self._open()
             keep_alive = False
+            entry = _Watched(trio.current_time() + timeout_s, sock)
+            self._watch(entry)
             try:
-                with trio.CancelScope(deadline=trio.current_time() + timeout_s) as scope:
-                    try:
-                        response, keep_alive = await _exchange(
-                            sock, request, reused, self._max_body_bytes
-                        )
-                    except _StaleConnection:
-                        _close(sock)
+                try:
+                    response, keep_alive = await _exchange(
+                        sock, request, reused, self._max_body_bytes
+                    )
+                except _StaleConnection:
+                    if entry.timed_out:
+                        raise _timed_out(timeout_s) from None
+                    entry.sock = None
+                    _close(sock)
+                    with trio.move_on_at(entry.deadline):
                         sock = await self._open()
-                        response, keep_alive = await _exchange(
-                            sock, request, False, self._max_body_bytes
-                        )
-                if scope.cancelled_caught:
-                    raise AppRequestFailed(APP_TIMEOUT, f"no complete answer within {timeout_s} s")
+                        entry.sock = sock
+                    if entry.sock is None or entry.timed_out:
+                        raise _timed_out(timeout_s) from None
+                    response, keep_alive = await _exchange(
+                        sock, request, False, self._max_body_bytes
+                    )
+            # A deadline that passed ends the exchange with whatever error that caused (the socket
+            # closing under it, or shut down): it is a timeout.
+            except (trio.ClosedResourceError, AppRequestFailed):
+                if entry.timed_out:
+                    raise _timed_out(timeout_s) from None
+                raise
             finally:
-                if keep_alive and not self._closed:
+                self._watched.discard(entry)
+                if keep_alive and not entry.timed_out and not self._closed:
                     self._idle.append((sock, trio.current_time()))
                 else:
                     _close(sock)
             return response
+        finally:
+            self._slots.release()
 
     async def deliver(self, record: RecordView, timeout_s: float) -> Answer:
         """Push one record in single mode and interpret the answer.

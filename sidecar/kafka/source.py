@@ -2,10 +2,12 @@
 
 Owns the consumer handle: subscribe, the poll loop, commits with metadata, pause/resume and close.
 librdkafka calls block, so they run on a poll thread of the source's own; it hands record batches over to
-trio without waiting for each (`_poll_thread`), and the rebalance callbacks fire inside `poll()` on that
-thread and are brought back into trio with `trio.from_thread.run` after the batches handed over before them,
-so the engine sees assignment changes in order with everything else. Must not import the ledger or the
-HTTP modules: it hands raw messages and partition events to a `SourceListener`.
+trio without waiting for each (`_poll_thread`): what one poll returns crosses in one hand-over and at most
+one wake-up of trio, whose callback gives it to the listener at once (`_take_handed`, no task of its own in
+between). The rebalance callbacks fire inside `poll()` on that thread and are brought back into trio with
+`trio.from_thread.run` after the batches handed over before them, so the engine sees assignment changes
+in order with everything else. Must not import the ledger or the HTTP modules: it hands raw messages and
+partition events to a `SourceListener`.
 """
 
 from __future__ import annotations
@@ -79,9 +81,10 @@ class SourceListener(Protocol):
 
     async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None: ...
 
-    async def on_messages(self, messages: Sequence[Message]) -> None:
-        """Take a batch. Must not wait for the consumer (a commit, a queued call): the poll
-        thread may be in a rebalance callback that waits for this call to return."""
+    def on_messages(self, messages: Sequence[Message]) -> None:
+        """Take a batch, synchronously (called from trio's thread, straight from the poll
+        thread's wake-up, so a batch costs no task switch). Must not block; an exception ends the
+        poll loop with it, as it would end any task."""
         ...
 
 
@@ -219,12 +222,16 @@ class KafkaSource:
             tuple[Callable[[Consumer], Any], Callable[[Any, BaseException | None], None] | None]
         ] = deque()
         self._poll_thread_active = False
-        # The poll thread's hand-over to trio (see `_poll_thread`): batches in order, then an end.
-        self._handed: deque[list[Message] | _PollEnd] = deque()
+        # The poll thread's hand-over to trio (see `_poll_thread`): batches in order (with their
+        # values' bytes), then an end; all under `_handed_cond`.
+        self._handed: deque[tuple[list[Message], int]] = deque()
         self._handed_bytes = 0
         self._handed_cond = threading.Condition()
-        self._handed_wake = trio.Event()
-        self._intake_lock = trio.Lock()  # one taker of handed batches at a time
+        # A wake-up of trio is queued that will take what is handed over (no second one needed).
+        self._take_queued = False
+        self._poll_end: _PollEnd | None = None  # the thread's end, once handed over
+        self._intake_error: BaseException | None = None  # what the listener raised
+        self._poll_ended = trio.Event()  # an end or an intake error for the poll loop
         self._thread_stop = False  # trio left the poll loop (cancelled): the thread ends too
         # The poll thread has served its last poll (set under `_commit_waiters_lock`): an async
         # commit issued now would never get its callback, so commits take the synchronous path.
@@ -421,16 +428,19 @@ class KafkaSource:
         thread = threading.Thread(
             target=self._poll_thread, args=(consumer, token), name="sidecar-poll", daemon=True
         )
+        self._poll_end = None
+        self._intake_error = None
+        self._poll_ended = trio.Event()
+        with self._handed_cond:
+            self._take_queued = False
         thread.start()
         try:
-            while True:
-                end = await self._take_handed()
-                if end is not None:
-                    if end.error is not None:
-                        raise end.error
-                    return
-                await self._handed_wake.wait()
-                self._handed_wake = trio.Event()
+            await self._poll_ended.wait()
+            if self._intake_error is not None:
+                raise self._intake_error
+            end = self._poll_end
+            if end is not None and end.error is not None:
+                raise end.error
         finally:
             with self._handed_cond:
                 self._thread_stop = True
@@ -445,37 +455,48 @@ class KafkaSource:
                 if self._commands:
                     await trio.to_thread.run_sync(self._run_commands, consumer)
 
-    async def _take_handed(self) -> _PollEnd | None:
-        """Give the batches handed over so far to the listener; the thread's end if it came."""
-        if not self._intake_lock.locked():
-            self._intake_lock.acquire_nowait()  # no checkpoint on the usual, uncontended path
-        else:
-            await self._intake_lock.acquire()
-        try:
-            while self._handed:
-                item = self._handed.popleft()
-                if isinstance(item, _PollEnd):
-                    return item
-                await self._listener.on_messages(item)
-                # Only now is the batch in the listener's accounting (the ledgers' byte budget).
-                with self._handed_cond:
-                    self._handed_bytes -= _values_bytes(item)
-                    self._handed_cond.notify()
-            return None
-        finally:
-            self._intake_lock.release()
+    def _woken(self) -> None:
+        """The poll thread's wake-up (trio's thread, via `run_sync_soon`): take what it handed."""
+        with self._handed_cond:
+            # Cleared before taking: a batch handed over from now on queues a wake-up of its own.
+            self._take_queued = False
+        self._take_handed()
+
+    def _take_handed(self) -> None:
+        """Give the batches handed over so far to the listener (trio's thread, synchronously);
+        then, once the thread's end came and nothing precedes it, wake the poll loop to end."""
+        cond = self._handed_cond
+        while self._intake_error is None:
+            with cond:
+                if not self._handed:
+                    break
+                batch, size = self._handed.popleft()
+            try:
+                self._listener.on_messages(batch)
+            # A bug in the listener: the poll loop raises it, as it would have from its own call.
+            except BaseException as exc:
+                self._intake_error = exc
+                self._poll_ended.set()
+                return
+            # Only now is the batch in the listener's accounting (the ledgers' byte budget).
+            with cond:
+                self._handed_bytes -= size
+                cond.notify()
+        with cond:
+            ended = self._poll_end is not None and not self._handed
+        if ended:
+            self._poll_ended.set()
 
     async def _in_order(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
-        """A rebalance callback, after the batches the thread handed over before it."""
-        end = await self._take_handed()
-        if end is not None:
-            self._handed.appendleft(end)  # for the poll loop, which ends on it
+        """A rebalance callback, after the batches the thread handed over before it (their
+        wake-up was queued first, so they are taken already; taking again is for certain)."""
+        self._take_handed()
         return await fn(arg)
 
     def _poll_thread(self, consumer: Consumer, token: trio.lowlevel.TrioToken) -> None:
         """The poll thread: poll, hand batches over to trio without waiting for them, end.
 
-        A hand-over is an append and, when trio may be asleep, one wake-up; the thread does not
+        A hand-over is an append and, unless one is queued already, one wake-up; the thread does not
         wait for trio to take the batch unless what it handed over is more than
         `HANDED_OVER_MAX_BYTES` (backpressure, as before: librdkafka keeps the rest). Rebalance
         callbacks, inside poll(), go through `_in_order`, so the listener sees them in order with
@@ -496,13 +517,13 @@ class KafkaSource:
                 self._broker_usable()
                 good = self._good_messages(messages)
                 if good:
-                    self._hand_over(token, good)
+                    self._hand_over(token, good, _values_bytes(good))
         # Not handled here: trio's poll loop raises it, as it would from a to_thread call.
         except BaseException as exc:
             end = _PollEnd(exc)
         with self._commit_waiters_lock:
             self._thread_exiting = True
-        self._hand_over(token, end)
+        self._hand_over(token, end, 0)
 
     def _may_exit(self) -> bool:
         """After `stop_polling()`: the thread ends once no commit waits for its result (only a
@@ -517,13 +538,22 @@ class KafkaSource:
             self._thread_exiting = True
             return True
 
-    def _hand_over(self, token: trio.lowlevel.TrioToken, item: list[Message] | _PollEnd) -> None:
-        if isinstance(item, list):
-            with self._handed_cond:
-                self._handed_bytes += _values_bytes(item)
-        self._handed.append(item)
+    def _hand_over(
+        self, token: trio.lowlevel.TrioToken, item: list[Message] | _PollEnd, size: int
+    ) -> None:
+        """One poll's records (or the thread's end) to trio: one append, and one wake-up unless
+        one is queued already (at saturation many polls share a wake-up)."""
+        with self._handed_cond:
+            if isinstance(item, list):
+                self._handed.append((item, size))
+                self._handed_bytes += size
+            else:
+                self._poll_end = item
+            if self._take_queued:
+                return
+            self._take_queued = True
         with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self._handed_wake.set)
+            token.run_sync_soon(self._woken)
 
     def _good_messages(self, messages: list[Message]) -> list[Message]:
         """The records of a batch; errors logged, a fatal one raised (`SourceError`)."""

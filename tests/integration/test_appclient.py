@@ -326,6 +326,70 @@ async def test_slow_server_times_out(transport: str) -> None:
         assert client.connections_opened == 2
 
 
+async def test_a_shorter_timeout_started_later_fires_first(transport: str) -> None:
+    # The watchdog sleeps until the earliest deadline it knows: a request with a sooner one wakes it.
+    async def never(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+        while await reader.read() is not None:
+            stats.requests += 1
+        await trio.sleep(30)
+
+    async with raw_server(never, transport) as server, AppClient(server.target) as client:
+        outcome: dict[str, float] = {}
+
+        async def slow_one() -> None:
+            with pytest.raises(AppRequestFailed) as caught:
+                await client.send(REQUEST, timeout_s=20)
+            assert caught.value.class_name == APP_TIMEOUT
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(slow_one)
+            await wait_until(lambda: server.stats.requests == 1, 5, "the first request")
+            started = trio.current_time()
+            with pytest.raises(AppRequestFailed) as caught:
+                await client.send(REQUEST, timeout_s=0.3)
+            outcome["short"] = trio.current_time() - started
+            assert caught.value.class_name == APP_TIMEOUT
+            nursery.cancel_scope.cancel()
+        assert 0.3 <= outcome["short"] < 5
+
+
+async def test_a_trickling_answer_times_out_at_the_deadline(transport: str) -> None:
+    # Bytes keep coming, each before the deadline: the exchange waits again and again on its
+    # socket, and the deadline still ends it.
+    async def trickle(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+        await reader.read()
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(200):
+            await trio.sleep(0.05)
+            await stream.send_all(b"x")
+
+    async with raw_server(trickle, transport) as server, AppClient(server.target) as client:
+        started = trio.current_time()
+        with pytest.raises(AppRequestFailed) as caught:
+            await client.send(REQUEST, timeout_s=0.5)
+        assert caught.value.class_name == APP_TIMEOUT
+        assert 0.5 <= trio.current_time() - started < 5
+
+
+def test_one_client_serves_two_trio_runs(transport: str) -> None:
+    # The timeout watchdog belongs to a trio run: a client used in a second run gets a new one.
+    async def once(client: AppClient) -> None:
+        async def slow(stream: trio.SocketStream, reader: RequestReader, stats: Stats) -> None:
+            await reader.read()
+            await trio.sleep(10)
+
+        async with raw_server(slow, transport) as server:
+            client.target = server.target
+            client._idle.clear()
+            with pytest.raises(AppRequestFailed) as caught:
+                await client.send(REQUEST, timeout_s=0.2)
+            assert caught.value.class_name == APP_TIMEOUT
+
+    client = AppClient(AppTarget(port=1))
+    trio.run(once, client)
+    trio.run(once, client)
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

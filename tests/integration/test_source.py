@@ -115,8 +115,8 @@ class _OrderListener(RecordingListener):
         self.events += [("revoked", p, -1) for _, p in partitions]
         return await super().on_revoked(partitions)
 
-    async def on_messages(self, messages: Sequence[Message]) -> None:
-        await super().on_messages(messages)
+    def on_messages(self, messages: Sequence[Message]) -> None:
+        super().on_messages(messages)
         self.events += [("m", m.partition() or 0, m.offset() or 0) for m in messages]
 
 
@@ -180,4 +180,35 @@ async def test_a_cancelled_poll_loop_ends_its_thread(
     # The poll loop returned (its thread joined), and the consumer is usable from here again.
     assert source._stopped.is_set()
     assert not source._poll_thread_active
+    await source.close()
+
+
+class _BrokenListener(RecordingListener):
+    """A listener with a bug: taking a batch raises."""
+
+    def on_messages(self, messages: Sequence[Message]) -> None:
+        super().on_messages(messages)
+        raise ZeroDivisionError("a bug in the listener")
+
+
+async def test_an_error_taking_a_batch_ends_the_poll_loop_with_it(
+    bootstrap: str, broker: Broker, unique: str
+) -> None:
+    # Batches are taken in trio's wake-up callback, not in the poll loop's task: the listener's
+    # error must still end the poll loop (and so the engine), not vanish or crash trio itself.
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 1)
+    broker.produce(topic, [Rec(key=None, value=b"v", partition=0) for _ in range(3)])
+    listener = _BrokenListener()
+    source = KafkaSource(
+        {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"},
+        [topic],
+        listener,
+    )
+    source.start()
+    with trio.fail_after(60), pytest.raises(ZeroDivisionError, match="a bug in the listener"):
+        await source.run()
+    assert listener.messages  # it was handed a batch, once
+    assert source._stopped.is_set()
+    assert not source._poll_thread_active  # the thread was joined
     await source.close()

@@ -40,24 +40,18 @@ async def test_records_handed_over_after_the_final_commit_closed_the_ledgers_are
     key = ("t", 0)
     slot = engine._open_slot(key, 0, None)
     engine.slots[key] = slot
-    await engine.on_messages(
-        [confluent_kafka.Message(topic="t", partition=0, offset=0, value=b"a")]
-    )
+    engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=0, value=b"a")])
     assert slot.ledger.buffered == 1
     # The stop: every ledger closed for the final commit, the slots kept for it (commit_all).
     engine.pipe.stopping = True
     for s in engine.slots.values():
         engine._close_slot(s)
-    await engine.on_messages(
-        [confluent_kafka.Message(topic="t", partition=0, offset=1, value=b"b")]
-    )
+    engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=1, value=b"b")])
     assert slot.ledger.buffered == 1  # not taken: the final commit cannot pass it
     assert slot.ledger.committable_offset() == 0
 
 
 async def test_records_of_a_partition_given_up_are_left() -> None:
     engine = _engine()
-    await engine.on_messages(
-        [confluent_kafka.Message(topic="t", partition=3, offset=7, value=b"x")]
-    )
+    engine.on_messages([confluent_kafka.Message(topic="t", partition=3, offset=7, value=b"x")])
     assert ("t", 3) not in engine.slots
