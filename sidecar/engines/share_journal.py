@@ -295,6 +295,10 @@ class ShareJournal:
 
     def closed_cleanly(self) -> None:
         self._write(["C\n"])
+        self.close()
+
+    def close(self) -> None:
+        """Close the file; without `closed_cleanly` first, the next start reads it as a death."""
         if self._fh is not None:
             with contextlib.suppress(OSError):
                 self._fh.close()
