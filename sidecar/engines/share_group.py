@@ -1035,6 +1035,13 @@ class ShareGroupEngine:
                     decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining[keep:]]
                     for m, _t, _c in run.remaining[keep:]:
                         self.deaths.unsent(_coord(m))
+                    if quiet:
+                        log.info(
+                            "isolation: %d suspects released unsent, no turn left for them within "
+                            "the lock (a turn takes %.2f s); they come back as suspects",
+                            len(decisions),
+                            self._isolation_turn_s,
+                        )
                     del run.remaining[keep:]
                     done = not run.remaining
                     next_ = None if done else functools.partial(self._next_suspect, run)
