@@ -22,16 +22,16 @@ call alone. The delivery state itself (counts, locks) is the broker's.
 Invariants kept here:
 - a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
   configured, as KIP-1191 does;
-- the limit is the sidecar's `share.delivery.count.limit` (L); the group's own (G, read from the cluster at
-  start-up) must be above it, so the broker never archives on its own: a release at delivery L becomes DLQ
-  write + REJECT, and a record the broker hands out again after L deliveries (their outcomes lost in a
-  death or a lock expiry) is dead-lettered at acquisition, never sent to the app. G must be at least L
-  plus the number of share consumers (see `required_group_limit`): a lower G is raised (the group
-  config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
-- isolation: a record acquired again whose last delivery this process did not see end is a suspect
-  (that outcome was lost, maybe in a death it caused); it goes to the app only once every other record
-  the sidecar holds is settled and acknowledged to the broker (`commit_sync`), and no consumer polls
-  meanwhile, so a death charges it and the suspects still held, nothing else (`_next_suspect`);
+- the limit is the sidecar's `share.delivery.count.limit` (L), on the sidecar's count: the broker's, or
+  with a journal (`share.journal.path`) the broker's less what deaths charged (`DeathAccount`,
+  sidecar.engines.share_recovery). The group's own (G) must be at least L plus the number of share
+  consumers (`required_group_limit`; with a journal, the broker's maximum): a lower G is raised or the
+  sidecar refuses to start (`ShareGroupLimitUnsafe`). A release at count L, or on the broker's delivery
+  G, becomes DLQ write + REJECT; a record acquired past L is dead-lettered at acquisition, unsent;
+- isolation: a record acquired again whose last delivery ended in a death (the journal says so, or this
+  process did not see it end) is a suspect; it goes to the app alone, once every other outcome is at the
+  broker (`commit_sync`) and no consumer polls, one at a time within the lock (`_next_suspect`); after
+  a death, one consumer runs until the dead incarnation's records are back (`DeathAccount.wait_turn`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
   releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
 
@@ -1037,10 +1037,9 @@ class ShareGroupEngine:
                         self.deaths.unsent(_coord(m))
                     if quiet:
                         log.info(
-                            "isolation: %d suspects released unsent, no turn left for them within "
-                            "the lock (a turn takes %.2f s); they come back as suspects",
+                            "isolation: %d suspects released unsent (no turn left within the "
+                            "lock); they come back as suspects",
                             len(decisions),
-                            self._isolation_turn_s,
                         )
                     del run.remaining[keep:]
                     done = not run.remaining
@@ -1146,8 +1145,7 @@ class ShareGroupEngine:
             reason is None
             and (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit
         ):
-            # The broker's last delivery (the sidecar's own count is lower: deaths it did not
-            # charge): a release would let the broker archive it with no DLQ record.
+            # The broker's last delivery: a release would let it archive the record, no DLQ record.
             reason = ArchiveReason.DELIVERY_COUNT_EXCEEDED
         if reason is None:
             out.append((msg, AcknowledgeType.RELEASE))  # the broker redelivers it
@@ -1220,28 +1218,17 @@ class ShareGroupEngine:
             return
         # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
         # except at the group's limit, where the broker archives it itself.
-        self._warn_if_broker_archives(tracked, broker)
+        if broker >= self.settings.group_delivery_count_limit:  # the broker archives it
+            rec = tracked.record
+            self.deaths.archived_by_broker(
+                (rec.topic, rec.partition, rec.offset), broker, "released"
+            )
         out.append((msg, AcknowledgeType.RELEASE))
         self._outcome_known(msg)
 
     async def _write_dlq(self, failed: FailedRecord, dlq_topic: str) -> bool:
         await self.dlq.write(failed, dlq_topic)
         return True
-
-    def _warn_if_broker_archives(self, tracked: Tracked, acquired: int) -> None:
-        assert self.settings is not None
-        if acquired >= self.settings.group_delivery_count_limit:
-            rec = tracked.record
-            self.pipe.counters.bump(self.pipe.counters.broker_archived, rec.topic)
-            log.error(
-                "%s[%d]@%d is on the broker's last delivery (%d, the group's %s): released without "
-                "a DLQ record, the broker archives it; it is not in the DLQ",
-                rec.topic,
-                rec.partition,
-                rec.offset,
-                acquired,
-                GROUP_DELIVERY_COUNT_LIMIT,
-            )
 
     # ----------------------------------------------------------------------------- answers
 

@@ -46,8 +46,8 @@ DONE = "d"
 DIED = "z"
 _STATES = (ALONE, ANSWERED, RELEASED, UNSENT, DONE, DIED)
 
-_MAX_ENTRIES = 200_000  # the oldest are forgotten first (their records counted by the broker)
-_COMPACT_LINES = 400_000  # rewrite the file (live entries only) past this many appended lines
+_MAX_ENTRIES = 50_000  # the oldest are forgotten first (their records counted by the broker)
+_COMPACT_LINES = 200_000  # rewrite the file (live entries only) past this many appended lines
 
 
 @dataclass(slots=True)
@@ -69,7 +69,7 @@ class Recovery:
     """What the last incarnation left when it died: its records still held, with their counts."""
 
     died: bool
-    held: dict[Coord, Entry]  # held or alone at the death
+    held: dict[Coord, Entry]  # held, alone or released unsent by the dead incarnation
     consumers: int  # the dead incarnation's share consumers (its death charged up to this many)
 
 
@@ -221,18 +221,18 @@ class ShareJournal:
         for coord, entry in list(entries.items()):
             if died and entry.incarnation == incarnation:
                 entry.died = True
+                if entry.state in (HELD, ALONE, UNSENT):  # to come back (suspects, or released
+                    held[coord] = entry  # unsent in the isolation pass)
             elif entry.state in (HELD, ALONE, ANSWERED) and not entry.died:
                 entry.state = UNSENT  # held when an incarnation stopped: its close released it
-            if entry.suspect:
-                held[coord] = entry
             entry.incarnation = 0
         while len(entries) > _MAX_ENTRIES:
             del entries[next(iter(entries))]
         if died:
             log.warning(
-                "share journal %s: the last incarnation died with %d records sent and not answered "
-                "(%d of them alone at the app): those alone are charged one delivery, the others "
-                "none",
+                "share journal %s: the last incarnation died with %d records not answered or "
+                "released unsent (%d of them alone at the app): those alone are charged one "
+                "delivery, the others none",
                 self.path,
                 len(held),
                 sum(1 for e in held.values() if e.state == ALONE),

@@ -169,21 +169,12 @@ class DeathAccount:
             await self.recovered.wait()
             return
         lost = 0
-        for (topic, partition, offset), entry in sorted(self.recovering.items()):
+        for coord, entry in sorted(self.recovering.items()):
             if entry.broker + max(1, self._dead_consumers) < group_limit:
                 continue  # the broker still had deliveries to give it: another replica has it
             lost += 1
-            self._on_archived(topic)
-            log.error(
-                "%s[%d]@%d was held when the sidecar died, at the broker's delivery count %d (the "
-                "group's share.delivery.count.limit is %d), and has not come back in %.0f s: the "
-                "broker archived it, it is not in the DLQ",
-                topic,
-                partition,
-                offset,
-                entry.broker,
-                group_limit,
-                wait_s,
+            self.archived_by_broker(
+                coord, entry.broker, f"held when the sidecar died, not back in {wait_s:.0f} s"
             )
         log.info(
             "recovery over after %.0f s: %d records the last incarnation held did not come back "
@@ -194,6 +185,20 @@ class DeathAccount:
         )
         self.recovering.clear()
         self.recovered.set()
+
+    def archived_by_broker(self, coord: Coord, broker: int, how: str) -> None:
+        """A record the sidecar still meant to deliver that the broker archived: no DLQ record."""
+        topic, partition, offset = coord
+        self._on_archived(topic)
+        log.error(
+            "%s[%d]@%d: archived by the broker without a DLQ record (%s, at the broker's delivery "
+            "count %d, on or near the group's share.delivery.count.limit); it is not in the DLQ",
+            topic,
+            partition,
+            offset,
+            how,
+            broker,
+        )
 
     def status(self) -> dict[str, Any]:
         return {
