@@ -187,3 +187,27 @@ def check(o: Outcome, label: str) -> None:
     joined = "\n".join(o.logs)
     # The pass never outlived a lock: no acknowledgement came too late.
     assert "INVALID_RECORD_STATE" not in joined and "cannot acknowledge" not in joined, label
+
+
+async def run_with_journal(bootstrap: str, tmp_path: Path, content: bytes) -> tuple[int, int, str]:
+    """Start over a journal file holding `content`, deliver `n` records (no killer), stop cleanly:
+    (records produced, records accepted by the app, the sidecar's log)."""
+    async with open_run(
+        tmp_path, bootstrap=bootstrap, name="share-journal", limit=LIMIT, server_class=KillerServer
+    ) as run:
+        app = run.server.app
+        assert isinstance(app, KillerApp)
+        app.keep_history = True
+        journal = tmp_path / "share-journal"
+        journal.write_bytes(content.replace(b"{group}", run.group.encode()))
+        produced = await run.produce(plan_records(20, seed=7, poison_ratio=0.0))
+        cfg = run.config(
+            extra={"engine": "share", "ordering": "none", "share.journal.path": str(journal)}
+        )
+        async with sidecar(cfg) as sc:
+            with trio.fail_after(120):
+                await _done(run, app, sc, produced)
+            assert await sc.stop() == 0
+            log = sc.log_text()
+        assert journal.read_text().startswith(f"J1 {run.group}\n")  # a fresh one replaced it
+        return produced, len({s.coord for s in app.history}), log
