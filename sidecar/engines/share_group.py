@@ -901,11 +901,11 @@ class ShareGroupEngine:
             was_held = coordinates in self._held
             self._held.pop(coordinates, None)
             # The sidecar's count: the broker's, less what deaths charged (the journal's account).
-            count, died = self.deaths.count(coordinates, broker_count)
+            count, suspect = self.deaths.count(coordinates, broker_count)
             acquired.append((coordinates, broker_count, count))
             if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
-            elif died or self._is_suspect(*coordinates, broker_count):
+            elif suspect if suspect is not None else self._is_suspect(*coordinates, broker_count):
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
@@ -1034,7 +1034,7 @@ class ShareGroupEngine:
                     keep = max(0, fit) if quiet else 0
                     decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining[keep:]]
                     for m, _t, _c in run.remaining[keep:]:
-                        self.deaths.unsent(_coord(m))
+                        self.deaths.unsent(_coord(m), suspect=True)
                     if quiet:
                         log.info(
                             "isolation: %d suspects released unsent (no turn left within the "

@@ -13,6 +13,7 @@ volume that survives a container restart: an `emptyDir` in the chart), one line 
     s <topic> <p> <offset>         sent to the app alone (an isolation turn)
     k <topic> <p> <offset>         answered: accepted or rejected, the broker not told yet
     r / u / d <topic> <p> <offset> released after an attempt / released unsent / done (forgotten)
+    v <topic> <p> <offset>         a suspect released unsent (no turn for it in the isolation pass)
     z <topic> <p> <offset>         its incarnation died with it in the state above
 
 Writes go to the file at once without fsync: a SIGKILL of the process keeps them (the page cache is
@@ -42,9 +43,10 @@ ALONE = "s"  # sent to the app alone
 ANSWERED = "k"  # accepted or rejected, the acknowledgement not confirmed by the broker yet
 RELEASED = "r"  # released after an attempt that counts
 UNSENT = "u"  # released without an attempt (not counted)
+DEFERRED = "v"  # a suspect released without an attempt: still a suspect
 DONE = "d"
 DIED = "z"
-_STATES = (ALONE, ANSWERED, RELEASED, UNSENT, DONE, DIED)
+_STATES = (ALONE, ANSWERED, RELEASED, UNSENT, DEFERRED, DONE, DIED)
 
 _MAX_ENTRIES = 50_000  # the oldest are forgotten first (their records counted by the broker)
 _COMPACT_LINES = 200_000  # rewrite the file (live entries only) past this many appended lines
@@ -54,14 +56,15 @@ _COMPACT_LINES = 200_000  # rewrite the file (live entries only) past this many 
 class Entry:
     broker: int  # the broker's delivery count at the last acquisition this journal saw
     count: int  # the sidecar's count for that acquisition
-    state: str  # HELD, ALONE, ANSWERED, RELEASED or UNSENT
+    state: str  # HELD, ALONE, ANSWERED, RELEASED, UNSENT or DEFERRED
     incarnation: int  # which incarnation (in this file) acquired it
     died: bool = False  # its incarnation died with it in `state`
 
     @property
     def suspect(self) -> bool:
-        """Held without an answer when its incarnation died: maybe what killed it."""
-        return self.died and self.state in (HELD, ALONE)
+        """Held without an answer when its incarnation died (maybe what killed it), or a suspect
+        the isolation pass released unsent."""
+        return self.state == DEFERRED or (self.died and self.state in (HELD, ALONE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,7 @@ def counted(entry: Entry | None, broker: int) -> int:
         n = entry.count + (1 if entry.state in (ALONE, RELEASED) else 0)
     else:
         gap = max(0, broker - entry.broker - 1)
-        n = entry.count + gap + (0 if entry.state == UNSENT else 1)
+        n = entry.count + gap + (0 if entry.state in (UNSENT, DEFERRED) else 1)
     return max(1, min(broker, n))
 
 
@@ -221,8 +224,8 @@ class ShareJournal:
         for coord, entry in list(entries.items()):
             if died and entry.incarnation == incarnation:
                 entry.died = True
-                if entry.state in (HELD, ALONE, UNSENT):  # to come back (suspects, or released
-                    held[coord] = entry  # unsent in the isolation pass)
+                if entry.state in (HELD, ALONE, UNSENT, DEFERRED):  # to come back
+                    held[coord] = entry
             elif entry.state in (HELD, ALONE, ANSWERED) and not entry.died:
                 entry.state = UNSENT  # held when an incarnation stopped: its close released it
             entry.incarnation = 0
@@ -278,7 +281,7 @@ class ShareJournal:
         self._write(lines)
 
     def settled(self, items: Iterable[tuple[Coord, str]], *, flush: bool = True) -> None:
-        """Outcomes: (coordinates, ALONE, ANSWERED, RELEASED, UNSENT or DONE). Not `flush`: left in
+        """Outcomes: (coordinates, ALONE, ANSWERED, RELEASED, UNSENT, DEFERRED or DONE). Not `flush`: left in
         the buffer until the next write (lost in a death, the record is then a suspect)."""
         lines = []
         entries = self.entries
@@ -334,6 +337,7 @@ class ShareJournal:
 __all__ = [
     "ALONE",
     "ANSWERED",
+    "DEFERRED",
     "DIED",
     "DONE",
     "HELD",

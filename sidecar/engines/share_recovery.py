@@ -30,6 +30,7 @@ import trio
 from sidecar.engines.share_journal import (
     ALONE,
     ANSWERED,
+    DEFERRED,
     DONE,
     HELD,
     RELEASED,
@@ -57,7 +58,7 @@ class DeathAccount:
         self.consumers = consumers
         self.journal: ShareJournal | None = None
         self._on_archived = on_archived
-        self._unsent: set[Coord] = set()  # released without an attempt, not yet journaled
+        self._unsent: dict[Coord, bool] = {}  # released without an attempt (a suspect?), to note
         self.recovering: dict[Coord, Entry] = {}
         self._dead_consumers = 0
         self.recovered = trio.Event()
@@ -84,21 +85,23 @@ class DeathAccount:
 
     # ----------------------------------------------------------------------------- counts
 
-    def count(self, coord: Coord, broker: int) -> tuple[int, bool]:
-        """The sidecar's count for this acquisition, and whether a death ended its last delivery."""
+    def count(self, coord: Coord, broker: int) -> tuple[int, bool | None]:
+        """The sidecar's count for this acquisition, and whether it is a suspect (a death may have
+        ended its last delivery; None: the journal does not know it)."""
         self.recovering.pop(coord, None)
         if self.journal is None:
-            return max(1, broker), False
+            return max(1, broker), None
         entry = self.journal.entries.get(coord)
-        return counted(entry, broker), entry is not None and entry.suspect
+        return counted(entry, broker), None if entry is None else entry.suspect
 
     def acquired(self, items: Sequence[tuple[Coord, int, int]]) -> None:
         if self.journal is not None:
             self.journal.acquired(items)
 
-    def unsent(self, coord: Coord) -> None:
-        """This record is released without an attempt: the next acquisition does not count."""
-        self._unsent.add(coord)
+    def unsent(self, coord: Coord, *, suspect: bool = False) -> None:
+        """This record is released without an attempt: the next acquisition does not count (and a
+        suspect stays one)."""
+        self._unsent[coord] = suspect
 
     def alone(self, coords: Iterable[Coord]) -> None:
         """These go to the app alone: a death from now on is theirs."""
@@ -124,8 +127,11 @@ class DeathAccount:
             return
         settled: list[tuple[Coord, str]] = []
         for c, released in outcomes:
-            settled.append((c, (UNSENT if c in unsent else RELEASED) if released else ANSWERED))
-            unsent.discard(c)
+            was = unsent.pop(c, None)
+            if not released:
+                settled.append((c, ANSWERED))
+            else:
+                settled.append((c, RELEASED if was is None else DEFERRED if was else UNSENT))
         self.journal.settled(settled)
 
     def confirmed(self, coords: Iterable[Coord]) -> None:

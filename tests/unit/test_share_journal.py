@@ -10,6 +10,7 @@ import pytest
 from sidecar.engines.share_journal import (
     ALONE,
     ANSWERED,
+    DEFERRED,
     DONE,
     RELEASED,
     UNSENT,
@@ -50,10 +51,13 @@ def test_a_death_charges_only_the_record_alone(tmp_path: Path) -> None:
 def test_released_counts_and_unsent_does_not(tmp_path: Path) -> None:
     path = tmp_path / "j"
     j, _ = _open(path)
-    j.acquired([(A, 1, 1), (B, 1, 1)])
-    j.settled([(A, RELEASED), (B, UNSENT)])
+    j.acquired([(A, 1, 1), (B, 1, 1), (C, 1, 1)])
+    j.settled([(A, RELEASED), (B, UNSENT), (C, DEFERRED)])
     assert counted(j.entries[A], 2) == 2
     assert counted(j.entries[B], 2) == 1
+    assert counted(j.entries[C], 2) == 1
+    # A suspect released unsent stays one; a record released unsent otherwise is not.
+    assert j.entries[C].suspect and not j.entries[B].suspect and not j.entries[A].suspect
     # Another replica delivered them twice in between: those count (no death here).
     assert counted(j.entries[A], 4) == 4
     assert counted(j.entries[B], 4) == 3
