@@ -1,4 +1,5 @@
-"""A private broker behind a fault proxy, shared by the broker and network scenarios (started once: ~15 s)."""
+"""Private brokers: one behind a fault proxy, shared by the broker and network scenarios (started once: ~15 s);
+one with short share sessions for the share engine's crash isolation (tests/reliability/share_killer.py)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,22 @@ def kafka_behind_proxy(
     proxy.set_mode(PASS)
     yield broker, proxy
     proxy.set_mode(PASS)
+
+
+# A SIGKILLed share consumer keeps its records until its share session expires (45 s at the least on a
+# default broker, so a killer run of four deaths takes minutes): 6 s here. Everything else is the default.
+SHORT_SHARE_SESSIONS = {
+    "group.share.min.session.timeout.ms": "6000",
+    "group.share.session.timeout.ms": "6000",
+    "group.share.min.heartbeat.interval.ms": "1000",
+    "group.share.heartbeat.interval.ms": "1000",
+    "group.coordinator.rebalance.protocols": "classic,consumer,share",
+}
+
+
+@pytest.fixture(scope="session")
+def share_kafka() -> Iterator[str]:
+    """The bootstrap of a private broker whose share sessions expire after 6 s."""
+    with PrivateBroker(extra=SHORT_SHARE_SESSIONS) as broker:
+        broker.start()
+        yield broker.direct

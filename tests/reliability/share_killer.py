@@ -5,7 +5,10 @@ A record makes the app SIGKILL the sidecar the moment it is delivered; every oth
 kept across restarts, as the chart's emptyDir keeps it) is restarted after each death until every
 record is answered or in the DLQ. `check` asserts what the issue asks: only the killer in the DLQ,
 after at most `limit + 1` deaths, every other record accepted, no record sent past the limit, and no
-innocent record's count raised by the deaths.
+innocent record's count raised by the deaths. The tests run it on a private broker whose share
+sessions expire after 6 s (`share_kafka` in conftest.py): with the default 45 s, each death waits for the
+dead members' sessions and four deaths take minutes (`python -m bench ... --killer-variants share` measures
+that on a default broker).
 """
 
 from __future__ import annotations

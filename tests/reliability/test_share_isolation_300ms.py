@@ -9,11 +9,12 @@ import pytest
 from tests.reliability.share_killer import check, run_share_killer
 
 
-@pytest.mark.parametrize(("consumers", "ordering"), [(4, "key"), (1, "none")])
+@pytest.mark.parametrize("ordering", ["none", "key"])
+@pytest.mark.parametrize("consumers", [4, 1])
 async def test_share_killer_alone_in_dlq_300ms_app(
-    bootstrap: str, tmp_path: Path, consumers: int, ordering: str
+    share_kafka: str, tmp_path: Path, consumers: int, ordering: str
 ) -> None:
     o = await run_share_killer(
-        bootstrap, tmp_path, delay_s=0.3, consumers=consumers, ordering=ordering
+        share_kafka, tmp_path, delay_s=0.3, consumers=consumers, ordering=ordering
     )
     check(o, f"300 ms, {consumers} consumers, ordering {ordering}")
