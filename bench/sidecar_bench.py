@@ -17,6 +17,7 @@ fresh consumer group and the figure is records/s from the first record seen to t
     e-txn       ... with the transactional DLQ mode            (when the engine supports it)
     f-*         tracing on vs off                              (when the sidecar has tracing)
     g-share     ``engine: share`` (a share group), single mode, TCP, ordering none
+    g-share-journal  the same with ``share.journal.path`` (the journal of deaths)
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -529,6 +530,9 @@ def sidecar_config(
         lines.append("errors.deadletterqueue.transactional.enable: true")
     if scenario.startswith("f-on"):
         lines += ["tracing:", "  exporter: otlp-http"]
+    if scenario == "g-share-journal":
+        journal = os.path.join(os.path.dirname(api_path), f"journal-{group}")
+        lines.append(f"share.journal.path: {json.dumps(journal)}")
     lines += [f"{k}: {json.dumps(v)}" for k, v in (extra or {}).items()]
     return "\n".join(lines) + "\n"
 

@@ -163,6 +163,7 @@ class Delivery:
     # perf_counter when the app got it to answer later through /v1/acks (a pull, or a push answered
     # `deferred`): the answer's delay is observed from here. None: answered in its own request.
     handed_at: float | None = None
+    sent: bool = False  # a request carrying it went out (share: a lock expiry before is no attempt)
 
     @property
     def topic(self) -> str:
@@ -831,6 +832,8 @@ class Pipeline:
         tracing = self.tracing
         while live := [d for d in items if self._live.get(d.id) is d]:
             traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
+            for d in live:
+                d.sent = True
             started = time.perf_counter()
             try:
                 if batch:

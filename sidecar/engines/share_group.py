@@ -92,6 +92,7 @@ from sidecar.engines.share_batch import (
 )
 from sidecar.engines.share_journal import Coord
 from sidecar.engines.share_recovery import DeathAccount
+from sidecar.engines.share_source import ShareSource
 from sidecar.kafka.source import SourceError
 
 log = logging.getLogger("sidecar.share")
@@ -446,59 +447,6 @@ def share_consumer_properties(
         props.setdefault("fetch.max.bytes", fetch_max_bytes)
     props["share.acknowledgement.mode"] = "explicit"
     return props
-
-
-class ShareSource:
-    """The share consumers' side of status and readiness.
-
-    A share consumer has no assignment the client can see; `assigned` holds the partitions records came
-    from, and `paused` is all of them while intake is stopped (app unreachable, draining).
-    """
-
-    def __init__(self, engine: ShareGroupEngine) -> None:
-        self._engine = engine
-        self.assigned: set[PartitionKey] = set()
-        self.broker_ok = True
-        self.subscribed = False
-        self.fatal_error: str | None = None
-        self._stop_polling = False
-        self._stopped = trio.Event()
-
-    @property
-    def paused(self) -> set[PartitionKey]:
-        pipe = self._engine.pipe
-        if pipe.draining or not pipe.app_reachable or self._stop_polling:
-            return set(self.assigned)
-        return set()
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop_polling
-
-    async def run(self) -> None:
-        try:
-            await self._engine.run_consumers()
-        finally:
-            self._stopped.set()
-
-    def stop_polling(self) -> None:
-        self._stop_polling = True
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    async def close(self, grace_s: float = 30.0) -> None:
-        """The consumers close on their own threads once polling stops; wait for that.
-
-        DLQ writes still retrying after `grace_s` are cut short: their records are released.
-        """
-        self._stop_polling = True
-        self._engine.abandon_batches()
-        with trio.move_on_after(grace_s):
-            await self._stopped.wait()
-            return
-        self._engine.abandon_batches(hard=True)
-        await self._stopped.wait()
 
 
 class ShareGroupEngine:
@@ -1116,7 +1064,10 @@ class ShareGroupEngine:
         with batch.cancel, trio.move_on_at(batch.deadline):
             await batch.answered.wait()
         for d in deliveries:
-            if d.answer is None:
+            if d.answer is None and not d.sent and d.handed_at is None:
+                d.answer = _NOT_SENT  # no room for it at the app before the lock expired
+                pipe.lock_expired(d.topic, d, "lock_expired")
+            elif d.answer is None:
                 # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
                 stopping = pipe.stopping or pipe.draining or self.source.stop_requested
                 d.answer = Answer(
@@ -1134,6 +1085,11 @@ class ShareGroupEngine:
         assert self.settings is not None and d.answer is not None
         msg = cast(Acquired, d.ref).msg
         answer = d.answer
+        if answer is _NOT_SENT:  # released unsent: no attempt, not a suspect when it comes back
+            self.deaths.unsent(_coord(msg))
+            self._outcome_known(msg)
+            out.append((msg, AcknowledgeType.RELEASE))
+            return
         verdict = decide(
             ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
         )
@@ -1263,6 +1219,7 @@ class ShareGroupEngine:
 
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again
 _ISOLATION_POLL_S = 0.02  # how often a waiting suspect checks that nothing else is unsettled
+_NOT_SENT = Answer("release", AppError(LOCK_TIMEOUT, "never sent before the record lock expired"))
 
 
 def _coord(msg: Message) -> Coord:

@@ -8,7 +8,8 @@ held at the death is delivered again at the count it had. It is a local append-o
 volume that survives a container restart: an `emptyDir` in the chart), one line per event:
 
     J1 <group>                     header (the group the journal belongs to)
-    I <pid> <consumers>            an incarnation started; C: it stopped cleanly
+    I <pid> <consumers> <allowance>  an incarnation started (allowance: see Recovery); C: it stopped
+                                   cleanly
     a <topic> <p> <offset> <broker count> <count>   acquired (the broker's count, the sidecar's)
     s <topic> <p> <offset>         sent to the app alone (an isolation turn)
     k <topic> <p> <offset>         answered: accepted or rejected, the broker not told yet
@@ -74,6 +75,9 @@ class Recovery:
     died: bool
     held: dict[Coord, Entry]  # held, alone or released unsent by the dead incarnation
     consumers: int  # the dead incarnation's share consumers (its death charged up to this many)
+    # What the deaths since the last clean stop can have charged a record this journal never saw
+    # (fetched by the dead process, never handed to the sidecar): one per consumer and death.
+    allowance: int = 0
 
 
 def counted(entry: Entry | None, broker: int) -> int:
@@ -105,6 +109,7 @@ class ShareJournal:
         self.group = group
         self.entries: dict[Coord, Entry] = {}
         self.incarnation = 0
+        self.allowance = 0  # Recovery.allowance, carried by this incarnation's line
         self._fh = fh
         self._lines = 0
         self.failed: str | None = None  # why it stopped writing (then counts are the broker's)
@@ -142,6 +147,7 @@ class ShareJournal:
             text = None
         if text is not None:
             recovery = journal._replay(text, consumers)
+            journal.allowance = recovery.allowance
         try:
             journal._rewrite(consumers)
         except OSError as exc:
@@ -183,12 +189,17 @@ class ShareJournal:
         bad = 0
         clean = True
         last_consumers = consumers
+        allowance = 0
         incarnation = 0
         for line in lines[1:]:
             parts = line.split(" ")
             try:
                 kind = parts[0]
                 if kind == "I":
+                    if incarnation:  # the incarnation before died, or stopped cleanly
+                        allowance = 0 if clean else allowance + last_consumers
+                    if len(parts) > 3:  # carried over a compaction
+                        allowance = int(parts[3])
                     incarnation += 1
                     last_consumers = int(parts[2])
                     clean = False
@@ -240,7 +251,7 @@ class ShareJournal:
                 len(held),
                 sum(1 for e in held.values() if e.state == ALONE),
             )
-        return Recovery(died, held, last_consumers)
+        return Recovery(died, held, last_consumers, allowance + last_consumers if died else 0)
 
     def _rewrite(self, consumers: int) -> None:
         """Write the live entries to a new file and replace the old one with it (atomic rename)."""
@@ -248,7 +259,7 @@ class ShareJournal:
         # The incarnation line first: what it is followed by was held by this incarnation (a
         # compaction) or carries its state in lines of its own (RELEASED, UNSENT, DIED, ...).
         self.incarnation += 1
-        out = [f"J1 {self.group}\n", f"I {os.getpid()} {consumers}\n"]
+        out = [f"J1 {self.group}\n", f"I {os.getpid()} {consumers} {self.allowance}\n"]
         for (t, p, o), e in self.entries.items():
             out.append(f"{HELD} {t} {p} {o} {e.broker} {e.count}\n")
             if e.state != HELD:

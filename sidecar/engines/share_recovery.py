@@ -46,6 +46,7 @@ log = logging.getLogger("sidecar.share")
 # How long a dead member keeps its records at most before their locks start to run (the broker's
 # group.share.session.timeout.ms default, 45 s); recovery waits that plus two locks.
 DEAD_SESSION_S = 45.0
+_LOCK_MAX_S = 60.0  # the broker's default group.share.max.record.lock.duration.ms (until `watch`)
 
 _S = TypeVar("_S")
 
@@ -61,6 +62,8 @@ class DeathAccount:
         self._unsent: dict[Coord, bool] = {}  # released without an attempt (a suspect?), to note
         self.recovering: dict[Coord, Entry] = {}
         self._dead_consumers = 0
+        self._allowance = 0  # see Recovery.allowance; applies until `_allowance_until` (trio time)
+        self._allowance_until = 0.0
         self.recovered = trio.Event()
         self.recovered.set()
 
@@ -72,6 +75,9 @@ class DeathAccount:
         if not journal.active:
             return  # logged: counted by the broker, as without a journal
         self.journal = journal
+        if recovery.died:
+            self._allowance = recovery.allowance
+            self._allowance_until = trio.current_time() + DEAD_SESSION_S + 2 * _LOCK_MAX_S
         if recovery.died and recovery.held:
             self.recovering = dict(recovery.held)
             self._dead_consumers = recovery.consumers
@@ -92,6 +98,10 @@ class DeathAccount:
         if self.journal is None:
             return max(1, broker), None
         entry = self.journal.entries.get(coord)
+        if entry is None and broker > 1 and trio.current_time() < self._allowance_until:
+            # Never seen by this journal, back after a death: fetched by the dead process and never
+            # handed to the app (what was is in the journal). Not a suspect; the deaths' charges off.
+            return max(1, broker - self._allowance), False
         return counted(entry, broker), None if entry is None else entry.suspect
 
     def acquired(self, items: Sequence[tuple[Coord, int, int]]) -> None:
@@ -171,6 +181,7 @@ class DeathAccount:
         come back (the dead members' sessions and two locks): those still missing that were near
         the group's limit were archived by the broker without a DLQ record."""
         wait_s = DEAD_SESSION_S + 2 * lock_ms / 1000
+        self._allowance_until = trio.current_time() + wait_s
         with trio.move_on_after(wait_s):
             await self.recovered.wait()
             return

@@ -142,3 +142,20 @@ def test_unwritable_path_is_inactive(tmp_path: Path, caplog: pytest.LogCaptureFi
         j, _ = _open(tmp_path / "missing-dir" / "j")
     assert not j.active
     assert any("cannot be written" in r.getMessage() for r in caplog.records)
+
+
+def test_deaths_in_a_row_add_up_until_a_clean_stop(tmp_path: Path) -> None:
+    """What a record the journal never saw may have been charged: one per consumer and death."""
+    path = tmp_path / "j"
+    j, rec = _open(path, consumers=4)
+    assert rec.allowance == 0
+    j.close()  # died
+    j, rec = _open(path, consumers=4)
+    assert rec.allowance == 4
+    j.close()  # died again (the file was compacted: carried in its incarnation line)
+    j, rec = _open(path, consumers=4)
+    assert rec.allowance == 8
+    j.closed_cleanly()
+    j, rec = _open(path, consumers=4)
+    assert rec.allowance == 0
+    j.close()
