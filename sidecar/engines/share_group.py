@@ -33,7 +33,8 @@ Invariants kept here:
   broker (`commit_sync`) and no consumer polls, one at a time within the lock (`_next_suspect`); after
   a death, one consumer runs until the dead incarnation's records are back (`DeathAccount.wait_turn`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
-  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
+  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`;
+  a record not even sent by then is released unsent (no attempt: `_NOT_SENT`).
 
 Must not import the ledger or the consumer-group source's consumer: state lives in the broker, not in offset
 metadata.

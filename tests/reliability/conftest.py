@@ -3,12 +3,16 @@ one with short share sessions for the share engine's crash isolation (tests/reli
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka import KafkaException
 
 from tests.faults.broker import PrivateBroker, free_port
 from tests.faults.proxy import PASS, FaultProxy
+from tests.kafkatools import Broker
 
 
 @pytest.fixture(scope="session")
@@ -50,4 +54,16 @@ def share_kafka() -> Iterator[str]:
     """The bootstrap of a private broker whose share sessions expire after 6 s."""
     with PrivateBroker(extra=SHORT_SHARE_SESSIONS) as broker:
         broker.start()
+        # A fresh broker answers NOT_COORDINATOR to offset requests until its offsets topic is up.
+        tools = Broker(broker.direct)
+        topic = tools.create_topic(f"warmup-{uuid.uuid4().hex[:6]}", 1)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                tools.committed("warmup", topic, [0])
+                break
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         yield broker.direct

@@ -177,15 +177,19 @@ async def _until_it_survives(
     raise AssertionError(f"not done after {deaths} deaths:\n{logs[-1][-3000:]}")
 
 
-def check(o: Outcome, label: str) -> None:
-    """The issue's bar: the killer alone in the DLQ, after at most limit + 1 deaths, the rest accepted."""
+def check(o: Outcome, label: str, *, max_innocent_count: int = 1) -> None:
+    """The issue's bar: the killer alone in the DLQ, after at most limit + 1 deaths, the rest accepted.
+
+    `max_innocent_count` 2: a record still at the app when its acquisition's lock ran out is an attempt
+    (`sidecar.LockTimeout`) without any death; it may then come back at count 2.
+    """
     others = "\n".join(o.logs[-1].splitlines()[-15:])
     assert o.dlq == [o.killer], (label, o.dlq, o.killer, others)
     assert 1 <= o.deaths <= LIMIT + 1, (label, o.deaths, o.killer_counts)
     assert len(o.accepted | {o.killer}) == o.n, (label, o.n - len(o.accepted) - 1, "not accepted")
     assert max(o.killer_counts) <= LIMIT, (label, o.killer_counts)
     # The deaths charged no innocent record: each reached the app at count 1 every time.
-    assert set(o.innocent_counts) == {1}, (label, sorted(set(o.innocent_counts)))
+    assert max(o.innocent_counts) <= max_innocent_count, (label, sorted(set(o.innocent_counts)))
     assert o.archived_metric == 0, (label, o.archived_metric)
     joined = "\n".join(o.logs)
     # The pass never outlived a lock: no acknowledgement came too late.
