@@ -973,14 +973,22 @@ class ShareGroupEngine:
                             quiet = True
                             break
                         await trio.sleep(_ISOLATION_POLL_S)
-                fit = len(run.remaining)
-                if quiet:
-                    turn_s = self._isolation_turn_s * max(1, self._suspect_runs)
-                    fit = math.floor((run.deadline - trio.current_time()) / turn_s)
+                fit, take = len(run.remaining), 1
+                turns = (run.deadline - trio.current_time()) / (
+                    self._isolation_turn_s * max(1, self._suspect_runs)
+                )
+                if not quiet:
+                    fit = 0
+                elif self.deaths.journal is None:
+                    # No journal: a release unsent is charged as surely as a death, so the fewest
+                    # at a time that still fit in the lock rather than releases.
+                    take = max(1, math.ceil(len(run.remaining) / max(1.0, turns)))
+                else:
+                    fit = math.floor(turns)
                 if fit < len(run.remaining):
                     # Stopping, or no turn left for these before the lock expires: release them
                     # undelivered now (they stay suspects for whoever acquires them next).
-                    keep = max(0, fit) if quiet else 0
+                    keep = max(0, fit)
                     decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining[keep:]]
                     for m, _t, _c in run.remaining[keep:]:
                         self.deaths.unsent(_coord(m), suspect=True)
@@ -994,7 +1002,7 @@ class ShareGroupEngine:
                     done = not run.remaining
                     next_ = None if done else functools.partial(self._next_suspect, run)
                     return self._step(decisions, flush=True, next=next_)
-                chunk, run.remaining[:1] = run.remaining[:1], []
+                chunk, run.remaining[:take] = run.remaining[:take], []
                 self.deaths.alone(_coord(m) for m, _t, _c in chunk)
                 batch = Batch(run.consumer, run.deadline)
                 ds = [
