@@ -228,8 +228,9 @@ def read_share_settings(
     Raises ShareGroupsUnavailable when the broker predates share groups, and ShareGroupLimitUnsafe
     when the group's delivery count limit cannot be read, or is not above the sidecar's and cannot be
     raised (see `required_group_limit`; with a journal, `share.journal.path`, as far as the broker
-    allows: the sidecar's counts then leave out what deaths charge). The lock falls back (group config → broker default → the
-    sidecar's own configuration) with a warning, because the first poll is the definitive check anyway.
+    allows: the sidecar's counts then leave out what deaths charge). The lock falls back (group
+    config → broker default → the sidecar's own configuration) with a warning, because the first
+    poll is the definitive check anyway.
     """
     warnings: list[str] = []
     broker_configs: Mapping[str, Any] = {}
