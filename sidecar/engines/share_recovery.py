@@ -136,10 +136,12 @@ class DeathAccount:
             unsent.clear()
             return
         settled: list[tuple[Coord, str]] = []
+        entries = self.journal.entries
         for c, released in outcomes:
             was = unsent.pop(c, None)
             if not released:
-                settled.append((c, ANSWERED))
+                if (e := entries.get(c)) is None or e.state != ANSWERED:  # else noted already
+                    settled.append((c, ANSWERED))
             else:
                 settled.append((c, RELEASED if was is None else DEFERRED if was else UNSENT))
         self.journal.settled(settled)
