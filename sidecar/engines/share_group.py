@@ -1256,13 +1256,14 @@ def _acknowledge(
 
 
 def _commit(consumer: ShareConsumer) -> None:
-    """Send the acknowledgements made so far now, not with the next poll."""
+    """Send the acknowledgements made so far now, not with the next poll (bounded: a stop waits)."""
     try:
-        consumer.commit_sync()
+        consumer.commit_sync(_COMMIT_TIMEOUT_S)
     except KafkaException as exc:
         log.warning("sending acknowledgements: %s", exc)
 
 
+_COMMIT_TIMEOUT_S = 10.0
 # A share consumer's close that takes this long is logged.
 _SLOW_CLOSE_S = 2.0
 

@@ -170,7 +170,7 @@ class DeathAccount:
                 return False
             with trio.move_on_after(0.5):
                 await self.recovered.wait()
-        return True
+        return not (index and stopping())
 
     def check(self, suspects_waiting: int) -> None:
         """Recovery is over once every record the dead incarnation held is back and settled."""
