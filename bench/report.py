@@ -35,6 +35,7 @@ ALL_SCENARIOS = [
     "f-on",
     "f-on-10pct",
     "g-share",
+    "g-share-journal",
 ]
 DESCRIPTIONS = {
     "a": "raw consumer (ceiling)",
@@ -51,6 +52,7 @@ DESCRIPTIONS = {
     "f-on": "tracing on, all sampled",
     "f-on-10pct": "tracing on, 10 % parent-based",
     "g-share": "engine share, single, TCP, none",
+    "g-share-journal": "... with share.journal.path",
 }
 
 

@@ -17,6 +17,7 @@ fresh consumer group and the figure is records/s from the first record seen to t
     e-txn       ... with the transactional DLQ mode            (when the engine supports it)
     f-*         tracing on vs off                              (when the sidecar has tracing)
     g-share     ``engine: share`` (a share group), single mode, TCP, ordering none
+    g-share-journal  the same with ``share.journal.path`` (the journal of deaths)
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -549,6 +550,9 @@ def sidecar_config(
         lines.append("errors.deadletterqueue.transactional.enable: true")
     if scenario.startswith("f-on"):
         lines += ["tracing:", "  exporter: otlp-http"]
+    if scenario == "g-share-journal":
+        journal = os.path.join(os.path.dirname(api_path), f"journal-{group}")
+        lines.append(f"share.journal.path: {json.dumps(journal)}")
     lines += [f"{k}: {json.dumps(v)}" for k, v in (extra or {}).items()]
     return "\n".join(lines) + "\n"
 
@@ -1087,6 +1091,7 @@ class KillerSpec:
     # share.session.timeout.ms cannot go below the broker's group.share.min.session.timeout.ms,
     # 45 s by default), then its records wait for their locks: 45 + 15 s, and 5 s to spare.
     share_quiet_s: float = 65.0
+    share_journal: bool = True  # engine share: share.journal.path set
     incarnation_timeout_s: float = 180.0
 
 
@@ -1114,6 +1119,7 @@ def run_killer(
     ends = broker.end_offsets(topic)
     group = f"bench-killer-{side.name}-{variant}-{uuid.uuid4().hex[:8]}"
     kafka_extra: dict[str, Any] = {}
+    journal: dict[str, Any] = {}
     if engine == "share":
         broker.set_group_config(
             group,
@@ -1123,6 +1129,8 @@ def run_killer(
             },
         )
         max_deaths = max(spec.limit, spec.group_limit) + 2
+        if spec.share_journal:  # kept across the incarnations, as on the chart's emptyDir
+            journal = {"share.journal.path": os.path.join(directory, f"journal-{group}")}
     else:
         # Static membership: a restarted sidecar takes over its dead incarnation's partitions at
         # once instead of after the session timeout.
@@ -1161,7 +1169,7 @@ def run_killer(
             ordering=ordering,
             engine=engine,
             kafka_extra=kafka_extra,
-            extra={"share.delivery.count.limit": spec.limit},
+            extra={"share.delivery.count.limit": spec.limit, **journal},
         )
         with running_sidecar(config, directory, name, side) as proc:
             # Before the sidecar can have fetched anything (its start-up takes a second or more).
@@ -1224,6 +1232,7 @@ def run_killer(
         "hold_ms": spec.hold_ms,
         "limit": spec.limit,
         "group_limit": spec.group_limit if engine == "share" else None,
+        "share_journal": spec.share_journal if engine == "share" else None,
         "outcome": outcome,
         "deaths": deaths,
         "death_times_s": death_times_s,
@@ -1429,6 +1438,7 @@ def part_killer(bench: Bench, variants: list[str]) -> None:
         limit=args.killer_limit,
         group_limit=args.killer_group_limit,
         share_quiet_s=args.killer_share_quiet_s,
+        share_journal=not args.killer_no_journal,
     )
     for variant in variants:
         for side in bench.sides:
@@ -1479,6 +1489,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--killer-hold-ms", type=int, default=KillerSpec.hold_ms)
     add("--killer-limit", type=int, default=KillerSpec.limit, help="share.delivery.count.limit")
     add("--killer-group-limit", type=int, default=KillerSpec.group_limit, help="engine share: the group's")  # fmt: skip
+    add("--killer-no-journal", action="store_true", help="engine share: without share.journal.path")
     add("--killer-share-quiet-s", type=float, default=KillerSpec.share_quiet_s, help="engine share: quiet before the killer counts as dropped")  # fmt: skip
     add("--app-seconds", type=float, default=2.0, help="app-alone run length")
     add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))

@@ -3,7 +3,7 @@
 One table per section (`_Key`: YAML name, value kind, owning dataclass attribute), `_TOP_KEYS` for
 the top level. The seeds' dotted property names (``share.*``, ``errors.*``) are flat top-level
 keys, spelt verbatim; ``kafka:`` is passed through to librdkafka, except the properties the
-sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socket``,
+sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socket``, ``share.journal.path``,
 ``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
 
 Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
@@ -124,6 +124,20 @@ def _read_unix_socket(raw: object, path: str, ctx: _Context) -> str | None:
     if raw is None:
         return None
     return _Str(check=_unix_path_error).read(raw, path, ctx)
+
+
+def _journal_path_error(value: str) -> str | None:
+    if value.endswith("/"):
+        return "must name a file, not a directory (e.g. /var/lib/dlq-sidecar/share-journal)"
+    if "\0" in value:
+        return "must not contain a NUL character"
+    return None
+
+
+def _read_journal_path(raw: object, path: str, ctx: _Context) -> str | None:
+    if raw is None:
+        return None
+    return _Str(allow_empty=False, check=_journal_path_error).read(raw, path, ctx)
 
 
 def _read_status_mapping(raw: object, path: str, ctx: _Context) -> Mapping[int, StatusAck]:
@@ -296,6 +310,9 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key("share.delivery.count.limit", _Int(1, 100), _D, "delivery_count_limit"),
     _Key("share.record.lock.duration.ms", _Int(1000, _MS_HOUR), _D, "lock_duration_ms"),
     _Key("share.partition.max.record.locks", _Int(1, 100_000), _D, "partition_max_record_locks"),
+    _Key(
+        "share.journal.path", _Custom(_read_journal_path, "a file path or null"), _D, "journal_path"
+    ),
     _Key("max.in.flight.records", _Int(1, 1_000_000), _D, "max_in_flight_records"),
     _Key(
         "max.buffered.records.per.partition",

@@ -157,6 +157,9 @@ class DeliveryConfig:
     delivery_count_limit: int = 5
     lock_duration_ms: int = 30000
     partition_max_record_locks: int = 2000
+    journal_path: str | None = (
+        None  # engine share: the deaths journal (sidecar.engines.share_journal)
+    )
     max_in_flight_records: int = 10000
     max_buffered_records_per_partition: int = 10000
     max_buffered_bytes: int = 64 * 1024 * 1024

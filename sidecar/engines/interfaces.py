@@ -103,6 +103,7 @@ class Delivery(Generic[R]):
     # perf_counter when the app got it to answer later through /v1/acks (a pull, or a push answered
     # `deferred`): the answer's delay is observed from here. None: answered in its own request.
     handed_at: float | None = None
+    sent: bool = False  # a request carrying it went out (share: a lock expiry before is no attempt)
 
     @property
     def topic(self) -> str:

@@ -443,6 +443,8 @@ class Pipeline:
         tracing = self.tracing
         while live := [d for d in items if self._live.get(d.id) is d]:
             traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
+            for d in live:
+                d.sent = True
             started = time.perf_counter()
             try:
                 if batch:

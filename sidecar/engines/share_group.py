@@ -14,7 +14,7 @@ thread of its own (every call on it, close included, happens there) and has one 
 records of a batch go to the app concurrently through the shared worker pool, so throughput comes from
 several batches at once, not from one long batch.
 
-Who may change what: a batch (`_Batch`) belongs to the `_process_batch` call of its consumer thread (run in
+Who may change what: a batch (`Batch`) belongs to the `_process_batch` call of its consumer thread (run in
 trio through `trio.from_thread.run`); answers reach it only through `answered` (a worker or the API's
 request task), which records the answer and counts down `pending`; the decisions are made by that batch's
 call alone. The delivery state itself (counts, locks) is the broker's.
@@ -22,18 +22,19 @@ call alone. The delivery state itself (counts, locks) is the broker's.
 Invariants kept here:
 - a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
   configured, as KIP-1191 does;
-- the limit is the sidecar's `share.delivery.count.limit` (L); the group's own (G, read from the cluster at
-  start-up) must be above it, so the broker never archives on its own: a release at delivery L becomes DLQ
-  write + REJECT, and a record the broker hands out again after L deliveries (their outcomes lost in a
-  death or a lock expiry) is dead-lettered at acquisition, never sent to the app. G must be at least L
-  plus the number of share consumers (see `required_group_limit`): a lower G is raised (the group
-  config), or the sidecar refuses to start (`ShareGroupLimitUnsafe`);
-- isolation: a record acquired again whose last delivery this process did not see end is a suspect
-  (that outcome was lost, maybe in a death it caused); it goes to the app only once every other record
-  the sidecar holds is settled and acknowledged to the broker (`commit_sync`), and no consumer polls
-  meanwhile, so a death charges it and the suspects still held, nothing else (`_next_suspect`);
+- the limit is the sidecar's `share.delivery.count.limit` (L), on the sidecar's count: the broker's, or
+  with a journal (`share.journal.path`) the broker's less what deaths charged (`DeathAccount`,
+  sidecar.engines.share_recovery). The group's own (G) must be at least L plus the number of share
+  consumers (`required_group_limit`; with a journal, the broker's maximum): a lower G is raised or the
+  sidecar refuses to start (`ShareGroupLimitUnsafe`). A release at count L, or on the broker's delivery
+  G, becomes DLQ write + REJECT; a record acquired past L is dead-lettered at acquisition, unsent;
+- isolation: a record acquired again whose last delivery ended in a death (the journal says so, or this
+  process did not see it end) is a suspect; it goes to the app alone, once every other outcome is at the
+  broker (`commit_sync`) and no consumer polls, one at a time within the lock (`_next_suspect`); after
+  a death, one consumer runs until the dead incarnation's records are back (`DeathAccount.wait_turn`);
 - a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
-  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`.
+  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`;
+  a record not even sent by then is released unsent (no attempt: `_NOT_SENT`).
 
 Must not import the ledger or the consumer-group source's consumer: state lives in the broker, not in offset
 metadata.
@@ -48,7 +49,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
@@ -81,6 +82,18 @@ from sidecar.core.outcome import (
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer, AppError
 from sidecar.engines.interfaces import AckResult, Delivery, Pipe
+from sidecar.engines.share_batch import (
+    AckCommit,
+    Acquired,
+    Batch,
+    Step,
+    SuspectRun,
+    ack_commit,
+    isolation_order,
+)
+from sidecar.engines.share_journal import Coord
+from sidecar.engines.share_recovery import DeathAccount
+from sidecar.engines.share_source import ShareSource
 from sidecar.kafka.share_lag import ShareLagEstimate
 from sidecar.kafka.source import SourceError
 
@@ -209,14 +222,16 @@ def _int_config(configs: Mapping[str, Any], name: str) -> int | None:
 
 
 def read_share_settings(
-    admin: AdminLike, group: str, config: Config, timeout_s: float = 15.0
+    admin: AdminLike, group: str, config: Config, timeout_s: float = 15.0, *, journal: bool = False
 ) -> ShareSettings:
     """Check the broker, apply `share.auto.offset.reset`, and read the group's limit and lock.
 
     Raises ShareGroupsUnavailable when the broker predates share groups, and ShareGroupLimitUnsafe
     when the group's delivery count limit cannot be read, or is not above the sidecar's and cannot be
-    raised (see `required_group_limit`). The lock falls back (group config → broker default → the
-    sidecar's own configuration) with a warning, because the first poll is the definitive check anyway.
+    raised (see `required_group_limit`; with a journal, `share.journal.path`, as far as the broker
+    allows: the sidecar's counts then leave out what deaths charge). The lock falls back (group
+    config → broker default → the sidecar's own configuration) with a warning, because the first
+    poll is the definitive check anyway.
     """
     warnings: list[str] = []
     broker_configs: Mapping[str, Any] = {}
@@ -269,13 +284,16 @@ def read_share_settings(
     )
     consumers = share_consumer_count(config)
     needed = required_group_limit(d.delivery_count_limit, consumers)
+    maximum = _int_config(broker_configs, BROKER_MAX_DELIVERY_COUNT_LIMIT)
+    if journal and maximum is not None:
+        needed = max(needed, maximum)
     if group_limit < needed:
         _raise_group_limit(
             admin,
             group,
             needed,
             current=group_limit,
-            maximum=_int_config(broker_configs, BROKER_MAX_DELIVERY_COUNT_LIMIT),
+            maximum=maximum,
             sidecar_limit=d.delivery_count_limit,
             consumers=consumers,
             timeout_s=timeout_s,
@@ -434,118 +452,12 @@ def share_consumer_properties(
     return props
 
 
-# ------------------------------------------------------------------------------- batches
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    """One poll's records on one consumer; all of them are acknowledged before that consumer polls again."""
-
-    consumer: int
-    deadline: float  # trio time: answers after this count as releases (the lock is about to expire)
-    pending: int = 0
-    answered: trio.Event = field(default_factory=trio.Event)
-    cancel: trio.CancelScope = field(default_factory=trio.CancelScope)  # stop waiting for answers
-    hard: trio.CancelScope = field(default_factory=trio.CancelScope)  # stop the DLQ writes too
-
-
-@dataclass(frozen=True, slots=True)
-class _Acquired:
-    """A `Delivery`'s ref: the message to acknowledge and the batch it belongs to."""
-
-    msg: Message
-    batch: _Batch
-
-
-@dataclass(slots=True)
-class _Step:
-    """What a consumer thread does with one part of a batch: acknowledge `decisions`, send them
-    now when `flush`, then run `next` (in trio) for the next part, if any."""
-
-    decisions: list[tuple[Message, AcknowledgeType]]
-    flush: bool = False
-    next: Callable[[], Awaitable[_Step]] | None = None
-
-
-@dataclass(slots=True)
-class _SuspectRun:
-    """A batch's suspects, delivered one at a time after its other records are settled."""
-
-    consumer: int
-    deadline: float
-    remaining: list[tuple[Message, Tracked, int]]
-    held: list[PartitionKey]
-    total: int = 0
-
-    def __post_init__(self) -> None:
-        self.total = len(self.remaining)
-
-
-@dataclass(frozen=True, slots=True)
-class _AckCommit:
-    offsets: dict[PartitionKey, int]
-    error: str | None
-
-
-class ShareSource:
-    """The share consumers' side of status and readiness.
-
-    A share consumer has no assignment the client can see; `assigned` holds the partitions records came
-    from, and `paused` is all of them while intake is stopped (app unreachable, draining).
-    """
-
-    def __init__(self, engine: ShareGroupEngine) -> None:
-        self._engine = engine
-        self.assigned: set[PartitionKey] = set()
-        self.broker_ok = True
-        self.subscribed = False
-        self.fatal_error: str | None = None
-        self._stop_polling = False
-        self._stopped = trio.Event()
-
-    @property
-    def paused(self) -> set[PartitionKey]:
-        pipe = self._engine.pipe
-        if pipe.draining or not pipe.app_reachable or self._stop_polling:
-            return set(self.assigned)
-        return set()
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop_polling
-
-    async def run(self) -> None:
-        try:
-            await self._engine.run_consumers()
-        finally:
-            self._stopped.set()
-
-    def stop_polling(self) -> None:
-        self._stop_polling = True
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    async def close(self, grace_s: float = 30.0) -> None:
-        """The consumers close on their own threads once polling stops; wait for that.
-
-        DLQ writes still retrying after `grace_s` are cut short: their records are released.
-        """
-        self._stop_polling = True
-        self._engine.abandon_batches()
-        with trio.move_on_after(grace_s):
-            await self._stopped.wait()
-            return
-        self._engine.abandon_batches(hard=True)
-        await self._stopped.wait()
-
-
 class ShareGroupEngine:
     """The `DeliveryState` of a share group: the broker's share partitions (see above)."""
 
     kind = "share"
 
-    def __init__(self, pipe: Pipe[_Acquired]) -> None:
+    def __init__(self, pipe: Pipe[Acquired]) -> None:
         config = pipe.config
         self.pipe = pipe
         self.config = config
@@ -554,7 +466,7 @@ class ShareGroupEngine:
         self.source = ShareSource(self)
         self.consumer_count = share_consumer_count(config)
         self.settings: ShareSettings | None = None
-        self._batches: set[_Batch] = set()
+        self._batches: set[Batch] = set()
         self._in_flight_by_partition: dict[PartitionKey, int] = {}
         self.lag_estimate = ShareLagEstimate(config.source.topics)
         self._renew_warned = False
@@ -576,6 +488,12 @@ class ShareGroupEngine:
         self.isolated_deliveries = 0
         self._suspect_runs = 0  # batches whose suspects wait for (or have) an isolation turn
         self._isolation_turn_s = 0.05  # how long one turn takes (the app's answer and the flush)
+        # The sidecar's own counts (share.journal.path) and the recovery after a death.
+        self.deaths = DeathAccount(
+            config.group_id,
+            self.consumer_count,
+            lambda topic: self.counters.bump(self.counters.broker_archived, topic),
+        )
 
     # ----------------------------------------------------------------------------- DeliveryState
 
@@ -611,6 +529,7 @@ class ShareGroupEngine:
         with trio.move_on_after(5):
             await self.source.wait_stopped()
         await self.source.close()
+        self.deaths.closed_cleanly()
 
     def stalled(self) -> str | None:
         """Never: a share group's acknowledgements carry no write-ahead state that blocks delivery."""
@@ -664,6 +583,7 @@ class ShareGroupEngine:
                 "isolation_active": self._suspects_waiting > 0,
                 "suspects_waiting": self._suspects_waiting,
                 "isolated_deliveries": self.isolated_deliveries,
+                **self.deaths.status(),
             }
         }
 
@@ -678,8 +598,16 @@ class ShareGroupEngine:
     async def prepare(self) -> ShareSettings:
         """Start-up checks against the cluster; ShareGroupsUnavailable when share groups cannot work."""
         admin = self.dlq.admin()
+        if self.config.delivery.journal_path and self.deaths.journal is None:
+            await self.deaths.open(self.config.delivery.journal_path)
         settings = await trio.to_thread.run_sync(
-            read_share_settings, admin, self.config.group_id, self.config
+            functools.partial(
+                read_share_settings,
+                admin,
+                self.config.group_id,
+                self.config,
+                journal=self.deaths.journal is not None,
+            )
         )
         for warning in settings.warnings:
             log.warning("%s", warning)
@@ -727,6 +655,8 @@ class ShareGroupEngine:
 
         async def one(index: int) -> None:
             try:
+                if not await self.deaths.wait_turn(index, lambda: self.source.stop_requested):
+                    return
                 await trio.to_thread.run_sync(self._consumer_thread, index, token)
             except SourceError as exc:
                 errors.append(exc)
@@ -734,9 +664,17 @@ class ShareGroupEngine:
                 self.source.stop_polling()
                 self.abandon_batches()
 
-        async with trio.open_nursery() as nursery:
-            for index in range(self.consumer_count):
-                nursery.start_soon(one, index)
+        async with trio.open_nursery() as watch:
+            if not self.deaths.recovered.is_set():
+                s = self.settings
+                assert s is not None
+                watch.start_soon(
+                    self.deaths.watch, s.group_delivery_count_limit, s.lock_duration_ms
+                )
+            async with trio.open_nursery() as nursery:
+                for index in range(self.consumer_count):
+                    nursery.start_soon(one, index)
+            watch.cancel_scope.cancel()
         if errors:
             raise errors[0]
 
@@ -755,7 +693,7 @@ class ShareGroupEngine:
         try:
             consumer.set_acknowledgement_commit_callback(
                 lambda offsets, exc: trio.from_thread.run_sync(
-                    self._on_ack_commit, _ack_commit(offsets, exc), trio_token=token
+                    self._on_ack_commit, ack_commit(offsets, exc), trio_token=token
                 )
             )
             consumer.subscribe(list(self.config.source.topics))
@@ -840,10 +778,11 @@ class ShareGroupEngine:
         if self._consumers_running <= 0:
             self.source.subscribed = False
 
-    def _on_ack_commit(self, result: _AckCommit) -> None:
+    def _on_ack_commit(self, result: AckCommit) -> None:
         if result.error is None:
             self.counters.commits += 1
             self.source.broker_ok = True
+            self.deaths.confirmed(result.done)
             return
         self.counters.commit_failures += 1
         # Typically the lock expired first: the broker redelivers those records (at-least-once).
@@ -874,7 +813,7 @@ class ShareGroupEngine:
 
     # ----------------------------------------------------------------------------- one batch
 
-    async def _process_batch(self, consumer: int, messages: Sequence[Message]) -> _Step:
+    async def _process_batch(self, consumer: int, messages: Sequence[Message]) -> Step:
         """Hand a poll's records to the app, wait for every answer (or the lock), decide each ack.
 
         A record acquired past the limit (its earlier deliveries ended without an outcome the broker
@@ -897,15 +836,16 @@ class ShareGroupEngine:
         ):
             released, messages = self._hold_back(messages)
             if not messages:
-                return _Step(released)
-        batch = _Batch(consumer, deadline)
-        deliveries: list[Delivery[_Acquired]] = []
+                return self._step(released)
+        batch = Batch(consumer, deadline)
+        deliveries: list[Delivery[Acquired]] = []
         exhausted: list[tuple[Message, Tracked, int]] = []
         suspects: list[tuple[Message, Tracked, int]] = []
         held: list[PartitionKey] = []
+        acquired: list[tuple[Coord, int, int]] = []
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
-            count = msg.delivery_count() or 1
+            broker_count = msg.delivery_count() or 1
             key = (record.topic, record.partition)
             self.source.assigned.add(key)
             self.lag_estimate.handed(key, record.offset)
@@ -914,16 +854,18 @@ class ShareGroupEngine:
             coordinates = (record.topic, record.partition, record.offset)
             was_held = coordinates in self._held
             self._held.pop(coordinates, None)
+            # The sidecar's count: the broker's, less what deaths charged (the journal's account).
+            count, suspect = self.deaths.count(coordinates, broker_count)
+            acquired.append((coordinates, broker_count, count))
             if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
-            elif self._is_suspect(record.topic, record.partition, record.offset, count):
+            elif suspect if suspect is not None else self._is_suspect(*coordinates, broker_count):
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
-                    pipe.issue(
-                        Tracked(record), count, _Acquired(msg, batch), lock_deadline=deadline
-                    )
+                    pipe.issue(Tracked(record), count, Acquired(msg, batch), lock_deadline=deadline)
                 )
+        self.deaths.acquired(acquired)
         if suspects:
             if not self._suspects_waiting:
                 self._isolation_over = trio.Event()
@@ -937,7 +879,7 @@ class ShareGroupEngine:
         self._batches.add(batch)
         self._delivering += 1
         decisions: list[tuple[Message, AcknowledgeType]] = []
-        run: _SuspectRun | None = None
+        run: SuspectRun | None = None
         try:
             # Cut short only at close: records left without a decision stay unacknowledged, and
             # closing the consumer releases them (never a REJECT without a confirmed DLQ record).
@@ -952,14 +894,15 @@ class ShareGroupEngine:
                     for d in deliveries:
                         nursery.start_soon(self._decide, d, decisions)
             if suspects:
-                run = _SuspectRun(consumer, deadline, _isolation_order(suspects), held)
-                return _Step(
+                order = isolation_order(suspects, own_counts=self.deaths.journal is not None)
+                run = SuspectRun(consumer, deadline, order, held)
+                return self._step(
                     released + decisions,
                     flush=True,
                     next=functools.partial(self._next_suspect, run),
                 )
             # While suspects wait, these outcomes must reach the broker before one goes out.
-            return _Step(released + decisions, flush=self._suspects_waiting > 0)
+            return self._step(released + decisions, flush=self._suspects_waiting > 0)
         finally:
             self._delivering -= 1
             self._batches.discard(batch)
@@ -969,6 +912,17 @@ class ShareGroupEngine:
                 if suspects:  # cut short before the suspects' turn: closing releases them
                     self._suspects_done(len(suspects))
                 self._release_held(held)
+                self.deaths.check(self._suspects_waiting)
+
+    def _step(
+        self,
+        decisions: list[tuple[Message, AcknowledgeType]],
+        flush: bool = False,
+        next: Callable[[], Awaitable[Step]] | None = None,
+    ) -> Step:
+        """The step acknowledging `decisions`, told to the account of deaths first."""
+        self.deaths.settle((_coord(m), t is AcknowledgeType.RELEASE) for m, t in decisions)
+        return Step(decisions, flush, next)
 
     def _is_suspect(self, topic: str, partition: int, offset: int, count: int) -> bool:
         """Acquired again, and this process did not see its last delivery end (a release, a lock
@@ -989,6 +943,7 @@ class ShareGroupEngine:
         if self._suspects_waiting <= 0:
             self._suspects_waiting = 0
             self._isolation_over.set()
+            self.deaths.check(self._suspects_waiting)
 
     def _release_held(self, held: Sequence[PartitionKey]) -> None:
         for key in held:
@@ -998,14 +953,15 @@ class ShareGroupEngine:
             else:
                 self._in_flight_by_partition.pop(key, None)
 
-    async def _next_suspect(self, run: _SuspectRun) -> _Step:
-        """Deliver the batch's next suspects, alone: nothing else the sidecar holds is unsettled.
+    async def _next_suspect(self, run: SuspectRun) -> Step:
+        """Deliver the batch's next suspect, alone: nothing else the sidecar holds is unsettled.
 
         Every other record's outcome has reached the broker, and no consumer polls, so a death now
-        charges these records and the suspects still waiting only. One at a time while the lock
-        leaves room for it (an isolation turn takes about `_isolation_turn_s`, and the batches with
-        suspects take turns); else the fewest at a time that still fit in the lock, because a
-        suspect released undelivered at the lock's end is charged as surely as by a death.
+        charges this record and the suspects still waiting only; the journal (if any) notes it alone
+        first, so that the next incarnation charges it and not them. One at a time, never past the
+        lock: the suspects that cannot have their turn before it expires (a turn takes about
+        `_isolation_turn_s`, and the batches with suspects take turns) are released unsent at once,
+        not held meanwhile; they come back as suspects (the journal does not count that release).
         """
         pipe = self.pipe
         decisions: list[tuple[Message, AcknowledgeType]] = []
@@ -1022,21 +978,40 @@ class ShareGroupEngine:
                             quiet = True
                             break
                         await trio.sleep(_ISOLATION_POLL_S)
-                if not quiet:
-                    # Stopping, or the lock is about to expire: release the rest undelivered (they
-                    # stay suspects for whoever acquires them next).
-                    decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining]
-                    run.remaining.clear()
-                    done = True
-                    return _Step(decisions, flush=True)
+                fit, take = len(run.remaining), 1
                 turns = (run.deadline - trio.current_time()) / (
                     self._isolation_turn_s * max(1, self._suspect_runs)
                 )
-                take = max(1, math.ceil(len(run.remaining) / max(1.0, turns)))
+                if not quiet:
+                    fit = 0
+                elif self.deaths.journal is None:
+                    # No journal: a release unsent is charged as surely as a death, so the fewest
+                    # at a time that still fit in the lock rather than releases.
+                    take = max(1, math.ceil(len(run.remaining) / max(1.0, turns)))
+                else:
+                    fit = math.floor(turns)
+                if fit < len(run.remaining):
+                    # Stopping, or no turn left for these before the lock expires: release them
+                    # undelivered now (they stay suspects for whoever acquires them next).
+                    keep = max(0, fit)
+                    decisions = [(m, AcknowledgeType.RELEASE) for m, _t, _c in run.remaining[keep:]]
+                    for m, _t, _c in run.remaining[keep:]:
+                        self.deaths.unsent(_coord(m), suspect=True)
+                    if quiet:
+                        log.info(
+                            "isolation: %d suspects released unsent (no turn left within the "
+                            "lock); they come back as suspects",
+                            len(decisions),
+                        )
+                    del run.remaining[keep:]
+                    done = not run.remaining
+                    next_ = None if done else functools.partial(self._next_suspect, run)
+                    return self._step(decisions, flush=True, next=next_)
                 chunk, run.remaining[:take] = run.remaining[:take], []
-                batch = _Batch(run.consumer, run.deadline)
+                self.deaths.alone(_coord(m) for m, _t, _c in chunk)
+                batch = Batch(run.consumer, run.deadline)
                 ds = [
-                    pipe.issue(t, c, _Acquired(m, batch), lock_deadline=run.deadline)
+                    pipe.issue(t, c, Acquired(m, batch), lock_deadline=run.deadline)
                     for m, t, c in chunk
                 ]
                 batch.pending = len(ds)
@@ -1053,12 +1028,11 @@ class ShareGroupEngine:
                     self._batches.discard(batch)
                     for d in ds:
                         pipe.retire(d)
-                took = trio.current_time() - started
-                self._isolation_turn_s = 0.5 * self._isolation_turn_s + 0.5 * max(
-                    _ISOLATION_POLL_S, took + _ISOLATION_POLL_S
-                )
+                took = trio.current_time() - started + _ISOLATION_POLL_S
+                # Up at once, down slowly: a slow answer must not leave the next ones past the lock.
+                self._isolation_turn_s = max(took, 0.5 * self._isolation_turn_s + 0.5 * took)
             done = not run.remaining
-            return _Step(
+            return self._step(
                 decisions,
                 flush=True,
                 next=None if done else functools.partial(self._next_suspect, run),
@@ -1085,7 +1059,8 @@ class ShareGroupEngine:
             if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
                 kept.append(msg)
                 continue
-            self._remember_held(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            self._remember_held(*_coord(msg))
+            self.deaths.unsent(_coord(msg))
             self._outcome_known(msg)  # released by us: not a suspect when it comes back
             released.append((msg, AcknowledgeType.RELEASE))
         return released, kept
@@ -1095,7 +1070,7 @@ class ShareGroupEngine:
         if len(self._held) > _HELD_REMEMBERED:
             del self._held[next(iter(self._held))]
 
-    async def _wait_answers(self, batch: _Batch, deliveries: Sequence[Delivery[_Acquired]]) -> None:
+    async def _wait_answers(self, batch: Batch, deliveries: Sequence[Delivery[Acquired]]) -> None:
         """Send the batch's deliveries; an answer still missing at the deadline is a release."""
         pipe = self.pipe
         for d in deliveries:
@@ -1103,7 +1078,10 @@ class ShareGroupEngine:
         with batch.cancel, trio.move_on_at(batch.deadline):
             await batch.answered.wait()
         for d in deliveries:
-            if d.answer is None:
+            if d.answer is None and not d.sent and d.handed_at is None:
+                d.answer = _NOT_SENT  # no room for it at the app before the lock expired
+                pipe.lock_expired(d.topic, d, "lock_expired")
+            elif d.answer is None:
                 # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
                 stopping = pipe.stopping or pipe.draining or self.source.stop_requested
                 d.answer = Answer(
@@ -1118,24 +1096,34 @@ class ShareGroupEngine:
                 pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
 
     async def _decide(
-        self, d: Delivery[_Acquired], out: list[tuple[Message, AcknowledgeType]]
+        self, d: Delivery[Acquired], out: list[tuple[Message, AcknowledgeType]]
     ) -> None:
         assert self.settings is not None and d.answer is not None
         msg = d.ref.msg
         answer = d.answer
+        if answer is _NOT_SENT:  # released unsent: no attempt, not a suspect when it comes back
+            self.deaths.unsent(_coord(msg))
+            self._outcome_known(msg)
+            out.append((msg, AcknowledgeType.RELEASE))
+            return
         verdict = decide(
             ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
         )
         if isinstance(verdict, Accept):
             out.append((msg, AcknowledgeType.ACCEPT))
             return
-        if not isinstance(verdict, DeadLetter):
+        reason = verdict.reason if isinstance(verdict, DeadLetter) else None
+        if (
+            reason is None
+            and (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit
+        ):
+            # The broker's last delivery: a release would let it archive the record, no DLQ record.
+            reason = ArchiveReason.DELIVERY_COUNT_EXCEEDED
+        if reason is None:
             out.append((msg, AcknowledgeType.RELEASE))  # the broker redelivers it
             self._outcome_known(msg)
             return
-        await self._archive(
-            msg, d.tracked, d.delivery_count, verdict.reason, error_info(answer.error), out
-        )
+        await self._archive(msg, d.tracked, d.delivery_count, reason, error_info(answer.error), out)
 
     async def _dead_letter_exhausted(
         self,
@@ -1162,7 +1150,7 @@ class ShareGroupEngine:
             ArchiveReason.DELIVERY_COUNT_EXCEEDED,
             error,
             out,
-            acquired=count,
+            unsent=True,
         )
 
     async def _archive(
@@ -1174,11 +1162,11 @@ class ShareGroupEngine:
         error: ErrorInfo | None,
         out: list[tuple[Message, AcknowledgeType]],
         *,
-        acquired: int | None = None,
+        unsent: bool = False,
     ) -> None:
         """DLQ write, then REJECT; a release when it was not written (the sidecar is stopping)."""
         assert self.settings is not None
-        acquisition = delivery_count if acquired is None else acquired
+        broker = msg.delivery_count() or 1  # the broker's count: its limit is on that
         outcome = await self.pipe.dead_letter(
             tracked,
             delivery_count,
@@ -1188,11 +1176,13 @@ class ShareGroupEngine:
             write=self._write_dlq,
             # Held means released; on the group's last delivery the broker would archive it
             # without a DLQ record, so it is written even with the breaker open.
-            may_hold=acquisition < self.settings.group_delivery_count_limit,
+            may_hold=broker < self.settings.group_delivery_count_limit,
         )
         if outcome.done:
             out.append((msg, AcknowledgeType.REJECT))
             return
+        if unsent:  # dead-lettered at acquisition: no attempt to count
+            self.deaths.unsent(_coord(msg))
         if outcome is ArchiveOutcome.HELD:
             rec = tracked.record
             self._remember_held(rec.topic, rec.partition, rec.offset)
@@ -1200,7 +1190,11 @@ class ShareGroupEngine:
             return
         # Not written: never REJECT (that would drop it). A release lets the broker redeliver it,
         # except at the group's limit, where the broker archives it itself.
-        self._warn_if_broker_archives(tracked, delivery_count if acquired is None else acquired)
+        if broker >= self.settings.group_delivery_count_limit:  # the broker archives it
+            rec = tracked.record
+            self.deaths.archived_by_broker(
+                (rec.topic, rec.partition, rec.offset), broker, "released"
+            )
         out.append((msg, AcknowledgeType.RELEASE))
         self._outcome_known(msg)
 
@@ -1208,25 +1202,10 @@ class ShareGroupEngine:
         await self.dlq.write(failed, dlq_topic)
         return True
 
-    def _warn_if_broker_archives(self, tracked: Tracked, acquired: int) -> None:
-        assert self.settings is not None
-        if acquired >= self.settings.group_delivery_count_limit:
-            rec = tracked.record
-            self.pipe.counters.bump(self.pipe.counters.broker_archived, rec.topic)
-            log.error(
-                "%s[%d]@%d is on the broker's last delivery (%d, the group's %s): released without "
-                "a DLQ record, the broker archives it; it is not in the DLQ",
-                rec.topic,
-                rec.partition,
-                rec.offset,
-                acquired,
-                GROUP_DELIVERY_COUNT_LIMIT,
-            )
-
     # ----------------------------------------------------------------------------- answers
 
     def answered(
-        self, delivery: Delivery[_Acquired], ack: Ack, answer: Answer | AckItem
+        self, delivery: Delivery[Acquired], ack: Ack, answer: Answer | AckItem
     ) -> AckResult:
         if ack is Ack.RENEW:
             if not self._renew_warned:
@@ -1237,13 +1216,14 @@ class ShareGroupEngine:
                 )
             return "ok"
         delivery.answer = answer
+        self.deaths.answered(_coord(delivery.ref.msg), ack is Ack.RELEASE)
         batch = delivery.ref.batch
         batch.pending -= 1
         if batch.pending <= 0:
             batch.answered.set()
         return "ok"
 
-    async def not_reached(self, deliveries: Sequence[Delivery[_Acquired]]) -> bool:
+    async def not_reached(self, deliveries: Sequence[Delivery[Acquired]]) -> bool:
         """Not an attempt: wait for the app within the earliest batch's lifetime, then send again.
 
         The broker has counted the acquisition already; sending again once the app is back (rather
@@ -1257,22 +1237,11 @@ class ShareGroupEngine:
 
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again
 _ISOLATION_POLL_S = 0.02  # how often a waiting suspect checks that nothing else is unsettled
+_NOT_SENT = Answer("release", AppError(LOCK_TIMEOUT, "never sent before the record lock expired"))
 
 
-def _isolation_order(
-    suspects: Sequence[tuple[Message, Tracked, int]],
-) -> list[tuple[Message, Tracked, int]]:
-    """The suspects in offset order, reversed when their delivery count is odd.
-
-    A record that kills the sidecar charges the suspects still waiting behind it; the next pass (one
-    count higher) runs the other way, so the survivors go out before it and only it is charged.
-    """
-    ordered = sorted(
-        suspects, key=lambda s: (s[1].record.topic, s[1].record.partition, s[1].record.offset)
-    )
-    if min(c for _m, _t, c in suspects) % 2:
-        ordered.reverse()
-    return ordered
+def _coord(msg: Message) -> Coord:
+    return (str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
 
 
 def _acknowledge(
@@ -1295,13 +1264,14 @@ def _acknowledge(
 
 
 def _commit(consumer: ShareConsumer) -> None:
-    """Send the acknowledgements made so far now, not with the next poll."""
+    """Send the acknowledgements made so far now, not with the next poll (bounded: a stop waits)."""
     try:
-        consumer.commit_sync()
+        consumer.commit_sync(_COMMIT_TIMEOUT_S)
     except KafkaException as exc:
         log.warning("sending acknowledgements: %s", exc)
 
 
+_COMMIT_TIMEOUT_S = 10.0
 # A share consumer's close that takes this long is logged.
 _SLOW_CLOSE_S = 2.0
 
@@ -1312,11 +1282,6 @@ _HELD_REMEMBERED = 100_000
 def _lock_margin_ms(lock_ms: int) -> int:
     # Room for the DLQ write and the acknowledgement to reach the broker before the lock expires.
     return min(5000, max(1000, lock_ms // 5))
-
-
-def _ack_commit(offsets: Mapping[Any, Any], exc: Exception | None) -> _AckCommit:
-    counts = {(str(tp.topic), int(tp.partition)): len(offs) for tp, offs in offsets.items()}
-    return _AckCommit(counts, None if exc is None else str(exc))
 
 
 __all__ = [

@@ -224,6 +224,10 @@ def test_sidecar_is_a_native_sidecar_init_container(helm: str, variant: Path) ->
     volumes = {v["name"]: v for v in spec["volumes"]}
     config_map = only(render(helm, variant), "ConfigMap")["metadata"]["name"]
     assert volumes["dlq-sidecar-config"]["configMap"]["name"] == config_map
+    # engine: share's journal of deaths lives on the /tmp emptyDir, which outlives a container.
+    journal = sidecar_config(render(helm, variant))["share.journal.path"]
+    assert journal.startswith(mounts["dlq-sidecar-tmp"]["mountPath"] + "/"), journal
+    assert "emptyDir" in volumes["dlq-sidecar-tmp"]
 
 
 def test_sidecar_image_defaults_to_app_version(helm: str) -> None:

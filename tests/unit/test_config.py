@@ -475,6 +475,9 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str, str]] = [
         "share.partition.max.record.locks",
         "1..100000",
     ),
+    ("journal dir", {"share.journal.path": "/var/lib/x/"}, {}, "share.journal.path", "a file"),
+    ("journal type", {"share.journal.path": 7}, {}, "share.journal.path", "expected a string"),
+    ("journal empty", {"share.journal.path": ""}, {}, "share.journal.path", "must not be empty"),
     ("jitter", {"errors.retry.delay.jitter": 1.5}, {}, "errors.retry.delay.jitter", "0.0..1.0"),
     (
         "multiplier",

@@ -237,6 +237,8 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- define "dlq-sidecar.config" -}}
 {{- include "dlq-sidecar.checkOwnedKeys" . }}
 {{- $cfg := deepCopy (default (dict) .values.sidecar.config) }}
+{{- /* engine: share counts deaths in a journal on the /tmp emptyDir (survives container restarts). */}}
+{{- if not (hasKey $cfg "share.journal.path") }}{{ $_ := set $cfg "share.journal.path" "/tmp/share-journal" }}{{ end }}
 {{- $owned := include "dlq-sidecar.ownedConfig" . | fromYaml }}
 {{- toYaml (mergeOverwrite $cfg $owned) }}
 {{- end }}
