@@ -16,7 +16,9 @@ import re
 # secret (sasl.password, ssl.key.pem, ssl.keystore.location, sasl.jaas.config, x.apikey, ...).
 # The word "oauthbearer" is a mechanism's name and does not count, so sasl.oauthbearer.method and
 # .scope stay visible; "session" is not a marker here: session.timeout.ms is a timeout.
-_SECRET_KAFKA_WORDS = (
+#
+# Words that mark a secret in either kind of name (property or header).
+_SECRET_WORDS = (
     "auth",
     "token",
     "secret",
@@ -26,28 +28,12 @@ _SECRET_KAFKA_WORDS = (
     "credential",
     "signature",
     "cookie",
-    "jaas",
-    "private",
 )
+_SECRET_KAFKA_WORDS = (*_SECRET_WORDS, "jaas", "private")
 # Secrets whose name says nothing of it: the principal/extension key=value lists of OAUTHBEARER.
 _SECRET_KAFKA_NAMES = frozenset({"sasl.oauthbearer.config", "sasl.oauthbearer.extensions"})
 # A header name that contains one of these anywhere (X-Auth, X-MyToken, X-Api-Key, Set-Cookie).
-_SECRET_HEADER_PARTS = (
-    "auth",
-    "token",
-    "secret",
-    "key",
-    "pass",
-    "pwd",
-    "credential",
-    "signature",
-    "cookie",
-    "session",
-    "csrf",
-    "xsrf",
-    "jwt",
-    "private",
-)
+_SECRET_HEADER_PARTS = (*_SECRET_WORDS, "session", "csrf", "xsrf", "jwt", "private")
 _MASK = "***"
 # The userinfo of any URL in a value (https://user:pass@host): from '://' to the authority's last
 # '@' (a password may hold an unescaped '@').

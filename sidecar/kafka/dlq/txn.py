@@ -43,7 +43,7 @@ from sidecar.kafka.dlq.errors import (
     kafka_error,
     names,
 )
-from sidecar.kafka.dlq.record import DlqRecord, build_dlq_record, estimated_size
+from sidecar.kafka.dlq.record import DlqRecord, estimated_size
 from sidecar.kafka.dlq.writer import PlainDlqWriter
 
 log = logging.getLogger("sidecar.dlq")
@@ -215,22 +215,13 @@ class DlqWriter(PlainDlqWriter):
             await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
         if self._broken is not None:
             raise DlqTxnAbortable(f"the transactional DLQ producer failed: {self._broken}")
-        record = build_dlq_record(
-            failed,
-            dlq_topic,
-            self.topics.partitions[dlq_topic],
-            self.copy_record,
-            self.stacktrace_max_bytes,
-        )
+        record = self._dlq_record(failed, dlq_topic)
         limit = self.topics.max_bytes.get(dlq_topic)
         dropped = False
         if limit is not None and estimated_size(record) > limit:
-            record = build_dlq_record(
+            record = self._dlq_record(
                 failed,
                 dlq_topic,
-                self.topics.partitions[dlq_topic],
-                self.copy_record,
-                self.stacktrace_max_bytes,
                 drop_copy_reason=(
                     f"record too large for DLQ topic {dlq_topic} (max.message.bytes={limit}); "
                     "written with the error context headers only"

@@ -167,6 +167,20 @@ class PlainDlqWriter:
             finally:
                 self.poll_sleeping = False
 
+    def _dlq_record(
+        self, failed: FailedRecord, dlq_topic: str, drop_copy_reason: str | None = None
+    ) -> DlqRecord:
+        """The DLQ record for `failed` in `dlq_topic` (whose partitions are known), as configured;
+        with `drop_copy_reason`, the error context headers only."""
+        return build_dlq_record(
+            failed,
+            dlq_topic,
+            self.topics.partitions[dlq_topic],
+            self.copy_record,
+            self.stacktrace_max_bytes,
+            drop_copy_reason=drop_copy_reason,
+        )
+
     async def write(self, failed: FailedRecord, dlq_topic: str) -> DlqRecord:
         """Write the DLQ record for `failed` and return once the broker confirmed it (acks=all).
 
@@ -180,14 +194,7 @@ class PlainDlqWriter:
         while True:
             if dlq_topic not in self.topics.partitions:
                 await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
-            record = build_dlq_record(
-                failed,
-                dlq_topic,
-                self.topics.partitions[dlq_topic],
-                self.copy_record,
-                self.stacktrace_max_bytes,
-                drop_copy_reason=drop_reason,
-            )
+            record = self._dlq_record(failed, dlq_topic, drop_reason)
             limit = self.topics.max_bytes.get(dlq_topic)
             if drop_reason is None and limit is not None and estimated_size(record) > limit:
                 drop_reason = (
