@@ -298,15 +298,12 @@ class _RequestCollector(MeteredCollector):
     """httptools callbacks for one connection; completed requests queue up in ``ready``."""
 
     __slots__ = (
-        "body",
         "expect_continue",
         "headers",
         "headers_complete",
-        "max_body_bytes",
         "parser",
         "peer",
         "ready",
-        "too_large",
         "url",
         "via_unix",
     )
@@ -314,13 +311,11 @@ class _RequestCollector(MeteredCollector):
     def __init__(
         self, max_body_bytes: int, max_head_bytes: int, via_unix: bool, peer: _Peer | None = None
     ) -> None:
-        super().__init__(max_head_bytes)
-        self.max_body_bytes = max_body_bytes
+        super().__init__(max_head_bytes, max_body_bytes)
         self.via_unix = via_unix
         self.peer = peer
         self.parser: httptools.HttpRequestParser | None = None
         self.ready: deque[tuple[Request, bool]] = deque()
-        self.too_large = False
         self._reset()
 
     def _reset(self) -> None:
@@ -351,13 +346,6 @@ class _RequestCollector(MeteredCollector):
         for name, value in self.headers:
             if name == "expect" and value.strip().lower() == "100-continue":
                 self.expect_continue = True
-
-    def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        if len(self.body) + len(body) > self.max_body_bytes:
-            self.too_large = True
-        elif not self.too_large:
-            self.body += body
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
