@@ -549,7 +549,6 @@ async def _serve_connection(
                 with trio.move_on_at(deadline) as receiving:
                     data = await stream.receive_some(_RECEIVE_BYTES)
                 if receiving.cancelled_caught:
-                    room.leave(seat)  # cut: its place is free at once, not after the 408
                     if request_start is None:
                         stats.cut(
                             reason,
@@ -558,6 +557,8 @@ async def _serve_connection(
                             quiet=served,
                         )
                         return  # close quietly: nothing was asked
+                    # Still seated (reading) while the 408 goes out: the first to be closed if
+                    # a new connection needs the room, so its descriptor is always counted.
                     stats.cut(reason, seat.peer, _CUT_DETAIL[reason])
                     await _refuse(stream, 408, "request not complete in time\n", drain_s=0.1)
                     return

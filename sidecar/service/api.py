@@ -92,13 +92,12 @@ def listener_limits(api: ApiConfig, *, observability: bool, max_connections: int
 def fit_connections(api: ApiConfig, listeners: int) -> int:
     """``api.max.connections``, once the open-file limit is raised to hold it on every listener.
 
-    A connection costs a descriptor; one cut (a 408 on its way out) or evicted may hold its own
-    a moment after its seat is given to the next, so each listener may need twice its cap. The
-    soft limit is raised towards the hard one; if even that is short, the cap is lowered (with a
-    warning) rather than letting a flood exhaust the descriptors, when no connection can be
-    accepted at all, a probe included.
+    A connection costs one descriptor while it holds a seat (a cut one keeps its seat until it is
+    closed). The soft limit is raised towards the hard one; if even that is short, the cap is
+    lowered (with a warning) rather than letting a flood exhaust the descriptors, when no
+    connection can be accepted at all, a probe included.
     """
-    needed = 2 * api.max_connections * listeners + _FD_RESERVE
+    needed = api.max_connections * listeners + _FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
@@ -109,7 +108,7 @@ def fit_connections(api: ApiConfig, listeners: int) -> int:
             log.warning("could not raise the open-file limit to %d: %s", target, exc)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return api.max_connections
-    fitted = max(1, (soft - _FD_RESERVE) // (2 * listeners))
+    fitted = max(1, (soft - _FD_RESERVE) // listeners)
     log.warning(
         "api.max.connections %d lowered to %d per listener: the open-file limit is %d "
         "(raise it with ulimit -n or the container runtime's nofile limit)",
