@@ -10,15 +10,14 @@ cap does not apply to it). A connection is in one of three states::
 
 When a new connection finds its peer at its cap, or the listener full, it is not refused: one
 connection is closed to make room for it (SPEC §6: a full listener makes room rather than
-refusing a probe). The victim is, within the peer when the peer is at its cap, else among all:
-
-    1. the connection waiting longest (an idle one costs its client nothing to reopen), else
-    2. the connection reading one request for the longest (the slowest client), else
-    3. none: every connection is busy, and the new one is refused (503).
+refusing a probe). The victim is, within the peer when the peer is at its cap, else among all,
+the connection that has gone longest without a request answered: of the one waiting longest
+and the one reading a request for longest, whichever entered its state first. Busy connections
+are never closed; when every one is busy, the new connection is refused (503).
 
 So a flood of idle or slow connections, from one peer or many, only ever pushes out its own
 oldest members: a probe (a fresh connection that sends its request at once) is the newest
-connection in the room and is answered in the time it takes.
+connection in the room and is answered in the time it takes. Callers pass the time (``now``).
 
 :class:`Room` holds the bookkeeping; the server owns the sockets, the timers and the closing.
 Every operation is O(1).
@@ -49,6 +48,7 @@ class Seat:
     its owner must close it (it no longer counts against any cap)."""
 
     peer: str
+    since: float  # when it entered its state
     state: SeatState = SeatState.WAITING
     evicted: bool = False
     seated: bool = True
@@ -72,10 +72,12 @@ class _Queues:
         return None
 
     def oldest(self) -> Seat | None:
-        for queue in (self.waiting, self.reading):
-            for seat in queue:
-                return seat
-        return None
+        """Of the longest waiting and the longest reading seat, the one there first."""
+        waiting = next(iter(self.waiting), None)
+        reading = next(iter(self.reading), None)
+        if waiting is None or reading is None:
+            return waiting or reading
+        return waiting if waiting.since <= reading.since else reading
 
 
 class Room:
@@ -99,7 +101,7 @@ class Room:
         """Peers with at least one seated connection."""
         return len(self._peers)
 
-    def admit(self, peer: str) -> tuple[Seat | None, Seat | None]:
+    def admit(self, peer: str, now: float) -> tuple[Seat | None, Seat | None]:
         """Seat a new connection from ``peer``: ``(seat, evicted)``.
 
         ``evicted`` is the connection to close to make room (already unseated, marked
@@ -120,7 +122,7 @@ class Room:
             self.leave(victim)
             victim.evicted = True
             held = self._peers.get(peer)
-        seat = Seat(peer)
+        seat = Seat(peer, now)
         if held is None:
             held = self._peers[peer] = _Queues()
         for queues in (self._all, held):
@@ -128,10 +130,11 @@ class Room:
             queues.waiting[seat] = None
         return seat, victim
 
-    def enter(self, seat: Seat, state: SeatState) -> None:
+    def enter(self, seat: Seat, state: SeatState, now: float) -> None:
         """``seat`` is now in ``state`` (entering the state it is in restarts its clock)."""
         if not seat.seated:
             return
+        seat.since = now
         for queues in (self._all, self._peers[seat.peer]):
             old = queues.queue(seat.state)
             if old is not None:

@@ -24,8 +24,9 @@ connection the server closes on its own) at most once per peer per 10 s::
     --   a response the client does not read within ``send_timeout_s``: dropped (cut
          ``send_timeout``)
     --   a new connection when its peer holds ``max_connections_per_peer`` or the listener
-         ``max_connections``: the oldest idle connection (else the slowest reader) of that peer,
-         or of the listener, is closed to make room (cut ``evicted``; :mod:`sidecar.http.room`)
+         ``max_connections``: the connection of that peer, or of the listener, that has gone
+         longest without a request answered (idle or reading) is closed to make room (cut
+         ``evicted``; :mod:`sidecar.http.room`)
     503  a new connection when every open one is busy being answered: answered and closed
     500  a handler that raised, or returned a response that cannot be written (a header that is
          not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
@@ -103,6 +104,9 @@ _DRAIN_TIMEOUT_S = 1.0
 _DRAIN_MAX_BYTES = 1024 * 1024
 _REFUSE_SEND_TIMEOUT_S = 1.0
 _LOG_EVERY_S = 1.0
+_ACCEPT_BURST = 256
+_ACCEPT_TRANSIENT = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
+_ACCEPT_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # A cut (a connection the server closed) is logged at most once per peer per interval, and at
 # most CUT_LOG_LINES times per interval in all; the peers remembered for that are bounded.
 CUT_LOG_INTERVAL_S = 10.0
@@ -566,7 +570,7 @@ async def _serve_connection(
                     return  # peer closed
             if request_start is None:
                 request_start = trio.current_time()
-                room.enter(seat, SeatState.READING)
+                room.enter(seat, SeatState.READING, request_start)
             upgrade = False
             try:
                 collector.feed(parser, bytes(data))
@@ -596,7 +600,8 @@ async def _serve_connection(
                     await _send(stream, b"HTTP/1.1 100 Continue\r\n\r\n", limits, stats, seat)
             answered = bool(collector.ready)
             if answered:
-                room.enter(seat, SeatState.BUSY)  # never closed to make room while answered
+                # Never closed to make room while answered.
+                room.enter(seat, SeatState.BUSY, trio.current_time())
             while collector.ready:
                 request, keep_alive = collector.ready.popleft()
                 keep_alive = keep_alive and not upgrade
@@ -617,11 +622,11 @@ async def _serve_connection(
             if not collector.in_message:
                 request_start = body_start = None
                 waiting_since = trio.current_time()
-                room.enter(seat, SeatState.WAITING)
+                room.enter(seat, SeatState.WAITING, waiting_since)
             elif answered:  # the next pipelined request has begun: its own clocks
                 request_start = trio.current_time()
                 body_start = request_start if collector.headers_complete else None
-                room.enter(seat, SeatState.READING)
+                room.enter(seat, SeatState.READING, request_start)
     except (trio.BrokenResourceError, trio.ClosedResourceError, _SendTimeout):
         return  # the client went away, or stopped reading; nothing to tell it
     finally:
@@ -648,6 +653,46 @@ async def _send(
     if scope.cancelled_caught:
         stats.cut("send_timeout", seat.peer, f"read nothing for {limits.send_timeout_s:g} s")
         raise _SendTimeout
+
+
+async def _accept_loop(
+    listener: trio.SocketListener,
+    nursery: trio.Nursery,
+    serve_one: Callable[[trio.SocketStream], Awaitable[None]],
+) -> None:
+    """Accept connections in bursts of up to :data:`_ACCEPT_BURST` per wake-up.
+
+    ``trio.serve_listeners`` accepts one connection per turn of the scheduler; with thousands of
+    connections trickling bytes a turn takes long, the kernel's accept queue fills and a probe's
+    SYN is dropped (the client retries after 1 s, then 2 s...). Accepting what is queued at once
+    keeps the queue short, and the room (not the queue) decides who stays.
+    """
+    sock = listener.socket
+    # A second descriptor for the same listening socket: accepted from without a trio checkpoint
+    # per connection, while trio waits on the first.
+    raw = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
+    raw.setblocking(False)
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            for _ in range(_ACCEPT_BURST):
+                try:
+                    conn, _ = raw.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    if exc.errno in _ACCEPT_TRANSIENT:
+                        continue  # that client is gone already
+                    if exc.errno not in _ACCEPT_CAPACITY:
+                        raise
+                    log.error("accept failed: %s; retrying in 0.1 s", os.strerror(exc.errno))
+                    await trio.sleep(0.1)
+                    break
+                nursery.start_soon(
+                    serve_one, trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+                )
+    finally:
+        raw.close()
 
 
 def _peer_of(stream: trio.SocketStream, via_unix: bool) -> str:
@@ -696,7 +741,7 @@ async def serve_http(
     idle_timeout_s: float | None = None,
     limits: Limits | None = None,
     stats: ServerStats | None = None,
-    backlog: int = 1024,
+    backlog: int = 4096,
     task_status: trio.TaskStatus[int | str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``handler`` on ``listen`` until cancelled.
@@ -737,7 +782,7 @@ async def serve_http(
 
     async def serve_one(stream: trio.SocketStream) -> None:
         peer = _peer_of(stream, via_unix)
-        seat, evicted = room.admit(peer)
+        seat, evicted = room.admit(peer, trio.current_time())
         if evicted is not None:
             stats.cut("evicted", evicted.peer, "closed to make room for a new connection")
             scopes[evicted].cancel()  # its task closes the socket at once
@@ -763,7 +808,8 @@ async def serve_http(
 
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, serve_one, listeners)
+            for listener in listeners:
+                nursery.start_soon(_accept_loop, listener, nursery, serve_one)
             task_status.started(bound)
     finally:
         for listener in listeners:

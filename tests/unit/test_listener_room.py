@@ -18,56 +18,57 @@ from sidecar.service.api import listener_limits
 from tests.unit.test_config import MINIMAL, load_dict, patched
 
 
-def test_a_full_room_closes_its_oldest_waiting_seat_then_its_slowest_reader() -> None:
+def test_a_full_room_closes_the_seat_longest_without_an_answer() -> None:
     room = Room(3, 3)
-    a, _ = room.admit("10.0.0.1")
-    b, _ = room.admit("10.0.0.2")
-    c, _ = room.admit("10.0.0.3")
+    a, _ = room.admit("10.0.0.1", 0.0)
+    b, _ = room.admit("10.0.0.2", 1.0)
+    c, _ = room.admit("10.0.0.3", 2.0)
     assert a and b and c
-    room.enter(a, SeatState.READING)  # a slow reader now; b and c wait
-    room.enter(b, SeatState.READING)
-    room.enter(b, SeatState.WAITING)  # b answered a request: it waits again, newest
-    d, evicted = room.admit("10.0.0.4")
+    room.enter(a, SeatState.READING, 3.0)  # a slow reader since 3
+    room.enter(b, SeatState.BUSY, 4.0)
+    room.enter(b, SeatState.WAITING, 5.0)  # b answered a request: it waits again, since 5
+    # c has waited since 2: before a began reading.
+    d, evicted = room.admit("10.0.0.4", 6.0)
     assert evicted is c and c.evicted and not c.seated
     assert d is not None and room.count == 3
-    e, evicted = room.admit("10.0.0.5")
-    assert evicted is b
-    room.enter(d, SeatState.BUSY)
-    room.enter(e, SeatState.BUSY)  # only a (reading) can go
-    f, evicted = room.admit("10.0.0.6")
-    assert evicted is a and f is not None
-    room.enter(f, SeatState.BUSY)
+    # The slow reader (since 3) goes before b (waiting since 5) and the fresh d (since 6).
+    e, evicted = room.admit("10.0.0.5", 7.0)
+    assert evicted is a and e is not None
+    e2, evicted = room.admit("10.0.0.6", 8.0)
+    assert evicted is b and e2 is not None
+    for seat in (d, e, e2):
+        room.enter(seat, SeatState.BUSY, 9.0)
     # Every seat busy answering: nobody to close, the new connection is refused.
-    assert room.admit("10.0.0.7") == (None, None)
+    assert room.admit("10.0.0.7", 10.0) == (None, None)
     assert room.count == 3 and room.peers == 3
 
 
 def test_a_peer_at_its_cap_makes_room_among_its_own_connections() -> None:
     room = Room(10, 2)
-    other, _ = room.admit("10.0.0.9")  # older than the noisy peer's seats
-    first, _ = room.admit("10.0.0.1")
-    second, _ = room.admit("10.0.0.1")
-    third, evicted = room.admit("10.0.0.1")
+    other, _ = room.admit("10.0.0.9", 0.0)  # older than the noisy peer's seats
+    first, _ = room.admit("10.0.0.1", 1.0)
+    second, _ = room.admit("10.0.0.1", 2.0)
+    third, evicted = room.admit("10.0.0.1", 3.0)
     assert evicted is first and third is not None
     assert other is not None and other.seated and room.count == 3
     assert second is not None
-    room.enter(second, SeatState.BUSY)
-    room.enter(third, SeatState.BUSY)
-    assert room.admit("10.0.0.1") == (None, None)  # all its seats busy
-    assert room.admit("10.0.0.2")[0] is not None  # another peer still gets in
+    room.enter(second, SeatState.BUSY, 4.0)
+    room.enter(third, SeatState.BUSY, 4.0)
+    assert room.admit("10.0.0.1", 5.0) == (None, None)  # all its seats busy
+    assert room.admit("10.0.0.2", 5.0)[0] is not None  # another peer still gets in
 
 
 def test_unix_socket_clients_have_no_per_peer_cap_and_a_left_seat_is_free() -> None:
     room = Room(4, 1)
-    seats = [room.admit(UNIX_PEER) for _ in range(4)]
+    seats = [room.admit(UNIX_PEER, float(i)) for i in range(4)]
     assert all(seat is not None and evicted is None for seat, evicted in seats)
     seat = seats[0][0]
     assert seat is not None
     room.leave(seat)
     room.leave(seat)  # idempotent
-    room.enter(seat, SeatState.BUSY)  # a no-op once left
+    room.enter(seat, SeatState.BUSY, 5.0)  # a no-op once left
     assert room.count == 3
-    assert room.admit(UNIX_PEER)[1] is None
+    assert room.admit(UNIX_PEER, 6.0)[1] is None
 
 
 def test_the_body_deadline_follows_the_minimum_rate() -> None:
