@@ -362,7 +362,9 @@ class BadResponse(ValueError):
     """A handler's response that cannot be written as HTTP/1.1 (the handler's bug: a 500)."""
 
 
-def _format_response(response: Response, keep_alive: bool, head_only: bool) -> bytes:
+def _format_response(
+    response: Response, keep_alive: bool, head_only: bool, idle_s: float = 0.0
+) -> bytes:
     """The response's bytes; BadResponse when a header cannot go on the wire as it is (not
     latin-1, or a CR or LF in it, which would split the response)."""
     status = response.status
@@ -380,6 +382,10 @@ def _format_response(response: Response, keep_alive: bool, head_only: bool) -> b
             raise BadResponse(f"header {name[:64]!r}: not latin-1") from exc
     if not keep_alive:
         parts.append(b"Connection: close\r\n")
+    elif idle_s >= 1:
+        # How long an idle connection stays open (whole seconds, rounded down): a client that
+        # honours it closes first, instead of reusing a connection the server is closing.
+        parts.append(b"Keep-Alive: timeout=%d\r\n" % int(idle_s))
     parts.append(b"\r\n")
     if not head_only:
         parts.append(response.body)
@@ -491,7 +497,7 @@ _INTERNAL_ERROR = Response(500, (("Content-Type", "text/plain"),), b"internal er
 
 
 async def _respond(
-    handler: Handler, request: Request, keep_alive: bool, head_only: bool
+    handler: Handler, request: Request, keep_alive: bool, head_only: bool, idle_s: float
 ) -> bytes | None:
     """The per-request dispatch: the handler's response as bytes, or a 500; None when the client
     closed the connection during a watched wait (PeerClosed: nobody to answer).
@@ -501,12 +507,12 @@ async def _respond(
     a BaseException and passes through.
     """
     try:
-        return _format_response(await handler(request), keep_alive, head_only)
+        return _format_response(await handler(request), keep_alive, head_only, idle_s)
     except PeerClosed:
         return None
     except Exception:
         log.exception("HTTP handler failed for %s %s", request.method, request.path)
-        return _format_response(_INTERNAL_ERROR, keep_alive, head_only)
+        return _format_response(_INTERNAL_ERROR, keep_alive, head_only, idle_s)
 
 
 async def _serve_connection(
@@ -608,7 +614,9 @@ async def _serve_connection(
                 head_only = request.method == "HEAD"
                 peer.handling = True
                 try:
-                    response = await _respond(handler, request, keep_alive, head_only)
+                    response = await _respond(
+                        handler, request, keep_alive, head_only, limits.idle_timeout_s
+                    )
                 finally:
                     peer.handling = False
                 if response is None:

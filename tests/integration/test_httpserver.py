@@ -443,6 +443,45 @@ async def test_keep_alive_idle_time_is_not_a_request_timeout(
             await trio.sleep(0.4)
 
 
+async def test_keep_alive_answers_say_how_long_an_idle_connection_stays(
+    transport: str, tmp_path: Path
+) -> None:
+    limits = Limits(idle_timeout_s=2.5)
+    async with running(transport, tmp_path, limits=limits) as stream:
+        await stream.send_all(b"GET /k HTTP/1.1\r\n\r\n")
+        [kept] = await read_responses(stream, 1)
+        assert b"\r\nKeep-Alive: timeout=2\r\n" in kept
+        await stream.send_all(b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n")
+        closing = await read_until_closed(stream)
+        assert b"Keep-Alive" not in closing and b"Connection: close" in closing
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_idle_timeout(
+    transport: str, tmp_path: Path
+) -> None:
+    stats = ServerStats()
+    limits = Limits(idle_timeout_s=0.3, request_timeout_s=30.0)
+    async with running(transport, tmp_path, limits=limits, stats=stats) as stream:
+        started = trio.current_time()
+        assert await read_until_closed(stream) == b""  # closed without a word
+        assert 0.3 <= trio.current_time() - started < 5
+        assert stats.cuts == {"idle": 1}
+
+
+async def test_a_slow_header_is_cut_at_the_header_deadline_not_the_request_one(
+    transport: str, tmp_path: Path
+) -> None:
+    stats = ServerStats()
+    limits = Limits(header_timeout_s=0.5, request_timeout_s=30.0)
+    async with running(transport, tmp_path, limits=limits, stats=stats) as stream:
+        await stream.send_all(b"GET / HTTP/1.1\r\nX-Slow: a")
+        started = trio.current_time()
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 408 "), response[:80]
+        assert trio.current_time() - started < 5
+        assert stats.cuts == {"header_timeout": 1}
+
+
 async def big_answer(request: Request) -> Response:
     return Response(200, (), b"b" * 256 * 1024)
 
