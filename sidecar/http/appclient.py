@@ -4,9 +4,9 @@ This module owns the connections to the app: a keep-alive pool (one connection p
 request, over TCP loopback or a Unix socket), HTTP/1.1 response framing with httptools
 (content-length, chunked, and EOF-delimited bodies; interim 1xx responses skipped), timeouts,
 and the split between "could not connect" and "sent, then failed" that decides whether a
-delivery counted as an attempt. Request bytes and answer meaning come from :mod:`sidecar.wire`.
+delivery counted as an attempt. Request bytes and answer meaning come from :mod:`sidecar.core.wire`.
 
-It imports only :mod:`sidecar.wire` and :mod:`sidecar.httplimits` from this package; it knows
+It imports only :mod:`sidecar.core.wire` and :mod:`sidecar.http.limits` from the package; it knows
 nothing of Kafka, the ledger or the DLQ. Limits on an answer: its header block plus chunked
 trailers at most ``MAX_HEAD_BYTES`` (counted on the wire, so endless trailers or an endless
 header value never grow memory), its body at most ``max_body_bytes``, chunk framing bounded, and
@@ -386,7 +386,7 @@ class AppClient:
         return None
 
     async def send(self, request: bytes, timeout_s: float) -> RawResponse:
-        """Send one complete request (from :mod:`sidecar.wire`) and return the response.
+        """Send one complete request (from :mod:`sidecar.core.wire`) and return the response.
 
         ``timeout_s`` bounds the exchange after the connection is open; opening has its own
         ``connect_timeout_s``. Raises :class:`AppNotReachable` or :class:`AppRequestFailed`.
