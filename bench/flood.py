@@ -71,12 +71,18 @@ class Held:
         return {
             "idle_connections": self.open_at_end,
             "flood_ready_before_first_record": 0 < self.ready_ns <= first_ns,
+            "flood_ready_s_before_first_record": (first_ns - self.ready_ns) / 1e9,
         }
 
 
 @contextlib.contextmanager
 def holding() -> Iterator[Held]:
-    """The flood child, for as long as the block runs (nothing when no connections are asked)."""
+    """The flood child, for as long as the block runs (nothing when no connections are asked).
+
+    Entered right after the sidecar is spawned: the child connects as soon as the listener is
+    up, in the second or so the sidecar takes to join its group, so the connections are open
+    before the first record (``flood_ready_before_first_record`` says whether they were).
+    """
     held = Held()
     if not _connections:
         yield held
@@ -94,10 +100,7 @@ def holding() -> Iterator[Held]:
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert child.stdout is not None
     try:
-        line = child.stdout.readline()  # once all are open
-        held.ready_ns = int(json.loads(line)["ready_ns"]) if line else 0
         yield held
     finally:
         child.send_signal(signal.SIGTERM)
@@ -106,8 +109,11 @@ def holding() -> Iterator[Held]:
         except subprocess.TimeoutExpired:
             child.kill()
             out, _ = child.communicate()
-        with contextlib.suppress(ValueError, IndexError):
-            held.open_at_end = int(json.loads(out.strip().splitlines()[-1])["open"])
+        for line in out.splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                report = json.loads(line)
+                held.ready_ns = int(report.get("ready_ns", held.ready_ns))
+                held.open_at_end = int(report["open"])
 
 
 def _hold(port: int, n: int) -> None:
@@ -132,7 +138,7 @@ def _hold(port: int, n: int) -> None:
             sock.close()
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.05)
+            time.sleep(0.01)
             continue
         socks.append(sock)
     print(json.dumps({"open": len(socks), "ready_ns": time.monotonic_ns()}), flush=True)
