@@ -9,8 +9,8 @@ it from 127.0.0.2-9, sends nothing, and holds them. The run's figures then carry
 with a run without the option; the machine's load is the same for both only when runs alternate.
 
 The child: ``python -m bench.flood --port P --connections N`` prints one JSON line once all N are
-open (``{"open": N, "ready_ns": ...}``, CLOCK_MONOTONIC), and on SIGTERM one more with how many
-are still open.
+open and the sidecar's ``dlq_sidecar_http_open_connections`` counts them (``{"open": N,
+"ready_ns": ...}``, CLOCK_MONOTONIC), and on SIGTERM one more with how many are still open.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def holding() -> Iterator[Held]:
     """The flood child, for as long as the block runs (nothing when no connections are asked).
 
     Entered right after the sidecar is spawned: the child connects as soon as the listener is
-    up, in the second or so the sidecar takes to join its group, so the connections are open
-    before the first record (``flood_ready_before_first_record`` says whether they were).
+    up, in the second or so the sidecar takes to join its group, and the block starts once the
+    sidecar has seated them all (``flood_ready_before_first_record`` says whether that was
+    before the first record was delivered).
     """
     held = Held()
     if not _connections:
@@ -100,7 +101,13 @@ def holding() -> Iterator[Held]:
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert child.stdout is not None
     try:
+        # The measurement starts once every connection is seated: what it shows is the cost of
+        # holding them, not of accepting them (the first records may already be flowing).
+        line = child.stdout.readline()
+        with contextlib.suppress(ValueError, KeyError):
+            held.ready_ns = int(json.loads(line)["ready_ns"])
         yield held
     finally:
         child.send_signal(signal.SIGTERM)
@@ -114,6 +121,20 @@ def holding() -> Iterator[Held]:
                 report = json.loads(line)
                 held.ready_ns = int(report.get("ready_ns", held.ready_ns))
                 held.open_at_end = int(report["open"])
+
+
+def _seated(port: int) -> float:
+    """The sidecar's own count of open connections on its observability listener (this GET's
+    connection included)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith('dlq_sidecar_http_open_connections{listener="observability"}'):
+            return float(line.rsplit(" ", 1)[1]) - 1
+    return 0.0
 
 
 def _hold(port: int, n: int) -> None:
@@ -141,6 +162,9 @@ def _hold(port: int, n: int) -> None:
             time.sleep(0.01)
             continue
         socks.append(sock)
+    # Connected is not yet seated: wait until the sidecar has taken every one of them.
+    while not stop and _seated(port) < len(socks):
+        time.sleep(0.05)
     print(json.dumps({"open": len(socks), "ready_ns": time.monotonic_ns()}), flush=True)
     selector = selectors.DefaultSelector()
     for sock in socks:
