@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import resource
 import subprocess
 import sys
@@ -9,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 import yaml
+from trio.testing import MockClock
 
 from sidecar.config import ConfigError
 from sidecar.http.room import UNIX_PEER, Room, SeatState
-from sidecar.http.server import Limits
+from sidecar.http.server import CUT_LOG_INTERVAL_S, CUT_LOG_LINES, Limits, ServerStats
 from sidecar.service.api import listener_limits
 from tests.unit.test_config import MINIMAL, load_dict, patched
 
@@ -186,3 +189,26 @@ def test_the_connection_caps_fit_the_open_file_limit() -> None:
     assert _fit_with((1024, needed)) == (1000, needed)
     # A hard limit too low: the cap is lowered to what the descriptors hold, with a warning.
     assert _fit_with((1024, 1024)) == ((1024 - 256) // 2, 1024)
+
+
+async def test_cuts_are_logged_once_per_peer_per_interval_and_bounded_in_all(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    stats = ServerStats("observability")
+    caplog.set_level(logging.WARNING, logger="sidecar.http.server")
+    for _ in range(100):
+        stats.cut("idle", "10.0.0.1", "no request")
+    stats.cut("keep_alive_idle", "10.0.0.2", "no next request", quiet=True)
+    assert len(caplog.records) == 1
+    assert "closed a connection from 10.0.0.1 (idle)" in caplog.records[0].getMessage()
+    # A thousand peers at once: at most CUT_LOG_LINES lines in the interval.
+    for i in range(1000):
+        stats.cut("header_timeout", f"10.1.{i // 256}.{i % 256}", "slow")
+    assert len(caplog.records) == CUT_LOG_LINES
+    await trio.sleep(CUT_LOG_INTERVAL_S)
+    stats.cut("idle", "10.0.0.1", "no request")
+    line = caplog.records[-1].getMessage()
+    assert len(caplog.records) == CUT_LOG_LINES + 1
+    assert "(and 99 more cuts not logged" in caplog.records[1].getMessage()
+    assert f"(and {1000 - (CUT_LOG_LINES - 1)} more cuts not logged" in line
+    assert stats.cuts == {"idle": 101, "keep_alive_idle": 1, "header_timeout": 1000}
