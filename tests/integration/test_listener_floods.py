@@ -37,6 +37,8 @@ import yaml
 from tests.harness import Sidecar, free_port, prometheus_values, running_sidecar
 from tests.kafkatools import Broker
 
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
 Kind = Literal["idle", "slow_header", "slow_body", "half_open"]
 KINDS: tuple[Kind, ...] = ("idle", "slow_header", "slow_body", "half_open")
 
