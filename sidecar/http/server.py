@@ -32,6 +32,8 @@ connection the server closes on its own) at most once per peer per 10 s::
          not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
          only broad ``except``; the connection and the server go on
 
+An idle connection waits for its first byte in one epoll set per listener (``IdleWatch``), not
+in trio's own: thousands of them leave trio's turns, and so the delivery path, as fast as none.
 An open connection costs a task, a parser and a socket (measured: about 10 KiB each, see
 ``tests/integration/test_listener_floods.py``) plus what it has sent of its current request, at
 most ``max_header_bytes`` and ``max_request_bytes``; the room bounds how many there are.
@@ -48,7 +50,8 @@ client that has already shut its side.
 Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
 they are not merged into the headers).
 
-It imports only :mod:`sidecar.http.limits` and :mod:`sidecar.http.room` from this package;
+It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.room` and
+:mod:`sidecar.http.sockets` (listening, accepting, idle waits) from this package;
 ``sidecar.service.api`` and the test and example apps build on it.
 
 Usage::
@@ -61,14 +64,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import http
 import json
 import logging
 import os
-import select
-import socket
-import stat
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -79,7 +78,8 @@ import outcome
 import trio
 
 from sidecar.http.limits import LimitExceeded, MeteredCollector
-from sidecar.http.room import UNIX_PEER, Room, Seat, SeatState
+from sidecar.http.room import Room, Seat, SeatState
+from sidecar.http.sockets import IdleWatch, accept_loop, open_unix_listener, peer_of
 
 __all__ = [
     "BadResponse",
@@ -105,9 +105,6 @@ _DRAIN_TIMEOUT_S = 1.0
 _DRAIN_MAX_BYTES = 1024 * 1024
 _REFUSE_SEND_TIMEOUT_S = 1.0
 _LOG_EVERY_S = 1.0
-_ACCEPT_BURST = 256
-_ACCEPT_TRANSIENT = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
-_ACCEPT_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # A cut (a connection the server closed) is logged at most once per peer per interval, and at
 # most CUT_LOG_LINES times per interval in all; the peers remembered for that are bounded.
 CUT_LOG_INTERVAL_S = 10.0
@@ -516,51 +513,6 @@ async def _respond(
         return _format_response(_INTERNAL_ERROR, keep_alive, head_only, idle_s)
 
 
-class _IdleWatch:
-    """Waits for the first byte of many idle connections with one descriptor in trio's epoll.
-
-    Why not ``receive_some`` on each: trio asks the kernel for up to as many events as it has
-    descriptors registered, on every turn of its loop, so 5,000 idle connections, each with a
-    task waiting to read, made every turn (and so the delivery path) about a fifth dearer. An idle
-    connection is instead registered in this watcher's own epoll set, whose descriptor is the only
-    one trio waits on for all of them; a connection leaves the set when its client sends a byte
-    (or closes), and reads through trio from then on.
-    """
-
-    def __init__(self) -> None:
-        self._epoll = select.epoll()
-        self._ready: dict[int, trio.Event] = {}
-
-    def close(self) -> None:
-        self._epoll.close()
-
-    async def run(self) -> None:
-        while True:
-            await trio.lowlevel.wait_readable(self._epoll.fileno())
-            for fd, _ in self._epoll.poll(0, 256):
-                with contextlib.suppress(OSError):
-                    self._epoll.unregister(fd)
-                event = self._ready.pop(fd, None)
-                if event is not None:
-                    event.set()
-
-    async def wait_readable(self, stream: trio.abc.Stream, deadline: float) -> bool:
-        """True once ``stream`` has a byte (or EOF) to read, False at ``deadline``."""
-        if not isinstance(stream, trio.SocketStream):
-            return True  # not a socket: its receive_some waits
-        fd = stream.socket.fileno()
-        event = self._ready[fd] = trio.Event()
-        try:
-            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
-            with trio.move_on_at(deadline):
-                await event.wait()
-            return event.is_set()
-        finally:
-            if self._ready.pop(fd, None) is not None:
-                with contextlib.suppress(OSError):
-                    self._epoll.unregister(fd)
-
-
 async def _serve_connection(
     stream: trio.abc.Stream,
     handler: Handler,
@@ -569,7 +521,7 @@ async def _serve_connection(
     via_unix: bool,
     room: Room,
     seat: Seat,
-    idle: _IdleWatch,
+    idle: IdleWatch,
 ) -> None:
     peer = _Peer(stream)
     collector = _RequestCollector(limits.max_request_bytes, limits.max_header_bytes, via_unix, peer)
@@ -715,84 +667,6 @@ async def _send(
         raise _SendTimeout
 
 
-async def _accept_loop(
-    listener: trio.SocketListener,
-    nursery: trio.Nursery,
-    serve_one: Callable[[trio.SocketStream], Awaitable[None]],
-) -> None:
-    """Accept connections in bursts of up to :data:`_ACCEPT_BURST` per wake-up.
-
-    ``trio.serve_listeners`` accepts one connection per turn of the scheduler; with thousands of
-    connections trickling bytes a turn takes long, the kernel's accept queue fills and a probe's
-    SYN is dropped (the client retries after 1 s, then 2 s...). Accepting what is queued at once
-    keeps the queue short, and the room (not the queue) decides who stays.
-    """
-    sock = listener.socket
-    # A second descriptor for the same listening socket: accepted from without a trio checkpoint
-    # per connection, while trio waits on the first.
-    raw = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
-    raw.setblocking(False)
-    try:
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            for _ in range(_ACCEPT_BURST):
-                try:
-                    conn, _ = raw.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    if exc.errno in _ACCEPT_TRANSIENT:
-                        continue  # that client is gone already
-                    if exc.errno not in _ACCEPT_CAPACITY:
-                        raise
-                    log.error("accept failed: %s; retrying in 0.1 s", os.strerror(exc.errno))
-                    await trio.sleep(0.1)
-                    break
-                nursery.start_soon(
-                    serve_one, trio.SocketStream(trio.socket.from_stdlib_socket(conn))
-                )
-    finally:
-        raw.close()
-
-
-def _peer_of(stream: trio.SocketStream, via_unix: bool) -> str:
-    """Whose connection this is, for the per-peer cap and the cut log: the client's IP address
-    over TCP; every Unix-socket client is one peer."""
-    if via_unix:
-        return UNIX_PEER
-    try:
-        return str(stream.socket.getpeername()[0])
-    except OSError:
-        return "unknown"  # reset before we asked
-
-
-async def _open_unix_listener(path: str, backlog: int) -> trio.SocketListener:
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise FileExistsError(errno.EEXIST, "exists and is not a socket", path)
-        probe = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            await probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody answers: a leftover from a process that died
-        else:
-            raise OSError(errno.EADDRINUSE, "a live server already listens on", path)
-        finally:
-            probe.close()
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        await sock.bind(path)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketListener(sock)
-
-
 async def serve_http(
     handler: Handler,
     listen: Listen,
@@ -830,7 +704,7 @@ async def serve_http(
         bound = int(listeners[0].socket.getsockname()[1])
     elif listen[0] == "unix":
         unix_path = listen[1]
-        listeners = [await _open_unix_listener(unix_path, backlog)]
+        listeners = [await open_unix_listener(unix_path, backlog)]
         bound = unix_path
     else:
         raise ValueError(f"listen must be ('tcp', host, port) or ('unix', path), got {listen!r}")
@@ -839,10 +713,10 @@ async def serve_http(
 
     room = Room(limits.max_connections, limits.max_connections_per_peer)
     scopes: dict[Seat, trio.CancelScope] = {}
-    idle = _IdleWatch()
+    idle = IdleWatch()
 
     async def serve_one(stream: trio.SocketStream) -> None:
-        peer = _peer_of(stream, via_unix)
+        peer = peer_of(stream, via_unix)
         seat, evicted = room.admit(peer, trio.current_time())
         if evicted is not None:
             stats.cut("evicted", evicted.peer, "closed to make room for a new connection")
@@ -871,7 +745,7 @@ async def serve_http(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(idle.run)
             for listener in listeners:
-                nursery.start_soon(_accept_loop, listener, nursery, serve_one)
+                nursery.start_soon(accept_loop, listener, nursery, serve_one)
             task_status.started(bound)
     finally:
         idle.close()
