@@ -77,6 +77,10 @@ class IdleWatch:
         if not isinstance(stream, trio.SocketStream):
             return True  # not a socket: its receive_some waits
         fd = stream.socket.fileno()
+        ready = select.poll()
+        ready.register(fd, select.POLLIN | select.POLLRDHUP)
+        if ready.poll(0):
+            return True  # already there (a fresh request, the next pipelined one, an EOF)
         idle = self._waiting[fd] = _Idle(fd)
         self._seq += 1
         heapq.heappush(self._deadlines, (deadline, self._seq, idle))
