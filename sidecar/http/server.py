@@ -32,8 +32,9 @@ connection the server closes on its own) at most once per peer per 10 s::
          not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
          only broad ``except``; the connection and the server go on
 
-An idle connection waits for its first byte in one epoll set per listener (``IdleWatch``), not
-in trio's own: thousands of them leave trio's turns, and so the delivery path, as fast as none.
+An idle connection waits for its first byte in one epoll set and deadline heap per listener
+(:class:`sidecar.http.sockets.IdleWatch`), not in trio's own, which every turn of trio's loop and
+every cancel scope of the delivery path would pay for.
 An open connection costs a task, a parser and a socket (measured: about 10 KiB each, see
 ``tests/integration/test_listener_floods.py``) plus what it has sent of its current request, at
 most ``max_header_bytes`` and ``max_request_bytes``; the room bounds how many there are.

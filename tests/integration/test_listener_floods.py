@@ -25,6 +25,8 @@ import contextlib
 import os
 import resource
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +47,13 @@ KINDS: tuple[Kind, ...] = ("idle", "slow_header", "slow_body", "half_open")
 FLOOD = 1200  # above api.max.connections (1,024, the default)
 TICK_S = 0.5
 PROBE_DEADLINE_S = 1.0
-SLACK_S = 2.5  # accepting and closing over a thousand connections on a shared, loaded machine
+SLACK_S = 4.0  # accepting and closing over a thousand connections on a shared, loaded machine
 LIMITS_MS = {
     "idle.timeout.ms": 1000,
     "header.timeout.ms": 1000,
     "body.timeout.ms": 1000,
     "body.min.rate.bytes.per.s": 1000,
-    "request.timeout.ms": 3000,
+    "request.timeout.ms": 10_000,  # far above the cuts: a cut in time is the phase limit
     "send.timeout.ms": 1000,
 }
 # How long after the flood is connected its last connection may still be open (before slack).
@@ -92,18 +94,32 @@ async def connect(where: str, source: str | None = None) -> trio.socket.SocketTy
     return sock
 
 
+_PROBE = """
+import socket, sys, time
+where, path = sys.argv[1], sys.argv[2]
+started = time.monotonic()
+if where.startswith("unix:"):
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(where[5:])
+else:
+    host, _, port = where.rpartition(":")
+    sock = socket.create_connection((host, int(port)))
+sock.sendall(f"GET {path} HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n".encode())
+data = b""
+while chunk := sock.recv(65536):
+    data += chunk
+print(data.split(b" ", 2)[1].decode(), time.monotonic() - started)
+"""
+
+
 async def probe(where: str, path: str) -> tuple[int, float]:
-    """A fresh connection's ``GET path``: the status and the seconds until it was answered."""
-    started = trio.current_time()
-    sock = await connect(where)
-    with sock:
-        await sock.send(
-            f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
-        )
-        data = b""
-        while chunk := await sock.recv(65536):
-            data += chunk
-    return int(data.split(b" ", 2)[1]), trio.current_time() - started
+    """A fresh connection's ``GET path``, from a process of its own as the kubelet's is (this
+    one is busy with the flood): the status and the seconds from connect to the answer."""
+    done = await trio.run_process(
+        [sys.executable, "-c", _PROBE, where, path], capture_stdout=True, check=True
+    )
+    status, seconds = done.stdout.split()
+    return int(status), float(seconds)
 
 
 def _head(kind: Kind, listener: str) -> bytes:
@@ -252,7 +268,7 @@ async def sidecar_with_listeners(
             with trio.fail_after(60):
                 for where in (control, observability):
                     while True:
-                        with contextlib.suppress(OSError):
+                        with contextlib.suppress(OSError, subprocess.CalledProcessError):
                             if (await probe(where, "/readyz"))[0] == 200:
                                 break
                         assert sc.proc.poll() is None, sc.log_text()[-3000:]
