@@ -274,6 +274,7 @@ _API_KEYS = (
     _Key("max.request.bytes", _Int(1024, 64 * 1024 * 1024), ApiConfig, "max_request_bytes"),
     _Key("max.ack.items", _Int(1, 100_000), ApiConfig, "max_ack_items"),
     _Key("idle.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "idle_timeout_ms"),
+    _Key("keep.alive.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "keep_alive_timeout_ms"),
     _Key("header.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "header_timeout_ms"),
     _Key("body.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "body_timeout_ms"),
     _Key("body.min.rate.bytes.per.s", _Int(0, 2**30), ApiConfig, "body_min_rate_bytes_per_s"),

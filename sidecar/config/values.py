@@ -227,6 +227,7 @@ class ApiConfig:
     max_request_bytes: int = 4 * 1024 * 1024
     max_ack_items: int = 10_000
     idle_timeout_ms: int = 5_000
+    keep_alive_timeout_ms: int = 60_000
     header_timeout_ms: int = 10_000
     body_timeout_ms: int = 10_000
     body_min_rate_bytes_per_s: int = 500

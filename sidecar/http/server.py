@@ -12,8 +12,9 @@ connection the server closes on its own) at most once per peer per 10 s::
     413  body over ``max_request_bytes``
     431  header block plus chunked trailers over ``max_header_bytes`` (bytes on the wire,
          :mod:`sidecar.http.limits`: an endless header value or trailer never grows memory)
-    --   no byte of a request within ``idle_timeout_s``, on a new connection or between
-         keep-alive requests: closed (cut ``idle``, or ``keep_alive_idle``, counted only)
+    --   no byte of a request within ``idle_timeout_s`` of connecting, or within
+         ``keep_alive_timeout_s`` of the last answer: closed (cut ``idle``, or
+         ``keep_alive_idle``, counted only; answers say ``Keep-Alive: timeout=N``)
     408  a header block not complete within ``header_timeout_s`` of the request's first byte
          (cut ``header_timeout``)
     408  a body slower than ``body_min_rate_bytes_per_s`` after ``body_timeout_s``: cut when
@@ -127,6 +128,7 @@ class Limits:
     max_connections: int = 1024
     max_connections_per_peer: int = 256
     idle_timeout_s: float = 5.0
+    keep_alive_timeout_s: float = 60.0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     body_min_rate_bytes_per_s: float = 500.0
@@ -144,6 +146,7 @@ class Limits:
                 raise ValueError(f"{name} must be at least 1")
         for name in (
             "idle_timeout_s",
+            "keep_alive_timeout_s",
             "header_timeout_s",
             "body_timeout_s",
             "request_timeout_s",
@@ -174,7 +177,7 @@ class ServerStats:
 
     Cuts (a connection the server closed on its own): ``evicted`` (closed to make room for a new
     connection), ``idle`` (no byte within ``idle_timeout_s`` of connecting), ``keep_alive_idle``
-    (no next request within ``idle_timeout_s``: counted, never logged), ``header_timeout``,
+    (no next request within ``keep_alive_timeout_s``: counted, never logged), ``header_timeout``,
     ``body_too_slow``, ``request_timeout`` (the three answered 408), ``send_timeout`` (the client
     does not read its response).
     """
@@ -538,7 +541,8 @@ async def _serve_connection(
         while True:
             data: bytes | bytearray = b""
             if request_start is None:
-                deadline = waiting_since + limits.idle_timeout_s
+                wait_s = limits.keep_alive_timeout_s if served else limits.idle_timeout_s
+                deadline = waiting_since + wait_s
                 reason = "keep_alive_idle" if served else "idle"
             elif body_start is None:
                 deadline = request_start + min(limits.header_timeout_s, limits.request_timeout_s)
@@ -568,7 +572,7 @@ async def _serve_connection(
                         stats.cut(
                             reason,
                             seat.peer,
-                            f"no request within {limits.idle_timeout_s:g} s",
+                            f"no request within {wait_s:g} s",
                             quiet=served,
                         )
                         return  # close quietly: nothing was asked
@@ -620,7 +624,7 @@ async def _serve_connection(
                 peer.handling = True
                 try:
                     response = await _respond(
-                        handler, request, keep_alive, head_only, limits.idle_timeout_s
+                        handler, request, keep_alive, head_only, limits.keep_alive_timeout_s
                     )
                 finally:
                     peer.handling = False
@@ -681,8 +685,9 @@ async def serve_http(
 ) -> None:
     """Serve ``handler`` on ``listen`` until cancelled.
 
-    ``limits`` holds every limit; ``max_request_bytes`` and ``idle_timeout_s`` override its two
-    most used fields. ``stats``, when given, is kept up to date (for metrics and tests).
+    ``limits`` holds every limit; ``max_request_bytes`` and ``idle_timeout_s`` override its most
+    used fields (``idle_timeout_s`` both idle limits: before the first request and between).
+    ``stats``, when given, is kept up to date (for metrics and tests).
     Reports the bound port (TCP; useful with port 0) or the socket path (Unix) through
     ``task_status`` once it accepts connections. On cancel, connections are closed and a Unix
     socket file this call created is removed.
@@ -692,7 +697,7 @@ async def serve_http(
     if max_request_bytes is not None:
         overrides["max_request_bytes"] = max_request_bytes
     if idle_timeout_s is not None:
-        overrides["idle_timeout_s"] = idle_timeout_s
+        overrides["idle_timeout_s"] = overrides["keep_alive_timeout_s"] = idle_timeout_s
     if overrides:
         limits = dataclasses.replace(limits, **overrides)  # type: ignore[arg-type]
     stats = stats if stats is not None else ServerStats()

@@ -81,6 +81,7 @@ def listener_limits(api: ApiConfig, *, observability: bool, max_connections: int
         max_connections=max_connections,
         max_connections_per_peer=min(api.max_connections_per_peer, max_connections),
         idle_timeout_s=api.idle_timeout_ms / 1000,
+        keep_alive_timeout_s=api.keep_alive_timeout_ms / 1000,
         header_timeout_s=api.header_timeout_ms / 1000,
         body_timeout_s=api.body_timeout_ms / 1000,
         body_min_rate_bytes_per_s=api.body_min_rate_bytes_per_s,

@@ -446,7 +446,7 @@ async def test_keep_alive_idle_time_is_not_a_request_timeout(
 async def test_keep_alive_answers_say_how_long_an_idle_connection_stays(
     transport: str, tmp_path: Path
 ) -> None:
-    limits = Limits(idle_timeout_s=2.5)
+    limits = Limits(keep_alive_timeout_s=2.5)
     async with running(transport, tmp_path, limits=limits) as stream:
         await stream.send_all(b"GET /k HTTP/1.1\r\n\r\n")
         [kept] = await read_responses(stream, 1)

@@ -50,6 +50,7 @@ PROBE_DEADLINE_S = 1.0
 SLACK_S = 4.0  # accepting and closing over a thousand connections on a shared, loaded machine
 LIMITS_MS = {
     "idle.timeout.ms": 1000,
+    "keep.alive.timeout.ms": 1000,
     "header.timeout.ms": 1000,
     "body.timeout.ms": 1000,
     "body.min.rate.bytes.per.s": 1000,

@@ -92,6 +92,7 @@ def test_the_api_limits_reach_each_listener(tmp_path: Path) -> None:
                     "max.connections": 100,
                     "max.connections.per.peer": 500 // 10,
                     "idle.timeout.ms": 1500,
+                    "keep.alive.timeout.ms": 2000,
                     "header.timeout.ms": 2500,
                     "body.timeout.ms": 3500,
                     "body.min.rate.bytes.per.s": 0,
@@ -109,6 +110,7 @@ def test_the_api_limits_reach_each_listener(tmp_path: Path) -> None:
         3.5,
     )
     assert (control.request_timeout_s, control.send_timeout_s) == (4.5, 5.5)
+    assert control.keep_alive_timeout_s == 2.0
     assert control.body_min_rate_bytes_per_s == 0
     assert control.max_request_bytes == api.max_request_bytes
     observability = listener_limits(api, observability=True, max_connections=20)
