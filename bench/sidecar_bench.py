@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import flood
 from bench.report import (
     ALL_SCENARIOS,
     check_targets,
@@ -700,13 +701,18 @@ def run_sidecar_throughput(
     total = sum(ends.values())
     group = f"bench-{side.name}-{scenario}-{run}-{uuid.uuid4().hex[:8]}"
     api_path = os.path.join(directory, f"api-{side.name}-{scenario}-{run}.sock")
-    config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
+    config = flood.configure(
+        sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
+    )
     app.reset(fail=1 if scenario.startswith("e") else 0)
     env = dict(SIDECAR_ENV.get(scenario, {}))
     if scenario.startswith("f-on"):
         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{app.port}/v1/traces"
     share = scenario.startswith("g-")
-    with running_sidecar(config, directory, f"{scenario}-{run}", side, env) as proc:
+    with (
+        running_sidecar(config, directory, f"{scenario}-{run}", side, env) as proc,
+        flood.holding() as held,
+    ):
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
@@ -731,6 +737,7 @@ def run_sidecar_throughput(
         "rejected": stats["rejected"],
         "released": stats["released"],
         "counters": status["counters"] if status else None,
+        **held.figures(stats["first_ns"]),
     }
 
 
@@ -1492,6 +1499,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--killer-no-journal", action="store_true", help="engine share: without share.journal.path")
     add("--killer-share-quiet-s", type=float, default=KillerSpec.share_quiet_s, help="engine share: quiet before the killer counts as dropped")  # fmt: skip
     add("--app-seconds", type=float, default=2.0, help="app-alone run length")
+    add("--idle-connections", type=int, default=0, help="held open on an observability listener during throughput runs (bench.flood)")  # fmt: skip
     add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
     add("--show", metavar="JSON", help="print the tables of a saved run and exit")
     # Child roles.
@@ -1529,6 +1537,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    flood.set_idle_connections(args.idle_connections)
     if args.child:
         child_main(args)
         return

@@ -57,6 +57,7 @@ def _check(config: Config) -> None:
     except BudgetError as exc:
         raise _Invalid(exc.key, exc.reason) from None
     _check_api_listeners(config.api)
+    _check_api_limits(config.api)
     _check_circuit_breaker(config)
     _check_dlq_topic(config)
     _check_cloudevents_source(config)
@@ -110,6 +111,27 @@ def _check_api_listeners(api: ApiConfig) -> None:
     if observability[0] == "tcp" and control[0] == "tcp" and observability[2] == control[2] != 0:
         raise _Invalid(
             "api.observability.listen", f"must not use the control API's port {control[2]}"
+        )
+
+
+def _check_api_limits(api: ApiConfig) -> None:
+    """The listeners' per-phase deadlines fit in the whole-request one; a peer's cap in the
+    listener's."""
+    for key, value in (
+        ("api.header.timeout.ms", api.header_timeout_ms),
+        ("api.body.timeout.ms", api.body_timeout_ms),
+    ):
+        if value > api.request_timeout_ms:
+            raise _Invalid(
+                key,
+                f"must not exceed api.request.timeout.ms ({api.request_timeout_ms}), the whole "
+                f"request's deadline, got {value}",
+            )
+    if api.max_connections_per_peer > api.max_connections:
+        raise _Invalid(
+            "api.max.connections.per.peer",
+            f"must not exceed api.max.connections ({api.max_connections}), "
+            f"got {api.max_connections_per_peer}",
         )
 
 

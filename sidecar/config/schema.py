@@ -284,8 +284,16 @@ _API_KEYS = (
         "observability_listen",
     ),
     _Key("max.connections", _Int(1, 65_536), ApiConfig, "max_connections"),
+    _Key("max.connections.per.peer", _Int(1, 65_536), ApiConfig, "max_connections_per_peer"),
     _Key("max.request.bytes", _Int(1024, 64 * 1024 * 1024), ApiConfig, "max_request_bytes"),
     _Key("max.ack.items", _Int(1, 100_000), ApiConfig, "max_ack_items"),
+    _Key("idle.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "idle_timeout_ms"),
+    _Key("keep.alive.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "keep_alive_timeout_ms"),
+    _Key("header.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "header_timeout_ms"),
+    _Key("body.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "body_timeout_ms"),
+    _Key("body.min.rate.bytes.per.s", _Int(0, 2**30), ApiConfig, "body_min_rate_bytes_per_s"),
+    _Key("request.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "request_timeout_ms"),
+    _Key("send.timeout.ms", _Int(10, _MS_HOUR), ApiConfig, "send_timeout_ms"),
 )
 _LOGGING_KEYS = (
     _Key("level", _Choice(LogLevel), LoggingConfig, "level"),

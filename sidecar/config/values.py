@@ -218,15 +218,24 @@ class ApiConfig:
 
     ``listen`` is the control API (acks, status: it changes and reveals record state): loopback
     or a Unix socket only. ``observability_listen`` ("" = none) serves only the read-only
-    ``/healthz``, ``/readyz`` and ``/metrics`` and may listen on the pod IP.
+    ``/healthz``, ``/readyz`` and ``/metrics`` and may listen on the pod IP. The connection and
+    time limits hold on each listener (``sidecar.http.server`` says what each one answers).
     """
 
     listen: str = "127.0.0.1:8787"
     token: str = ""
     observability_listen: str = ""
     max_connections: int = 1024
+    max_connections_per_peer: int = 256
     max_request_bytes: int = 4 * 1024 * 1024
     max_ack_items: int = 10_000
+    idle_timeout_ms: int = 5_000
+    keep_alive_timeout_ms: int = 60_000
+    header_timeout_ms: int = 10_000
+    body_timeout_ms: int = 10_000
+    body_min_rate_bytes_per_s: int = 500
+    request_timeout_ms: int = 30_000
+    send_timeout_ms: int = 10_000
 
     @property
     def address(self) -> ListenAddress:

@@ -150,30 +150,24 @@ class _ResponseCollector(MeteredCollector):
     """httptools callbacks for one response."""
 
     __slots__ = (
-        "body",
         "complete",
         "extra_message",
         "framed",
         "headers",
         "headers_done",
         "keep_alive",
-        "max_body_bytes",
         "parser",
         "status",
-        "too_large",
     )
 
     def __init__(self, max_body_bytes: int) -> None:
-        super().__init__(MAX_HEAD_BYTES)
-        self.max_body_bytes = max_body_bytes
+        super().__init__(MAX_HEAD_BYTES, max_body_bytes)
         self.parser: httptools.HttpResponseParser | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.body = bytearray()
         self.headers_done = False
         self.framed = False  # Content-Length or Transfer-Encoding: the body does not end at EOF
         self.complete = False
-        self.too_large = False
         self.extra_message = False
         self.keep_alive = False
 
@@ -196,13 +190,6 @@ class _ResponseCollector(MeteredCollector):
         assert self.parser is not None
         self.status = self.parser.get_status_code()
         self.headers_done = True
-
-    def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        if len(self.body) + len(body) > self.max_body_bytes:
-            self.too_large = True
-        elif not self.too_large:
-            self.body += body
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -54,8 +54,10 @@ class _Parser(Protocol):
 class MeteredCollector:
     """Base of an httptools protocol object that keeps the byte budgets.
 
-    Subclasses that define a callback call this class's version first (``super().on_body(b)``).
-    Feed data through :meth:`feed`, never through the parser directly.
+    It also keeps the message's body, up to ``max_body_bytes``: past that, ``too_large`` is set
+    and the rest is dropped (the caller answers or gives up). Subclasses that define a callback
+    call this class's version first (``super().on_body(b)``). Feed data through :meth:`feed`,
+    never through the parser directly.
     """
 
     __slots__ = (
@@ -70,11 +72,17 @@ class MeteredCollector:
         "_phase",
         "_slice_body",
         "_touched_head",
+        "body",
+        "max_body_bytes",
         "max_head_bytes",
+        "too_large",
     )
 
-    def __init__(self, max_head_bytes: int) -> None:
+    def __init__(self, max_head_bytes: int, max_body_bytes: int) -> None:
         self.max_head_bytes = max_head_bytes
+        self.max_body_bytes = max_body_bytes
+        self.body = bytearray()
+        self.too_large = False
         self._phase = _IDLE
         self._head_bytes = 0
         self._framing_bytes = 0
@@ -112,6 +120,10 @@ class MeteredCollector:
         self._slice_body += len(body)
         self._body_bytes += len(body)
         self._phase = _BODY
+        if len(self.body) + len(body) > self.max_body_bytes:
+            self.too_large = True
+        elif not self.too_large:
+            self.body += body
 
     def on_chunk_header(self) -> None:
         self._phase = _CHUNK_START
@@ -128,6 +140,11 @@ class MeteredCollector:
         self._completed += 1
 
     # feeding -----------------------------------------------------------------------------------
+
+    @property
+    def body_bytes(self) -> int:
+        """Body bytes of the current message so far (chunk data without its framing)."""
+        return self._body_bytes
 
     @property
     def in_message(self) -> bool:

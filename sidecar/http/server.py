@@ -5,20 +5,40 @@ keep-alive, content-length and chunked request bodies, ``Expect: 100-continue``,
 and listening on TCP or on a Unix socket (removing a stale socket file first). It knows nothing of
 Kafka, acks or the wire contract: handlers get a :class:`Request` and return a :class:`Response`.
 
-Every limit is hard (SPEC §6), set by :class:`Limits`, answered with a clear status, logged (at
-most once a second per reason) and counted in :class:`ServerStats`:
+Every limit is hard (SPEC §6), set by :class:`Limits`, answered with a clear status or a close,
+counted in :class:`ServerStats` and logged: refusals at most once a second per reason, cuts (a
+connection the server closes on its own) at most once per peer per 10 s::
 
     413  body over ``max_request_bytes``
     431  header block plus chunked trailers over ``max_header_bytes`` (bytes on the wire,
          :mod:`sidecar.http.limits`: an endless header value or trailer never grows memory)
-    408  a request whose bytes (header block and body) have not all arrived within
-         ``request_timeout_s`` of its first byte, however slowly they trickle in
-    503  a connection beyond ``max_connections`` (answered and closed at once)
-    --   a response the client does not read within ``send_timeout_s``: the connection is dropped
-    --   a connection idle (between requests) for ``idle_timeout_s``: closed
+    --   no byte of a request within ``idle_timeout_s`` of connecting, or within
+         ``keep_alive_timeout_s`` of the last answer: closed (cut ``idle``, or
+         ``keep_alive_idle``, counted only; answers say ``Keep-Alive: timeout=N``)
+    408  a header block not complete within ``header_timeout_s`` of the request's first byte
+         (cut ``header_timeout``)
+    408  a body slower than ``body_min_rate_bytes_per_s`` after ``body_timeout_s``: cut when
+         ``body_timeout_s`` plus one second per ``body_min_rate_bytes_per_s`` bytes received have
+         passed since the header block (cut ``body_too_slow``, Apache's mod_reqtimeout rule)
+    408  a whole request (header block and body) not in within ``request_timeout_s`` of its
+         first byte, however fast it trickles (cut ``request_timeout``)
+    --   a response the client does not read within ``send_timeout_s``: dropped (cut
+         ``send_timeout``)
+    --   a new connection when its peer holds ``max_connections_per_peer`` or the listener
+         ``max_connections``: the connection of that peer, or of the listener, that has gone
+         longest without a request answered (idle or reading) is closed to make room (cut
+         ``evicted``; :mod:`sidecar.http.room`)
+    503  a new connection when every open one is busy being answered: answered and closed
     500  a handler that raised, or returned a response that cannot be written (a header that is
          not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
          only broad ``except``; the connection and the server go on
+
+An idle connection waits for its first byte in one epoll set and deadline heap per listener
+(:class:`sidecar.http.sockets.IdleWatch`), not in trio's own, which every turn of trio's loop and
+every cancel scope of the delivery path would pay for.
+An open connection costs a task, a parser and a socket (measured: about 10 KiB each, see
+``tests/integration/test_listener_floods.py``) plus what it has sent of its current request, at
+most ``max_header_bytes`` and ``max_request_bytes``; the room bounds how many there are.
 
 A handler that waits (a long poll) may ask to be cancelled when its client goes:
 :meth:`Request.watch_peer` runs the wait while this module reads the connection on its behalf.
@@ -32,8 +52,9 @@ client that has already shut its side.
 Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
 they are not merged into the headers).
 
-It imports only :mod:`sidecar.http.limits` from this package; ``api`` and the example apps build
-on it.
+It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.room` and
+:mod:`sidecar.http.sockets` (listening, accepting, idle waits) from this package;
+``sidecar.service.api`` and the test and example apps build on it.
 
 Usage::
 
@@ -45,13 +66,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import http
 import json
 import logging
 import os
-import socket
-import stat
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -63,6 +81,8 @@ import trio
 
 from sidecar.core.errors import SidecarError
 from sidecar.http.limits import LimitExceeded, MeteredCollector
+from sidecar.http.room import Room, Seat, SeatState
+from sidecar.http.sockets import IdleWatch, accept_loop, open_unix_listener, peer_of
 
 __all__ = [
     "BadResponse",
@@ -88,6 +108,11 @@ _DRAIN_TIMEOUT_S = 1.0
 _DRAIN_MAX_BYTES = 1024 * 1024
 _REFUSE_SEND_TIMEOUT_S = 1.0
 _LOG_EVERY_S = 1.0
+# A cut (a connection the server closed) is logged at most once per peer per interval, and at
+# most CUT_LOG_LINES times per interval in all; the peers remembered for that are bounded.
+CUT_LOG_INTERVAL_S = 10.0
+CUT_LOG_LINES = 20
+_CUT_LOG_PEERS = 4096
 # What a watched handler's connection may buffer of the next pipelined request; past that, the
 # watch stops reading (and so stops noticing a close) until the handler returns.
 _WATCH_MAX_BYTES = 256 * 1024
@@ -102,33 +127,71 @@ class Limits:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_header_bytes: int = MAX_HEADER_BYTES
     max_connections: int = 1024
-    idle_timeout_s: float = 60.0
+    max_connections_per_peer: int = 256
+    idle_timeout_s: float = 5.0
+    keep_alive_timeout_s: float = 60.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    body_min_rate_bytes_per_s: float = 500.0
     request_timeout_s: float = 30.0
     send_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_header_bytes", "max_connections"):
+        for name in (
+            "max_request_bytes",
+            "max_header_bytes",
+            "max_connections",
+            "max_connections_per_peer",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("idle_timeout_s", "request_timeout_s", "send_timeout_s"):
+        for name in (
+            "idle_timeout_s",
+            "keep_alive_timeout_s",
+            "header_timeout_s",
+            "body_timeout_s",
+            "request_timeout_s",
+            "send_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
+        if self.body_min_rate_bytes_per_s < 0:
+            raise ValueError("body_min_rate_bytes_per_s must not be negative")
+
+    def body_deadline(self, headers_done_at: float, body_bytes: int) -> float:
+        """When a body whose header block completed at ``headers_done_at`` and that has sent
+        ``body_bytes`` so far is cut: ``body_timeout_s`` after the header, one more second per
+        ``body_min_rate_bytes_per_s`` bytes received (Apache's mod_reqtimeout ``MinRate``)."""
+        deadline = headers_done_at + self.body_timeout_s
+        if self.body_min_rate_bytes_per_s:
+            deadline += body_bytes / self.body_min_rate_bytes_per_s
+        return deadline
 
 
 @dataclass(slots=True)
 class ServerStats:
-    """What one listener did: open connections and refusals by reason (read by the metrics).
+    """What one listener did (read by the metrics): open connections, refusals and cuts by reason.
 
-    Reasons: ``connections`` (503, over max_connections), ``header_too_large`` (431),
-    ``body_too_large`` (413), ``request_timeout`` (408), ``send_timeout`` (dropped),
-    ``bad_request`` (400).
+    Refusals (an answer with a status, or a 503 connection): ``connections`` (503: full of
+    connections whose handlers run, none to close), ``header_too_large`` (431),
+    ``body_too_large`` (413), ``bad_request`` (400), plus the control API's own guards.
+
+    Cuts (a connection the server closed on its own): ``evicted`` (closed to make room for a new
+    connection), ``idle`` (no byte within ``idle_timeout_s`` of connecting), ``keep_alive_idle``
+    (no next request within ``keep_alive_timeout_s``: counted, never logged), ``header_timeout``,
+    ``body_too_slow``, ``request_timeout`` (the three answered 408), ``send_timeout`` (the client
+    does not read its response).
     """
 
     name: str = "http"
     open_connections: int = 0
     refused: dict[str, int] = field(default_factory=dict)
+    cuts: dict[str, int] = field(default_factory=dict)
     _logged_at: dict[str, float] = field(default_factory=dict)
     _unlogged: dict[str, int] = field(default_factory=dict)
+    _cut_logged_at: dict[str, float] = field(default_factory=dict)
+    _cut_window: list[float] = field(default_factory=lambda: [-CUT_LOG_INTERVAL_S, 0.0])
+    _cuts_unlogged: int = 0
 
     def reject(self, reason: str, detail: str) -> None:
         """Count a refusal and log it, at most once a second per reason (a flood stays readable)."""
@@ -146,6 +209,42 @@ class ServerStats:
             detail,
             f" (and {suppressed} more since the last such line)" if suppressed else "",
             extra={"fields": {"listener": self.name, "reason": reason}},
+        )
+
+    def cut(self, reason: str, peer: str, detail: str, *, quiet: bool = False) -> None:
+        """Count a connection the server closed; log it at most once per peer per
+        :data:`CUT_LOG_INTERVAL_S`, and at most :data:`CUT_LOG_LINES` lines per interval in all
+        (a flood from many peers stays readable too). ``quiet``: count only."""
+        self.cuts[reason] = self.cuts.get(reason, 0) + 1
+        if quiet:
+            return
+        now = trio.current_time()
+        if now - self._cut_logged_at.get(peer, -CUT_LOG_INTERVAL_S) < CUT_LOG_INTERVAL_S:
+            self._cuts_unlogged += 1
+            return
+        window = self._cut_window  # [start, lines logged since]
+        if now - window[0] >= CUT_LOG_INTERVAL_S:
+            window[0], window[1] = now, 0.0
+        if window[1] >= CUT_LOG_LINES:
+            self._cuts_unlogged += 1
+            return
+        window[1] += 1
+        if len(self._cut_logged_at) >= _CUT_LOG_PEERS:
+            # Bounded: forget the peers whose interval is over (all of them, if none is).
+            recent = {p: t for p, t in self._cut_logged_at.items() if now - t < CUT_LOG_INTERVAL_S}
+            self._cut_logged_at = recent if len(recent) < _CUT_LOG_PEERS else {}
+        self._cut_logged_at[peer] = now
+        suppressed, self._cuts_unlogged = self._cuts_unlogged, 0
+        log.warning(
+            "%s listener: closed a connection from %s (%s): %s%s",
+            self.name,
+            peer,
+            reason,
+            detail,
+            f" (and {suppressed} more cuts not logged since the last such line)"
+            if suppressed
+            else "",
+            extra={"fields": {"listener": self.name, "reason": reason, "peer": peer}},
         )
 
 
@@ -266,7 +365,9 @@ class BadResponse(SidecarError, ValueError):
     """A handler's response that cannot be written as HTTP/1.1 (the handler's bug: a 500)."""
 
 
-def _format_response(response: Response, keep_alive: bool, head_only: bool) -> bytes:
+def _format_response(
+    response: Response, keep_alive: bool, head_only: bool, idle_s: float = 0.0
+) -> bytes:
     """The response's bytes; BadResponse when a header cannot go on the wire as it is (not
     latin-1, or a CR or LF in it, which would split the response)."""
     status = response.status
@@ -284,6 +385,10 @@ def _format_response(response: Response, keep_alive: bool, head_only: bool) -> b
             raise BadResponse(f"header {name[:64]!r}: not latin-1") from exc
     if not keep_alive:
         parts.append(b"Connection: close\r\n")
+    elif idle_s >= 1:
+        # How long an idle connection stays open (whole seconds, rounded down): a client that
+        # honours it closes first, instead of reusing a connection the server is closing.
+        parts.append(b"Keep-Alive: timeout=%d\r\n" % int(idle_s))
     parts.append(b"\r\n")
     if not head_only:
         parts.append(response.body)
@@ -299,15 +404,12 @@ class _RequestCollector(MeteredCollector):
     """httptools callbacks for one connection; completed requests queue up in ``ready``."""
 
     __slots__ = (
-        "body",
         "expect_continue",
         "headers",
         "headers_complete",
-        "max_body_bytes",
         "parser",
         "peer",
         "ready",
-        "too_large",
         "url",
         "via_unix",
     )
@@ -315,13 +417,11 @@ class _RequestCollector(MeteredCollector):
     def __init__(
         self, max_body_bytes: int, max_head_bytes: int, via_unix: bool, peer: _Peer | None = None
     ) -> None:
-        super().__init__(max_head_bytes)
-        self.max_body_bytes = max_body_bytes
+        super().__init__(max_head_bytes, max_body_bytes)
         self.via_unix = via_unix
         self.peer = peer
         self.parser: httptools.HttpRequestParser | None = None
         self.ready: deque[tuple[Request, bool]] = deque()
-        self.too_large = False
         self._reset()
 
     def _reset(self) -> None:
@@ -352,13 +452,6 @@ class _RequestCollector(MeteredCollector):
         for name, value in self.headers:
             if name == "expect" and value.strip().lower() == "100-continue":
                 self.expect_continue = True
-
-    def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        if len(self.body) + len(body) > self.max_body_bytes:
-            self.too_large = True
-        elif not self.too_large:
-            self.body += body
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -407,7 +500,7 @@ _INTERNAL_ERROR = Response(500, (("Content-Type", "text/plain"),), b"internal er
 
 
 async def _respond(
-    handler: Handler, request: Request, keep_alive: bool, head_only: bool
+    handler: Handler, request: Request, keep_alive: bool, head_only: bool, idle_s: float
 ) -> bytes | None:
     """The per-request dispatch: the handler's response as bytes, or a 500; None when the client
     closed the connection during a watched wait (PeerClosed: nobody to answer).
@@ -417,45 +510,83 @@ async def _respond(
     a BaseException and passes through.
     """
     try:
-        return _format_response(await handler(request), keep_alive, head_only)
+        return _format_response(await handler(request), keep_alive, head_only, idle_s)
     except PeerClosed:
         return None
     except Exception:
         log.exception("HTTP handler failed for %s %s", request.method, request.path)
-        return _format_response(_INTERNAL_ERROR, keep_alive, head_only)
+        return _format_response(_INTERNAL_ERROR, keep_alive, head_only, idle_s)
 
 
 async def _serve_connection(
-    stream: trio.abc.Stream, handler: Handler, limits: Limits, stats: ServerStats, via_unix: bool
+    stream: trio.abc.Stream,
+    handler: Handler,
+    limits: Limits,
+    stats: ServerStats,
+    via_unix: bool,
+    room: Room,
+    seat: Seat,
+    idle: IdleWatch,
 ) -> None:
     peer = _Peer(stream)
     collector = _RequestCollector(limits.max_request_bytes, limits.max_header_bytes, via_unix, peer)
     parser = httptools.HttpRequestParser(collector)
     collector.parser = parser
-    # Set from the first byte of a request until it is complete: the whole request (header
-    # block and body) must arrive within request_timeout_s, however slowly it trickles in.
-    request_deadline: float | None = None
+    # The clocks of the request being read (None between requests): its first byte, and the
+    # end of its header block. A request is cut at the first of its deadlines (module docstring).
+    request_start: float | None = None
+    body_start: float | None = None
+    waiting_since = trio.current_time()
+    served = False  # a request was answered on this connection: an idle one is a keep-alive
     try:
         while True:
             data: bytes | bytearray = b""
-            if request_deadline is None:
-                deadline = trio.current_time() + limits.idle_timeout_s
+            if request_start is None:
+                wait_s = limits.keep_alive_timeout_s if served else limits.idle_timeout_s
+                deadline = waiting_since + wait_s
+                reason = "keep_alive_idle" if served else "idle"
+            elif body_start is None:
+                deadline = request_start + min(limits.header_timeout_s, limits.request_timeout_s)
+                reason = (
+                    "header_timeout"
+                    if limits.header_timeout_s < limits.request_timeout_s
+                    else "request_timeout"
+                )
             else:
-                deadline = request_deadline
+                deadline = request_start + limits.request_timeout_s
+                reason = "request_timeout"
+                body_deadline = limits.body_deadline(body_start, collector.body_bytes)
+                if body_deadline < deadline:
+                    deadline, reason = body_deadline, "body_too_slow"
             if peer.pending:  # read while a handler watched its client: the next request
                 data, peer.pending = peer.pending, bytearray()
             else:
-                with trio.move_on_at(deadline) as receiving:
-                    data = await stream.receive_some(_RECEIVE_BYTES)
-                if receiving.cancelled_caught:
-                    if request_deadline is not None:
-                        stats.reject("request_timeout", "request not complete within the deadline")
-                        await _refuse(stream, 408, "request not complete in time\n", drain_s=0.1)
-                    return  # idle past the timeout: close quietly
+                timed_out = False
+                if request_start is None:
+                    timed_out = not await idle.wait_readable(stream, deadline)
+                if not timed_out:
+                    with trio.move_on_at(deadline) as receiving:
+                        data = await stream.receive_some(_RECEIVE_BYTES)
+                    timed_out = receiving.cancelled_caught
+                if timed_out:
+                    if request_start is None:
+                        stats.cut(
+                            reason,
+                            seat.peer,
+                            f"no request within {wait_s:g} s",
+                            quiet=served,
+                        )
+                        return  # close quietly: nothing was asked
+                    # Still seated (reading) while the 408 goes out: the first to be closed if
+                    # a new connection needs the room, so its descriptor is always counted.
+                    stats.cut(reason, seat.peer, _CUT_DETAIL[reason])
+                    await _refuse(stream, 408, "request not complete in time\n", drain_s=0.1)
+                    return
                 if not data:
                     return  # peer closed
-            if request_deadline is None:
-                request_deadline = trio.current_time() + limits.request_timeout_s
+            if request_start is None:
+                request_start = trio.current_time()
+                room.enter(seat, SeatState.READING, request_start)
             upgrade = False
             try:
                 collector.feed(parser, bytes(data))
@@ -477,74 +608,69 @@ async def _serve_connection(
                 stats.reject("body_too_large", f"body over {limits.max_request_bytes} bytes")
                 await _refuse(stream, 413, "request body too large\n")
                 return
+            if body_start is None and collector.headers_complete:
+                body_start = trio.current_time()
             if collector.expect_continue:
                 collector.expect_continue = False
                 if not collector.ready:
-                    await _send(stream, b"HTTP/1.1 100 Continue\r\n\r\n", limits, stats)
+                    await _send(stream, b"HTTP/1.1 100 Continue\r\n\r\n", limits, stats, seat)
             answered = bool(collector.ready)
+            if answered:
+                # Never closed to make room while answered.
+                room.enter(seat, SeatState.BUSY, trio.current_time())
             while collector.ready:
                 request, keep_alive = collector.ready.popleft()
                 keep_alive = keep_alive and not upgrade
                 head_only = request.method == "HEAD"
                 peer.handling = True
                 try:
-                    response = await _respond(handler, request, keep_alive, head_only)
+                    response = await _respond(
+                        handler, request, keep_alive, head_only, limits.keep_alive_timeout_s
+                    )
                 finally:
                     peer.handling = False
                 if response is None:
                     return  # the client closed the connection during the handler's wait
-                await _send(stream, response, limits, stats)
+                await _send(stream, response, limits, stats, seat)
+                served = True
                 if not keep_alive or peer.closed:
                     return
-            if not collector.in_message:
-                request_deadline = None
-            elif answered:  # the next pipelined request has begun: its own deadline
-                request_deadline = trio.current_time() + limits.request_timeout_s
             if upgrade:
                 return
+            if not collector.in_message:
+                request_start = body_start = None
+                waiting_since = trio.current_time()
+                room.enter(seat, SeatState.WAITING, waiting_since)
+            elif answered:  # the next pipelined request has begun: its own clocks
+                request_start = trio.current_time()
+                body_start = request_start if collector.headers_complete else None
+                room.enter(seat, SeatState.READING, request_start)
     except (trio.BrokenResourceError, trio.ClosedResourceError, _SendTimeout):
         return  # the client went away, or stopped reading; nothing to tell it
     finally:
+        room.leave(seat)
         await trio.aclose_forcefully(stream)
+
+
+_CUT_DETAIL = {
+    "header_timeout": "header block not complete in time",
+    "request_timeout": "request not complete in time",
+    "body_too_slow": "body slower than the minimum rate",
+}
 
 
 class _SendTimeout(Exception):
     """A response could not be written within send_timeout_s: the client does not read."""
 
 
-async def _send(stream: trio.abc.Stream, data: bytes, limits: Limits, stats: ServerStats) -> None:
+async def _send(
+    stream: trio.abc.Stream, data: bytes, limits: Limits, stats: ServerStats, seat: Seat
+) -> None:
     with trio.move_on_after(limits.send_timeout_s) as scope:
         await stream.send_all(data)
     if scope.cancelled_caught:
-        stats.reject("send_timeout", f"client read nothing for {limits.send_timeout_s} s")
+        stats.cut("send_timeout", seat.peer, f"read nothing for {limits.send_timeout_s:g} s")
         raise _SendTimeout
-
-
-async def _open_unix_listener(path: str, backlog: int) -> trio.SocketListener:
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise FileExistsError(errno.EEXIST, "exists and is not a socket", path)
-        probe = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            await probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody answers: a leftover from a process that died
-        else:
-            raise OSError(errno.EADDRINUSE, "a live server already listens on", path)
-        finally:
-            probe.close()
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        await sock.bind(path)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketListener(sock)
 
 
 async def serve_http(
@@ -555,13 +681,14 @@ async def serve_http(
     idle_timeout_s: float | None = None,
     limits: Limits | None = None,
     stats: ServerStats | None = None,
-    backlog: int = 1024,
+    backlog: int = 4096,
     task_status: trio.TaskStatus[int | str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``handler`` on ``listen`` until cancelled.
 
-    ``limits`` holds every limit; ``max_request_bytes`` and ``idle_timeout_s`` override its two
-    most used fields. ``stats``, when given, is kept up to date (for metrics and tests).
+    ``limits`` holds every limit; ``max_request_bytes`` and ``idle_timeout_s`` override its most
+    used fields (``idle_timeout_s`` both idle limits: before the first request and between).
+    ``stats``, when given, is kept up to date (for metrics and tests).
     Reports the bound port (TCP; useful with port 0) or the socket path (Unix) through
     ``task_status`` once it accepts connections. On cancel, connections are closed and a Unix
     socket file this call created is removed.
@@ -571,7 +698,7 @@ async def serve_http(
     if max_request_bytes is not None:
         overrides["max_request_bytes"] = max_request_bytes
     if idle_timeout_s is not None:
-        overrides["idle_timeout_s"] = idle_timeout_s
+        overrides["idle_timeout_s"] = overrides["keep_alive_timeout_s"] = idle_timeout_s
     if overrides:
         limits = dataclasses.replace(limits, **overrides)  # type: ignore[arg-type]
     stats = stats if stats is not None else ServerStats()
@@ -584,16 +711,26 @@ async def serve_http(
         bound = int(listeners[0].socket.getsockname()[1])
     elif listen[0] == "unix":
         unix_path = listen[1]
-        listeners = [await _open_unix_listener(unix_path, backlog)]
+        listeners = [await open_unix_listener(unix_path, backlog)]
         bound = unix_path
     else:
         raise ValueError(f"listen must be ('tcp', host, port) or ('unix', path), got {listen!r}")
     inode = os.stat(unix_path).st_ino if unix_path is not None else None
     via_unix = unix_path is not None
 
+    room = Room(limits.max_connections, limits.max_connections_per_peer)
+    scopes: dict[Seat, trio.CancelScope] = {}
+    idle = IdleWatch()
+
     async def serve_one(stream: trio.SocketStream) -> None:
-        if stats.open_connections >= limits.max_connections:
-            stats.reject("connections", f"over {limits.max_connections} open connections")
+        peer = peer_of(stream, via_unix)
+        seat, evicted = room.admit(peer, trio.current_time())
+        if evicted is not None:
+            stats.cut("evicted", evicted.peer, "closed to make room for a new connection")
+            scopes[evicted].cancel()  # its task closes the socket at once
+        if seat is None:
+            stats.open_connections = room.count
+            stats.reject("connections", f"{limits.max_connections} connections all answering")
             try:
                 await _refuse(stream, 503, "too many connections\n", drain_s=0.1)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -601,17 +738,24 @@ async def serve_http(
             finally:
                 await trio.aclose_forcefully(stream)
             return
-        stats.open_connections += 1
-        try:
-            await _serve_connection(stream, handler, limits, stats, via_unix)
-        finally:
-            stats.open_connections -= 1
+        stats.open_connections = room.count
+        with trio.CancelScope() as scope:
+            scopes[seat] = scope
+            try:
+                await _serve_connection(stream, handler, limits, stats, via_unix, room, seat, idle)
+            finally:
+                del scopes[seat]
+                room.leave(seat)
+                stats.open_connections = room.count
 
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, serve_one, listeners)
+            nursery.start_soon(idle.run)
+            for listener in listeners:
+                nursery.start_soon(accept_loop, listener, nursery, serve_one)
             task_status.started(bound)
     finally:
+        idle.close()
         for listener in listeners:
             listener.socket.close()
         if unix_path is not None:

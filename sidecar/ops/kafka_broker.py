@@ -107,6 +107,7 @@ def fetch_jars() -> Path:
             "kafka: Maven (mvn) is needed to fetch the broker's jars; install it, or set KAFKA_BOOTSTRAP"
         )
     say(f"fetching Apache Kafka {KAFKA_VERSION} jars from Maven Central into {libs} (once)")
+    cache_dir().mkdir(parents=True, exist_ok=True)  # a machine where nothing ran yet
     staging = Path(tempfile.mkdtemp(prefix="kafka-libs-", dir=cache_dir()))
     started = time.monotonic()
     cmd = [
@@ -124,7 +125,8 @@ def fetch_jars() -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         sys.exit(
-            f"kafka: Maven could not fetch the broker's jars (exit {proc.returncode}):\n{tail}"
+            f"kafka: Maven could not fetch the broker's jars (exit {proc.returncode}); "
+            f"run `scripts/kafka fetch` where Maven Central is reachable:\n{tail}"
         )
     if libs.exists():
         shutil.rmtree(libs)

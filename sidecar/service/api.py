@@ -18,6 +18,9 @@ Guards of the control API, in order (each refusal is logged and counted in its S
     413  a /v1/acks body over ``api.max.request.bytes`` (the server) or over ``api.max.ack.items``
          items; bodies over 64 KiB are parsed on a worker thread, never on the trio thread
 
+It also turns the ``api.*`` limits into each listener's :class:`~sidecar.http.server.Limits`
+(:func:`listener_limits`), fitting the connection caps to the process's open-file limit.
+
 Imports the engine, the HTTP server, the wire parsers, config's loopback test and prometheus_client.
 """
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
+import resource
 from collections.abc import Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl
 
@@ -32,7 +37,7 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sidecar.config import dump_config, is_loopback_host
+from sidecar.config import ApiConfig, dump_config, is_loopback_host
 from sidecar.core.errors import SidecarError
 from sidecar.core.wire import (
     AckItem,
@@ -42,7 +47,16 @@ from sidecar.core.wire import (
     parse_ack_request,
 )
 from sidecar.engines.pipeline import Engine, NotPullMode
-from sidecar.http.server import Request, Response, ServerStats, json_response
+from sidecar.http.server import (
+    MAX_HEADER_BYTES,
+    Limits,
+    Request,
+    Response,
+    ServerStats,
+    json_response,
+)
+
+log = logging.getLogger(__name__)
 
 MetricsRenderer = Callable[[], tuple[bytes, str]]
 Route = Callable[[Request], Awaitable[Response]]
@@ -50,6 +64,62 @@ Route = Callable[[Request], Awaitable[Response]]
 TOKEN_HEADER = "dlq-sidecar-api-token"
 # Bodies up to this size parse in well under a millisecond: not worth a thread hop.
 _THREAD_PARSE_BYTES = 64 * 1024
+# Only GETs reach the observability listener, from kubelet and Prometheus: no request there needs
+# a body, nor a header block beyond a few KiB (a bearer token included).
+OBSERVABILITY_MAX_REQUEST_BYTES = 4 * 1024
+OBSERVABILITY_MAX_HEADER_BYTES = 16 * 1024
+# Descriptors kept for everything that is not a listener's connection (Kafka, the app, files).
+_FD_RESERVE = 256
+
+
+def listener_limits(api: ApiConfig, *, observability: bool, max_connections: int) -> Limits:
+    """One listener's limits from ``api.*`` (``max_connections``: see :func:`fit_connections`)."""
+    return Limits(
+        max_request_bytes=OBSERVABILITY_MAX_REQUEST_BYTES
+        if observability
+        else api.max_request_bytes,
+        max_header_bytes=OBSERVABILITY_MAX_HEADER_BYTES if observability else MAX_HEADER_BYTES,
+        max_connections=max_connections,
+        max_connections_per_peer=min(api.max_connections_per_peer, max_connections),
+        idle_timeout_s=api.idle_timeout_ms / 1000,
+        keep_alive_timeout_s=api.keep_alive_timeout_ms / 1000,
+        header_timeout_s=api.header_timeout_ms / 1000,
+        body_timeout_s=api.body_timeout_ms / 1000,
+        body_min_rate_bytes_per_s=api.body_min_rate_bytes_per_s,
+        request_timeout_s=api.request_timeout_ms / 1000,
+        send_timeout_s=api.send_timeout_ms / 1000,
+    )
+
+
+def fit_connections(api: ApiConfig, listeners: int) -> int:
+    """``api.max.connections``, once the open-file limit is raised to hold it on every listener.
+
+    A connection costs one descriptor while it holds a seat (a cut one keeps its seat until it is
+    closed). The soft limit is raised towards the hard one; if even that is short, the cap is
+    lowered (with a warning) rather than letting a flood exhaust the descriptors, when no
+    connection can be accepted at all, a probe included.
+    """
+    needed = api.max_connections * listeners + _FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit to %d: %s", target, exc)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return api.max_connections
+    fitted = max(1, (soft - _FD_RESERVE) // listeners)
+    log.warning(
+        "api.max.connections %d lowered to %d per listener: the open-file limit is %d "
+        "(raise it with ulimit -n or the container runtime's nofile limit)",
+        api.max_connections,
+        fitted,
+        soft,
+        extra={"fields": {"max_connections": fitted, "nofile": soft}},
+    )
+    return fitted
 
 
 # GET /v1/records (pull mode): the bounds of its two parameters, and their defaults.
@@ -293,9 +363,16 @@ class _ListenerCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         refused = CounterMetricFamily(
             "dlq_sidecar_http_refused",
-            "Requests and connections the local API refused, by listener and reason "
-            "(connections, header_too_large, body_too_large, too_many_items, request_timeout, "
-            "send_timeout, bad_request, host, unauthorized, content_type).",
+            "Requests and connections the local API refused with a status, by listener and "
+            "reason (connections, header_too_large, body_too_large, too_many_items, "
+            "bad_request, host, unauthorized, content_type).",
+            labels=["listener", "reason"],
+        )
+        cut = CounterMetricFamily(
+            "dlq_sidecar_http_cut",
+            "Connections the local API closed on its own, by listener and reason (evicted: "
+            "closed to make room for a new one; idle, keep_alive_idle, header_timeout, "
+            "body_too_slow, request_timeout, send_timeout).",
             labels=["listener", "reason"],
         )
         connections = GaugeMetricFamily(
@@ -306,6 +383,9 @@ class _ListenerCollector(Collector):
         for stats in self.stats:
             for reason, n in sorted(stats.refused.items()):
                 refused.add_metric([stats.name, reason], n)
+            for reason, n in sorted(stats.cuts.items()):
+                cut.add_metric([stats.name, reason], n)
             connections.add_metric([stats.name], stats.open_connections)
         yield refused
+        yield cut
         yield connections

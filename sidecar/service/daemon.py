@@ -24,25 +24,22 @@ import trio
 from sidecar.config import Config
 from sidecar.config import Engine as EngineKind
 from sidecar.engines.pipeline import Engine, Pipeline
-from sidecar.http.server import Limits, serve_http
+from sidecar.http.server import serve_http
 from sidecar.kafka.dlq import DlqStartupError
-from sidecar.service.api import LocalApi
+from sidecar.service.api import LocalApi, fit_connections, listener_limits
 from sidecar.telemetry.tracing import Tracing
 
 log = logging.getLogger("sidecar.daemon")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-# Only GETs reach the observability listener: no request there needs a body.
-_OBSERVABILITY_MAX_REQUEST_BYTES = 64 * 1024
 
 
 async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config) -> None:
     """The control API (loopback or a Unix socket) and, when configured, the observability one."""
-    control_limits = Limits(
-        max_request_bytes=config.api.max_request_bytes,
-        max_connections=config.api.max_connections,
-    )
+    observability = config.api.observability_address
+    cap = fit_connections(config.api, 1 if observability is None else 2)
+    control_limits = listener_limits(config.api, observability=False, max_connections=cap)
     where = await nursery.start(
         functools.partial(
             serve_http,
@@ -58,13 +55,9 @@ async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config)
         " (token required on /v1/*)" if config.api.token else "",
         extra={"fields": {"api": str(where)}},
     )
-    observability = config.api.observability_address
     if observability is None:
         return
-    observability_limits = Limits(
-        max_request_bytes=_OBSERVABILITY_MAX_REQUEST_BYTES,
-        max_connections=config.api.max_connections,
-    )
+    observability_limits = listener_limits(config.api, observability=True, max_connections=cap)
     where = await nursery.start(
         functools.partial(
             serve_http,

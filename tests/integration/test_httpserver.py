@@ -443,6 +443,45 @@ async def test_keep_alive_idle_time_is_not_a_request_timeout(
             await trio.sleep(0.4)
 
 
+async def test_keep_alive_answers_say_how_long_an_idle_connection_stays(
+    transport: str, tmp_path: Path
+) -> None:
+    limits = Limits(keep_alive_timeout_s=2.5)
+    async with running(transport, tmp_path, limits=limits) as stream:
+        await stream.send_all(b"GET /k HTTP/1.1\r\n\r\n")
+        [kept] = await read_responses(stream, 1)
+        assert b"\r\nKeep-Alive: timeout=2\r\n" in kept
+        await stream.send_all(b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n")
+        closing = await read_until_closed(stream)
+        assert b"Keep-Alive" not in closing and b"Connection: close" in closing
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_idle_timeout(
+    transport: str, tmp_path: Path
+) -> None:
+    stats = ServerStats()
+    limits = Limits(idle_timeout_s=0.3, request_timeout_s=30.0)
+    async with running(transport, tmp_path, limits=limits, stats=stats) as stream:
+        started = trio.current_time()
+        assert await read_until_closed(stream) == b""  # closed without a word
+        assert 0.3 <= trio.current_time() - started < 5
+        assert stats.cuts == {"idle": 1}
+
+
+async def test_a_slow_header_is_cut_at_the_header_deadline_not_the_request_one(
+    transport: str, tmp_path: Path
+) -> None:
+    stats = ServerStats()
+    limits = Limits(header_timeout_s=0.5, request_timeout_s=30.0)
+    async with running(transport, tmp_path, limits=limits, stats=stats) as stream:
+        await stream.send_all(b"GET / HTTP/1.1\r\nX-Slow: a")
+        started = trio.current_time()
+        response = await read_until_closed(stream)
+        assert response.startswith(b"HTTP/1.1 408 "), response[:80]
+        assert trio.current_time() - started < 5
+        assert stats.cuts == {"header_timeout": 1}
+
+
 async def big_answer(request: Request) -> Response:
     return Response(200, (), b"b" * 256 * 1024)
 
@@ -473,20 +512,32 @@ async def test_a_client_that_never_reads_is_dropped(transport: str, tmp_path: Pa
         with sock:
             await sock.send(b"GET / HTTP/1.1\r\n\r\n" * 50)  # pipelined, never read
             with trio.fail_after(30):
-                while stats.refused.get("send_timeout", 0) == 0 or stats.open_connections:
+                while stats.cuts.get("send_timeout", 0) == 0 or stats.open_connections:
                     await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
-    assert stats.refused == {"send_timeout": 1}
+    assert stats.cuts == {"send_timeout": 1}
+    assert stats.refused == {}
 
 
-async def test_connections_beyond_the_limit_get_503(transport: str, tmp_path: Path) -> None:
+async def test_a_full_listener_closes_its_oldest_idle_connection_and_refuses_only_when_all_answer(
+    transport: str, tmp_path: Path
+) -> None:
     stats = ServerStats()
     limits = Limits(max_connections=3)
+    release = trio.Event()
+    holding = [0]
+
+    async def app(request: Request) -> Response:
+        if request.path == "/hold":
+            holding[0] += 1
+            await release.wait()
+        return await echo(request)
+
     async with trio.open_nursery() as nursery:
         if transport == "tcp":
             port = await nursery.start(
                 functools.partial(
-                    serve_http, echo, ("tcp", "127.0.0.1", 0), limits=limits, stats=stats
+                    serve_http, app, ("tcp", "127.0.0.1", 0), limits=limits, stats=stats
                 )
             )
 
@@ -495,7 +546,7 @@ async def test_connections_beyond_the_limit_get_503(transport: str, tmp_path: Pa
         else:
             path = str(tmp_path / "s.sock")
             await nursery.start(
-                functools.partial(serve_http, echo, ("unix", path), limits=limits, stats=stats)
+                functools.partial(serve_http, app, ("unix", path), limits=limits, stats=stats)
             )
 
             async def connect() -> trio.abc.Stream:
@@ -505,22 +556,34 @@ async def test_connections_beyond_the_limit_get_503(transport: str, tmp_path: Pa
         with trio.fail_after(10):
             while stats.open_connections < 3:
                 await trio.sleep(0.01)
+        # Full of idle connections: a new one is served, the oldest idle one is closed for it.
         async with await connect() as extra:
-            response = await read_until_closed(extra)
+            await extra.send_all(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n")
+            assert (await read_until_closed(extra)).startswith(b"HTTP/1.1 200 ")
+        assert await read_until_closed(held[0]) == b""
+        assert stats.cuts == {"evicted": 1}
+        assert stats.refused == {}
+        # The others still work.
+        await held[1].send_all(b"GET /h HTTP/1.1\r\n\r\n")
+        [ok] = await read_responses(held[1], 1)
+        assert ok.startswith(b"HTTP/1.1 200 ")
+        # Every seat busy answering: nobody to close, the new connection gets a 503.
+        busy = [await connect() for _ in range(3)]
+        for stream in busy:
+            await stream.send_all(b"GET /hold HTTP/1.1\r\n\r\n")
+        with trio.fail_after(10):
+            while holding[0] < 3:
+                await trio.sleep(0.01)
+        assert stats.cuts == {"evicted": 3}
+        async with await connect() as refused:
+            response = await read_until_closed(refused)
         assert response.startswith(b"HTTP/1.1 503 "), response[:80]
         assert stats.refused == {"connections": 1}
-        # The held connections still work, and once one closes a new one is served.
-        await held[0].send_all(b"GET /h HTTP/1.1\r\n\r\n")
-        [ok] = await read_responses(held[0], 1)
-        assert ok.startswith(b"HTTP/1.1 200 ")
-        await held.pop().aclose()
-        with trio.fail_after(10):
-            while stats.open_connections > 2:
-                await trio.sleep(0.01)
-        async with await connect() as again:
-            await again.send_all(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n")
-            assert (await read_until_closed(again)).startswith(b"HTTP/1.1 200 ")
-        for stream in held:
+        release.set()
+        for stream in busy:
+            [ok] = await read_responses(stream, 1)
+            assert ok.startswith(b"HTTP/1.1 200 ")
+        for stream in held + busy:
             await stream.aclose()
         nursery.cancel_scope.cancel()
 

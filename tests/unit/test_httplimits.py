@@ -18,7 +18,7 @@ class Collector(MeteredCollector):
     __slots__ = ("messages",)
 
     def __init__(self) -> None:
-        super().__init__(LIMIT)
+        super().__init__(LIMIT, LIMIT)
         self.messages = 0
 
     def on_message_complete(self) -> None:
