@@ -317,13 +317,6 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
             )
         return out
 
-    # ----------------------------------------------------------------------------- wake-ups
-
-    async def _wait_kick(self, timeout_s: float) -> None:
-        with trio.move_on_after(max(0.0, timeout_s)):
-            await self._kick.wait()
-        self._kick = trio.Event()
-
     # ----------------------------------------------------------------------------- source listener
 
     async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
@@ -509,100 +502,110 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
             nursery.cancel_scope.cancel()
 
     async def _schedule_loop(self) -> None:
+        # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
+        # entering a scope of its own; a scope whose deadline came is replaced.
+        while not self.pipe.stopping:
+            with trio.CancelScope() as scope:
+                while not self.pipe.stopping:
+                    scope.deadline = trio.current_time() + self._turn()
+                    await self._kick.wait()
+                    self._kick = trio.Event()
+            self._kick = trio.Event()
+
+    def _turn(self) -> float:
+        """One scheduler turn; returns how long to wait for a kick before the next (seconds)."""
         pipe = self.pipe
         max_total = self.config.delivery.max_in_flight_records
-        while not pipe.stopping:
-            now = now_ms()
-            # A partition whose ledger has not changed since a turn found nothing to do in it,
-            # and whose next deadline has not come, has nothing to do now either: the turn skips
-            # it (its expiry, acquisition, archiving and horizon; see `PartitionLedger.changes`).
-            # It is looked at again once it changes, a deadline comes, or a turn does not offer
-            # it room to acquire.
-            busy = [
-                slot
-                for slot in self.slots.values()
-                if slot.quiet_at != slot.ledger.changes
-                or (slot.quiet_due is not None and now >= slot.quiet_due)
-            ]
-            for slot in busy:
-                slot.quiet_at = -1
-                for expired in slot.ledger.expire(now):
-                    self.pipe.lock_expired(
-                        slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
-                    )
-                    if slot.revoking:
-                        self._revoke_progress.set()
-            acquired: list[tuple[Slot, L.Attempt]] = []
-            may_acquire = False  # every partition was offered room: no retry time is pending
-            exclusive = self.horizon and self._isolation_step(now)
-            if exclusive:
-                pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
-            elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
-                # Acquire no more than the workers can send right away: an acquired record's
-                # attempt is counted (and persisted) before it is sent, so one that waited in a
-                # queue while the process crashed would be charged an attempt it never had.
-                # Records acquired while the write-ahead commit of the previous round is under
-                # way wait for the next one (group commit), within the same capacity: a record
-                # never waits in a queue after its count is stored, and with one in flight an
-                # answer is committed before the next record leaves (a crash on that record
-                # does not charge the one before it).
-                waiting = len(self._awaiting)
-                budget = min(
-                    max_total - pipe.in_flight_records() - waiting,
-                    pipe.send_room() - waiting,
+        now = now_ms()
+        # A partition whose ledger has not changed since a turn found nothing to do in it,
+        # and whose next deadline has not come, has nothing to do now either: the turn skips
+        # it (its expiry, acquisition, archiving and horizon; see `PartitionLedger.changes`).
+        # It is looked at again once it changes, a deadline comes, or a turn does not offer
+        # it room to acquire.
+        busy = [
+            slot
+            for slot in self.slots.values()
+            if slot.quiet_at != slot.ledger.changes
+            or (slot.quiet_due is not None and now >= slot.quiet_due)
+        ]
+        for slot in busy:
+            slot.quiet_at = -1
+            for expired in slot.ledger.expire(now):
+                self.pipe.lock_expired(
+                    slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
                 )
-                if (room := pipe.breaker_room()) is not None:
-                    # The DLQ circuit breaker: none, or one probe (an acquired record waiting
-                    # for its write-ahead commit is not issued yet, but it is the probe).
-                    budget = min(budget, room - waiting)
-                slots = busy
-                if slots:
-                    # Rotate the starting partition so a busy one cannot starve the others.
-                    self._rr = (self._rr + 1) % len(slots)
-                    slots = slots[self._rr :] + slots[: self._rr]
-                for slot in slots:
-                    if budget <= 0:
-                        break
-                    if slot.revoking:
-                        continue
-                    got = slot.ledger.acquire(now, budget)
-                    budget -= len(got)
-                    acquired.extend((slot, a) for a in got)
-                    if budget > 0:
-                        # It gave less than it was offered: nothing more to acquire until it
-                        # changes or its next deadline (a lock, a retry time) comes.
-                        slot.quiet_at = _QUIET_CANDIDATE
-                may_acquire = budget > 0
-            if not self.horizon and (acquired or pipe.in_flight_records()):
-                # Write-ahead commits are on the records' path: keep the poll thread's
-                # consume() timeouts short while records flow.
-                self.source.mark_busy()
-            if acquired:
-                if self.write_ahead:
-                    self._awaiting.extend(acquired)
-                    self._awaiting_wake.set()
-                else:
-                    self._hand_out(acquired)
-            self._start_archiving(busy)
-            self._apply_flow_control()
-            if self.horizon:
-                wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
-                for slot in wanted:
-                    slot.quiet_at = -1  # a commit is wanted: asked again next turn
-                if wanted:
-                    self._commit_wake.set()
-                    if any(s.ledger.horizon_status().held for s in wanted):
-                        # The horizon commit fell behind the hand-outs (near saturation): records
-                        # wait on it, so queued commits must not wait out a blocking poll.
-                        self.source.mark_busy()
-            for slot in busy:
-                if slot.quiet_at == _QUIET_CANDIDATE:
-                    ledger = slot.ledger
-                    slot.quiet_at = ledger.changes
-                    slot.quiet_due = ledger.next_deadline_ms()
-                    slot.quiet_lock_due = ledger.next_lock_deadline_ms()
-            wait_s = self._next_wait_s(now_ms(), may_acquire)
-            await self._wait_kick(wait_s)
+                if slot.revoking:
+                    self._revoke_progress.set()
+        acquired: list[tuple[Slot, L.Attempt]] = []
+        may_acquire = False  # every partition was offered room: no retry time is pending
+        exclusive = self.horizon and self._isolation_step(now)
+        if exclusive:
+            pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
+        elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
+            # Acquire no more than the workers can send right away: an acquired record's
+            # attempt is counted (and persisted) before it is sent, so one that waited in a
+            # queue while the process crashed would be charged an attempt it never had.
+            # Records acquired while the write-ahead commit of the previous round is under
+            # way wait for the next one (group commit), within the same capacity: a record
+            # never waits in a queue after its count is stored, and with one in flight an
+            # answer is committed before the next record leaves (a crash on that record
+            # does not charge the one before it).
+            waiting = len(self._awaiting)
+            budget = min(
+                max_total - pipe.in_flight_records() - waiting,
+                pipe.send_room() - waiting,
+            )
+            if (room := pipe.breaker_room()) is not None:
+                # The DLQ circuit breaker: none, or one probe (an acquired record waiting
+                # for its write-ahead commit is not issued yet, but it is the probe).
+                budget = min(budget, room - waiting)
+            slots = busy
+            if slots:
+                # Rotate the starting partition so a busy one cannot starve the others.
+                self._rr = (self._rr + 1) % len(slots)
+                slots = slots[self._rr :] + slots[: self._rr]
+            for slot in slots:
+                if budget <= 0:
+                    break
+                if slot.revoking:
+                    continue
+                got = slot.ledger.acquire(now, budget)
+                budget -= len(got)
+                acquired.extend((slot, a) for a in got)
+                if budget > 0:
+                    # It gave less than it was offered: nothing more to acquire until it
+                    # changes or its next deadline (a lock, a retry time) comes.
+                    slot.quiet_at = _QUIET_CANDIDATE
+            may_acquire = budget > 0
+        if not self.horizon and (acquired or pipe.in_flight_records()):
+            # Write-ahead commits are on the records' path: keep the poll thread's
+            # consume() timeouts short while records flow.
+            self.source.mark_busy()
+        if acquired:
+            if self.write_ahead:
+                self._awaiting.extend(acquired)
+                self._awaiting_wake.set()
+            else:
+                self._hand_out(acquired)
+        self._start_archiving(busy)
+        self._apply_flow_control()
+        if self.horizon:
+            wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
+            for slot in wanted:
+                slot.quiet_at = -1  # a commit is wanted: asked again next turn
+            if wanted:
+                self._commit_wake.set()
+                if any(s.ledger.horizon_status().held for s in wanted):
+                    # The horizon commit fell behind the hand-outs (near saturation): records
+                    # wait on it, so queued commits must not wait out a blocking poll.
+                    self.source.mark_busy()
+        for slot in busy:
+            if slot.quiet_at == _QUIET_CANDIDATE:
+                ledger = slot.ledger
+                slot.quiet_at = ledger.changes
+                slot.quiet_due = ledger.next_deadline_ms()
+                slot.quiet_lock_due = ledger.next_lock_deadline_ms()
+        return self._next_wait_s(now_ms(), may_acquire)
 
     def _next_wait_s(self, now: int, may_acquire: bool) -> float:
         # A retry time that has come only matters when a record could be acquired now: with no
