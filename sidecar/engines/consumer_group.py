@@ -45,7 +45,8 @@ The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ
 commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
 
 The commits and the DLQ transactions (committer, txn_loop, commit_all) are a part of this class that
-lives in :mod:`sidecar.engines.consumer_commits` (its base class); a partition's slot, the horizon's
+lives in :mod:`sidecar.engines.consumer_commits` (its base class), the scheduler's isolation step in
+:mod:`sidecar.engines.consumer_isolation` (another base class); a partition's slot, the horizon's
 window and the engine's clock in :mod:`sidecar.engines.consumer_slots`. The Kafka boundary is
 `sidecar.kafka`: this module does not import confluent-kafka (an import-linter contract).
 """
@@ -70,6 +71,7 @@ from sidecar.core.outcome import Ack, error_info
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.consumer_commits import OffsetCommits
+from sidecar.engines.consumer_isolation import IsolationPasses
 from sidecar.engines.consumer_slots import (
     Slot,
     SlotRef,
@@ -94,9 +96,11 @@ REVOKE_DLQ_WAIT_S = 10.0
 COMMITS_FAILING_NOT_READY_S = 30.0
 # How long the shutdown waits for the poll loop's last consume() before closing the consumer.
 POLL_STOP_WAIT_S = 5.0
+# `Slot.quiet_at` during a turn: the partition gave less than it was offered (see _schedule_loop).
+_QUIET_CANDIDATE = -2
 
 
-class ConsumerGroupEngine(OffsetCommits):
+class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
     """The `DeliveryState` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
     kind = "consumer"
@@ -313,13 +317,6 @@ class ConsumerGroupEngine(OffsetCommits):
             )
         return out
 
-    # ----------------------------------------------------------------------------- wake-ups
-
-    async def _wait_kick(self, timeout_s: float) -> None:
-        with trio.move_on_after(max(0.0, timeout_s)):
-            await self._kick.wait()
-        self._kick = trio.Event()
-
     # ----------------------------------------------------------------------------- source listener
 
     async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
@@ -457,8 +454,14 @@ class ConsumerGroupEngine(OffsetCommits):
         # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
         # a record larger than a share is delivered and the partition resumes once it is done.
         share = self.budget.share_bytes(len(self.source.assigned) or len(self.slots))
+        source_paused = self.source.paused
         for key, slot in self.slots.items():
-            paused = key in self.source.paused
+            paused = key in source_paused
+            # The same ledger under the same conditions decides the same: nothing to do again.
+            seen = (slot.ledger.changes, share, intake_closed, paused)
+            if slot.flow_seen == seen:
+                continue
+            decided = len(to_pause) + len(to_resume)
             if intake_closed:
                 if not paused:
                     to_pause.append(key)
@@ -480,6 +483,9 @@ class ConsumerGroupEngine(OffsetCommits):
                     )
             elif paused and slot.ledger.may_resume(share):
                 to_resume.append(key)
+            # Remembered only when it decided nothing: a pause or resume is looked at again
+            # until the source has applied it.
+            slot.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
         if to_pause:
             self.source.pause(to_pause)
         if to_resume:
@@ -496,153 +502,110 @@ class ConsumerGroupEngine(OffsetCommits):
             nursery.cancel_scope.cancel()
 
     async def _schedule_loop(self) -> None:
+        # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
+        # entering a scope of its own; a scope whose deadline came is replaced.
+        while not self.pipe.stopping:
+            with trio.CancelScope() as scope:
+                while not self.pipe.stopping:
+                    scope.deadline = trio.current_time() + self._turn()
+                    await self._kick.wait()
+                    self._kick = trio.Event()
+            self._kick = trio.Event()
+
+    def _turn(self) -> float:
+        """One scheduler turn; returns how long to wait for a kick before the next (seconds)."""
         pipe = self.pipe
         max_total = self.config.delivery.max_in_flight_records
-        while not pipe.stopping:
-            now = now_ms()
-            for slot in list(self.slots.values()):
-                for expired in slot.ledger.expire(now):
-                    self.pipe.lock_expired(
-                        slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
-                    )
-                    if slot.revoking:
-                        self._revoke_progress.set()
-            acquired: list[tuple[Slot, L.Attempt]] = []
-            may_acquire = False  # every partition was offered room: no retry time is pending
-            exclusive = self.horizon and self._isolation_step(now)
-            if exclusive:
-                pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
-            elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
-                # Acquire no more than the workers can send right away: an acquired record's
-                # attempt is counted (and persisted) before it is sent, so one that waited in a
-                # queue while the process crashed would be charged an attempt it never had.
-                # Records acquired while the write-ahead commit of the previous round is under
-                # way wait for the next one (group commit), within the same capacity: a record
-                # never waits in a queue after its count is stored, and with one in flight an
-                # answer is committed before the next record leaves (a crash on that record
-                # does not charge the one before it).
-                waiting = len(self._awaiting)
-                budget = min(
-                    max_total - pipe.in_flight_records() - waiting,
-                    pipe.send_room() - waiting,
+        now = now_ms()
+        # A partition whose ledger has not changed since a turn found nothing to do in it,
+        # and whose next deadline has not come, has nothing to do now either: the turn skips
+        # it (its expiry, acquisition, archiving and horizon; see `PartitionLedger.changes`).
+        # It is looked at again once it changes, a deadline comes, or a turn does not offer
+        # it room to acquire.
+        busy = [
+            slot
+            for slot in self.slots.values()
+            if slot.quiet_at != slot.ledger.changes
+            or (slot.quiet_due is not None and now >= slot.quiet_due)
+        ]
+        for slot in busy:
+            slot.quiet_at = -1
+            for expired in slot.ledger.expire(now):
+                self.pipe.lock_expired(
+                    slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
                 )
-                if (room := pipe.breaker_room()) is not None:
-                    # The DLQ circuit breaker: none, or one probe (an acquired record waiting
-                    # for its write-ahead commit is not issued yet, but it is the probe).
-                    budget = min(budget, room - waiting)
-                slots = list(self.slots.values())
-                if slots:
-                    # Rotate the starting partition so a busy one cannot starve the others.
-                    self._rr = (self._rr + 1) % len(slots)
-                    slots = slots[self._rr :] + slots[: self._rr]
-                for slot in slots:
-                    if budget <= 0:
-                        break
-                    if slot.revoking:
-                        continue
-                    got = slot.ledger.acquire(now, budget)
-                    budget -= len(got)
-                    acquired.extend((slot, a) for a in got)
-                may_acquire = budget > 0
-            if not self.horizon and (acquired or pipe.in_flight_records()):
-                # Write-ahead commits are on the records' path: keep the poll thread's
-                # consume() timeouts short while records flow.
-                self.source.mark_busy()
-            if acquired:
-                if self.write_ahead:
-                    self._awaiting.extend(acquired)
-                    self._awaiting_wake.set()
-                else:
-                    self._hand_out(acquired)
-            self._start_archiving()
-            self._apply_flow_control()
-            if self.horizon:
-                wanted = [s for s in self.slots.values() if s.ledger.horizon_wanted() is not None]
-                if wanted:
-                    self._commit_wake.set()
-                    if any(s.ledger.horizon_status().held for s in wanted):
-                        # The horizon commit fell behind the hand-outs (near saturation): records
-                        # wait on it, so queued commits must not wait out a blocking poll.
-                        self.source.mark_busy()
-            wait_s = self._next_wait_s(now_ms(), may_acquire)
-            await self._wait_kick(wait_s)
-
-    def _isolation_step(self, now: int) -> bool:
-        """Horizon mode: run the isolation passes; True while no partition may acquire.
-
-        The exclusivity rule the ledger cannot see: while any partition's suspect is ready,
-        charged, in flight or settling, nothing is acquired anywhere (a death must charge only
-        the isolated record), and a suspect is isolated only with nothing in flight in the whole
-        process and no other partition's isolated outcome waiting for its commit.
-        """
-        blocking = False
-        candidates: list[Slot] = []
-        for slot in self.slots.values():
-            if slot.suspect_top is None:
-                continue
-            ledger = slot.ledger
-            if not ledger.statistics().isolation_active:
-                if slot.in_pass:
-                    self._pass_over(slot)
-                if ledger.committable_offset() > slot.suspect_top:
-                    slot.suspect_top = None  # every suspect is done: nothing more to isolate
-                continue
-            status = ledger.horizon_status()
-            if not slot.in_pass and status.pass_active:
-                slot.in_pass = True
-                log.info(
-                    "isolation pass on %s[%d]: %d suspects (records that may have been in flight "
-                    "at an unclean stop) delivered one at a time",
-                    ledger.topic,
-                    ledger.partition,
-                    status.suspects_left,
-                )
-            elif slot.in_pass and not status.pass_active:
-                self._pass_over(slot)
-            phase = status.isolation
-            if phase is L.IsolationPhase.WAITING or phase is L.IsolationPhase.NONE:
-                continue
-            blocking = True
-            if ledger.wants_isolation and not slot.revoking:
-                candidates.append(slot)
-        if not blocking:
-            return False
-        # Commits are on the isolated records' path: keep the poll thread's timeouts short.
-        self.source.mark_busy()
-        pipe = self.pipe
-        idle = pipe.in_flight_records() == 0 and pipe.sending == 0
-        if not candidates or not idle or not pipe.app_reachable or pipe.draining:
-            return True
-        if pipe.send_room() <= 0:
-            return True  # pull mode with no poll waiting: charge a suspect only for a poll
-        if pipe.breaker_room() == 0:
-            return True  # the DLQ circuit breaker is open (or its probe is out)
-        for slot in candidates:
-            others_busy = any(
-                o is not slot
-                and o.ledger.horizon_status().isolation
-                in (L.IsolationPhase.CHARGED, L.IsolationPhase.IN_FLIGHT, L.IsolationPhase.SETTLING)
-                for o in self.slots.values()
+                if slot.revoking:
+                    self._revoke_progress.set()
+        acquired: list[tuple[Slot, L.Attempt]] = []
+        may_acquire = False  # every partition was offered room: no retry time is pending
+        exclusive = self.horizon and self._isolation_step(now)
+        if exclusive:
+            pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
+        elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
+            # Acquire no more than the workers can send right away: an acquired record's
+            # attempt is counted (and persisted) before it is sent, so one that waited in a
+            # queue while the process crashed would be charged an attempt it never had.
+            # Records acquired while the write-ahead commit of the previous round is under
+            # way wait for the next one (group commit), within the same capacity: a record
+            # never waits in a queue after its count is stored, and with one in flight an
+            # answer is committed before the next record leaves (a crash on that record
+            # does not charge the one before it).
+            waiting = len(self._awaiting)
+            budget = min(
+                max_total - pipe.in_flight_records() - waiting,
+                pipe.send_room() - waiting,
             )
-            if others_busy:
-                continue
-            if any(o.ledger.in_flight for o in self.slots.values()):
-                break
-            slot.ledger.isolate(now)
-            self._commit_wake.set()
-            break
-        return True
-
-    def _pass_over(self, slot: Slot) -> None:
-        slot.in_pass = False
-        status = slot.ledger.horizon_status()
-        log.info(
-            "isolation pass over on %s[%d]: %d suspects, %d isolated deliveries; normal delivery",
-            slot.ledger.topic,
-            slot.ledger.partition,
-            status.suspects_total,
-            status.isolated_total,
-        )
+            if (room := pipe.breaker_room()) is not None:
+                # The DLQ circuit breaker: none, or one probe (an acquired record waiting
+                # for its write-ahead commit is not issued yet, but it is the probe).
+                budget = min(budget, room - waiting)
+            slots = busy
+            if slots:
+                # Rotate the starting partition so a busy one cannot starve the others.
+                self._rr = (self._rr + 1) % len(slots)
+                slots = slots[self._rr :] + slots[: self._rr]
+            for slot in slots:
+                if budget <= 0:
+                    break
+                if slot.revoking:
+                    continue
+                got = slot.ledger.acquire(now, budget)
+                budget -= len(got)
+                acquired.extend((slot, a) for a in got)
+                if budget > 0:
+                    # It gave less than it was offered: nothing more to acquire until it
+                    # changes or its next deadline (a lock, a retry time) comes.
+                    slot.quiet_at = _QUIET_CANDIDATE
+            may_acquire = budget > 0
+        if not self.horizon and (acquired or pipe.in_flight_records()):
+            # Write-ahead commits are on the records' path: keep the poll thread's
+            # consume() timeouts short while records flow.
+            self.source.mark_busy()
+        if acquired:
+            if self.write_ahead:
+                self._awaiting.extend(acquired)
+                self._awaiting_wake.set()
+            else:
+                self._hand_out(acquired)
+        self._start_archiving(busy)
+        self._apply_flow_control()
+        if self.horizon:
+            wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
+            for slot in wanted:
+                slot.quiet_at = -1  # a commit is wanted: asked again next turn
+            if wanted:
+                self._commit_wake.set()
+                if any(s.ledger.horizon_status().held for s in wanted):
+                    # The horizon commit fell behind the hand-outs (near saturation): records
+                    # wait on it, so queued commits must not wait out a blocking poll.
+                    self.source.mark_busy()
+        for slot in busy:
+            if slot.quiet_at == _QUIET_CANDIDATE:
+                ledger = slot.ledger
+                slot.quiet_at = ledger.changes
+                slot.quiet_due = ledger.next_deadline_ms()
+                slot.quiet_lock_due = ledger.next_lock_deadline_ms()
+        return self._next_wait_s(now_ms(), may_acquire)
 
     def _next_wait_s(self, now: int, may_acquire: bool) -> float:
         # A retry time that has come only matters when a record could be acquired now: with no
@@ -654,7 +617,9 @@ class ConsumerGroupEngine(OffsetCommits):
             for s in self.slots.values()
             if (
                 d := (
-                    s.ledger.next_deadline_ms()
+                    (s.quiet_due if may_acquire else s.quiet_lock_due)
+                    if s.quiet_at == s.ledger.changes
+                    else s.ledger.next_deadline_ms()
                     if may_acquire and not s.revoking
                     else s.ledger.next_lock_deadline_ms()
                 )
@@ -755,9 +720,9 @@ class ConsumerGroupEngine(OffsetCommits):
 
     # ----------------------------------------------------------------------------- DLQ
 
-    def _start_archiving(self) -> None:
+    def _start_archiving(self, slots: Sequence[Slot]) -> None:
         assert self._nursery is not None
-        for slot in list(self.slots.values()):
+        for slot in slots:
             for req in slot.ledger.to_archive():
                 slot.dlq_writes += 1
                 self._nursery.start_soon(self._archive_counted, slot, req)

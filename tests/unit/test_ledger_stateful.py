@@ -82,6 +82,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.archiving: set[int] = set()
         self.last_committable = start
         self.lossy = False  # a truncated state made redeliveries / count resets legitimate
+        # The scheduler's skip (`PartitionLedger.changes`): the ledger's counter after an acquire
+        # that gave less than it was offered, and its next deadline then; and the answers of its
+        # queries at the last step.
+        self.quiet: tuple[int, int | None] | None = None
+        self.seen: tuple[int, object] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -155,6 +160,21 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert not earlier, f"{offset} delivered before {earlier}"
             self.live[attempt.attempt_id] = (offset, attempt.lock_deadline_ms)
         assert len(self.live) <= self.config.max_record_locks
+        ledger = self.ledger
+        self.quiet = (ledger.changes, ledger.next_deadline_ms()) if len(attempts) < max_n else None
+
+    @precondition(
+        lambda self: (
+            self.quiet is not None
+            and self.quiet[0] == self.ledger.changes
+            and (self.quiet[1] is None or self.now < self.quiet[1])
+        )
+    )
+    @rule(max_n=st.integers(1, 20))
+    def acquire_when_unchanged(self, max_n: int) -> None:
+        # The scheduler skips such a partition: nothing to acquire until it changes or its
+        # next deadline comes.
+        assert self.ledger.acquire(self.now, max_n) == []
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), ack=st.sampled_from(list(Ack)))
@@ -298,6 +318,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.archiving.clear()
         self.epoch += 1
         self.ledger = PartitionLedger("t", 7, committed, self.config, restored, epoch=self.epoch)
+        self.quiet = self.seen = None  # a new ledger: its own counter
         self.start = committed
         self.last_committable = committed
         for offset in self.fetched:
@@ -341,6 +362,22 @@ class LedgerMachine(RuleBasedStateMachine):
                 if state.counts.get(o - 1) != c  # a run starts where the previous offset differs
             )
             assert self.ledger._n_count_runs == runs
+
+    @invariant()
+    def unchanged_means_the_same_answers(self) -> None:
+        ledger = self.ledger
+        answers = (
+            ledger.commit_state(),
+            ledger.statistics(),
+            ledger.next_deadline_ms(),
+            ledger.next_lock_deadline_ms(),
+            ledger.should_pause(200),
+            ledger.may_resume(200),
+            ledger.horizon_wanted(),
+        )
+        if self.seen is not None and self.seen[0] == ledger.changes:
+            assert answers == self.seen[1], "the ledger's answers changed, its counter did not"
+        self.seen = (ledger.changes, answers)
 
     @invariant()
     def counters_match(self) -> None:

@@ -60,6 +60,7 @@ class _Archive(_FlowControl):
         record = self._handed_out(offset)
         enter(record, Event.DLQ_WRITTEN)
         self._version += 1
+        self._changes += 1
         self._n_archiving -= 1
         self._archived_total += 1
         self._finish(record)
@@ -67,6 +68,7 @@ class _Archive(_FlowControl):
     def dlq_failed(self, offset: int) -> None:
         """A retriable DLQ write failure: ``to_archive`` hands the record out again."""
         record = self._handed_out(offset)
+        self._changes += 1
         record.handed_out = False
         self._archive.append(offset)
 
@@ -82,6 +84,7 @@ class _Archive(_FlowControl):
         enter(record, Event.DLQ_WITHHELD)
         self._tick(now_ms)
         self._version += 1
+        self._changes += 1
         record.handed_out = False
         record.reason = None
         self._n_archiving -= 1

@@ -131,9 +131,23 @@ class _LedgerBase:
             [e - 1 for _, e in self._restored_done] + list(self._restored_counts) + [-1]
         )
         self._version = 0
+        # Bumped by every call that may change what a scheduler turn gets from this ledger
+        # (expire, acquire, to_archive, flow control, horizon_wanted, the next deadline): see
+        # `changes`.
+        self._changes = 0
         self._measured_version = -1
         self._measured_chars = 0
         self._measured_raw = 0
+
+    @property
+    def changes(self) -> int:
+        """A counter bumped by every call that changes the ledger's state (intake, hand-outs,
+        answers, expiry, DLQ outcomes, commit points and their confirmation, revoke).
+
+        Between two equal readings, and before ``next_deadline_ms``, every query returns what it
+        returned before: a scheduler may skip a partition whose counter has not moved.
+        """
+        return self._changes
 
     def _tick(self, now_ms: int) -> int:
         # A clock that steps back must not reorder lock deadlines (see _live).

@@ -174,6 +174,7 @@ class _Horizon(_LedgerBase):
         self._max_counted = max(self._max_counted, record.offset)
         self._isolating = record
         self._version += 1
+        self._changes += 1
         return IsolationCharge(self.topic, self.partition, record.offset, count + 1)
 
     def committed(self, point: CommitPoint, now_ms: int) -> Attempt | None:
@@ -187,6 +188,7 @@ class _Horizon(_LedgerBase):
             raise IllegalTransition(f"horizon {point.horizon} was never issued by this ledger")
         if point.serial > self._points:
             raise IllegalTransition(f"commit point {point.serial} was never made by this ledger")
+        self._changes += 1
         if point.horizon is not None and point.horizon > self._confirmed:
             self._confirmed = point.horizon
         if self._unflushed_after is not None and point.serial > self._unflushed_after:
@@ -203,6 +205,7 @@ class _Horizon(_LedgerBase):
         enter(record, Event.ACQUIRE)
         now = self._tick(now_ms)
         self._version += 1
+        self._changes += 1
         seq = self._next_seq
         self._next_seq = seq + 1
         attempt_id = f"{self._id_prefix}{record.offset}{self._id_epoch}{seq}"

@@ -104,6 +104,7 @@ class _CommitMetadata(_Horizon):
         metadata = encode(state, self.config.metadata_max_bytes)
         if not self._revoked:
             self._points += 1
+            self._changes += 1
         if state.horizon is not None:
             # The header always fits the smallest budget (64): a point never loses its horizon.
             assert metadata is not None

@@ -119,6 +119,7 @@ class PartitionLedger(_Archive):
             self._now = now_ms
         self._last_added = offset
         self._version += 1
+        self._changes += 1
         seq = self._n_fetched
         self._n_fetched = seq + 1
         if self._restored_done and self._in_restored_done(offset):
@@ -171,6 +172,7 @@ class PartitionLedger(_Archive):
             raise LedgerClosed(f"{self._id_prefix} was revoked")
         now = self._tick(now_ms)
         if self._backoff:
+            self._changes += 1  # a retry time may have come: the ready set may change
             self._release_backoffs(now)
         if (
             self._isolating is not None
@@ -263,6 +265,7 @@ class PartitionLedger(_Archive):
         if out:
             self._attempts_total += len(out)
             self._version += 1
+            self._changes += 1
         return out
 
     def answer(
@@ -282,6 +285,7 @@ class PartitionLedger(_Archive):
             raise ExpiredAttempt(f"attempt {attempt_id}: lock expired at {record.lock_deadline_ms}")
         self._now = now
         self._version += 1
+        self._changes += 1
         # The count with this attempt settled (horizon mode charges it only now, see _settle).
         count = record.delivery_count + record.pending
         if ack is _RELEASE:
@@ -384,6 +388,7 @@ class PartitionLedger(_Archive):
         enter(record, Event.NOT_ATTEMPTED)
         self._now = now
         self._version += 1
+        self._changes += 1
         del self._live[attempt_id]
         record.attempt_id = None
         if record.pending:
@@ -431,6 +436,7 @@ class PartitionLedger(_Archive):
             out.append(self._end_attempt(attempt_id, record, None, verdict, now, error))
         if out:
             self._version += 1
+            self._changes += 1
         return out
 
     def _missing(self, attempt_id: str) -> LedgerError:
@@ -474,6 +480,7 @@ class PartitionLedger(_Archive):
             self._backoff.clear()
             self._archive.clear()
             self._version += 1
+            self._changes += 1
         return state
 
     @property

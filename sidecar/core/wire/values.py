@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, NamedTuple, TypeAlias
 
 from sidecar.core.errors import SidecarError
 
@@ -51,9 +51,12 @@ class WireError(SidecarError, ValueError):
     """Input to this module's parsers or formatters is malformed; the message says where."""
 
 
-@dataclass(frozen=True, slots=True)
-class RecordView:
-    """What the wire needs of one delivery attempt of one Kafka record."""
+class RecordView(NamedTuple):
+    """What the wire needs of one delivery attempt of one Kafka record.
+
+    A named tuple, not a dataclass: one is built per attempt, and a tuple is built about four
+    times faster (it is as immutable).
+    """
 
     topic: str
     partition: int

@@ -1,0 +1,114 @@
+"""The consumer-group engine's isolation passes (horizon mode): the scheduler's exclusivity step.
+
+After an unclean stop, the records that may have been in flight (suspects) are delivered one at a
+time, alone in the whole process, so a death charges only the isolated record. The ledger keeps each
+partition's pass (`sidecar.core.ledger.horizon`); what it cannot see is the other partitions, which
+is this step's part. :class:`IsolationPasses` is a part of
+:class:`~sidecar.engines.consumer_group.ConsumerGroupEngine` (a base class): the state it uses is the
+engine's, declared below and set in the engine's ``__init__``; its ledger call (``isolate``) is in
+the engine's table of who may change a ledger. Must not import the pipeline, the share engine, or
+confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from sidecar.core import ledger as L
+from sidecar.engines.consumer_slots import Slot, SlotRef
+from sidecar.engines.interfaces import PartitionKey, Pipe
+from sidecar.kafka.source import KafkaSource
+
+log = logging.getLogger("sidecar.engine")
+
+
+class IsolationPasses:
+    """The isolation step of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`."""
+
+    # The engine's state this part uses (set in ConsumerGroupEngine.__init__).
+    pipe: Pipe[SlotRef]
+    source: KafkaSource
+    slots: dict[PartitionKey, Slot]
+    _commit_wake: trio.Event
+
+    def _isolation_step(self, now: int) -> bool:
+        """Horizon mode: run the isolation passes; True while no partition may acquire.
+
+        The exclusivity rule the ledger cannot see: while any partition's suspect is ready,
+        charged, in flight or settling, nothing is acquired anywhere (a death must charge only
+        the isolated record), and a suspect is isolated only with nothing in flight in the whole
+        process and no other partition's isolated outcome waiting for its commit.
+        """
+        blocking = False
+        candidates: list[Slot] = []
+        for slot in self.slots.values():
+            if slot.suspect_top is None:
+                continue
+            ledger = slot.ledger
+            if not ledger.statistics().isolation_active:
+                if slot.in_pass:
+                    self._pass_over(slot)
+                if ledger.committable_offset() > slot.suspect_top:
+                    slot.suspect_top = None  # every suspect is done: nothing more to isolate
+                continue
+            status = ledger.horizon_status()
+            if not slot.in_pass and status.pass_active:
+                slot.in_pass = True
+                log.info(
+                    "isolation pass on %s[%d]: %d suspects (records that may have been in flight "
+                    "at an unclean stop) delivered one at a time",
+                    ledger.topic,
+                    ledger.partition,
+                    status.suspects_left,
+                )
+            elif slot.in_pass and not status.pass_active:
+                self._pass_over(slot)
+            phase = status.isolation
+            if phase is L.IsolationPhase.WAITING or phase is L.IsolationPhase.NONE:
+                continue
+            blocking = True
+            if ledger.wants_isolation and not slot.revoking:
+                candidates.append(slot)
+        if not blocking:
+            return False
+        # Commits are on the isolated records' path: keep the poll thread's timeouts short.
+        self.source.mark_busy()
+        pipe = self.pipe
+        idle = pipe.in_flight_records() == 0 and pipe.sending == 0
+        if not candidates or not idle or not pipe.app_reachable or pipe.draining:
+            return True
+        if pipe.send_room() <= 0:
+            return True  # pull mode with no poll waiting: charge a suspect only for a poll
+        if pipe.breaker_room() == 0:
+            return True  # the DLQ circuit breaker is open (or its probe is out)
+        for slot in candidates:
+            others_busy = any(
+                o is not slot
+                and o.ledger.horizon_status().isolation
+                in (L.IsolationPhase.CHARGED, L.IsolationPhase.IN_FLIGHT, L.IsolationPhase.SETTLING)
+                for o in self.slots.values()
+            )
+            if others_busy:
+                continue
+            if any(o.ledger.in_flight for o in self.slots.values()):
+                break
+            slot.ledger.isolate(now)
+            self._commit_wake.set()
+            break
+        return True
+
+    def _pass_over(self, slot: Slot) -> None:
+        slot.in_pass = False
+        status = slot.ledger.horizon_status()
+        log.info(
+            "isolation pass over on %s[%d]: %d suspects, %d isolated deliveries; normal delivery",
+            slot.ledger.topic,
+            slot.ledger.partition,
+            status.suspects_total,
+            status.isolated_total,
+        )
+
+
+__all__ = ["IsolationPasses"]
