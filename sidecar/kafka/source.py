@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from sidecar.core.budget import DEFAULT_BUFFERED_BYTES, split_budget
 from sidecar.core.errors import CommitFailed, KafkaClientError
 from sidecar.kafka.dlq.errors import kafka_error
+from sidecar.kafka.message import records_of
 
 log = logging.getLogger("sidecar.source")
 
@@ -557,19 +558,13 @@ class KafkaSource:
 
     def _good_messages(self, messages: list[Message]) -> list[Message]:
         """The records of a batch; errors logged, a fatal one raised (`SourceError`)."""
-        good: list[Message] = []
-        for msg in messages:
-            err = msg.error()
-            if err is None:
-                good.append(msg)
-                continue
-            if err.code() == KafkaError._PARTITION_EOF:
-                continue
-            if err.fatal():
-                self.fatal_error = str(err)
-                raise SourceError(f"fatal consumer error: {err}")
-            log.warning("consumer error: %s", err)
-        return good
+        return records_of(messages, self._fatal, log, "consumer")
+
+    def _fatal(self, err: KafkaError) -> SourceError | None:
+        if not err.fatal():
+            return None
+        self.fatal_error = str(err)
+        return SourceError(f"fatal consumer error: {err}")
 
     def _poll_step(self, consumer: Consumer) -> list[Message]:
         """The poll thread's work until there is something for trio: records, a stop, or the

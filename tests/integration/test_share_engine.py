@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 import trio
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from sidecar.config import load_config
-from sidecar.engines.share_group import (
+from sidecar.http.server import Response, json_response
+from sidecar.kafka.share import (
     ShareGroupLimitUnsafe,
     ShareGroupsUnavailable,
     check_broker_configs,
@@ -34,7 +33,6 @@ from sidecar.engines.share_group import (
     refusal_from_error,
     share_consumer_properties,
 )
-from sidecar.http.server import Response, json_response
 from tests.harness import (
     Delivery,
     RecordingApp,

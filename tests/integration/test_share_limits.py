@@ -31,17 +31,18 @@ from confluent_kafka import (
     Producer,
     ShareConsumer,
 )
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from sidecar.config import load_config
-from sidecar.engines.share_group import (
-    ShareGroupLimitUnsafe,
-    read_share_settings,
-    required_group_limit,
-)
+from sidecar.core.share_limits import required_group_limit
 from sidecar.http.server import Response
+from sidecar.kafka.share import ShareGroupLimitUnsafe, read_share_settings
 from tests.harness import (
     Delivery,
     RecordingApp,
