@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ from sidecar.core.share_limits import lock_margin_ms, share_consumer_count
 from sidecar.core.wire import AckItem, Answer, AppError
 from sidecar.engines.interfaces import AckResult, Delivery, Pipe
 from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, isolation_order
-from sidecar.engines.share_journal import Coord
+from sidecar.engines.share_journal import Coord, journal_path
 from sidecar.engines.share_recovery import DeathAccount
 from sidecar.kafka.message import Message
 from sidecar.kafka.share import AckCommit, ShareSettings, ShareSource, Step
@@ -235,8 +236,9 @@ class ShareGroupEngine:
 
     async def prepare(self) -> ShareSettings:
         """Start-up checks against the cluster; ShareGroupsUnavailable when share groups cannot work."""
-        if self.config.delivery.journal_path and self.deaths.journal is None:
-            await self.deaths.open(self.config.delivery.journal_path)
+        path = journal_path(self.config.delivery.journal_path, self.config.group_id, os.environ)
+        if path is not None and self.deaths.journal is None:
+            await self.deaths.open(path)
         settings = await self.source.read_settings(journal=self.deaths.journal is not None)
         for warning in settings.warnings:
             log.warning("%s", warning)
