@@ -554,6 +554,8 @@ def sidecar_config(
     if scenario == "g-share-journal":
         journal = os.path.join(os.path.dirname(api_path), f"journal-{group}")
         lines.append(f"share.journal.path: {json.dumps(journal)}")
+    elif engine == "share" and "share.journal.path" not in (extra or {}):
+        lines.append("share.journal.path: null")  # g-share measures the engine without one
     lines += [f"{k}: {json.dumps(v)}" for k, v in (extra or {}).items()]
     return "\n".join(lines) + "\n"
 
@@ -1138,6 +1140,8 @@ def run_killer(
         max_deaths = max(spec.limit, spec.group_limit) + 2
         if spec.share_journal:  # kept across the incarnations, as on the chart's emptyDir
             journal = {"share.journal.path": os.path.join(directory, f"journal-{group}")}
+        else:  # --killer-no-journal: the broker's counts
+            journal = {"share.journal.path": None}
     else:
         # Static membership: a restarted sidecar takes over its dead incarnation's partitions at
         # once instead of after the session timeout.

@@ -36,6 +36,10 @@ def worker_port_range(worker: str | None, workers: int) -> tuple[int, int] | Non
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The share engine's journal defaults to a file under $XDG_STATE_HOME (share.journal.path:
+    # auto): the sidecars a test session starts keep theirs in a directory of the session's own,
+    # never in the user's ~/.local/state.
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="dlq-sidecar-state-")
     picks = worker_port_range(
         os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     )

@@ -30,6 +30,7 @@ from sidecar.config.load import load_config, parse_config
 from sidecar.config.masking import is_secret_header, is_secret_kafka_property
 from sidecar.config.syntax import ListenAddress, is_loopback_host, parse_listen, topic_name_error
 from sidecar.config.values import (
+    JOURNAL_AUTO,
     ApiConfig,
     AppConfig,
     AppFormat,
@@ -52,6 +53,7 @@ from sidecar.config.values import (
 from sidecar.core.ordering import Ordering  # the one copy
 
 __all__ = [
+    "JOURNAL_AUTO",
     "ApiConfig",
     "AppConfig",
     "AppFormat",

@@ -319,7 +319,10 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key("share.record.lock.duration.ms", _Int(1000, _MS_HOUR), _D, "lock_duration_ms"),
     _Key("share.partition.max.record.locks", _Int(1, 100_000), _D, "partition_max_record_locks"),
     _Key(
-        "share.journal.path", _Custom(_read_journal_path, "a file path or null"), _D, "journal_path"
+        "share.journal.path",
+        _Custom(_read_journal_path, "a file path, auto or null"),
+        _D,
+        "journal_path",
     ),
     _Key("max.in.flight.records", _Int(1, 1_000_000), _D, "max_in_flight_records"),
     _Key(

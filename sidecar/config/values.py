@@ -20,6 +20,10 @@ from typing import Any
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
 from sidecar.core.ordering import Ordering
 
+# `share.journal.path`'s default: the journal's path derived from the group id at start-up
+# (sidecar.engines.share_journal.default_journal_path).
+JOURNAL_AUTO = "auto"
+
 # --------------------------------------------------------------------------------------------
 # Enumerations (string enums: they compare equal to, and format as, their YAML spelling)
 
@@ -157,9 +161,9 @@ class DeliveryConfig:
     delivery_count_limit: int = 5
     lock_duration_ms: int = 30000
     partition_max_record_locks: int = 2000
-    journal_path: str | None = (
-        None  # engine share: the deaths journal (sidecar.engines.share_journal)
-    )
+    # engine share: the deaths journal (sidecar.engines.share_journal); `auto` (JOURNAL_AUTO): a
+    # file named after the group under the user's state directory; None (null): no journal.
+    journal_path: str | None = JOURNAL_AUTO
     max_in_flight_records: int = 10000
     max_buffered_records_per_partition: int = 10000
     max_buffered_bytes: int = 64 * 1024 * 1024

@@ -16,8 +16,8 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     │   └── LedgerClosed ......... the partition was revoked                              sidecar.core.ledger.values
     ├── KafkaClientError ......... librdkafka (`KafkaException`) seen through the sidecar  sidecar.core.errors
     │   ├── SourceError .......... the consumer cannot continue (exit 1)                  sidecar.kafka.source
-    │   │   ├── ShareGroupsUnavailable ... the cluster cannot run this share group        sidecar.engines.share_group
-    │   │   └── ShareGroupLimitUnsafe .... no room to dead-letter before the broker does  sidecar.engines.share_group
+    │   │   ├── ShareGroupsUnavailable ... the cluster cannot run this share group        sidecar.kafka.share.errors
+    │   │   └── ShareGroupLimitUnsafe .... no room to dead-letter before the broker does  sidecar.kafka.share.errors
     │   └── CommitFailed ......... one offset commit failed; the next one retries it      sidecar.core.errors
     │       └── CommitTimeout .... a commit did not complete in time                      sidecar.kafka.source
     ├── DlqError ................. the dead-letter queue                                  sidecar.core.errors
@@ -44,7 +44,8 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
 flow, not errors, and sit outside the tree.
 
 Where third-party exceptions are translated: `KafkaException` in `sidecar.kafka.source` (commits
-included), `sidecar.kafka.dlq`, `sidecar.engines.share_group` and `sidecar.ops.dlq_errors`; socket errors (`OSError`) in `sidecar.http.appclient` and the
+included), `sidecar.kafka.dlq`, `sidecar.kafka.share` and `sidecar.ops.dlq_errors` (the engines
+import no confluent-kafka); socket errors (`OSError`) in `sidecar.http.appclient` and the
 pipeline's app probe. The engines catch broadly only around one record's dispatch (a DLQ write,
 one batch of a transaction); the CLI catches at the top. `trio.Cancelled` is never swallowed.
 

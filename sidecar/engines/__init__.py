@@ -10,7 +10,13 @@
     consumer_group    delivery state in the ledger plus commit metadata (`engine: consumer`)
     consumer_commits  the consumer engine's offset commits and transactional DLQ batches
     consumer_slots    the consumer engine's per-partition slot, horizon window and clock
-    share_group       delivery state in the broker's share partitions (`engine: share`, KIP-932)
+    share_group       delivery state in the broker's share partitions (`engine: share`, KIP-932); its
+                      share consumers and start-up checks are `sidecar.kafka.share`'s
+    share_batch       a share consumer's batch and its suspects
+    share_journal     the share engine's local journal of deaths (`share.journal.path`)
+    share_recovery    the account of deaths: the sidecar's own counts, the recovery after a death
+
+Import no confluent-kafka (an import-linter contract): the Kafka side is `sidecar.kafka`.
 
 May import the core, the config and the adapters (Kafka, HTTP, telemetry); never the service or the
 operator tools.

@@ -84,8 +84,9 @@ from sidecar.engines.interfaces import (
 )
 from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.kafka.consumer_config import check_cluster_sync
 from sidecar.kafka.dlq import DlqWriter
-from sidecar.kafka.source import SourceError, check_cluster_sync
+from sidecar.kafka.source import SourceError
 from sidecar.telemetry.tracing import Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).

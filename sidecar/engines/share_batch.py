@@ -1,24 +1,20 @@
-"""A share consumer's batch and the steps its thread runs (:mod:`sidecar.engines.share_group`).
+"""A share consumer's batch and its suspects (:mod:`sidecar.engines.share_group`).
 
-A batch is one poll's records on one consumer; its `_process_batch` call in trio returns a `Step`
-(acknowledge these, send them now or with the next poll, then run the next step), and a batch with
-suspects runs one step per suspect (`SuspectRun`, in `isolation_order`). Plain data, no client calls:
-the Kafka types appear in annotations only.
+A batch is one poll's records on one consumer; its `on_batch` call in trio returns a `Step`
+(:mod:`sidecar.kafka.share.consumer`: acknowledge these, send them now or with the next poll, then run
+the next step), and a batch with suspects runs one step per suspect (`SuspectRun`, in
+`isolation_order`). Plain data, no client calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import trio
 
 from sidecar.core.record import Tracked
-from sidecar.engines.share_journal import Coord
-
-if TYPE_CHECKING:
-    from confluent_kafka import AcknowledgeType, Message
+from sidecar.kafka.message import Message
 
 PartitionKey = tuple[str, int]
 
@@ -44,16 +40,6 @@ class Acquired:
 
 
 @dataclass(slots=True)
-class Step:
-    """What a consumer thread does with one part of a batch: acknowledge `decisions`, send them
-    now when `flush`, then run `next` (in trio) for the next part, if any."""
-
-    decisions: list[tuple[Message, AcknowledgeType]]
-    flush: bool = False
-    next: Callable[[], Awaitable[Step]] | None = None
-
-
-@dataclass(slots=True)
 class SuspectRun:
     """A batch's suspects, delivered one at a time after its other records are settled."""
 
@@ -65,13 +51,6 @@ class SuspectRun:
 
     def __post_init__(self) -> None:
         self.total = len(self.remaining)
-
-
-@dataclass(frozen=True, slots=True)
-class AckCommit:
-    offsets: dict[PartitionKey, int]
-    error: str | None
-    done: tuple[Coord, ...] = ()  # on success: the records whose acknowledgement the broker has
 
 
 def isolation_order(
@@ -97,22 +76,4 @@ def isolation_order(
     return ordered
 
 
-def ack_commit(offsets: Mapping[Any, Any], exc: Exception | None) -> AckCommit:
-    counts = {(str(tp.topic), int(tp.partition)): len(offs) for tp, offs in offsets.items()}
-    if exc is not None:
-        return AckCommit(counts, str(exc))
-    done = tuple(
-        (str(tp.topic), int(tp.partition), int(o)) for tp, offs in offsets.items() for o in offs
-    )
-    return AckCommit(counts, None, done)
-
-
-__all__ = [
-    "AckCommit",
-    "Acquired",
-    "Batch",
-    "Step",
-    "SuspectRun",
-    "ack_commit",
-    "isolation_order",
-]
+__all__ = ["Acquired", "Batch", "SuspectRun", "isolation_order"]

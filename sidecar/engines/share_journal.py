@@ -17,6 +17,15 @@ volume that survives a container restart: an `emptyDir` in the chart), one line 
     v <topic> <p> <offset>         a suspect released unsent (no turn for it in the isolation pass)
     z <topic> <p> <offset>         its incarnation died with it in the state above
 
+Where: `share.journal.path`, by default (`auto`) `dlq-sidecar/share-journal-<group>` under the user's
+state directory (`$XDG_STATE_HOME`, or `~/.local/state`; `default_journal_path`), the directory
+created if missing; null: no journal. One sidecar per journal: the first to open it holds an exclusive
+`flock` on `<path>.lock` until it closes it (the kernel drops it when the process dies, so a SIGKILL
+leaves no stale lock). A second sidecar of the same group on the same host finds it locked, logs one
+line and runs without a journal, counting as the broker does: a journal must describe one process's
+deliveries, and a second file picked for it (a suffix, a free slot) could be read after a death by a
+process that did not write it, which its header cannot tell.
+
 Writes go to the file at once without fsync: a SIGKILL of the process keeps them (the page cache is
 the kernel's); a node's crash may lose the last ones, and then those records are counted by the
 broker, as without a journal. Whatever cannot be read (missing, unreadable, another group's, lines
@@ -29,11 +38,16 @@ Pure bookkeeping (no Kafka client): the share engine (:mod:`sidecar.engines.shar
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import logging
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO
+
+from sidecar.config import JOURNAL_AUTO
 
 log = logging.getLogger("sidecar.share")
 
@@ -51,6 +65,32 @@ _STATES = (ALONE, ANSWERED, RELEASED, UNSENT, DEFERRED, DONE, DIED)
 
 _MAX_ENTRIES = 50_000  # the oldest are forgotten first (their records counted by the broker)
 _COMPACT_LINES = 200_000  # rewrite the file (live entries only) past this many appended lines
+
+
+def default_journal_path(group: str, env: Mapping[str, str]) -> str:
+    """The journal's path for `share.journal.path: auto`: `dlq-sidecar/share-journal-<group>` under
+    `$XDG_STATE_HOME` (ignored unless absolute, as the XDG spec says) or `~/.local/state`.
+
+    A group id that is not a plain file name (characters other than letters, digits, `.`, `_`, `-`,
+    or over 100 of them) is written with those replaced by `_` and a hash of the id appended, so two
+    groups never share a file.
+    """
+    state = env.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        home = env.get("HOME") or os.path.expanduser("~")
+        state = os.path.join(home, ".local", "state")
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", group)[:100]
+    name = f"share-journal-{safe}"
+    if safe != group:
+        name += "-" + hashlib.sha256(group.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return os.path.join(state, "dlq-sidecar", name)
+
+
+def journal_path(setting: str | None, group: str, env: Mapping[str, str]) -> str | None:
+    """Where `share.journal.path` puts the journal of group `group`: None for null (no journal)."""
+    if setting == JOURNAL_AUTO:
+        return default_journal_path(group, env)
+    return setting
 
 
 @dataclass(slots=True)
@@ -111,6 +151,7 @@ class ShareJournal:
         self.incarnation = 0
         self.allowance = 0  # Recovery.allowance, carried by this incarnation's line
         self._fh = fh
+        self._lock_fh: IO[str] | None = None  # holds the exclusive flock on `<path>.lock`
         self._lines = 0
         self.failed: str | None = None  # why it stopped writing (then counts are the broker's)
 
@@ -127,6 +168,29 @@ class ShareJournal:
         """
         journal = cls(path, group, None)
         recovery = Recovery(False, {}, consumers)
+        try:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            journal._lock()
+        except BlockingIOError:
+            log.warning(
+                "share journal %s: in use by another sidecar on this host (%s.lock is locked): "
+                "running without a journal, every delivery counted by the broker (a death charges "
+                "every record held); give each sidecar of group %r its own share.journal.path",
+                path,
+                path,
+                group,
+            )
+            journal.failed = "in use by another sidecar"
+            return journal, recovery
+        except OSError as exc:
+            log.warning(
+                "share journal %s: cannot be written (%s): running without one, every delivery "
+                "counted by the broker (a death charges every record held)",
+                path,
+                exc,
+            )
+            journal.failed = str(exc)
+            return journal, recovery
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
@@ -159,7 +223,18 @@ class ShareJournal:
             )
             journal._fh = None
             journal.failed = str(exc)
+            journal.close()
         return journal, recovery
+
+    def _lock(self) -> None:
+        """Take the exclusive lock on `<path>.lock` (BlockingIOError: another process has it)."""
+        fh = open(f"{self.path}.lock", "a", encoding="utf-8")  # noqa: SIM115 - held until close()
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            fh.close()
+            raise
+        self._lock_fh = fh
 
     def _replay(self, text: str, consumers: int) -> Recovery:
         lines = text.split("\n")
@@ -312,11 +387,16 @@ class ShareJournal:
         self.close()
 
     def close(self) -> None:
-        """Close the file; without `closed_cleanly` first, the next start reads it as a death."""
+        """Close the file and drop the lock; without `closed_cleanly` first, the next start reads
+        it as a death."""
         if self._fh is not None:
             with contextlib.suppress(OSError):
                 self._fh.close()
             self._fh = None
+        if self._lock_fh is not None:
+            with contextlib.suppress(OSError):
+                self._lock_fh.close()  # releases the flock
+            self._lock_fh = None
 
     def _write(self, lines: list[str], *, flush: bool = True) -> None:
         if not lines or self._fh is None:
@@ -358,4 +438,6 @@ __all__ = [
     "Recovery",
     "ShareJournal",
     "counted",
+    "default_journal_path",
+    "journal_path",
 ]

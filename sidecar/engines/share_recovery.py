@@ -15,7 +15,9 @@ journal (:mod:`sidecar.engines.share_journal`), so after a death:
   dead members' session and two locks was archived by the broker: logged with its coordinates and
   counted in `dlq_sidecar_broker_archived_without_dlq_total`.
 
-Without a journal (`share.journal.path` unset, or unusable: logged) every count is the broker's.
+Without a journal (`share.journal.path: null`, or unusable or in use by another sidecar: logged) every
+count is the broker's.
+
 Runs in trio; no Kafka client here.
 """
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin._listoffsets import OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,15 @@ from typing import Any, Protocol
 import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from sidecar.core.budget import DEFAULT_BUFFERED_BYTES, split_budget
+from sidecar.core.budget import DEFAULT_BUFFERED_BYTES
 from sidecar.core.errors import CommitFailed, KafkaClientError
+from sidecar.kafka.consumer_config import (
+    NOT_TRANSIENT,
+    broker_error_reason,
+    consumer_properties,
+)
 from sidecar.kafka.dlq.errors import kafka_error
+from sidecar.kafka.message import records_of
 
 log = logging.getLogger("sidecar.source")
 
@@ -48,12 +54,6 @@ CLOSE_TIMEOUT_S = 10.0
 # the thread after each one; otherwise at most one batch (plus this) is outside librdkafka's queue
 # and the ledgers, which the byte budget bounds, as when the thread waited for every batch.
 HANDED_OVER_MAX_BYTES = 64 * 1024
-
-# Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
-OWNED_PROPERTIES = {
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,86 +107,8 @@ _CONSUMER_CALL_ERRORS = (KafkaException, RuntimeError)
 CommitKey = tuple[tuple[str, int, int, str], ...]
 
 
-# librdkafka's errors that mean the cluster cannot be used from here, and what to check. An
-# authentication or TLS failure is retried by librdkafka like a network one, forever and quietly
-# apart from its own log: the reason is kept so readiness can say why, instead of only "down".
-_BROKER_ERROR_HINTS = {
-    KafkaError._AUTHENTICATION: (
-        "authentication failed (check sasl.mechanism, sasl.username and sasl.password)"
-    ),
-    KafkaError._SSL: (
-        "TLS failed (check ssl.ca.location, the broker's certificate and any client certificate)"
-    ),
-    KafkaError._TRANSPORT: "cannot connect to the broker (check bootstrap.servers and security.protocol)",
-}
-
-
-_NOT_TRANSIENT = (KafkaError._AUTHENTICATION, KafkaError._SSL)
-
-
-def broker_error_reason(err: KafkaError) -> str | None:
-    """Why the cluster is unusable, for logs and readiness, or None when `err` does not say so."""
-    hint = _BROKER_ERROR_HINTS.get(err.code())
-    return f"{hint}: {err.str()}" if hint is not None else None
-
-
 def _commit_key(tps: Sequence[TopicPartition]) -> CommitKey:
     return tuple(sorted((tp.topic, tp.partition, tp.offset, tp.metadata or "") for tp in tps))
-
-
-def consumer_properties(
-    kafka: Mapping[str, Any], max_buffered_bytes: int | None = None
-) -> dict[str, Any]:
-    """The consumer's librdkafka properties: the user's `kafka:`, our defaults, the owned ones.
-
-    librdkafka prefetches up to 64 MiB by default (`queued.max.messages.kbytes`, one queue for the
-    whole consumer) plus a fetch response of up to 50 MiB (`fetch.max.bytes`) on top of what the
-    ledgers hold: both are derived from `max.buffered.bytes` instead (a quarter and an eighth, see
-    `sidecar.core.budget`), unless the user sets them under `kafka:`. None: no budget (a client
-    that fetches no records, such as the start-up metadata check).
-    """
-    props: dict[str, Any] = {"auto.offset.reset": "earliest"}
-    if max_buffered_bytes is not None:
-        props.update(split_budget(max_buffered_bytes, kafka).derived)
-    props.update(kafka)
-    props.update(OWNED_PROPERTIES)
-    if str(props.get("group.protocol", "classic")) == "classic":
-        # Incremental rebalances keep the partitions that stay put flowing during a rebalance.
-        props.setdefault("partition.assignment.strategy", "cooperative-sticky")
-    return props
-
-
-def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str | None:
-    """Ask the cluster for its metadata with the sidecar's client settings (blocking).
-
-    Returns None when it answered, else why not: the authentication or TLS failure librdkafka
-    reported, or the connection failure. Run before anything joins the group or writes, so a wrong
-    password or CA is reported (and retried) instead of failing a start-up check that exits.
-    """
-    errors: list[KafkaError] = []
-    props = consumer_properties(kafka)
-    props["error_cb"] = errors.append
-    try:
-        consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
-    except KafkaException:
-        return None  # settings only the real client takes: it reports its own errors
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            try:
-                consumer.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
-                return None
-            except KafkaException as exc:
-                err = kafka_error(exc)
-                consumer.poll(0)  # serves the error callbacks, which say why the request failed
-                causes = [e for e in errors if e.code() in _NOT_TRANSIENT]
-                if not causes and time.monotonic() < deadline:
-                    continue  # nothing definite yet: the broker may still be starting
-                cause = causes[-1] if causes else err
-                reason = broker_error_reason(cause) if cause is not None else None
-                return reason or f"cannot read the cluster's metadata: {exc}"
-    finally:
-        consumer.close()
 
 
 class KafkaSource:
@@ -279,7 +201,7 @@ class KafkaSource:
         reason = broker_error_reason(err)
         if reason is not None or code == KafkaError._ALL_BROKERS_DOWN:
             self.broker_ok = False
-        if code in _NOT_TRANSIENT:
+        if code in NOT_TRANSIENT:
             # Not a network blip: say it plainly, once per cause (librdkafka retries every few
             # hundred milliseconds and logs each attempt itself).
             if self._broker_error_code != code:
@@ -288,7 +210,7 @@ class KafkaSource:
             self.broker_error = reason
             return
         log.warning("kafka client error: %s", err)
-        if reason is not None and self._broker_error_code not in _NOT_TRANSIENT:
+        if reason is not None and self._broker_error_code not in NOT_TRANSIENT:
             self.broker_error = reason  # a connection failure never hides an earlier cause
 
     def _broker_usable(self) -> None:
@@ -557,19 +479,13 @@ class KafkaSource:
 
     def _good_messages(self, messages: list[Message]) -> list[Message]:
         """The records of a batch; errors logged, a fatal one raised (`SourceError`)."""
-        good: list[Message] = []
-        for msg in messages:
-            err = msg.error()
-            if err is None:
-                good.append(msg)
-                continue
-            if err.code() == KafkaError._PARTITION_EOF:
-                continue
-            if err.fatal():
-                self.fatal_error = str(err)
-                raise SourceError(f"fatal consumer error: {err}")
-            log.warning("consumer error: %s", err)
-        return good
+        return records_of(messages, self._fatal, log, "consumer")
+
+    def _fatal(self, err: KafkaError) -> SourceError | None:
+        if not err.fatal():
+            return None
+        self.fatal_error = str(err)
+        return SourceError(f"fatal consumer error: {err}")
 
     def _poll_step(self, consumer: Consumer) -> list[Message]:
         """The poll thread's work until there is something for trio: records, a stop, or the

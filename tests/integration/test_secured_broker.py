@@ -389,7 +389,7 @@ async def test_chart_mtls_values_run_against_the_mtls_listener(
     # The listener really requires the certificate: without it the same config is refused.
     del config["kafka"]["ssl.certificate.location"], config["kafka"]["ssl.key.location"]
     del config["kafka"]["ssl.key.password"]
-    from sidecar.kafka.source import check_cluster_sync
+    from sidecar.kafka.consumer_config import check_cluster_sync
 
     reason = await trio.to_thread.run_sync(check_cluster_sync, config["kafka"], 10.0)
     assert reason is not None

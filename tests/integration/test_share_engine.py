@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 import trio
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from sidecar.config import load_config
-from sidecar.engines.share_group import (
+from sidecar.http.server import Response, json_response
+from sidecar.kafka.share import (
     ShareGroupLimitUnsafe,
     ShareGroupsUnavailable,
     check_broker_configs,
@@ -34,7 +33,6 @@ from sidecar.engines.share_group import (
     refusal_from_error,
     share_consumer_properties,
 )
-from sidecar.http.server import Response, json_response
 from tests.harness import (
     Delivery,
     RecordingApp,
@@ -197,7 +195,11 @@ async def test_share_dlq_holds_exactly_rejected_and_released_to_limit(
 async def test_three_sidecars_share_one_partition(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
-    """Share groups' point: consumers beyond the partition count all get records; none lost or accepted twice."""
+    """Share groups' point: consumers beyond the partition count all get records; none lost or accepted twice.
+
+    The three are one group on one host with the default journal (`share.journal.path: auto`, one
+    file per group under $XDG_STATE_HOME): one of them holds it, the other two find it locked, say
+    so once each and run without a journal (the broker's counts)."""
     n = 400
     topic = broker.create_topic(f"one-{unique}", partitions=1)
     group = f"g-{unique}"
@@ -235,8 +237,19 @@ async def test_three_sidecars_share_one_partition(
             await trio.to_thread.run_sync(_produce_in_small_batches, broker, topic, n)
             await wait_until(lambda: len(app.seen()) >= n, 120, "every record delivered")
             await trio.sleep(2)
+            journals = [(await sc.status())["share"]["journal"] for sc in (a, b, c)]
             for sc in (a, b, c):
                 assert await sc.stop() == 0, sc.log_text()[-3000:]
+            locked_out = [
+                sc.log_text().count("in use by another sidecar on this host") for sc in (a, b, c)
+            ]
+
+    assert sorted(journals) == [False, False, True], journals
+    assert sorted(locked_out) == [0, 1, 1], locked_out
+    assert [j for j, n_locked in zip(journals, locked_out, strict=True) if n_locked] == [
+        False,
+        False,
+    ]
 
     by_sidecar = Counter(dict(d.raw_headers).get("x-sidecar") for d in app.deliveries)
     assert set(by_sidecar) == {"0", "1", "2"}, by_sidecar
@@ -249,7 +262,10 @@ async def test_three_sidecars_share_one_partition(
 async def test_killed_sidecar_records_come_back_with_a_higher_count(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
-    """A sidecar killed (SIGKILL) holding acquired records: the broker gives them to the other one."""
+    """A sidecar killed (SIGKILL) holding acquired records: the broker gives them to the other one.
+
+    Without a journal (`share.journal.path: null`): the counts are the broker's. With one, a sidecar
+    restarted on the same host gives them out again at the count they had (tests/reliability)."""
     topic = broker.create_topic(f"kill-{unique}", partitions=1)
     group = f"g-{unique}"
     # The broker's minimum lock: the records come back when it expires.
@@ -273,7 +289,7 @@ async def test_killed_sidecar_records_come_back_with_a_higher_count(
         group=group,
         path="/",
         kafka_extra={"max.poll.records": 10},
-        extra=SHARE,
+        extra={**SHARE, "share.journal.path": None},
         start=False,
     ) as rig:
         cfg_a, cfg_b = (

@@ -31,17 +31,18 @@ from confluent_kafka import (
     Producer,
     ShareConsumer,
 )
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-from confluent_kafka.admin._resource import ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from sidecar.config import load_config
-from sidecar.engines.share_group import (
-    ShareGroupLimitUnsafe,
-    read_share_settings,
-    required_group_limit,
-)
+from sidecar.core.share_limits import required_group_limit
 from sidecar.http.server import Response
+from sidecar.kafka.share import ShareGroupLimitUnsafe, read_share_settings
 from tests.harness import (
     Delivery,
     RecordingApp,
@@ -377,7 +378,8 @@ async def test_killer_ends_in_the_dlq_and_nothing_is_archived_without_a_dlq_reco
     past L, and none is lost. What a death charges is measured here: with one share consumer, +1 on
     every record the sidecar held (exactly L deaths); with four, up to +4 (the dead consumers' share
     fetches still waiting at the broker acquire the records once more each), which is why the
-    sidecar raises G to L + 4 = 7 first.
+    sidecar raises G to L + 4 = 7 first. Without a journal (`share.journal.path: null`): the broker's
+    counts; with one, tests/reliability/test_share_isolation_fast.py.
     """
     limit, group_limit, n = 3, 5, 40
     max_in_flight = 1 if consumers == 1 else 64
@@ -424,7 +426,7 @@ async def test_killer_ends_in_the_dlq_and_nothing_is_archived_without_a_dlq_reco
                 group,
                 topic,
                 app_url=f"http://127.0.0.1:{port}/",
-                extra={**SHARE, "share.delivery.count.limit": limit},
+                extra={**SHARE, "share.delivery.count.limit": limit, "share.journal.path": None},
                 app_extra={"max.in.flight": max_in_flight},
             )
             async with sidecar(cfg, wait_api=False) as sc:

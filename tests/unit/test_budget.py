@@ -175,7 +175,7 @@ def test_bad_values_name_the_key(patch: dict, path: str, reason: str) -> None:
 
 
 def test_the_share_engine_bounds_each_consumers_fetch_unless_the_user_did() -> None:
-    from sidecar.engines.share_group import share_consumer_properties
+    from sidecar.kafka.share import share_consumer_properties
 
     props = share_consumer_properties({"group.id": "g"}, 8 * MiB)
     assert props["fetch.max.bytes"] == 8 * MiB

@@ -13,9 +13,9 @@ from sidecar.config import ConfigError
 from sidecar.core.errors import CommitFailed, DlqError, KafkaClientError, SidecarError
 from sidecar.core.ledger import ExpiredAttempt, LedgerError, UnknownAttempt
 from sidecar.core.wire import WireError
-from sidecar.engines.share_group import ShareGroupLimitUnsafe, ShareGroupsUnavailable
 from sidecar.http.appclient import AppClientError, AppNotReachable, AppRequestFailed
 from sidecar.kafka.dlq import DlqFatalError, DlqStartupError, DlqTxnAbortable, DlqTxnStuck
+from sidecar.kafka.share import ShareGroupLimitUnsafe, ShareGroupsUnavailable
 from sidecar.kafka.source import SourceError
 
 

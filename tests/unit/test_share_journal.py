@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from sidecar.config import JOURNAL_AUTO, parse_config
 from sidecar.engines.share_journal import (
     ALONE,
     ANSWERED,
@@ -18,6 +21,8 @@ from sidecar.engines.share_journal import (
     Recovery,
     ShareJournal,
     counted,
+    default_journal_path,
+    journal_path,
 )
 
 A = ("t", 0, 10)
@@ -138,8 +143,9 @@ def test_bad_lines_are_ignored_with_one_warning(
 
 
 def test_unwritable_path_is_inactive(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a-file").write_text("")  # its directory cannot be created
     with caplog.at_level(logging.WARNING, "sidecar.share"):
-        j, _ = _open(tmp_path / "missing-dir" / "j")
+        j, _ = _open(tmp_path / "a-file" / "j")
     assert not j.active
     assert any("cannot be written" in r.getMessage() for r in caplog.records)
 
@@ -159,3 +165,116 @@ def test_deaths_in_a_row_add_up_until_a_clean_stop(tmp_path: Path) -> None:
     j, rec = _open(path, consumers=4)
     assert rec.allowance == 0
     j.close()
+
+
+# -- where the journal lives, and one sidecar per journal ---------------------------------------
+
+
+def test_the_default_path_is_named_after_the_group_under_the_state_directory() -> None:
+    env = {"XDG_STATE_HOME": "/state", "HOME": "/home/u"}
+    assert default_journal_path("orders-app", env) == "/state/dlq-sidecar/share-journal-orders-app"
+    # No XDG_STATE_HOME, or a relative one (the XDG spec says to ignore it): ~/.local/state.
+    for env in ({"HOME": "/home/u"}, {"XDG_STATE_HOME": "rel", "HOME": "/home/u"}):
+        assert default_journal_path("g", env) == "/home/u/.local/state/dlq-sidecar/share-journal-g"
+    # A group id that is not a plain file name: made one, with a hash so two groups never meet.
+    a, b = default_journal_path("a/b", env), default_journal_path("a_b", env)
+    assert (
+        a.startswith("/home/u/.local/state/dlq-sidecar/share-journal-a_b-")
+        and "/" not in (a.rsplit("/", 1)[1])
+    )
+    assert b.endswith("/share-journal-a_b") and a != b
+    assert len(default_journal_path("x" * 300, env).rsplit("/", 1)[1]) < 140
+
+
+def test_the_setting_names_the_path_auto_derives_it_and_null_turns_it_off() -> None:
+    env = {"XDG_STATE_HOME": "/state"}
+    assert journal_path(JOURNAL_AUTO, "g", env) == "/state/dlq-sidecar/share-journal-g"
+    assert journal_path("/var/lib/j", "g", env) == "/var/lib/j"
+    assert journal_path(None, "g", env) is None
+
+
+def test_config_default_is_auto_and_an_explicit_null_is_off(tmp_path: Path) -> None:
+    base = {
+        "engine": "share",
+        "ordering": "none",
+        "kafka": {"bootstrap.servers": "127.0.0.1:9092", "group.id": "g"},
+        "source": {"topics": ["t"]},
+        "app": {"url": "http://127.0.0.1:8080/"},
+    }
+    assert parse_config(base, env={}).delivery.journal_path == JOURNAL_AUTO
+    off = parse_config({**base, "share.journal.path": None}, env={})
+    assert off.delivery.journal_path is None
+
+
+def test_the_default_directory_is_created_if_missing(tmp_path: Path) -> None:
+    path = default_journal_path("g", {"XDG_STATE_HOME": str(tmp_path / "state")})
+    j, _rec = ShareJournal.open(path, "g", 1)
+    try:
+        assert j.active
+        assert Path(path).is_file()
+        assert (tmp_path / "state" / "dlq-sidecar").is_dir()
+    finally:
+        j.closed_cleanly()
+
+
+_HOLDER = """
+import sys
+from sidecar.engines.share_journal import ShareJournal
+journal, _ = ShareJournal.open(sys.argv[1], "g", 1)
+print("active" if journal.active else "inactive", flush=True)
+sys.stdin.read()  # hold it until the test closes our stdin
+journal.closed_cleanly()
+"""
+
+
+def test_a_second_sidecar_of_the_group_on_the_host_runs_without_the_journal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process holds the group's journal: this one logs one line and runs without one
+    (the broker's counts); once the other has closed it, it is this one's."""
+    path = str(tmp_path / "state" / "share-journal-g")
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    ) as holder:
+        _second_is_locked_out(holder, path, caplog)
+    third, rec = ShareJournal.open(path, "g", 4)
+    try:
+        assert third.active and not rec.died  # the holder stopped cleanly
+    finally:
+        third.closed_cleanly()
+
+
+def _second_is_locked_out(
+    holder: subprocess.Popen[bytes], path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == b"active"
+        with caplog.at_level(logging.WARNING, logger="sidecar.share"):
+            second, rec = ShareJournal.open(path, "g", 4)
+        assert not second.active and not rec.died
+        assert second.failed == "in use by another sidecar"
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "in use by another sidecar on this host" in lines[0], lines
+        # The holder's journal is untouched (the second never wrote to it).
+        assert Path(path).read_text().startswith("J1 g\nI ")
+        holder.stdin.close()
+        assert holder.wait(30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def test_the_lock_is_dropped_when_the_journal_is_closed(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    first, _ = _open(path)
+    second, _ = _open(path)  # the same process, another open file: locked out too
+    assert first.active and not second.active
+    first.close()  # a death: the kernel drops the lock with the process
+    third, rec = _open(path)
+    assert third.active and rec.died
+    third.closed_cleanly()

@@ -1,0 +1,113 @@
+"""The consumer's librdkafka properties, the broker errors that mean the cluster is unusable, and the
+start-up metadata check (:mod:`sidecar.kafka.source` runs the consumer itself).
+
+Owns which properties the sidecar sets for the user (`consumer_properties`: the byte budget's part,
+cooperative-sticky, the owned offset-store settings), which librdkafka errors say why a cluster cannot
+be used (`broker_error_reason`), and `check_cluster_sync`, run before anything joins the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+from sidecar.core.budget import split_budget
+from sidecar.kafka.dlq.errors import kafka_error
+
+# Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
+OWNED_PROPERTIES = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+}
+
+
+# librdkafka's errors that mean the cluster cannot be used from here, and what to check. An
+# authentication or TLS failure is retried by librdkafka like a network one, forever and quietly
+# apart from its own log: the reason is kept so readiness can say why, instead of only "down".
+_BROKER_ERROR_HINTS = {
+    KafkaError._AUTHENTICATION: (
+        "authentication failed (check sasl.mechanism, sasl.username and sasl.password)"
+    ),
+    KafkaError._SSL: (
+        "TLS failed (check ssl.ca.location, the broker's certificate and any client certificate)"
+    ),
+    KafkaError._TRANSPORT: "cannot connect to the broker (check bootstrap.servers and security.protocol)",
+}
+
+
+# Of those, the ones that are not a network blip: librdkafka retries them, but they last.
+NOT_TRANSIENT = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+
+
+def broker_error_reason(err: KafkaError) -> str | None:
+    """Why the cluster is unusable, for logs and readiness, or None when `err` does not say so."""
+    hint = _BROKER_ERROR_HINTS.get(err.code())
+    return f"{hint}: {err.str()}" if hint is not None else None
+
+
+def consumer_properties(
+    kafka: Mapping[str, Any], max_buffered_bytes: int | None = None
+) -> dict[str, Any]:
+    """The consumer's librdkafka properties: the user's `kafka:`, our defaults, the owned ones.
+
+    librdkafka prefetches up to 64 MiB by default (`queued.max.messages.kbytes`, one queue for the
+    whole consumer) plus a fetch response of up to 50 MiB (`fetch.max.bytes`) on top of what the
+    ledgers hold: both are derived from `max.buffered.bytes` instead (a quarter and an eighth, see
+    `sidecar.core.budget`), unless the user sets them under `kafka:`. None: no budget (a client
+    that fetches no records, such as the start-up metadata check).
+    """
+    props: dict[str, Any] = {"auto.offset.reset": "earliest"}
+    if max_buffered_bytes is not None:
+        props.update(split_budget(max_buffered_bytes, kafka).derived)
+    props.update(kafka)
+    props.update(OWNED_PROPERTIES)
+    if str(props.get("group.protocol", "classic")) == "classic":
+        # Incremental rebalances keep the partitions that stay put flowing during a rebalance.
+        props.setdefault("partition.assignment.strategy", "cooperative-sticky")
+    return props
+
+
+def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str | None:
+    """Ask the cluster for its metadata with the sidecar's client settings (blocking).
+
+    Returns None when it answered, else why not: the authentication or TLS failure librdkafka
+    reported, or the connection failure. Run before anything joins the group or writes, so a wrong
+    password or CA is reported (and retried) instead of failing a start-up check that exits.
+    """
+    errors: list[KafkaError] = []
+    props = consumer_properties(kafka)
+    props["error_cb"] = errors.append
+    try:
+        consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
+    except KafkaException:
+        return None  # settings only the real client takes: it reports its own errors
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                consumer.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                return None
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                consumer.poll(0)  # serves the error callbacks, which say why the request failed
+                causes = [e for e in errors if e.code() in NOT_TRANSIENT]
+                if not causes and time.monotonic() < deadline:
+                    continue  # nothing definite yet: the broker may still be starting
+                cause = causes[-1] if causes else err
+                reason = broker_error_reason(cause) if cause is not None else None
+                return reason or f"cannot read the cluster's metadata: {exc}"
+    finally:
+        consumer.close()
+
+
+__all__ = [
+    "NOT_TRANSIENT",
+    "OWNED_PROPERTIES",
+    "broker_error_reason",
+    "check_cluster_sync",
+    "consumer_properties",
+]
