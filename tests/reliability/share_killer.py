@@ -31,6 +31,11 @@ LOCK_MS = (
     15_000  # the broker's least group share.record.lock.duration.ms: records come back soonest
 )
 INCARNATION_S = 240  # one incarnation: a death or the end
+# A share consumer's close "blocks until the broker has confirmed the outstanding acknowledgements and the
+# group has been left, up to roughly socket.timeout.ms" (confluent-kafka 2.16.1's ShareConsumer.close
+# docstring; librdkafka's default is 60 s): a sidecar stopped just after its consumers joined (a recovery's
+# end) was seen to take over 30 s. A stop is still bounded, by drain + that.
+STOP_TIMEOUT_S = 90
 
 
 @dataclass
@@ -162,7 +167,7 @@ async def _until_it_survives(
                     for k, v in values.items()
                     if k.startswith("dlq_sidecar_broker_archived_without_dlq_total")
                 )
-                assert await sc.stop() == 0
+                assert await sc.stop(timeout_s=STOP_TIMEOUT_S) == 0
                 logs.append(sc.log_text())
                 return deaths, logs, metric
             logs.append(sc.log_text())
@@ -215,7 +220,7 @@ async def run_with_journal(bootstrap: str, tmp_path: Path, content: bytes) -> tu
         async with sidecar(cfg) as sc:
             with trio.fail_after(120):
                 await _done(run, app, sc, produced)
-            assert await sc.stop() == 0
+            assert await sc.stop(timeout_s=STOP_TIMEOUT_S) == 0
             log = sc.log_text()
         assert journal.read_text().startswith(f"J1 {run.group}\n")  # a fresh one replaced it
         return produced, len({s.coord for s in app.history}), log
