@@ -183,12 +183,7 @@ class ShareJournal:
             journal.failed = "in use by another sidecar"
             return journal, recovery
         except OSError as exc:
-            log.warning(
-                "share journal %s: cannot be written (%s): running without one, every delivery "
-                "counted by the broker (a death charges every record held)",
-                path,
-                exc,
-            )
+            _log_unwritable(path, exc)
             journal.failed = str(exc)
             return journal, recovery
         try:
@@ -215,12 +210,7 @@ class ShareJournal:
         try:
             journal._rewrite(consumers)
         except OSError as exc:
-            log.warning(
-                "share journal %s: cannot be written (%s): running without one, every delivery "
-                "counted by the broker (a death charges every record held)",
-                path,
-                exc,
-            )
+            _log_unwritable(path, exc)
             journal._fh = None
             journal.failed = str(exc)
             journal.close()
@@ -423,6 +413,15 @@ class ShareJournal:
         self.incarnation -= 1  # _rewrite counts this incarnation once more
         self._rewrite(self._consumers)
         self.incarnation = incarnation
+
+
+def _log_unwritable(path: str, exc: OSError) -> None:
+    log.warning(
+        "share journal %s: cannot be written (%s): running without one, every delivery "
+        "counted by the broker (a death charges every record held)",
+        path,
+        exc,
+    )
 
 
 __all__ = [

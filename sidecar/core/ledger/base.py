@@ -216,17 +216,25 @@ class _LedgerBase:
             heapq.heappop(heap)
         return None
 
+    def _backing_off(self, offset: int, not_before: int) -> _Record | None:
+        """The record a backoff entry stands for, while that entry is still its own (a record
+        handed out, queued or backed off again since leaves a stale entry behind)."""
+        record = self._records.get(offset)
+        if (
+            record is not None
+            and record.state is _AVAILABLE
+            and not record.queued
+            and record.not_before_ms == not_before
+        ):
+            return record
+        return None
+
     def _release_backoffs(self, now: int) -> None:
         backoff = self._backoff
         while backoff and backoff[0][0] <= now:
             not_before, offset = heapq.heappop(backoff)
-            record = self._records.get(offset)
-            if (
-                record is not None
-                and record.state is _AVAILABLE
-                and not record.queued
-                and record.not_before_ms == not_before
-            ):
+            record = self._backing_off(offset, not_before)
+            if record is not None:
                 record.queued = True
                 heapq.heappush(self._suspects_ready if record.suspect else self._ready, offset)
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 import heapq
 
 from sidecar.core.ledger.metadata import _PAUSE_FILL, _RESUME_FILL, _CommitMetadata
-from sidecar.core.ledger.values import RecordState
-
-_AVAILABLE = RecordState.AVAILABLE
 
 
 class _FlowControl(_CommitMetadata):
@@ -63,13 +60,7 @@ class _FlowControl(_CommitMetadata):
         backoff = self._backoff
         while backoff:
             not_before, offset = backoff[0]
-            record = self._records.get(offset)
-            if (
-                record is not None
-                and record.state is _AVAILABLE
-                and not record.queued
-                and record.not_before_ms == not_before
-            ):
+            if self._backing_off(offset, not_before) is not None:
                 if best is None or not_before < best:
                     best = not_before
                 break
