@@ -173,6 +173,11 @@ def default_pick_range() -> range:
     return range(PICK_FROM, ephemeral_port_range()[0])
 
 
+# The ports free_port gave this process: a second pick before the first is bound could give the same
+# one (two servers of one test, each told to listen on "a free port"). Bounded by the range's size.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1, below the kernel's ephemeral range when there is room.
 
@@ -181,15 +186,19 @@ def free_port() -> int:
     the pick and the listener's bind, or while the listener is down (a broker killed and restarted
     on the same ports). Below that range only an explicit bind can take it, and with
     $DLQ_FREE_PORT_RANGE each process sharing the machine (the test workers) picks from its own.
+    A process is never given the same port twice.
     """
     candidates = pick_range()
     if len(candidates) >= 100:
         for port in secrets.SystemRandom().sample(candidates, 64):
+            if port in _HANDED_OUT:
+                continue  # free now, but maybe not yet bound by whoever got it
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
+                _HANDED_OUT.add(port)
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

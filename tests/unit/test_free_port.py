@@ -66,3 +66,12 @@ def test_each_test_worker_has_a_range_of_its_own() -> None:
         assert 15000 <= lo < hi < low and hi - lo >= 1000
         if i:
             assert lo > ranges[i - 1][1]  # disjoint
+
+
+def test_a_process_is_never_given_the_same_port_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two servers of one test each told to listen on "a free port" before either binds: with picks
+    # from a range of 100, 60 picks would give a repeat almost surely without the memory of them.
+    monkeypatch.setenv(PORT_RANGE_ENV, "20000-20099")
+    monkeypatch.setattr(kafka_broker, "_HANDED_OUT", set())
+    ports = [free_port() for _ in range(60)]
+    assert len(set(ports)) == len(ports)
