@@ -493,6 +493,11 @@ class Side:
     name: str
     root: Path
 
+    def knows_share_journal(self) -> bool:
+        """Whether this checkout's sidecar has `share.journal.path` (older ones refuse the key)."""
+        values = self.root / "sidecar" / "config" / "values.py"
+        return values.exists() and "journal_path" in values.read_text()
+
     def env(self) -> dict[str, str]:
         # ``python -m sidecar`` with the checkout as the working directory and first on the path,
         # so its own ``sidecar`` package is the one imported (the venv's packages are shared).
@@ -585,6 +590,9 @@ def running_sidecar(
 ) -> Iterator[subprocess.Popen[bytes]]:
     name = f"{side.name}-{name}"
     config_path = os.path.join(directory, f"{name}.yaml")
+    if not side.knows_share_journal():
+        # An older checkout has no journal (and refuses the key): "none" is what it runs anyway.
+        config_text = config_text.replace("share.journal.path: null\n", "")
     Path(config_path).write_text(config_text)
     log_path = os.path.join(directory, f"{name}.log")
     with open(log_path, "wb") as log:
