@@ -577,6 +577,8 @@ def unavailable(scenario: str, side: Side) -> str | None:
         return "the engine creates no spans: tracing.exporter is parsed but unused"
     if scenario.startswith("g-") and "class Share" not in src:
         return "this sidecar has no share-group engine"
+    if scenario == "g-share-journal" and not side.knows_share_journal():
+        return "this sidecar has no share.journal.path (no journal of deaths)"
     return None
 
 
