@@ -163,8 +163,10 @@ class ShareGroupEngine:
         """Acknowledgements travel with each consumer's next poll or its close: close them."""
         with trio.move_on_after(5):
             await self.source.wait_stopped()
-        await self.source.close()
-        self.deaths.closed_cleanly()
+        if await self.source.close():
+            self.deaths.closed_cleanly()
+        # else: not a clean stop (acknowledgements may not have reached the broker): the next
+        # start treats it as a death, which charges nothing it should not.
 
     def stalled(self) -> str | None:
         """Never: a share group's acknowledgements carry no write-ahead state that blocks delivery."""

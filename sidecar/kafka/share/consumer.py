@@ -84,6 +84,8 @@ _ACKNOWLEDGE_TYPES = {
 _COMMIT_TIMEOUT_S = 10.0
 # A share consumer's close that takes this long is logged.
 _SLOW_CLOSE_S = 2.0
+# How long after the stop's grace a consumer's close may still take before it is left to its thread.
+_CLOSE_ABANDON_S = 5.0
 
 
 def share_consumer_properties(
@@ -178,6 +180,7 @@ class ShareSource:
         self._unflushed = [False] * consumers
         self._stop_polling = False
         self._stopped = trio.Event()
+        self._consumers_scope: trio.CancelScope | None = None
         self._admin: AdminClient | None = None
         self._admin_lock = threading.Lock()
 
@@ -230,13 +233,18 @@ class ShareSource:
             try:
                 if not await listener.wait_turn(index):
                     return
-                await trio.to_thread.run_sync(self._consumer_thread, index, token)
+                # Abandonable: a close that never returns must not keep the process from exiting
+                # (`close`); nothing else cancels this scope.
+                await trio.to_thread.run_sync(
+                    self._consumer_thread, index, token, abandon_on_cancel=True
+                )
             except SourceError as exc:
                 errors.append(exc)
                 self.stop_polling()
                 listener.abandon_batches()
 
         async with trio.open_nursery() as nursery:
+            self._consumers_scope = nursery.cancel_scope
             for index in range(self.consumers):
                 nursery.start_soon(one, index)
         if errors:
@@ -248,18 +256,34 @@ class ShareSource:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    async def close(self, grace_s: float = 30.0) -> None:
-        """The consumers close on their own threads once polling stops; wait for that.
+    async def close(self, grace_s: float = 30.0) -> bool:
+        """The consumers close on their own threads once polling stops; wait for that. False when
+        one did not close and was left behind.
 
-        DLQ writes still retrying after `grace_s` are cut short: their records are released.
+        DLQ writes still retrying after `grace_s` are cut short: their records are released. A
+        consumer whose close has not returned `_CLOSE_ABANDON_S` after that is left to its thread
+        (seen: a share consumer closed within a second of its subscribe never returned), so the
+        process can exit; the broker hands its records out again when their locks run out.
         """
         self._stop_polling = True
         self._listener.abandon_batches()
         with trio.move_on_after(grace_s):
             await self._stopped.wait()
-            return
+            return True
         self._listener.abandon_batches(hard=True)
+        with trio.move_on_after(_CLOSE_ABANDON_S):
+            await self._stopped.wait()
+            return True
+        log.error(
+            "%d share consumer(s) did not close within %.0f s of the stop: left behind so that the "
+            "sidecar can exit; the broker hands their records out again when their locks run out",
+            self.consumers_running,
+            grace_s + _CLOSE_ABANDON_S,
+        )
+        if self._consumers_scope is not None:
+            self._consumers_scope.cancel()
         await self._stopped.wait()
+        return False
 
     # ----------------------------------------------------------------------------- consumer threads
 
