@@ -73,6 +73,9 @@ class RecordingListener:
     def on_messages(self, messages: Sequence[Message]) -> None:
         self.messages.extend(messages)
 
+    def messages_taken(self) -> None:
+        pass
+
 
 @dataclass
 class Delivery:

@@ -25,9 +25,9 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     │   ├── DlqFatalError ........ a DLQ write that cannot succeed: stop, never drop      sidecar.kafka.dlq.errors
     │   └── DlqTxnAbortable ...... a DLQ transaction to abort and redo                    sidecar.kafka.dlq.errors
     │       └── DlqTxnStuck ...... a transaction call that never returned                 sidecar.kafka.dlq.errors
-    ├── AppClientError ........... talking to the app over HTTP                           sidecar.http.appclient
-    │   ├── AppNotReachable ...... nothing listening: not an attempt                      sidecar.http.appclient
-    │   └── AppRequestFailed ..... sent, then failed: an attempt                          sidecar.http.appclient
+    ├── AppClientError ........... talking to the app over HTTP                           sidecar.http.exchanges
+    │   ├── AppNotReachable ...... nothing listening: not an attempt                      sidecar.http.exchanges
+    │   └── AppRequestFailed ..... sent, then failed: an attempt                          sidecar.http.exchanges
     ├── LimitExceeded ............ an HTTP message's head or chunk framing over budget    sidecar.http.limits
     ├── PeerClosed ............... the API client closed its connection mid-request       sidecar.http.server
     ├── BadResponse .............. a handler's response that cannot be written (a 500)    sidecar.http.server
@@ -40,12 +40,12 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
 
 `WireError`, `CommitStateError`, `BudgetError`, `BadResponse` and `PullQueryError` are also
 `ValueError`s, for callers that catch that.  Private signals that never leave their module
-(``_Invalid``, ``_Malformed``, ``_StaleConnection``, ``_SendTimeout``, ``_Stop``) are control
+(``_Invalid``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``) are control
 flow, not errors, and sit outside the tree.
 
 Where third-party exceptions are translated: `KafkaException` in `sidecar.kafka.source` (commits
 included), `sidecar.kafka.dlq`, `sidecar.kafka.share` and `sidecar.ops.dlq_errors` (the engines
-import no confluent-kafka); socket errors (`OSError`) in `sidecar.http.appclient` and the
+import no confluent-kafka); socket errors (`OSError`) in `sidecar.http.exchanges` and the
 pipeline's app probe. The engines catch broadly only around one record's dispatch (a DLQ write,
 one batch of a transaction); the CLI catches at the top. `trio.Cancelled` is never swallowed.
 

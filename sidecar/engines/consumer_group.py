@@ -152,6 +152,12 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
         self._pending_assign: dict[PartitionKey, AssignedPartition] = {}
         self._epoch = 0
         self._kick = trio.Event()
+        # The scheduler's wait (None while it is not waiting), whether a turn is running, and
+        # the wakes held while a row of answers is applied (`hold_wakes`).
+        self._schedule_scope: trio.CancelScope | None = None
+        self._in_turn = False
+        self._holding = False
+        self._held = False
         # Since when every commit has failed (None: the last one succeeded). No commit means no
         # hand-out: write-ahead delivery counts must be stored first.
         self.commit_failing_since: float | None = None
@@ -179,9 +185,31 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
             task_status.started()
 
     def wake(self) -> None:
-        self._kick.set()
+        if self._holding:
+            self._held = True
+        else:
+            self._kick.set()
 
     kick = wake
+
+    def hold_wakes(self) -> None:
+        self._holding = True
+
+    def release_wakes(self) -> None:
+        self._holding = False
+        if self._held:
+            self._held = False
+            self._turn_now()
+
+    def _turn_now(self) -> None:
+        """A scheduler turn in the caller's task, now, instead of a wake-up of the scheduler's
+        (which would cost a trio task step for the same turn); the scheduler then waits for what
+        the turn says. A kick when the scheduler is not waiting, or a turn is running."""
+        scope = self._schedule_scope
+        if scope is None or self._in_turn or self.pipe.stopping:
+            self._kick.set()
+            return
+        scope.deadline = trio.current_time() + self._turn()
 
     def intake_changed(self) -> None:
         self._apply_flow_control()
@@ -442,7 +470,11 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
                 # served its last polls: not delivered, not committed; the next owner reads it.
                 continue
             slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
-        self.kick()  # the scheduler's turn applies flow control (pause/resume) too
+
+    def messages_taken(self) -> None:
+        # The batches of one hand-over are in the ledgers: one turn sends what it can of them
+        # (and applies flow control, pause/resume), in this task.
+        self._turn_now()
 
     # ----------------------------------------------------------------------------- flow control
 
@@ -508,12 +540,23 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
             with trio.CancelScope() as scope:
                 while not self.pipe.stopping:
                     scope.deadline = trio.current_time() + self._turn()
-                    await self._kick.wait()
+                    self._schedule_scope = scope
+                    try:
+                        await self._kick.wait()
+                    finally:
+                        self._schedule_scope = None
                     self._kick = trio.Event()
             self._kick = trio.Event()
 
     def _turn(self) -> float:
         """One scheduler turn; returns how long to wait for a kick before the next (seconds)."""
+        self._in_turn = True
+        try:
+            return self._turn_body()
+        finally:
+            self._in_turn = False
+
+    def _turn_body(self) -> float:
         pipe = self.pipe
         max_total = self.config.delivery.max_in_flight_records
         now = now_ms()

@@ -127,6 +127,13 @@ class DeliveryState(Protocol):
     def wake(self) -> None:
         """Something changed (an answer, a delivery finished): re-evaluate soon."""
 
+    def hold_wakes(self) -> None:
+        """Answers are applied in a row (one wake-up of the app client's reader): hold the wakes
+        they cause until `release_wakes`."""
+
+    def release_wakes(self) -> None:
+        """The row of answers is over: re-evaluate now, once, if any of them woke this."""
+
     def intake_changed(self) -> None:
         """App reachability, draining or stopping changed: pause or resume intake now."""
 

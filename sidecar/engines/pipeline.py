@@ -50,7 +50,6 @@ catches broadly. Must not import either engine, the ledger, or confluent-kafka.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -62,7 +61,7 @@ from sidecar.config import AppMode, Config
 from sidecar.core.breaker import CircuitBreaker
 from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
-from sidecar.core.wire import AckItem, Answer
+from sidecar.core.wire import AckItem, Answer, RecordView
 from sidecar.engines.batching import BatchAssembler
 from sidecar.engines.breaker_gate import BreakerGate, breaker_for
 from sidecar.engines.delivery import (
@@ -84,10 +83,11 @@ from sidecar.engines.interfaces import (
 )
 from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync
 from sidecar.kafka.dlq import DlqWriter
 from sidecar.kafka.source import SourceError
-from sidecar.telemetry.tracing import Tracing
+from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
 CLUSTER_RETRY_MAX_S = 10.0
@@ -124,18 +124,21 @@ class Pipeline:
         self._failure: str | None = None
         self._dlq_ready = not config.errors.dlq.enabled
         self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
-        # Requests for the workers: the assembler hands one over only when a worker is free, so
-        # the channel holds at most one request per worker.
-        self._work_send, self._work_recv = trio.open_memory_channel[list[Delivery[Any]]](math.inf)
         self.sending = 0  # deliveries handed over by `send` whose request has not finished
         app = config.app
         batch = app.mode == AppMode.BATCH
+        self._batch = batch
+        self._timeout_s = app.timeout_ms / 1000
+        # App requests: the assembler starts one when fewer than `app.max.in.flight` are open.
         self._batches = BatchAssembler[Delivery[Any]](
             app.batch_max_records if batch else 1,
             app.batch_linger_ms / 1000,
             app.max_in_flight,
-            self._work_send.send_nowait,
+            self._dispatch,
         )
+        self._requests: set[_Request] = set()  # started, not answered
+        self._answering = False  # inside one wake-up of the app client's reader
+        self._answers_closed = False  # shutting down: answers arriving now are dropped
         # Deliveries the workers can take at once (push mode; see `send_room`).
         self.send_capacity = app.max_in_flight * (app.batch_max_records if batch else 1)
         self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
@@ -219,6 +222,7 @@ class Pipeline:
                 self.state.wake()
                 with trio.CancelScope(shield=True):
                     await self.state.finish()
+                self._close_requests()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -411,73 +415,116 @@ class Pipeline:
         self.state.wake()
         return "ok"
 
-    # ------------------------------------------------------------------------- workers
+    # ------------------------------------------------------------------------- app requests
 
     def start_workers(self, nursery: trio.Nursery) -> None:
-        """The `app.max.in.flight` workers and the batch linger timer, in `nursery` (pull mode:
-        none, the app's polls take the deliveries)."""
+        """Hook the app client's answers to the pipeline and start the batch linger timer in
+        `nursery` (pull mode: nothing, the app's polls take the deliveries).
+
+        No task per request: a request starts in the task that hands its deliveries out (see
+        `_dispatch`), and its answer is applied in the app client's reader task (`_answered`),
+        many answers per wake-up, after which the adapter re-evaluates once (`_round_end`).
+        """
         if self._pull is not None:
             return
-        for _ in range(self.config.app.max_in_flight):
-            nursery.start_soon(self._worker)
+        pool = self.app.pool
+        pool.after_round = self._round_end
+        pool.on_error = self._answer_failed
         if self._batches.needs_timer:
             nursery.start_soon(self._batches.run_timer)
 
-    async def _worker(self) -> None:
-        timeout_s = self.config.app.timeout_ms / 1000
-        batch = self.config.app.mode == AppMode.BATCH
-        while True:
-            items = await self._work_recv.receive()
-            try:
-                await self._deliver(items, timeout_s, batch)
-            finally:
-                self.sending -= len(items)
-                self._batches.worker_free()
-                self.state.wake()
-
-    async def _deliver(self, items: list[Delivery[Any]], timeout_s: float, batch: bool) -> None:
-        """Send the live ones (one request, or one batch request) and apply the answers.
-
-        Not reachable is not an attempt: the adapter decides whether they go again now (share:
-        once the app is back, within the batch's lock) or back to their ledger (consumer).
-        """
-        tracing = self.tracing
-        while live := [d for d in items if self._live.get(d.id) is d]:
-            traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
-            for d in live:
-                d.sent = True
-            started = time.perf_counter()
-            try:
-                if batch:
-                    answers = await self.app.deliver_batch([v for v, _ in traced], timeout_s)
-                else:
-                    single = await self.app.deliver(traced[0][0], timeout_s)
-            except AppNotReachable as exc:
-                for d, (_view, actx) in zip(live, traced, strict=True):
-                    end_attempt_span(actx, d.tracked, None)
-                self.counters.not_attempted += len(live)
-                self._app_unreachable(str(exc))
-                if await self.state.not_reached(live):
-                    continue
-                return
-            except BaseException:
-                self.counters.attempts += len(live)
-                for _view, actx in traced:
-                    abandon_attempt_span(actx)
-                raise
-            self.counters.attempts += len(live)
-            self._observe_app(time.perf_counter() - started)
-            if not batch:
-                answers = {live[0].id: single}
-            for d, (_view, actx) in zip(live, traced, strict=True):
-                answer = answers.get(d.id) or _MISSING_FROM_BATCH
-                if actx is not None:
-                    end_attempt_span(actx, d.tracked, answer)
-                if self._live.get(d.id) is d:  # not answered through /v1/acks meanwhile
-                    self._apply(d, answer)
-                else:
-                    self.counters.expired_answers += 1
+    def _dispatch(self, items: list[Delivery[Any]]) -> None:
+        """Start one request (single mode: one delivery; batch mode: a batch) for the live ones
+        among `items`; its answer comes to `_answered`."""
+        live = [d for d in items if self._live.get(d.id) is d]
+        if not live:
+            self._request_done(items)
             return
+        tracing = self.tracing
+        traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
+        for d in live:
+            d.sent = True
+        request = _Request(self, items, live, traced)
+        self._requests.add(request)
+        if self._batch:
+            request.exchange = self.app.start_batch(
+                [v for v, _ in traced], self._timeout_s, request.answered
+            )
+        else:
+            request.exchange = self.app.start_single(
+                traced[0][0], self._timeout_s, request.answered
+            )
+
+    def _request_done(self, items: list[Delivery[Any]]) -> None:
+        self.sending -= len(items)
+        self._batches.worker_free()
+        self.state.wake()
+
+    def _answered(
+        self, request: _Request, result: Answer | dict[str, Answer] | AppNotReachable
+    ) -> None:
+        """A request's answer (the app client's reader task): apply it to each delivery."""
+        self._requests.discard(request)
+        if self._answers_closed:
+            return
+        if not self._answering:
+            self._answering = True
+            self.state.hold_wakes()
+        live, traced = request.live, request.traced
+        if isinstance(result, AppNotReachable):
+            for d, (_view, actx) in zip(live, traced, strict=True):
+                end_attempt_span(actx, d.tracked, None)
+            self.counters.not_attempted += len(live)
+            self._app_unreachable(str(result))
+            assert self._nursery is not None
+            self._nursery.start_soon(self._not_reached, request.items)
+            return
+        self.counters.attempts += len(live)
+        self._observe_app(time.perf_counter() - request.started)
+        answers = result if isinstance(result, dict) else {live[0].id: result}
+        for d, (_view, actx) in zip(live, traced, strict=True):
+            answer = answers.get(d.id) or _MISSING_FROM_BATCH
+            if actx is not None:
+                end_attempt_span(actx, d.tracked, answer)
+            if self._live.get(d.id) is d:  # not answered through /v1/acks meanwhile
+                self._apply(d, answer)
+            else:
+                self.counters.expired_answers += 1
+        self._request_done(request.items)
+
+    def _round_end(self) -> None:
+        """The app client's reader applied what one wake-up brought: the adapter re-evaluates."""
+        if self._answering:
+            self._answering = False
+            self.state.release_wakes()
+
+    def _answer_failed(self, exc: BaseException) -> None:
+        """A bug while applying an answer: the sidecar stops (exit 1), as a task's crash would."""
+        log.error("applying an app answer failed", exc_info=exc)
+        if self._answering:
+            self._answering = False
+            self.state.release_wakes()
+        self.fail(f"internal error applying an app answer: {exc!r}")
+
+    async def _not_reached(self, items: list[Delivery[Any]]) -> None:
+        """Not reachable is not an attempt: the adapter decides whether they go again now (share:
+        once the app is back, within the batch's lock) or back to their ledger (consumer)."""
+        live = [d for d in items if self._live.get(d.id) is d]
+        if live and await self.state.not_reached(live):
+            self._dispatch(items)  # the same request slot, as a worker's retry was
+            return
+        self._request_done(items)
+
+    def _close_requests(self) -> None:
+        """Shutdown: requests still open are dropped, counted as attempts, their spans abandoned."""
+        self._answers_closed = True
+        for request in self._requests:
+            self.counters.attempts += len(request.live)
+            for _view, actx in request.traced:
+                abandon_attempt_span(actx)
+            if request.exchange is not None:
+                self.app.pool.abandon(request.exchange)
+        self._requests.clear()
 
     # ------------------------------------------------------------------------- pull mode
 
@@ -613,6 +660,30 @@ _PULLED = Answer("deferred")
 
 # A batch answer that leaves a record out releases it (an attempt, retried).
 _MISSING_FROM_BATCH = Answer("release", reason="missing from the batch answer")
+
+
+class _Request:
+    """One app request in flight: its deliveries (the live ones sent, with their views and
+    spans), when it started, and its exchange in the app client."""
+
+    __slots__ = ("exchange", "items", "live", "pipeline", "started", "traced")
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        items: list[Delivery[Any]],
+        live: list[Delivery[Any]],
+        traced: list[tuple[RecordView, AttemptContext | None]],
+    ) -> None:
+        self.pipeline = pipeline
+        self.items = items
+        self.live = live
+        self.traced = traced
+        self.started = time.perf_counter()
+        self.exchange: Exchange | None = None
+
+    def answered(self, result: Answer | dict[str, Answer] | AppNotReachable) -> None:
+        self.pipeline._answered(self, result)
 
 
 async def _probe(target: AppTarget) -> None:

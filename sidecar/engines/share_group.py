@@ -143,6 +143,12 @@ class ShareGroupEngine:
     def wake(self) -> None:
         """Nothing to re-evaluate: the broker decides which records each consumer acquires."""
 
+    def hold_wakes(self) -> None:
+        """Wakes do nothing here (see `wake`): nothing to hold."""
+
+    def release_wakes(self) -> None:
+        """Wakes do nothing here (see `wake`)."""
+
     def intake_changed(self) -> None:
         """The consumer threads read reachability and draining before each poll."""
 

@@ -87,6 +87,10 @@ class SourceListener(Protocol):
         poll loop with it, as it would end any task."""
         ...
 
+    def messages_taken(self) -> None:
+        """The batches of one wake-up are all taken (after their `on_messages`): act on them."""
+        ...
+
 
 class SourceError(KafkaClientError):
     """A consumer error the sidecar cannot continue after."""
@@ -388,6 +392,7 @@ class KafkaSource:
         """Give the batches handed over so far to the listener (trio's thread, synchronously);
         then, once the thread's end came and nothing precedes it, wake the poll loop to end."""
         cond = self._handed_cond
+        taken = False
         while self._intake_error is None:
             with cond:
                 if not self._handed:
@@ -400,10 +405,18 @@ class KafkaSource:
                 self._intake_error = exc
                 self._poll_ended.set()
                 return
+            taken = True
             # Only now is the batch in the listener's accounting (the ledgers' byte budget).
             with cond:
                 self._handed_bytes -= size
                 cond.notify()
+        if taken:
+            try:
+                self._listener.messages_taken()
+            except BaseException as exc:
+                self._intake_error = exc
+                self._poll_ended.set()
+                return
         with cond:
             ended = self._poll_end is not None and not self._handed
         if ended:

@@ -12,7 +12,7 @@ worker's lock, so at 1,000 records/s with 64 workers and a 5 ms linger a record 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import trio
@@ -177,11 +177,11 @@ async def test_the_timer_does_not_wake_while_nothing_is_open(
         nursery.cancel_scope.cancel()
 
 
-# ------------------------------------------------------------------------- the pipeline's workers
+# ------------------------------------------------------------------------- the pipeline's requests
 
 
 class FakeState:
-    """A DeliveryState that accepts every answer (the pipeline's workers are under test)."""
+    """A DeliveryState that accepts every answer (the pipeline's requests are under test)."""
 
     kind = "consumer"
 
@@ -191,8 +191,25 @@ class FakeState:
     def wake(self) -> None:
         pass
 
+    def hold_wakes(self) -> None:
+        pass
+
+    def release_wakes(self) -> None:
+        pass
+
     async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
         raise AssertionError("the fake app is always reachable")
+
+
+class FakePool:
+    """What the pipeline hooks into the app client's pool."""
+
+    def __init__(self) -> None:
+        self.after_round: Callable[[], None] | None = None
+        self.on_error: Callable[[BaseException], None] | None = None
+
+    def abandon(self, exchange: object) -> None:
+        pass
 
 
 class FakeApp:
@@ -202,16 +219,27 @@ class FakeApp:
         self.round_trip_s = round_trip_s
         self.sent_at: dict[int, float] = {}
         self.batch_sizes: list[int] = []
+        self.pool = FakePool()
 
-    async def deliver_batch(
-        self, records: Sequence[RecordView], timeout_s: float
-    ) -> dict[str, Answer]:
+    def start_batch(
+        self,
+        records: Sequence[RecordView],
+        timeout_s: float,
+        done: Callable[[dict[str, Answer]], None],
+    ) -> None:
         now = trio.current_time()
         self.batch_sizes.append(len(records))
         for r in records:
             self.sent_at[r.offset] = now
+        trio.lowlevel.spawn_system_task(self._answer, list(records), done)
+
+    async def _answer(
+        self, records: list[RecordView], done: Callable[[dict[str, Answer]], None]
+    ) -> None:
         await trio.sleep(self.round_trip_s)
-        return {r.delivery_id: Answer("accept") for r in records}
+        done({r.delivery_id: Answer("accept") for r in records})
+        if self.pool.after_round is not None:
+            self.pool.after_round()
 
     async def aclose(self) -> None:
         pass
