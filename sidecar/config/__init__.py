@@ -29,52 +29,14 @@ from sidecar.config.errors import ConfigError
 from sidecar.config.load import load_config, parse_config
 from sidecar.config.masking import is_secret_header, is_secret_kafka_property
 from sidecar.config.syntax import ListenAddress, is_loopback_host, parse_listen, topic_name_error
-from sidecar.config.values import (
-    JOURNAL_AUTO,
-    ApiConfig,
-    AppConfig,
-    AppFormat,
-    AppMode,
-    Config,
-    DeadLetterQueueConfig,
-    DeliveryConfig,
-    Engine,
-    ErrorsConfig,
-    ErrorsTolerance,
-    LogFormat,
-    LoggingConfig,
-    LogLevel,
-    MetricsConfig,
-    SourceConfig,
-    StatusAck,
-    TracingConfig,
-    TracingExporter,
-)
+from sidecar.config.values import *  # noqa: F403 (its __all__, re-exported below)
+from sidecar.config.values import __all__ as _values_all
 from sidecar.core.ordering import Ordering  # the one copy
 
 __all__ = [
-    "JOURNAL_AUTO",
-    "ApiConfig",
-    "AppConfig",
-    "AppFormat",
-    "AppMode",
-    "Config",
     "ConfigError",
-    "DeadLetterQueueConfig",
-    "DeliveryConfig",
-    "Engine",
-    "ErrorsConfig",
-    "ErrorsTolerance",
     "ListenAddress",
-    "LogFormat",
-    "LogLevel",
-    "LoggingConfig",
-    "MetricsConfig",
     "Ordering",
-    "SourceConfig",
-    "StatusAck",
-    "TracingConfig",
-    "TracingExporter",
     "dump_config",
     "is_loopback_host",
     "is_secret_header",
@@ -84,3 +46,4 @@ __all__ = [
     "parse_listen",
     "topic_name_error",
 ]
+__all__.extend(_values_all)  # the values' names: the enums, the dataclasses, JOURNAL_AUTO

@@ -20,6 +20,28 @@ from typing import Any
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
 from sidecar.core.ordering import Ordering
 
+__all__ = [
+    "JOURNAL_AUTO",
+    "ApiConfig",
+    "AppConfig",
+    "AppFormat",
+    "AppMode",
+    "Config",
+    "DeadLetterQueueConfig",
+    "DeliveryConfig",
+    "Engine",
+    "ErrorsConfig",
+    "ErrorsTolerance",
+    "LogFormat",
+    "LogLevel",
+    "LoggingConfig",
+    "MetricsConfig",
+    "SourceConfig",
+    "StatusAck",
+    "TracingConfig",
+    "TracingExporter",
+]
+
 # `share.journal.path`'s default: the journal's path derived from the group id at start-up
 # (sidecar.engines.share_journal.default_journal_path).
 JOURNAL_AUTO = "auto"

@@ -34,18 +34,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sidecar.kafka.dlq import (
-    DLQ_HEADER_PREFIX,
-    H_DELIVERY_COUNT,
-    H_EXC_CLASS,
-    H_EXC_MESSAGE,
-    H_GROUP,
-    H_MESSAGE,
-    H_OFFSET,
-    H_PARTITION,
-    H_TOPIC,
-    REPLAY_HEADER_PREFIX,
-)
+from sidecar.kafka import dlq  # the dlq format's header names: dlq.H_TOPIC, ...
+from sidecar.kafka.dlq import DLQ_HEADER_PREFIX, REPLAY_HEADER_PREFIX
 
 Header = tuple[str, bytes | None]
 
@@ -202,14 +192,14 @@ def decode_context(headers: Sequence[Header]) -> DlqContext:
     if fmt == FORMAT_DLQ:
         return DlqContext(
             format=fmt,
-            source_topic=_text(_last(headers, H_TOPIC)),
-            source_partition=_decimal(_last(headers, H_PARTITION)),
-            source_offset=_decimal(_last(headers, H_OFFSET)),
-            exception_class=_text(_last(headers, H_EXC_CLASS)),
-            exception_message=_text(_last(headers, H_EXC_MESSAGE)),
-            cause=_text(_last(headers, H_MESSAGE)),
-            group=_text(_last(headers, H_GROUP)),
-            delivery_count=_decimal(_last(headers, H_DELIVERY_COUNT)),
+            source_topic=_text(_last(headers, dlq.H_TOPIC)),
+            source_partition=_decimal(_last(headers, dlq.H_PARTITION)),
+            source_offset=_decimal(_last(headers, dlq.H_OFFSET)),
+            exception_class=_text(_last(headers, dlq.H_EXC_CLASS)),
+            exception_message=_text(_last(headers, dlq.H_EXC_MESSAGE)),
+            cause=_text(_last(headers, dlq.H_MESSAGE)),
+            group=_text(_last(headers, dlq.H_GROUP)),
+            delivery_count=_decimal(_last(headers, dlq.H_DELIVERY_COUNT)),
         )
     if fmt == FORMAT_STREAMS:
         exception = _text(_last(headers, S_EXCEPTION))

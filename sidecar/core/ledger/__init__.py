@@ -46,49 +46,18 @@ from __future__ import annotations
 
 from sidecar.core.ledger.machine import TRANSITIONS, Event
 from sidecar.core.ledger.partition import PartitionLedger
-from sidecar.core.ledger.values import (
-    AnswerResult,
-    ArchiveRequest,
-    Attempt,
-    CommitPoint,
-    CrashAccounting,
-    ExpiredAttempt,
-    HorizonStatus,
-    IllegalTransition,
-    IsolationCharge,
-    IsolationPhase,
-    LedgerClosed,
-    LedgerConfig,
-    LedgerError,
-    LedgerStats,
-    RecordState,
-    UnknownAttempt,
-)
+from sidecar.core.ledger.values import *  # noqa: F403 (its __all__, re-exported below)
+from sidecar.core.ledger.values import __all__ as _values_all
 from sidecar.core.ordering import Ordering
 from sidecar.core.outcome import Ack, ArchiveReason, ErrorInfo
 
 __all__ = [
     "TRANSITIONS",
     "Ack",
-    "AnswerResult",
     "ArchiveReason",
-    "ArchiveRequest",
-    "Attempt",
-    "CommitPoint",
-    "CrashAccounting",
     "ErrorInfo",
     "Event",
-    "ExpiredAttempt",
-    "HorizonStatus",
-    "IllegalTransition",
-    "IsolationCharge",
-    "IsolationPhase",
-    "LedgerClosed",
-    "LedgerConfig",
-    "LedgerError",
-    "LedgerStats",
     "Ordering",
     "PartitionLedger",
-    "RecordState",
-    "UnknownAttempt",
 ]
+__all__.extend(_values_all)  # the states, modes, config, returned values and errors

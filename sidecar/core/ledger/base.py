@@ -46,7 +46,12 @@ class _LedgerBase:
         *,
         epoch: int = 0,
     ) -> None:
-        """The state of a partition assigned at ``start_offset`` (see `PartitionLedger`)."""
+        """The state of a partition assigned at ``start_offset``, the committed offset.
+
+        ``restored`` is the state decoded from its metadata.  ``epoch`` distinguishes attempt ids
+        of successive assignments of the same partition (the caller passes a counter), so an
+        answer from before a rebalance can never match an attempt made after it.
+        """
         if not 0 <= start_offset <= MAX_OFFSET:
             raise ValueError(f"start_offset out of range: {start_offset}")
         self.topic = topic
@@ -138,6 +143,11 @@ class _LedgerBase:
         self._measured_version = -1
         self._measured_chars = 0
         self._measured_raw = 0
+        self._measure()  # a restored state may start near the budget
+
+    def _measure(self) -> None:
+        """Measure the state to commit against its budget (`sidecar.core.ledger.metadata` does:
+        nothing is measured at this level); ``__init__`` ends with it."""
 
     @property
     def changes(self) -> int:

@@ -28,7 +28,6 @@ from sidecar.core.ledger.values import (
     Attempt,
     ExpiredAttempt,
     LedgerClosed,
-    LedgerConfig,
     LedgerError,
     LedgerStats,
     RecordState,
@@ -78,24 +77,11 @@ def _jitter_rand(offset: int, delivery_count: int) -> float:
 
 
 class PartitionLedger(_Archive):
-    """Delivery state of one assigned partition.  See `sidecar.core.ledger`."""
+    """Delivery state of one assigned partition.  See `sidecar.core.ledger`.
 
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        start_offset: int,
-        config: LedgerConfig | None = None,
-        restored: CommitState | None = None,
-        *,
-        epoch: int = 0,
-    ) -> None:
-        """``start_offset`` is the committed offset; ``restored`` the state decoded from its
-        metadata.  ``epoch`` distinguishes attempt ids of successive assignments of the same
-        partition (the caller passes a counter), so an answer from before a rebalance can never
-        match an attempt made after it."""
-        super().__init__(topic, partition, start_offset, config, restored, epoch=epoch)
-        self._measure()  # a restored state may start near the budget
+    ``PartitionLedger(topic, partition, start_offset, config=None, restored=None, *, epoch=0)``:
+    the constructor is `sidecar.core.ledger.base`'s (``_LedgerBase.__init__``), shared by every part.
+    """
 
     def add(
         self, offset: int, key: bytes | None, item: object, now_ms: int, size_bytes: int = 0
