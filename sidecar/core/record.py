@@ -50,6 +50,7 @@ _TIMESTAMP_TYPES = {0: "none", 1: "create", 2: "log-append"}
 DELIVERY_ID_BYTES = 16
 _ID_CHARS = len(base64.urlsafe_b64encode(bytes(DELIVERY_ID_BYTES)).rstrip(b"="))
 _ID_ALPHABET = frozenset(string.ascii_letters + string.digits + "-_")
+_IDS_PER_FETCH = 256
 
 
 def new_delivery_id(random_bytes: Callable[[int], bytes]) -> str:
@@ -79,12 +80,24 @@ class LiveIds(Generic[T]):
     def __init__(self, random_bytes: Callable[[int], bytes]) -> None:
         self._random_bytes = random_bytes
         self._live: dict[str, T] = {}
+        # Random bytes for the next ids, fetched `_IDS_PER_FETCH` ids at a time (one system call
+        # per fetch, not per id), and how many of them are used.
+        self._pool = b""
+        self._used = 0
+
+    def _take(self, n: int) -> bytes:
+        if self._used + n > len(self._pool):
+            self._pool = self._random_bytes(n * _IDS_PER_FETCH)
+            self._used = 0
+        start = self._used
+        self._used = start + n
+        return self._pool[start : start + n]
 
     def issue(self, value_for: Callable[[str], T]) -> T:
         """A fresh id, and the value made for it, live from now on."""
-        delivery_id = new_delivery_id(self._random_bytes)
+        delivery_id = new_delivery_id(self._take)
         while delivery_id in self._live:  # 2**-128 per pair: only a broken random source repeats
-            delivery_id = new_delivery_id(self._random_bytes)
+            delivery_id = new_delivery_id(self._take)
         value = value_for(delivery_id)
         self._live[delivery_id] = value
         return value

@@ -158,6 +158,7 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
         self._in_turn = False
         self._holding = False
         self._held = False
+        self._flow_shared: tuple[int, bool, int] | None = None  # see _apply_flow_control
         # Since when every commit has failed (None: the last one succeeded). No commit means no
         # hand-out: write-ahead delivery counts must be stored first.
         self.commit_failing_since: float | None = None
@@ -209,7 +210,11 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
         if scope is None or self._in_turn or self.pipe.stopping:
             self._kick.set()
             return
-        scope.deadline = trio.current_time() + self._turn()
+        deadline = trio.current_time() + self._turn()
+        # Only ever sooner: setting a cancel scope's deadline is dear, and a wait that ends
+        # early costs one turn that finds nothing and waits again.
+        if deadline < scope.deadline:  # noqa: PLR1730 (setting it always is the dear part)
+            scope.deadline = deadline
 
     def intake_changed(self) -> None:
         self._apply_flow_control()
@@ -478,7 +483,10 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
 
     # ----------------------------------------------------------------------------- flow control
 
-    def _apply_flow_control(self) -> None:
+    def _apply_flow_control(self, busy: Sequence[Slot] | None = None) -> None:
+        """Pause or resume fetching per partition. With ``busy`` (a scheduler turn's partitions
+        that changed), only those and the ones a decision is pending for are looked at, unless
+        the conditions every partition shares (its byte share, intake closed) changed."""
         to_pause: list[PartitionKey] = []
         to_resume: list[PartitionKey] = []
         intake_closed = self.pipe.draining or not self.pipe.app_reachable or self.pipe.breaker_open
@@ -487,7 +495,20 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
         # a record larger than a share is delivered and the partition resumes once it is done.
         share = self.budget.share_bytes(len(self.source.assigned) or len(self.slots))
         source_paused = self.source.paused
-        for key, slot in self.slots.items():
+        shared = (share, intake_closed, len(self.slots))
+        if busy is None or shared != self._flow_shared:
+            self._flow_shared = shared
+            looked_at = list(self.slots.items())
+        else:
+            # An unchanged partition under unchanged shared conditions decides what it decided
+            # (`flow_seen`): only the changed ones, and those with a decision not yet applied.
+            looked_at = [((s.ledger.topic, s.ledger.partition), s) for s in busy]
+            looked_at += [
+                ((s.ledger.topic, s.ledger.partition), s)
+                for s in self.slots.values()
+                if s.flow_seen is None and s not in busy
+            ]
+        for key, slot in looked_at:
             paused = key in source_paused
             # The same ledger under the same conditions decides the same: nothing to do again.
             seen = (slot.ledger.changes, share, intake_closed, paused)
@@ -631,7 +652,7 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
             else:
                 self._hand_out(acquired)
         self._start_archiving(busy)
-        self._apply_flow_control()
+        self._apply_flow_control(busy)
         if self.horizon:
             wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
             for slot in wanted:
@@ -708,16 +729,17 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
                     slot.ledger.not_attempted(attempt.attempt_id, now)
 
     def _hand_out(self, acquired: list[tuple[Slot, L.Attempt]]) -> None:
+        # A lock deadline in trio time: the ledger's (monotonic ms) moved onto trio's clock.
+        offset_s = trio.current_time() - now_ms() / 1000
         for slot, attempt in acquired:
             if not self._still_owned(slot):
                 continue  # revoked while the commit was in flight: fenced
             tracked = cast(Tracked, attempt.item)
-            lock_s = (attempt.lock_deadline_ms - now_ms()) / 1000
             delivery = self.pipe.issue(
                 tracked,
                 attempt.delivery_count,
                 (slot, attempt),
-                lock_deadline=trio.current_time() + lock_s,
+                lock_deadline=offset_s + attempt.lock_deadline_ms / 1000,
             )
             slot.live[attempt.attempt_id] = delivery
             self.pipe.send(delivery)

@@ -219,6 +219,7 @@ class Exchanges:
         self._flight: dict[Exchange, None] = {}
         self._timeouts: dict[float, int] = {}
         self._epoll: select.epoll | None = None
+        self._now: Callable[[], float] = trio.current_time  # the run's clock (one call, not three)
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
         self._completions = 0
@@ -289,7 +290,7 @@ class Exchanges:
     # --------------------------------------------------------------------------- connections
 
     def _take_idle(self) -> socket.socket | None:
-        oldest_usable = trio.current_time() - self._idle_timeout_s
+        oldest_usable = self._now() - self._idle_timeout_s
         idle = self._idle
         while idle:
             sock, idle_since = idle.pop()  # LIFO: the freshest is least likely stale
@@ -299,7 +300,7 @@ class Exchanges:
         return None
 
     def _put_idle(self, sock: socket.socket) -> None:
-        self._idle.append((sock, trio.current_time()))
+        self._idle.append((sock, self._now()))
 
     def _register(self, sock: socket.socket) -> None:
         assert self._epoll is not None
@@ -364,7 +365,7 @@ class Exchanges:
         collector.parser = parser
         exchange.collector, exchange.parser = collector, parser
         if exchange.deadline == 0.0:
-            exchange.deadline = trio.current_time() + exchange.timeout_s
+            exchange.deadline = self._now() + exchange.timeout_s
             self._flight[exchange] = None
             timeouts = self._timeouts
             timeouts[exchange.timeout_s] = timeouts.get(exchange.timeout_s, 0) + 1
@@ -538,6 +539,7 @@ class Exchanges:
             self._epoll.close()
         self._epoll = select.epoll()
         self._token = token
+        self._now = trio.lowlevel.current_clock().current_time
         trio.lowlevel.spawn_system_task(self._serve, token, name="sidecar app answers")
 
     def _soonest(self) -> float:
@@ -560,7 +562,11 @@ class Exchanges:
                     while True:
                         await trio.lowlevel.wait_readable(fd)
                         self._round(epoll)
-                        scope.deadline = self._soonest()
+                        # Only ever sooner (setting a deadline is dear): a wait that ends early
+                        # costs a round that finds nothing.
+                        soonest = self._soonest()
+                        if soonest < scope.deadline:  # noqa: PLR1730
+                            scope.deadline = soonest
                 self._scope = None
                 self._round(epoll)
         except (trio.ClosedResourceError, ValueError, OSError):
@@ -577,7 +583,7 @@ class Exchanges:
                 self._on_event(exchange, events)
         flight = self._flight
         if flight:
-            now = trio.current_time()
+            now = self._now()
             uniform = len(self._timeouts) == 1
             for exchange in list(flight):
                 if exchange.deadline <= now:

@@ -149,10 +149,14 @@ class KafkaSource:
         ] = deque()
         self._poll_thread_active = False
         # The poll thread's hand-over to trio (see `_poll_thread`): batches in order (with their
-        # values' bytes), then an end; all under `_handed_cond`.
+        # values' bytes), then an end; all under `_handed_lock` (a plain lock: entered from C, not
+        # through the condition's Python methods), which `_handed_cond` waits on while the thread
+        # has more than `HANDED_OVER_MAX_BYTES` handed over (`_handed_full`).
         self._handed: deque[tuple[list[Message], int]] = deque()
         self._handed_bytes = 0
-        self._handed_cond = threading.Condition()
+        self._handed_lock = threading.Lock()
+        self._handed_cond = threading.Condition(self._handed_lock)
+        self._handed_full = False
         # A wake-up of trio is queued that will take what is handed over (no second one needed).
         self._take_queued = False
         self._poll_end: _PollEnd | None = None  # the thread's end, once handed over
@@ -383,7 +387,7 @@ class KafkaSource:
 
     def _woken(self) -> None:
         """The poll thread's wake-up (trio's thread, via `run_sync_soon`): take what it handed."""
-        with self._handed_cond:
+        with self._handed_lock:
             # Cleared before taking: a batch handed over from now on queues a wake-up of its own.
             self._take_queued = False
         self._take_handed()
@@ -391,10 +395,10 @@ class KafkaSource:
     def _take_handed(self) -> None:
         """Give the batches handed over so far to the listener (trio's thread, synchronously);
         then, once the thread's end came and nothing precedes it, wake the poll loop to end."""
-        cond = self._handed_cond
+        lock = self._handed_lock
         taken = False
         while self._intake_error is None:
-            with cond:
+            with lock:
                 if not self._handed:
                     break
                 batch, size = self._handed.popleft()
@@ -407,9 +411,10 @@ class KafkaSource:
                 return
             taken = True
             # Only now is the batch in the listener's accounting (the ledgers' byte budget).
-            with cond:
+            with lock:
                 self._handed_bytes -= size
-                cond.notify()
+                if self._handed_full:
+                    self._handed_cond.notify()
         if taken:
             try:
                 self._listener.messages_taken()
@@ -417,7 +422,7 @@ class KafkaSource:
                 self._intake_error = exc
                 self._poll_ended.set()
                 return
-        with cond:
+        with lock:
             ended = self._poll_end is not None and not self._handed
         if ended:
             self._poll_ended.set()
@@ -443,7 +448,9 @@ class KafkaSource:
             while not self._thread_stop and not self._may_exit():
                 with self._handed_cond:
                     while self._handed_bytes > HANDED_OVER_MAX_BYTES and not self._thread_stop:
+                        self._handed_full = True
                         self._handed_cond.wait(self._poll_timeout_s)
+                    self._handed_full = False
                 if self._thread_stop:
                     break
                 messages = self._poll_step(consumer)
@@ -478,7 +485,7 @@ class KafkaSource:
     ) -> None:
         """One poll's records (or the thread's end) to trio: one append, and one wake-up unless
         one is queued already (at saturation many polls share a wake-up)."""
-        with self._handed_cond:
+        with self._handed_lock:
             if isinstance(item, list):
                 self._handed.append((item, size))
                 self._handed_bytes += size
