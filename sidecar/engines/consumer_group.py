@@ -6,7 +6,7 @@ crash accounting (a horizon committed ahead of the hand-outs and the isolation p
 stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
 commits with the delivery state in their metadata, and the optional transactional DLQ::
 
-    source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline workers ──▶ app
+    source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline requests ──▶ app
                                              ▲                                       │
                                              └──────── answered() ◀──────────────────┘  (and /v1/acks)
     ledgers ──to_archive──▶ archive tasks ──pipeline.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
@@ -21,8 +21,8 @@ and runs in the trio thread, so no two transitions interleave:
     scheduler                         expire, acquire, to_archive, should_pause / may_resume,
                                       isolate (horizon mode, nothing in flight in the process)
     hand-out (write-ahead mode)       not_attempted (write-ahead commit failed: not sent)
-    workers, API request (answered)   answer
-    workers (not_reached)             not_attempted
+    app answers, API request          answer (answered)
+    pipeline (not_reached)            not_attempted
     archive tasks                     dlq_written (plain DLQ or none)
     txn_loop                          dlq_written (inside the transaction), revoke (fatal)
     commits (all of the above)        commit_point, committed (horizon mode: may release an
@@ -44,9 +44,10 @@ Invariants kept here (the ledger keeps the rest):
 The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
 commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
 
-The commits and the DLQ transactions (committer, txn_loop, commit_all) are a part of this class that
-lives in :mod:`sidecar.engines.consumer_commits` (its base class), the scheduler's isolation step in
-:mod:`sidecar.engines.consumer_isolation` (another base class); a partition's slot, the horizon's
+The scheduler (its turns, flow control, and when a turn runs) is a part of this class that lives in
+:mod:`sidecar.engines.consumer_scheduler` (its base class), the commits and the DLQ transactions
+(committer, txn_loop, commit_all) in :mod:`sidecar.engines.consumer_commits` (another), the
+scheduler's isolation step in :mod:`sidecar.engines.consumer_isolation` (another); a partition's slot, the horizon's
 window and the engine's clock in :mod:`sidecar.engines.consumer_slots`. The Kafka boundary is
 `sidecar.kafka`: this module does not import confluent-kafka (an import-linter contract).
 """
@@ -72,6 +73,7 @@ from sidecar.core.record import Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.consumer_commits import OffsetCommits
 from sidecar.engines.consumer_isolation import IsolationPasses
+from sidecar.engines.consumer_scheduler import Scheduling
 from sidecar.engines.consumer_slots import (
     Slot,
     SlotRef,
@@ -96,11 +98,9 @@ REVOKE_DLQ_WAIT_S = 10.0
 COMMITS_FAILING_NOT_READY_S = 30.0
 # How long the shutdown waits for the poll loop's last consume() before closing the consumer.
 POLL_STOP_WAIT_S = 5.0
-# `Slot.quiet_at` during a turn: the partition gave less than it was offered (see _schedule_loop).
-_QUIET_CANDIDATE = -2
 
 
-class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
+class ConsumerGroupEngine(Scheduling, OffsetCommits, IsolationPasses):
     """The `DeliveryState` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
     kind = "consumer"
@@ -184,37 +184,6 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
             if self.transactional:
                 nursery.start_soon(self._txn_loop)
             task_status.started()
-
-    def wake(self) -> None:
-        if self._holding:
-            self._held = True
-        else:
-            self._kick.set()
-
-    kick = wake
-
-    def hold_wakes(self) -> None:
-        self._holding = True
-
-    def release_wakes(self) -> None:
-        self._holding = False
-        if self._held:
-            self._held = False
-            self._turn_now()
-
-    def _turn_now(self) -> None:
-        """A scheduler turn in the caller's task, now, instead of a wake-up of the scheduler's
-        (which would cost a trio task step for the same turn); the scheduler then waits for what
-        the turn says. A kick when the scheduler is not waiting, or a turn is running."""
-        scope = self._schedule_scope
-        if scope is None or self._in_turn or self.pipe.stopping:
-            self._kick.set()
-            return
-        deadline = trio.current_time() + self._turn()
-        # Only ever sooner: setting a cancel scope's deadline is dear, and a wait that ends
-        # early costs one turn that finds nothing and waits again.
-        if deadline < scope.deadline:  # noqa: PLR1730 (setting it always is the dear part)
-            scope.deadline = deadline
 
     def intake_changed(self) -> None:
         self._apply_flow_control()
@@ -480,221 +449,6 @@ class ConsumerGroupEngine(OffsetCommits, IsolationPasses):
         # The batches of one hand-over are in the ledgers: one turn sends what it can of them
         # (and applies flow control, pause/resume), in this task.
         self._turn_now()
-
-    # ----------------------------------------------------------------------------- flow control
-
-    def _apply_flow_control(self, busy: Sequence[Slot] | None = None) -> None:
-        """Pause or resume fetching per partition. With ``busy`` (a scheduler turn's partitions
-        that changed), only those and the ones a decision is pending for are looked at, unless
-        the conditions every partition shares (its byte share, intake closed) changed."""
-        to_pause: list[PartitionKey] = []
-        to_resume: list[PartitionKey] = []
-        intake_closed = self.pipe.draining or not self.pipe.app_reachable or self.pipe.breaker_open
-        # Each assigned partition's share of the byte budget. A partition over it is paused, and
-        # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
-        # a record larger than a share is delivered and the partition resumes once it is done.
-        share = self.budget.share_bytes(len(self.source.assigned) or len(self.slots))
-        source_paused = self.source.paused
-        shared = (share, intake_closed, len(self.slots))
-        if busy is None or shared != self._flow_shared:
-            self._flow_shared = shared
-            looked_at = list(self.slots.items())
-        else:
-            # An unchanged partition under unchanged shared conditions decides what it decided
-            # (`flow_seen`): only the changed ones, and those with a decision not yet applied.
-            looked_at = [((s.ledger.topic, s.ledger.partition), s) for s in busy]
-            looked_at += [
-                ((s.ledger.topic, s.ledger.partition), s)
-                for s in self.slots.values()
-                if s.flow_seen is None and s not in busy
-            ]
-        for key, slot in looked_at:
-            paused = key in source_paused
-            # The same ledger under the same conditions decides the same: nothing to do again.
-            seen = (slot.ledger.changes, share, intake_closed, paused)
-            if slot.flow_seen == seen:
-                continue
-            decided = len(to_pause) + len(to_resume)
-            if intake_closed:
-                if not paused:
-                    to_pause.append(key)
-            elif not paused and slot.ledger.should_pause(share):
-                to_pause.append(key)
-                st = slot.ledger.statistics()
-                lc = self.ledger_config
-                if (
-                    st.buffered < lc.max_buffered_records
-                    and st.buffered_bytes < share
-                    and st.in_flight < lc.max_record_locks
-                ):
-                    # Neither record limit: the delivery state nears offset.metadata.max.bytes.
-                    self.counters.metadata_pauses += 1
-                    log.warning(
-                        "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
-                        key[0],
-                        key[1],
-                    )
-            elif paused and slot.ledger.may_resume(share):
-                to_resume.append(key)
-            # Remembered only when it decided nothing: a pause or resume is looked at again
-            # until the source has applied it.
-            slot.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
-        if to_pause:
-            self.source.pause(to_pause)
-        if to_resume:
-            self.source.resume(to_resume)
-
-    # ----------------------------------------------------------------------------- scheduler
-
-    async def _scheduler(self) -> None:
-        """Expire locks, acquire records, start DLQ writes, pause/resume — whenever something
-        changed; and the hand-out task that commits acquired records' counts and sends them."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._hand_out_loop)
-            await self._schedule_loop()
-            nursery.cancel_scope.cancel()
-
-    async def _schedule_loop(self) -> None:
-        # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
-        # entering a scope of its own; a scope whose deadline came is replaced.
-        while not self.pipe.stopping:
-            with trio.CancelScope() as scope:
-                while not self.pipe.stopping:
-                    scope.deadline = trio.current_time() + self._turn()
-                    self._schedule_scope = scope
-                    try:
-                        await self._kick.wait()
-                    finally:
-                        self._schedule_scope = None
-                    self._kick = trio.Event()
-            self._kick = trio.Event()
-
-    def _turn(self) -> float:
-        """One scheduler turn; returns how long to wait for a kick before the next (seconds)."""
-        self._in_turn = True
-        try:
-            return self._turn_body()
-        finally:
-            self._in_turn = False
-
-    def _turn_body(self) -> float:
-        pipe = self.pipe
-        max_total = self.config.delivery.max_in_flight_records
-        now = now_ms()
-        # A partition whose ledger has not changed since a turn found nothing to do in it,
-        # and whose next deadline has not come, has nothing to do now either: the turn skips
-        # it (its expiry, acquisition, archiving and horizon; see `PartitionLedger.changes`).
-        # It is looked at again once it changes, a deadline comes, or a turn does not offer
-        # it room to acquire.
-        busy = [
-            slot
-            for slot in self.slots.values()
-            if slot.quiet_at != slot.ledger.changes
-            or (slot.quiet_due is not None and now >= slot.quiet_due)
-        ]
-        for slot in busy:
-            slot.quiet_at = -1
-            for expired in slot.ledger.expire(now):
-                self.pipe.lock_expired(
-                    slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
-                )
-                if slot.revoking:
-                    self._revoke_progress.set()
-        acquired: list[tuple[Slot, L.Attempt]] = []
-        may_acquire = False  # every partition was offered room: no retry time is pending
-        exclusive = self.horizon and self._isolation_step(now)
-        if exclusive:
-            pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
-        elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
-            # Acquire no more than the workers can send right away: an acquired record's
-            # attempt is counted (and persisted) before it is sent, so one that waited in a
-            # queue while the process crashed would be charged an attempt it never had.
-            # Records acquired while the write-ahead commit of the previous round is under
-            # way wait for the next one (group commit), within the same capacity: a record
-            # never waits in a queue after its count is stored, and with one in flight an
-            # answer is committed before the next record leaves (a crash on that record
-            # does not charge the one before it).
-            waiting = len(self._awaiting)
-            budget = min(
-                max_total - pipe.in_flight_records() - waiting,
-                pipe.send_room() - waiting,
-            )
-            if (room := pipe.breaker_room()) is not None:
-                # The DLQ circuit breaker: none, or one probe (an acquired record waiting
-                # for its write-ahead commit is not issued yet, but it is the probe).
-                budget = min(budget, room - waiting)
-            slots = busy
-            if slots:
-                # Rotate the starting partition so a busy one cannot starve the others.
-                self._rr = (self._rr + 1) % len(slots)
-                slots = slots[self._rr :] + slots[: self._rr]
-            for slot in slots:
-                if budget <= 0:
-                    break
-                if slot.revoking:
-                    continue
-                got = slot.ledger.acquire(now, budget)
-                budget -= len(got)
-                acquired.extend((slot, a) for a in got)
-                if budget > 0:
-                    # It gave less than it was offered: nothing more to acquire until it
-                    # changes or its next deadline (a lock, a retry time) comes.
-                    slot.quiet_at = _QUIET_CANDIDATE
-            may_acquire = budget > 0
-        if not self.horizon and (acquired or pipe.in_flight_records()):
-            # Write-ahead commits are on the records' path: keep the poll thread's
-            # consume() timeouts short while records flow.
-            self.source.mark_busy()
-        if acquired:
-            if self.write_ahead:
-                self._awaiting.extend(acquired)
-                self._awaiting_wake.set()
-            else:
-                self._hand_out(acquired)
-        self._start_archiving(busy)
-        self._apply_flow_control(busy)
-        if self.horizon:
-            wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
-            for slot in wanted:
-                slot.quiet_at = -1  # a commit is wanted: asked again next turn
-            if wanted:
-                self._commit_wake.set()
-                if any(s.ledger.horizon_status().held for s in wanted):
-                    # The horizon commit fell behind the hand-outs (near saturation): records
-                    # wait on it, so queued commits must not wait out a blocking poll.
-                    self.source.mark_busy()
-        for slot in busy:
-            if slot.quiet_at == _QUIET_CANDIDATE:
-                ledger = slot.ledger
-                slot.quiet_at = ledger.changes
-                slot.quiet_due = ledger.next_deadline_ms()
-                slot.quiet_lock_due = ledger.next_lock_deadline_ms()
-        return self._next_wait_s(now_ms(), may_acquire)
-
-    def _next_wait_s(self, now: int, may_acquire: bool) -> float:
-        # A retry time that has come only matters when a record could be acquired now: with no
-        # room (every send slot taken or waiting for its commit), intake paused (app down,
-        # draining) or the partition being revoked, waking for it would spin until that changes,
-        # and every change of that kind kicks the scheduler anyway. Lock expiry always matters.
-        deadlines = [
-            d
-            for s in self.slots.values()
-            if (
-                d := (
-                    (s.quiet_due if may_acquire else s.quiet_lock_due)
-                    if s.quiet_at == s.ledger.changes
-                    else s.ledger.next_deadline_ms()
-                    if may_acquire and not s.revoking
-                    else s.ledger.next_lock_deadline_ms()
-                )
-            )
-            is not None
-        ]
-        # Every change that matters kicks the scheduler; the cap is only a safety net.
-        cap_s = 0.5 if not self.horizon else 5.0
-        if not deadlines:
-            return cap_s
-        return min(cap_s, max(0.0, (min(deadlines) - now) / 1000))
 
     async def _hand_out_loop(self) -> None:
         """Commit the delivery counts of acquired records, then hand them to the workers.
