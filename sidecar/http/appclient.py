@@ -47,6 +47,7 @@ import errno
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
@@ -87,6 +88,8 @@ __all__ = [
 
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,18 +227,17 @@ class AppClient:
 
     # ------------------------------------------------------------------------- started requests
 
+    def _single_request(self, record: RecordView) -> bytes:
+        t = self.target
+        return format_single_request(
+            record, self._host_header, t.path, t.extra_headers, t.cloudevents
+        )
+
     def start_single(
         self, record: RecordView, timeout_s: float, done: Callable[[Answer | AppNotReachable], None]
     ) -> Exchange:
         """Push one record in single mode; ``done`` gets its answer (a request that was sent and
         failed is a release carrying the sidecar's error class) or :class:`AppNotReachable`."""
-        request = format_single_request(
-            record,
-            self._host_header,
-            self.target.path,
-            self.target.extra_headers,
-            self.target.cloudevents,
-        )
         mapping = self._status_mapping
 
         def answered(result: Result) -> None:
@@ -247,7 +249,7 @@ class AppClient:
                 assert isinstance(result, AppNotReachable)
                 done(result)
 
-        return self.pool.start(request, timeout_s, answered)
+        return self.pool.start(self._single_request(record), timeout_s, answered)
 
     def start_batch(
         self,
@@ -257,12 +259,9 @@ class AppClient:
     ) -> Exchange:
         """Push records in batch mode; ``done`` gets one :class:`Answer` per delivery id (see
         ``start_single``) or :class:`AppNotReachable`."""
+        t = self.target
         request = format_batch_request(
-            records,
-            self._host_header,
-            self.target.path,
-            self.target.extra_headers,
-            self.target.cloudevents,
+            records, self._host_header, t.path, t.extra_headers, t.cloudevents
         )
         ids = [record.delivery_id for record in records]
         mapping = self._status_mapping
@@ -280,32 +279,37 @@ class AppClient:
 
     # ------------------------------------------------------------------------- awaited requests
 
+    async def _awaited(self, start: Callable[[Callable[[R], None]], Exchange]) -> R:
+        """Start a request with ``start(done)`` and wait for what ``done`` gets, at most
+        ``max_connections`` at once (the request is abandoned if the caller is cancelled)."""
+        if self._closed:
+            raise RuntimeError("AppClient is closed")
+        async with self._slots:
+            box: list[R] = []
+            finished = trio.Event()
+
+            def done(result: R) -> None:
+                box.append(result)
+                finished.set()
+
+            exchange = start(done)
+            try:
+                await finished.wait()
+            except BaseException:
+                self.pool.abandon(exchange)
+                raise
+            return box[0]
+
     async def send(self, request: bytes, timeout_s: float) -> RawResponse:
         """Send one complete request (from :mod:`sidecar.core.wire`) and return the response.
 
         ``timeout_s`` bounds the exchange after the connection is open; opening has its own
         ``connect_timeout_s``. Raises :class:`AppNotReachable` or :class:`AppRequestFailed`.
         """
-        if self._closed:
-            raise RuntimeError("AppClient is closed")
-        async with self._slots:
-            box: list[Result] = []
-            finished = trio.Event()
-
-            def done(result: Result) -> None:
-                box.append(result)
-                finished.set()
-
-            exchange = self.pool.start(request, timeout_s, done)
-            try:
-                await finished.wait()
-            except BaseException:
-                self.pool.abandon(exchange)
-                raise
-            result = box[0]
-            if isinstance(result, RawResponse):
-                return result
-            raise result
+        result: Result = await self._awaited(lambda done: self.pool.start(request, timeout_s, done))
+        if isinstance(result, RawResponse):
+            return result
+        raise result
 
     async def deliver(self, record: RecordView, timeout_s: float) -> Answer:
         """Push one record in single mode and interpret the answer.
@@ -313,40 +317,23 @@ class AppClient:
         A request that was sent and failed becomes a release carrying the sidecar's error
         class (it was an attempt); :class:`AppNotReachable` propagates (it was not).
         """
-        request = format_single_request(
-            record,
-            self._host_header,
-            self.target.path,
-            self.target.extra_headers,
-            self.target.cloudevents,
+        answer: Answer | AppNotReachable = await self._awaited(
+            lambda done: self.start_single(record, timeout_s, done)
         )
-        try:
-            response = await self.send(request, timeout_s)
-        except AppRequestFailed as exc:
-            return _failed_answer(exc)
-        return interpret_single(
-            response.status, response.headers, response.body, self._status_mapping
-        )
+        if isinstance(answer, AppNotReachable):
+            raise answer
+        return answer
 
     async def deliver_batch(
         self, records: Sequence[RecordView], timeout_s: float
     ) -> dict[str, Answer]:
         """Push records in batch mode; one :class:`Answer` per delivery id (see deliver)."""
-        request = format_batch_request(
-            records,
-            self._host_header,
-            self.target.path,
-            self.target.extra_headers,
-            self.target.cloudevents,
+        answers: dict[str, Answer] | AppNotReachable = await self._awaited(
+            lambda done: self.start_batch(records, timeout_s, done)
         )
-        ids = [record.delivery_id for record in records]
-        try:
-            response = await self.send(request, timeout_s)
-        except AppRequestFailed as exc:
-            return dict.fromkeys(ids, _failed_answer(exc))
-        return interpret_batch(
-            response.status, response.headers, response.body, ids, self._status_mapping
-        )
+        if isinstance(answers, AppNotReachable):
+            raise answers
+        return answers
 
 
 def _failed_answer(exc: AppRequestFailed) -> Answer:
