@@ -1,7 +1,9 @@
 """Batch assembly: deliveries into app requests, and requests to the workers that are free.
 
 Owns :class:`BatchAssembler` (when a batch leaves: full, or its linger over); the pipeline adds the
-deliveries it sends and its workers say when they are free. Must not import either engine, the
+deliveries it sends and says when a request is over. A *worker* here is one of the pipeline's
+``app.max.in.flight`` request slots, not a task: a batch "goes to a worker" when ``dispatch`` starts
+its request, and ``worker_free`` gives the slot back once the request's answer is applied. Must not import either engine, the
 pipeline, the ledger, or confluent-kafka.
 """
 

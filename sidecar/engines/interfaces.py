@@ -211,7 +211,7 @@ class Pipe(Protocol[R]):
     Read: the configuration, the counters (the adapter bumps its own: commits, rebalances), the
     DLQ writer, and the pipeline's flags, which only the pipeline changes. Call: the deliveries'
     lifecycle (`issue` → `send` → `retire` / `lock_expired`), the DLQ step (`dead_letter`), the
-    room the workers, the polls and the circuit breaker leave, and the waits for it.
+    room the open requests, the polls and the circuit breaker leave, and the waits for it.
     """
 
     @property

@@ -6,7 +6,7 @@ ledgers plus the offset commit's metadata (``engine: consumer``,
 :mod:`sidecar.engines.share_group`). That difference is a :class:`DeliveryState` adapter;
 everything else is here, once::
 
-    DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ workers ──HTTP──▶ app
+    DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ app requests ──HTTP──▶ app
           ▲                                                           │
           │ answered()                                                ▼
           └───────────────────────── answer() ◀── the app's answer, or POST /v1/acks
@@ -17,7 +17,7 @@ everything else is here, once::
 :class:`Pipeline` is the one implementation of :class:`~sidecar.engines.interfaces.Engine`, the
 interface the daemon, the local API and the metrics use, and of
 :class:`~sidecar.engines.interfaces.Pipe`, what an adapter may use of it (both in
-:mod:`sidecar.engines.interfaces`). What it owns besides the workers, the app prober, the answers
+:mod:`sidecar.engines.interfaces`). What it owns besides the app requests, the app prober, the answers
 and the shutdown order lives beside it: :mod:`sidecar.engines.pull` (the pull queue),
 :mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the DLQ
 circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it
@@ -28,17 +28,20 @@ Who may change what (every call below runs in the trio thread and changes state 
 between two awaits, so each change is atomic):
 
 - ``_live`` (delivery id → live :class:`Delivery`): ``issue`` (the adapter's intake task), ``retire``
-  (the adapter: expiry, revoke, not reachable), ``answer`` (a worker, or the API's request task);
+  (the adapter: expiry, revoke, not reachable), ``answer`` (the app client's reader task, or the
+  API's request task);
 - ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
-- app reachability: the workers (not reachable) and the probe task (reachable again);
+- app reachability: the answers (not reachable) and the probe task (reachable again);
 - the DLQ circuit breaker (:class:`~sidecar.engines.breaker_gate.BreakerGate`): ``dead_letter`` (hold
   or write), ``_apply`` (successes, the probe's verdict), ``issue`` (the half-open probe), its timer
   task (half-open) and ``close_breaker`` (the API); adapters read ``breaker_room`` / ``breaker_open``
   and keep the records it held until ``release_held``;
 - stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
-- the open app requests (:class:`~sidecar.engines.batching.BatchAssembler`): ``send`` adds, the
-  workers take, the linger timer sends what has waited its linger;
+- the app requests (:class:`~sidecar.engines.batching.BatchAssembler`): ``send`` adds, the
+  assembler starts a request (``_dispatch``) while fewer than ``app.max.in.flight`` are open, the
+  linger timer sends what has waited its linger; ``_requests`` (started, not answered):
+  ``_dispatch`` adds, ``_answered`` (the app client's reader task) and the shutdown take;
 - pull mode's :class:`~sidecar.engines.pull.PullQueue`: ``send`` puts, the API's poll tasks take
   (``pull``), ``_drain`` releases the waiting polls.
 
@@ -139,7 +142,7 @@ class Pipeline:
         self._requests: set[_Request] = set()  # started, not answered
         self._answering = False  # inside one wake-up of the app client's reader
         self._answers_closed = False  # shutting down: answers arriving now are dropped
-        # Deliveries the workers can take at once (push mode; see `send_room`).
+        # Deliveries the open requests can carry at once (push mode; see `send_room`).
         self.send_capacity = app.max_in_flight * (app.batch_max_records if batch else 1)
         self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
         self._app_reachable = True
@@ -195,7 +198,8 @@ class Pipeline:
 
         Shutdown order: stop intake → let in-flight attempts and DLQ writes finish within
         `shutdown.drain.timeout.ms` (skipped after a failure or `skip_drain`) → the adapter's final
-        commits and close, shielded → cancel the workers → close the app client and the tracer.
+        commits and close, shielded → drop the open requests, cancel the tasks → close the app
+        client and the tracer.
         """
         config = self.config
         if not await self._wait_cluster_usable():
@@ -354,7 +358,7 @@ class Pipeline:
         return delivery
 
     def send(self, delivery: Delivery[Any]) -> None:
-        """Hand a delivery to the workers: it leaves in the next request (batch mode: see
+        """Hand a delivery to the app: it leaves in the next request (batch mode: see
         :class:`~sidecar.engines.batching.BatchAssembler` for when); pull mode: to the polls
         (:class:`~sidecar.engines.pull.PullQueue`)."""
         if self._pull is not None:
@@ -511,7 +515,7 @@ class Pipeline:
         once the app is back, within the batch's lock) or back to their ledger (consumer)."""
         live = [d for d in items if self._live.get(d.id) is d]
         if live and await self.state.not_reached(live):
-            self._dispatch(items)  # the same request slot, as a worker's retry was
+            self._dispatch(items)  # again, in the same request slot
             return
         self._request_done(items)
 
@@ -529,7 +533,7 @@ class Pipeline:
     # ------------------------------------------------------------------------- pull mode
 
     def send_room(self) -> int:
-        """How many more deliveries may be handed over now: free worker capacity (push mode), or
+        """How many more deliveries may be handed over now: free request capacity (push mode), or
         what the waiting polls still take (pull mode: records are acquired only for a poll)."""
         if self._pull is not None:
             return self._pull.demand()

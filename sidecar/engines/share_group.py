@@ -4,7 +4,7 @@ The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and appl
 what is particular to a share group: the share consumers, the batches they acquire, and turning each
 answer into ACCEPT / RELEASE / REJECT::
 
-    consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline workers ──HTTP──▶ app   (and /v1/acks)
+    consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline requests ──HTTP──▶ app   (and /v1/acks)
           ▲                       │
           └── acknowledge ◀───────┴── decide() per record (+ pipeline.dead_letter() confirmed, then REJECT)
 
@@ -12,13 +12,13 @@ The share consumers are the Kafka side's (:mod:`sidecar.kafka.share.consumer`, `
 `min(4, app.max.in.flight)` consumers lives on a thread of its own and has one batch in flight, and
 calls this engine (its `ShareListener`) in trio for each poll's records (`on_batch`), which returns
 the decisions as a `Step`; the source acknowledges them, `Ack` words turned into the client's types
-there. The records of a batch go to the app concurrently through the shared worker pool, so
+there. The records of a batch go to the app concurrently (up to `app.max.in.flight` requests), so
 throughput comes from several batches at once, not from one long batch. The start-up checks (the
 group's limit and record lock, `ShareSettings`) are the Kafka side's too
 (:mod:`sidecar.kafka.share.admin`); this module imports no confluent-kafka (an import-linter contract).
 
 Who may change what: a batch (`Batch`) belongs to the `on_batch` call of its consumer thread (run in
-trio through `trio.from_thread.run`); answers reach it only through `answered` (a worker or the API's
+trio through `trio.from_thread.run`); answers reach it only through `answered` (the app client's reader or the API's
 request task), which records the answer and counts down `pending`; the decisions are made by that batch's
 call alone. The delivery state itself (counts, locks) is the broker's; the source's flags (readiness,
 the partitions seen, unsent acknowledgements) are the source's, read here.
