@@ -17,4 +17,64 @@
 Imports the standard library only, and nothing from the rest of `sidecar`; every other layer may
 import it. Both are checked by import-linter contracts in pyproject.toml, with one more: no import
 cycle between sibling modules anywhere in the package.
+
+Compiled or pure Python: the build can compile the core's modules (all but the package
+``__init__`` files, this one included) with mypyc into extension modules that sit beside their
+sources (setup.py, ``DLQ_SIDECAR_MYPYC=1``; the container image is built so). Python imports an
+extension module in preference to the source beside it; `compiled` tells which was loaded.
+``DLQ_SIDECAR_PURE=1`` in the environment makes this package import the sources even where the
+extension modules are installed: the fallback, and how the tests run both.
 """
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from importlib.abc import MetaPathFinder
+from importlib.machinery import (
+    EXTENSION_SUFFIXES,
+    SOURCE_SUFFIXES,
+    FileFinder,
+    ModuleSpec,
+    SourceFileLoader,
+)
+from types import ModuleType
+
+__all__ = ["PURE_ENV", "compiled", "core_build"]
+
+#: Set (to anything but "" or "0"), the core imports its Python sources, never its extension modules.
+PURE_ENV = "DLQ_SIDECAR_PURE"
+
+
+class _SourcesOnly(MetaPathFinder):
+    """Finds this package's modules as Python sources only (ahead of the normal path finder)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if not fullname.startswith(__name__ + ".") or path is None:
+            return None
+        for entry in path:
+            spec = FileFinder(entry, (SourceFileLoader, SOURCE_SUFFIXES)).find_spec(fullname)
+            if spec is not None:
+                return spec
+        return None
+
+
+if os.environ.get(PURE_ENV, "") not in ("", "0") and not any(
+    isinstance(finder, _SourcesOnly) for finder in sys.meta_path
+):
+    sys.meta_path.insert(0, _SourcesOnly())
+
+
+def compiled() -> bool:
+    """Whether the core's hot path (the ledger) runs as mypyc-compiled extension modules."""
+    from sidecar.core.ledger import partition
+
+    return (partition.__file__ or "").endswith(tuple(EXTENSION_SUFFIXES))
+
+
+def core_build() -> str:
+    """``"compiled core"`` or ``"pure Python core"``: for ``--version`` and the start-up log."""
+    return "compiled core" if compiled() else "pure Python core"
