@@ -53,7 +53,6 @@ compiled: venv
 
 pure:
 	find sidecar -name '*.so' -delete
-	rm -f sidecar_core__mypyc.*.so
 
 # The unit tests against the core's sources though a build sits beside them (DLQ_SIDECAR_PURE=1): with
 # `make compiled` and `make pytest`, both variants.
@@ -75,4 +74,3 @@ broker-stop:
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist
 	find sidecar -name '*.so' -delete
-	rm -f sidecar_core__mypyc.*.so

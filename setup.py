@@ -28,8 +28,10 @@ MYPY = "mypy>=1.10"
 # The commands that build extension modules; the others (egg_info, dist_info, sdist) only describe.
 BUILDING = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
 ROOT = Path(__file__).resolve().parent
-# The compiled modules' shared library, sidecar_core__mypyc.<ABI>.so, a top-level module.
-GROUP = "sidecar_core"
+# The compiled modules' shared library: sidecar/core/_native__mypyc.<ABI>.so, inside the package (a
+# top-level module would be found only where the checkout's root is on sys.path).
+GROUP = "sidecar.core._native"
+LIBRARY_GLOB = "sidecar/core/_native__mypyc.*"
 
 
 def compiled_sources() -> list[str]:
@@ -65,7 +67,7 @@ def main() -> None:
     if {"--inplace", "-i"} & set(sys.argv[1:]):
         # The shared library's time is the build's: a source newer than it was edited after
         # (tests/conftest.py refuses to run then).  A source touched but unchanged is not relinked.
-        for library in ROOT.glob(f"{GROUP}__mypyc.*"):
+        for library in ROOT.glob(LIBRARY_GLOB):
             library.touch()
 
 

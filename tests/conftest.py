@@ -38,11 +38,11 @@ def worker_port_range(worker: str | None, workers: int) -> tuple[int, int] | Non
 def stale_compiled_core() -> list[str]:
     """Core sources edited after `make compiled` built the extension modules Python imports instead.
 
-    The build's shared library (``sidecar_core__mypyc*.so`` at the root) is rebuilt whenever a
+    The build's shared library (``sidecar/core/_native__mypyc*.so``) is rebuilt whenever a
     compiled source changes; a source newer than it is not what the tests would run."""
     if os.environ.get("DLQ_SIDECAR_PURE", "") not in ("", "0"):
         return []
-    built = [path.stat().st_mtime for path in ROOT.glob("sidecar_core__mypyc.*")]
+    built = [path.stat().st_mtime for path in (ROOT / "sidecar" / "core").glob("_native__mypyc.*")]
     if not built:
         return []
     sources = [
