@@ -61,7 +61,9 @@ unit-pure: venv
 
 # Both wheels into dist/: the compiled one for this platform and Python, and the universal pure-Python one
 # that pip falls back to where the compiled one does not fit.
+# build/lib* first: setuptools packs what an earlier build left there (the C objects in build/temp* are reused).
 wheel: venv
+	rm -rf build/lib build/lib.*
 	DLQ_SIDECAR_MYPYC=1 $(BIN)/python -m pip wheel -q --no-deps -w dist .
 	DLQ_SIDECAR_MYPYC=0 $(BIN)/python -m pip wheel -q --no-deps -w dist .
 

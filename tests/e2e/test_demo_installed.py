@@ -15,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,15 @@ def test_demo_runs_from_an_installed_wheel(
     abi = f"cp{sys.version_info.major}{sys.version_info.minor}"
     tag = f"{abi}-{abi}-" if build == "compiled" else "py3-none-any"
     assert tag in wheel.name, wheel.name
+    with zipfile.ZipFile(wheel) as archive:
+        libraries = sorted(name for name in archive.namelist() if name.endswith(".so"))
+        assert "sidecar/core/ledger/partition.py" in archive.namelist()  # the fallback
+    if build == "compiled":
+        assert any(name.startswith("sidecar/core/_native__mypyc.") for name in libraries), libraries
+        assert any(name.startswith("sidecar/core/ledger/partition.") for name in libraries)
+        assert all(name.startswith("sidecar/core/") for name in libraries), libraries
+    else:
+        assert libraries == []
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, 60)
