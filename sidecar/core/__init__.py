@@ -23,11 +23,14 @@ Compiled or pure Python: the build can compile the core's modules (all but the p
 sources (setup.py, ``DLQ_SIDECAR_MYPYC=1``; the container image is built so). Python imports an
 extension module in preference to the source beside it; `compiled` tells which was loaded.
 ``DLQ_SIDECAR_PURE=1`` in the environment makes this package import the sources even where the
-extension modules are installed: the fallback, and how the tests run both.
+extension modules are installed: the fallback, and how the tests run both.  A build that is there
+but cannot be loaded (made for another platform or Python, or damaged) falls back to the sources
+too, and `core_build` says why.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -45,6 +48,10 @@ __all__ = ["PURE_ENV", "compiled", "core_build"]
 
 #: Set (to anything but "" or "0"), the core imports its Python sources, never its extension modules.
 PURE_ENV = "DLQ_SIDECAR_PURE"
+#: The build's shared library, which every compiled module loads (setup.py's GROUP + "__mypyc").
+NATIVE = "_native__mypyc"
+#: Why the build beside the sources could not be loaded (then the sources run); None: it could, or none.
+_load_error: str | None = None
 
 
 class _SourcesOnly(MetaPathFinder):
@@ -62,10 +69,21 @@ class _SourcesOnly(MetaPathFinder):
         return None
 
 
-if os.environ.get(PURE_ENV, "") not in ("", "0") and not any(
-    isinstance(finder, _SourcesOnly) for finder in sys.meta_path
-):
-    sys.meta_path.insert(0, _SourcesOnly())
+def _use_sources() -> None:
+    if not any(isinstance(finder, _SourcesOnly) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourcesOnly())
+
+
+if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    _use_sources()
+else:
+    try:
+        importlib.import_module(f"{__name__}.{NATIVE}")
+    except ModuleNotFoundError:
+        pass  # not built: the sources are all there is
+    except ImportError as exc:
+        _load_error = str(exc)
+        _use_sources()
 
 
 def compiled() -> bool:
@@ -76,5 +94,13 @@ def compiled() -> bool:
 
 
 def core_build() -> str:
-    """``"compiled core"`` or ``"pure Python core"``: for ``--version`` and the start-up log."""
-    return "compiled core" if compiled() else "pure Python core"
+    """``"compiled core"`` or ``"pure Python core"``: for ``--version`` and the start-up log.
+
+    After a build that could not be loaded: ``"pure Python core; the compiled core did not load:
+    <the import error>"``.
+    """
+    if compiled():
+        return "compiled core"
+    if _load_error is not None:
+        return f"pure Python core; the compiled core did not load: {_load_error}"
+    return "pure Python core"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -18,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import sidecar.core
-from sidecar.core import PURE_ENV, compiled, core_build
+from sidecar.core import NATIVE, PURE_ENV, compiled, core_build
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,6 +59,44 @@ def test_setup_compiles_the_core_modules_and_no_package_init() -> None:
     assert "sidecar.core.commitstate" in names
     assert all(name.startswith("sidecar.core.") for name in names)
     assert not [name for name in names if name.endswith("__init__")]
+
+
+def test_the_package_looks_for_the_library_setup_builds() -> None:
+    setup = _setup_module()
+    package, _, group = setup.GROUP.rpartition(".")
+    assert package == "sidecar.core"
+    assert f"{group}__mypyc" == NATIVE
+    assert f"sidecar/core/{NATIVE}.*" == setup.LIBRARY_GLOB
+
+
+def test_a_build_that_cannot_be_loaded_falls_back_to_the_sources(tmp_path: Path) -> None:
+    # A copy of the package whose "build" is not a shared library at all (as one made for another
+    # platform would fail to load): the sources run, and the build line says why.
+    shutil.copytree(
+        ROOT / "sidecar", tmp_path / "sidecar", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    suffix = EXTENSION_SUFFIXES[0]
+    (tmp_path / "sidecar" / "core" / f"{NATIVE}{suffix}").write_bytes(b"not a shared library")
+    (tmp_path / "sidecar" / "core" / "ledger" / f"partition{suffix}").write_bytes(b"nor this")
+    env = {key: value for key, value in os.environ.items() if key != PURE_ENV}
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sidecar.core as core, sidecar.core.ledger.partition as p;"
+            " print(p.__file__); print(core.core_build())",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    where, build = done.stdout.splitlines()
+    assert where == str(tmp_path / "sidecar" / "core" / "ledger" / "partition.py")
+    assert build.startswith("pure Python core; the compiled core did not load: "), build
 
 
 def test_what_is_loaded_is_the_build_unless_the_sources_are_forced() -> None:
