@@ -8,13 +8,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test lint typecheck pytest broker-start broker-stop tools clean
+.PHONY: venv demo test lint typecheck pytest unit-pure compiled pure wheel broker-start broker-stop tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	DLQ_SIDECAR_MYPYC=0 $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -44,6 +44,29 @@ pytest: venv tools
 
 test: lint typecheck pytest
 
+# The pure core (sidecar/core) compiled by mypyc, in place (setup.py, DLQ_SIDECAR_MYPYC=1): extension modules
+# beside the sources, which Python then imports instead of them, so every run of the checkout (tests included)
+# uses them until `make pure` removes them. Needs a C compiler; mypy comes with the dev extra. A source edited
+# after the build stops the test run (tests/conftest.py): run `make compiled` again.
+compiled: venv
+	DLQ_SIDECAR_MYPYC=1 $(BIN)/python setup.py -q build_ext --inplace
+
+pure:
+	find sidecar -name '*.so' -delete
+
+# The unit tests against the core's sources though a build sits beside them (DLQ_SIDECAR_PURE=1): with
+# `make compiled` and `make pytest`, both variants.
+unit-pure: venv
+	DLQ_SIDECAR_PURE=1 $(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) tests/unit
+
+# Both wheels into dist/: the compiled one for this platform and Python, and the universal pure-Python one
+# that pip falls back to where the compiled one does not fit.
+# build/lib* first: setuptools packs what an earlier build left there (the C objects in build/temp* are reused).
+wheel: venv
+	rm -rf build/lib build/lib.*
+	DLQ_SIDECAR_MYPYC=1 $(BIN)/python -m pip wheel -q --no-deps -w dist .
+	DLQ_SIDECAR_MYPYC=0 $(BIN)/python -m pip wheel -q --no-deps -w dist .
+
 broker-start:
 	scripts/kafka start
 
@@ -51,4 +74,5 @@ broker-stop:
 	scripts/kafka stop
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist
+	find sidecar -name '*.so' -delete

@@ -26,7 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
             "answers into redeliveries, and writes records that keep failing to a DLQ topic."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"dlq-sidecar {__version__}")
+    from sidecar.core import core_build
+
+    # "dlq-sidecar 0.1.0 (compiled core)" or "(pure Python core)": see sidecar.core.compiled.
+    parser.add_argument(
+        "--version", action="version", version=f"dlq-sidecar {__version__} ({core_build()})"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the sidecar with a config file")

@@ -35,7 +35,32 @@ def worker_port_range(worker: str | None, workers: int) -> tuple[int, int] | Non
     return low, low + span - 1
 
 
+def stale_compiled_core() -> list[str]:
+    """Core sources edited after `make compiled` built the extension modules Python imports instead.
+
+    The build's shared library (``sidecar/core/_native__mypyc*.so``) is rebuilt whenever a
+    compiled source changes; a source newer than it is not what the tests would run."""
+    if os.environ.get("DLQ_SIDECAR_PURE", "") not in ("", "0"):
+        return []
+    built = [path.stat().st_mtime for path in (ROOT / "sidecar" / "core").glob("_native__mypyc.*")]
+    if not built:
+        return []
+    sources = [
+        path
+        for path in (ROOT / "sidecar" / "core").rglob("*.py")
+        if path.name != "__init__.py" and path.stat().st_mtime > min(built)
+    ]
+    return [str(path.relative_to(ROOT)) for path in sorted(sources)]
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    stale = stale_compiled_core()
+    if stale:
+        pytest.exit(
+            f"{', '.join(stale)}: edited after `make compiled`; run `make compiled` again, "
+            "`make pure` to remove the build, or set DLQ_SIDECAR_PURE=1",
+            returncode=4,
+        )
     # The share engine's journal defaults to a file under $XDG_STATE_HOME (share.journal.path:
     # auto): the sidecars a test session starts keep theirs in a directory of the session's own,
     # never in the user's ~/.local/state.

@@ -23,6 +23,7 @@ import trio
 
 from sidecar.config import Config
 from sidecar.config import Engine as EngineKind
+from sidecar.core import compiled, core_build
 from sidecar.engines.pipeline import Engine, Pipeline
 from sidecar.http.server import serve_http
 from sidecar.kafka.dlq import DlqStartupError
@@ -134,8 +135,15 @@ async def run_sidecar(
                 nursery.cancel_scope.cancel()
                 return EXIT_FAILURE
             log.info(
-                "dlq-sidecar running",
-                extra={"fields": {"group": config.group_id, "topics": list(config.source.topics)}},
+                "dlq-sidecar running (%s)",
+                core_build(),  # compiled by mypyc, or pure Python (see sidecar.core.compiled)
+                extra={
+                    "fields": {
+                        "group": config.group_id,
+                        "topics": list(config.source.topics),
+                        "core": "compiled" if compiled() else "pure",
+                    }
+                },
             )
         # The engine has drained, committed and closed (see `Pipeline.run`): stop serving.
         nursery.cancel_scope.cancel()

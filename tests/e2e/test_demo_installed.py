@@ -1,5 +1,6 @@
 """`dlq-sidecar demo` from an installed wheel: built from this checkout, installed into a fresh venv, run
-from outside the checkout against the session's broker.
+from outside the checkout against the session's broker.  Both wheels: the pure-Python one (the default
+build) and the one with the core compiled by mypyc (``DLQ_SIDECAR_MYPYC=1``, as the image builds it).
 
 The venv gets the wheel only (`--no-deps`); its dependencies come from the test's own environment through
 a path entry, so the test needs no package index. That entry is a plain directory on `sys.path`: the
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -39,15 +41,31 @@ def _run(cmd: list[str], cwd: Path, timeout_s: float, **env: str) -> str:
     return out
 
 
-def test_demo_runs_from_an_installed_wheel(bootstrap: str, unique: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("build", ["pure", "compiled"])
+def test_demo_runs_from_an_installed_wheel(
+    bootstrap: str, unique: str, tmp_path: Path, build: str
+) -> None:
     started = time.monotonic()
     wheels = tmp_path / "wheels"
     _run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
         tmp_path,
         240,
+        DLQ_SIDECAR_MYPYC="1" if build == "compiled" else "0",
     )
     (wheel,) = wheels.glob("dlq_sidecar-*.whl")
+    abi = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    tag = f"{abi}-{abi}-" if build == "compiled" else "py3-none-any"
+    assert tag in wheel.name, wheel.name
+    with zipfile.ZipFile(wheel) as archive:
+        libraries = sorted(name for name in archive.namelist() if name.endswith(".so"))
+        assert "sidecar/core/ledger/partition.py" in archive.namelist()  # the fallback
+    if build == "compiled":
+        assert any(name.startswith("sidecar/core/_native__mypyc.") for name in libraries), libraries
+        assert any(name.startswith("sidecar/core/ledger/partition.") for name in libraries)
+        assert all(name.startswith("sidecar/core/") for name in libraries), libraries
+    else:
+        assert libraries == []
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, 60)
@@ -65,6 +83,16 @@ def test_demo_runs_from_an_installed_wheel(bootstrap: str, unique: str, tmp_path
 
     imported = _run([str(python), "-c", "import sidecar; print(sidecar.__file__)"], tmp_path, 30)
     assert Path(imported.strip()).is_relative_to(purelib), imported
+    core = "compiled core" if build == "compiled" else "pure Python core"
+    version = _run(
+        [str(venv / "bin" / "dlq-sidecar"), "--version"], tmp_path, 30, DLQ_SIDECAR_PURE=""
+    )
+    assert version.strip().endswith(f"({core})"), version
+    # The compiled wheel ships the sources too: the fallback the switch forces.
+    forced = _run(
+        [str(venv / "bin" / "dlq-sidecar"), "--version"], tmp_path, 30, DLQ_SIDECAR_PURE="1"
+    )
+    assert forced.strip().endswith("(pure Python core)"), forced
 
     topic = f"orders-{unique}"
     out = _run(

@@ -1100,4 +1100,11 @@ def test_dockerfile_matches_the_chart() -> None:
     # The chart's args start the CLI's `run` with the ConfigMap's path.
     assert 'CMD ["run", "-c", "/etc/dlq-sidecar/config.yaml"]' in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
-    assert ignored[ignored.index("*") :][:4] == ["*", "!pyproject.toml", "!README.md", "!sidecar/"]
+    assert ignored[ignored.index("*") :][:5] == [
+        "*",
+        "!pyproject.toml",
+        "!setup.py",  # the build's switch: the core compiled by mypyc (DLQ_SIDECAR_MYPYC=1)
+        "!README.md",
+        "!sidecar/",
+    ]
+    assert "DLQ_SIDECAR_MYPYC=1 pip wheel" in dockerfile

@@ -6,11 +6,11 @@ and leaves the ledger exactly as it was.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 
+from sidecar.core import compiled
 from sidecar.core.backoff import RetryPolicy
 from sidecar.core.commitstate import MAX_OFFSET, CommitState, decode
 from sidecar.core.ledger import (
@@ -76,19 +76,18 @@ def test_acquire_hands_out_attempts_with_fresh_ids() -> None:
     assert ledger.acquire(5, 10) == []  # nothing else may go
 
 
-def test_attempts_are_frozen_values() -> None:
+def test_attempts_and_results_are_values() -> None:
     ledger = make()
     fill(ledger, [(100, b"a")])
     (attempt,) = ledger.acquire(0, 1)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        attempt.offset = 7  # type: ignore[misc]
     result = ledger.answer(attempt.attempt_id, Ack.ACCEPT, 1)
     assert result == AnswerResult(
         attempt.attempt_id, 100, Ack.ACCEPT, RecordState.ACKNOWLEDGED, 1, None, None, None
     )
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        result.state = RecordState.AVAILABLE  # type: ignore[misc]
-    assert hash(attempt) == hash(dataclasses.replace(attempt))
+    again = Attempt(*[getattr(attempt, name) for name in Attempt._FIELDS])
+    assert again == attempt
+    assert hash(again) == hash(attempt)
+    # Immutable: tests/unit/test_ledger_machine.py::test_the_hot_path_values_are_immutable
 
 
 def test_max_n_and_max_record_locks_bound_the_hand_out() -> None:
@@ -688,12 +687,19 @@ def test_a_clock_that_steps_back_does_not_reorder_deadlines() -> None:
         ({"max_record_locks": 0}, "max_record_locks"),
         ({"max_buffered_records": 0}, "max_buffered_records"),
         ({"metadata_max_bytes": 10}, "metadata_max_bytes"),
-        ({"ordering": "key"}, "ordering"),
     ],
 )
 def test_invalid_configs_are_rejected(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LedgerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_wrongly_typed_config_field_is_rejected() -> None:
+    # Pure Python, __post_init__'s check raises ValueError; compiled, the native attribute refuses
+    # the wrong type before it runs (TypeError naming the type expected).
+    expected = TypeError if compiled() else ValueError
+    with pytest.raises(expected, match="Ordering"):
+        LedgerConfig(ordering="key")  # type: ignore[arg-type]
 
 
 def test_start_offset_must_be_a_kafka_offset() -> None:

@@ -80,7 +80,6 @@ from sidecar.core.ledger.values import (
     IsolationPhase,
     LedgerClosed,
     RecordState,
-    _attempt,
 )
 
 _AVAILABLE = RecordState.AVAILABLE
@@ -215,7 +214,7 @@ class _Horizon(_LedgerBase):
         self._live[attempt_id] = record
         self._attempts_total += 1
         self._handed_top = max(self._handed_top, record.offset)
-        return _attempt(
+        return Attempt(
             self.topic,
             self.partition,
             record.offset,

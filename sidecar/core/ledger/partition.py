@@ -32,8 +32,6 @@ from sidecar.core.ledger.values import (
     LedgerStats,
     RecordState,
     UnknownAttempt,
-    _attempt,
-    _result,
 )
 from sidecar.core.ordering import Ordering
 from sidecar.core.outcome import (
@@ -244,7 +242,7 @@ class PartitionLedger(_Archive):
             record.lock_deadline_ms = deadline
             live[attempt_id] = record
             append(
-                _attempt(
+                Attempt(
                     topic, partition, offset, attempt_id, count, deadline, record.key, record.item
                 )
             )
@@ -289,11 +287,11 @@ class PartitionLedger(_Archive):
             if record.suspect:
                 self._clear_suspect(record)
             self._finish(record)
-            return _result(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
+            return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
         if verdict_type is KeepLock:
             record.lock_deadline_ms = now + self.config.lock_duration_ms
             self._live.move_to_end(attempt_id)
-            return _result(
+            return AnswerResult(
                 attempt_id,
                 record.offset,
                 ack,
@@ -324,7 +322,7 @@ class PartitionLedger(_Archive):
             elif error is not None:
                 record.error = error  # else the last release's account stays
             self._start_archiving(record, reason, record.error)
-            return _result(
+            return AnswerResult(
                 attempt_id, record.offset, ack, _ARCHIVING, record.delivery_count, reason=reason
             )
         assert isinstance(verdict, Redeliver)
@@ -337,7 +335,7 @@ class PartitionLedger(_Archive):
             heapq.heappush(self._ready, record.offset)  # settled: never a suspect here
         else:
             heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
-        return _result(
+        return AnswerResult(
             attempt_id,
             record.offset,
             ack,
@@ -394,7 +392,7 @@ class PartitionLedger(_Archive):
             heapq.heappush(self._suspects_ready if record.suspect else self._ready, record.offset)
         else:
             heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
-        return _result(
+        return AnswerResult(
             attempt_id,
             record.offset,
             None,

@@ -19,7 +19,7 @@ Errors::
 
 Every string a parser returns that will become bytes later (a DLQ header name or value, an
 error's class, message or stack trace, a delivery id) is checked here to have a UTF-8 encoding:
-JSON's ``\ud800`` escape is valid JSON but a lone surrogate, which no encoder accepts, and the
+JSON's ``\\ud800`` escape is valid JSON but a lone surrogate, which no encoder accepts, and the
 DLQ producer must never be handed one.
 
 One module a part of the contract::
