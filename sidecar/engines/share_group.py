@@ -416,8 +416,7 @@ class ShareGroupEngine:
                         )
                     if deliveries:
                         await self._wait_answers(batch, deliveries)
-                    for d in deliveries:
-                        nursery.start_soon(self._decide, d, decisions)
+                    self._decide_all(nursery, deliveries, decisions)
             if suspects:
                 order = isolation_order(suspects, own_counts=self.deaths.journal is not None)
                 run = SuspectRun(consumer, deadline, order, held)
@@ -545,8 +544,7 @@ class ShareGroupEngine:
                     with batch.hard:
                         await self._wait_answers(batch, ds)
                         async with trio.open_nursery() as nursery:
-                            for d in ds:
-                                nursery.start_soon(self._decide, d, decisions)
+                            self._decide_all(nursery, ds, decisions)
                 finally:
                     self._batches.discard(batch)
                     for d in ds:
@@ -618,7 +616,27 @@ class ShareGroupEngine:
                 )
                 pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
 
-    async def _decide(self, d: Delivery[Acquired], out: list[tuple[Message, Ack]]) -> None:
+    def _decide_all(
+        self,
+        nursery: trio.Nursery,
+        deliveries: Sequence[Delivery[Acquired]],
+        out: list[tuple[Message, Ack]],
+    ) -> None:
+        """Each answered delivery's decision into `out`: at once where none needs a DLQ write (no
+        task per record), in a task of its own where one does."""
+        for d in deliveries:
+            archive = self._decide(d, out)
+            if archive is not None:
+                reason, error = archive
+                nursery.start_soon(
+                    self._archive, d.ref.msg, d.tracked, d.delivery_count, reason, error, out
+                )
+
+    def _decide(
+        self, d: Delivery[Acquired], out: list[tuple[Message, Ack]]
+    ) -> tuple[ArchiveReason, ErrorInfo | None] | None:
+        """Append the delivery's decision to `out`, or return why it goes to the DLQ (its REJECT
+        follows the write: `_archive`)."""
         assert self.settings is not None and d.answer is not None
         msg = d.ref.msg
         answer = d.answer
@@ -626,13 +644,13 @@ class ShareGroupEngine:
             self.deaths.unsent(_coord(msg))
             self._outcome_known(msg)
             out.append((msg, Ack.RELEASE))
-            return
+            return None
         verdict = decide(
             ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
         )
         if isinstance(verdict, Accept):
             out.append((msg, Ack.ACCEPT))
-            return
+            return None
         reason = verdict.reason if isinstance(verdict, DeadLetter) else None
         if (
             reason is None
@@ -643,8 +661,8 @@ class ShareGroupEngine:
         if reason is None:
             out.append((msg, Ack.RELEASE))  # the broker redelivers it
             self._outcome_known(msg)
-            return
-        await self._archive(msg, d.tracked, d.delivery_count, reason, error_info(answer.error), out)
+            return None
+        return reason, error_info(answer.error)
 
     async def _dead_letter_exhausted(
         self,
