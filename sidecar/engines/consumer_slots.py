@@ -89,7 +89,7 @@ class Slot:
     # Offsets the DLQ circuit breaker held on their way to the DLQ (ARCHIVING, not written):
     # AVAILABLE again once it is half-open or closed (`release_held`).
     held: list[int] = field(default_factory=list)
-    # The scheduler's memory of its last look (`ConsumerGroupEngine._schedule_loop`): the
+    # The scheduler's memory of its last look (`sidecar.engines.consumer_scheduler`): the
     # ledger's `changes` when a turn found nothing to do in it (-1: look again), and then its
     # next lock deadline and next deadline (None: none); and what flow control last decided on.
     quiet_at: int = -1

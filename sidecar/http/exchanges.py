@@ -189,7 +189,7 @@ def timed_out(timeout_s: float) -> AppRequestFailed:
     return AppRequestFailed(APP_TIMEOUT, f"no complete answer within {timeout_s} s")
 
 
-def _ignore_error(exc: BaseException) -> None:
+def _raise(exc: BaseException) -> None:
     raise exc
 
 
@@ -227,7 +227,7 @@ class Exchanges:
         self._starting = False  # inside `start`: a request that fails now is finished later
         self.connections_opened = 0
         self.after_round: Callable[[], None] | None = None
-        self.on_error: Callable[[BaseException], None] = _ignore_error
+        self.on_error: Callable[[BaseException], None] = _raise
 
     # --------------------------------------------------------------------------- the callers' face
 
@@ -514,7 +514,9 @@ class Exchanges:
         self._after_async_completion()
 
     def _forget(self, exchange: Exchange) -> None:
-        if self._flight.pop(exchange, 0) is None:
+        """The request is over: out of the deadlines (if it had one) and off its connection."""
+        if exchange in self._flight:
+            del self._flight[exchange]
             timeouts = self._timeouts
             left = timeouts[exchange.timeout_s] - 1
             if left:
@@ -607,12 +609,11 @@ class Exchanges:
         if sock is None:
             return
         try:
-            data = sock.recv(1)
+            sock.recv(1)  # EOF, an error, or a byte nobody asked for: it goes either way
         except BlockingIOError:
             return  # nothing after all (a spurious edge)
         except OSError:
-            data = b""
-        del data
+            pass
         for i, (idle, _since) in enumerate(self._idle):
             if idle is sock:
                 del self._idle[i]
