@@ -18,7 +18,9 @@ and its answer (from the moment it has a connection) and is kept by the reader, 
 the soonest one; a connection whose request timed out is closed.
 
 Response framing is httptools' (content-length, chunked, EOF-delimited bodies, interim 1xx
-responses skipped) under the byte budgets of :mod:`sidecar.http.limits`. It knows nothing of
+responses skipped) under the byte budgets of :mod:`sidecar.http.limits`; a response that is
+whole in its first read and of the narrow common form is taken by
+:func:`sidecar.core.http_response.simple_response` without a parser of its own. It knows nothing of
 records or answers' meaning: :mod:`sidecar.http.appclient` formats requests and interprets
 responses; this module imports only ``sidecar.core`` and :mod:`sidecar.http.limits`.
 """
@@ -37,8 +39,9 @@ import httptools
 import trio
 
 from sidecar.core.errors import SidecarError
+from sidecar.core.http_response import simple_response
 from sidecar.core.outcome import APP_CONNECTION_LOST, APP_TIMEOUT, MALFORMED_RESPONSE
-from sidecar.http.limits import LimitExceeded, MeteredCollector
+from sidecar.http.limits import SLICE_BYTES, LimitExceeded, MeteredCollector
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -53,6 +56,9 @@ __all__ = [
 
 MAX_HEAD_BYTES = 64 * 1024
 _RECEIVE_BYTES = 65536
+# The fast path takes a header block a slice short of the budget: the general parser's count may
+# be up to a slice over (see sidecar.http.limits), so near the budget it decides.
+_QUICK_HEAD_BYTES = MAX_HEAD_BYTES - SLICE_BYTES
 _CONNECTION_LOST_ERRNOS = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ESHUTDOWN)
 _IN = select.EPOLLIN | select.EPOLLET | select.EPOLLRDHUP
 _IN_OUT = _IN | select.EPOLLOUT
@@ -360,10 +366,7 @@ class Exchanges:
         exchange.sock = sock
         exchange.reused = reused
         exchange.received = 0
-        collector = _ResponseCollector(self._max_body_bytes)
-        parser = httptools.HttpResponseParser(collector)
-        collector.parser = parser
-        exchange.collector, exchange.parser = collector, parser
+        exchange.collector = exchange.parser = None  # made when the first read needs them
         if exchange.deadline == 0.0:
             exchange.deadline = self._now() + exchange.timeout_s
             self._flight[exchange] = None
@@ -413,14 +416,39 @@ class Exchanges:
         self._read(exchange)
 
     def _read(self, exchange: Exchange) -> None:
-        sock, collector, parser = exchange.sock, exchange.collector, exchange.parser
-        assert sock is not None and collector is not None and parser is not None
+        sock = exchange.sock
+        assert sock is not None
+        first: bytes | None = None
+        if exchange.collector is None:
+            # The response's first read: most answers are whole in it and of the narrow form
+            # `simple_response` takes without a general parser; anything else is fed to one.
+            try:
+                first = sock.recv(_RECEIVE_BYTES)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._failed(exchange, exc)
+                return
+            if first:
+                quick = simple_response(first, _QUICK_HEAD_BYTES, self._max_body_bytes)
+                if quick is not None:
+                    exchange.received = len(first)
+                    self._answered(exchange, sock, RawResponse(*quick), keep_alive=True)
+                    return
+            exchange.collector = _ResponseCollector(self._max_body_bytes)
+            exchange.parser = httptools.HttpResponseParser(exchange.collector)
+            exchange.collector.parser = exchange.parser
+        collector, parser = exchange.collector, exchange.parser
+        assert collector is not None and parser is not None
         try:
             while not collector.complete:
-                try:
-                    data = sock.recv(_RECEIVE_BYTES)
-                except BlockingIOError:
-                    return  # edge-triggered: the next bytes are an event of their own
+                if first is not None:
+                    data, first = first, None
+                else:
+                    try:
+                        data = sock.recv(_RECEIVE_BYTES)
+                    except BlockingIOError:
+                        return  # edge-triggered: the next bytes are an event of their own
                 if not data:
                     if collector.headers_done and not collector.framed:
                         break  # a body delimited by EOF (no Content-Length, not chunked)
@@ -465,6 +493,11 @@ class Exchanges:
             return
         keep_alive = collector.complete and collector.keep_alive and not collector.extra_message
         response = RawResponse(collector.status, collector.headers, bytes(collector.body))
+        self._answered(exchange, sock, response, keep_alive=keep_alive)
+
+    def _answered(
+        self, exchange: Exchange, sock: socket.socket, response: RawResponse, *, keep_alive: bool
+    ) -> None:
         self._by_fd.pop(sock.fileno(), None)
         exchange.sock = None
         if keep_alive and not self._closed:
