@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import trio
 
@@ -31,12 +32,13 @@ class Batch:
     hard: trio.CancelScope = field(default_factory=trio.CancelScope)  # stop the DLQ writes too
 
 
-@dataclass(frozen=True, slots=True)
-class Acquired:
-    """A `Delivery`'s ref: the message to acknowledge and the batch it belongs to."""
+class Acquired(NamedTuple):
+    """A `Delivery`'s ref: the message to acknowledge, the batch it belongs to, and the record's
+    coordinates (topic, partition, offset; read from the message once)."""
 
     msg: Message
     batch: Batch
+    coord: tuple[str, int, int]
 
 
 @dataclass(slots=True)

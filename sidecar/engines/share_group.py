@@ -388,7 +388,12 @@ class ShareGroupEngine:
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
-                    pipe.issue(Tracked(record), count, Acquired(msg, batch), lock_deadline=deadline)
+                    pipe.issue(
+                        Tracked(record),
+                        count,
+                        Acquired(msg, batch, coordinates),
+                        lock_deadline=deadline,
+                    )
                 )
         self.deaths.acquired(acquired)
         if suspects:
@@ -533,7 +538,7 @@ class ShareGroupEngine:
                 self.deaths.alone(_coord(m) for m, _t, _c in chunk)
                 batch = Batch(run.consumer, run.deadline)
                 ds = [
-                    pipe.issue(t, c, Acquired(m, batch), lock_deadline=run.deadline)
+                    pipe.issue(t, c, Acquired(m, batch, _coord(m)), lock_deadline=run.deadline)
                     for m, t, c in chunk
                 ]
                 batch.pending = len(ds)
@@ -755,7 +760,7 @@ class ShareGroupEngine:
                 )
             return "ok"
         delivery.answer = answer
-        self.deaths.answered(_coord(delivery.ref.msg), ack is Ack.RELEASE)
+        self.deaths.answered(delivery.ref.coord, ack is Ack.RELEASE)
         batch = delivery.ref.batch
         batch.pending -= 1
         if batch.pending <= 0:
