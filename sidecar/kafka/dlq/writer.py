@@ -4,8 +4,9 @@ Writing follows seed 004: an idempotent acks=all producer, retriable failures re
 retried once as headers only, anything else fatal — never an infinite loop and never a silent drop.
 
 `PlainDlqWriter` owns the producer handle: `run()` creates it and serves its delivery reports; every call on
-the handle (produce, poll, and in :mod:`sidecar.kafka.dlq.txn` the transaction calls) takes `_handle_lock`
-and runs in a worker thread, so the trio thread never blocks on librdkafka. Delivery reports come back to
+the handle (produce, poll, and in :mod:`sidecar.kafka.dlq.txn` the transaction calls) takes `_handle_lock`,
+and every call that can wait (poll, the transaction calls) runs in a worker thread, so the trio thread never
+blocks on librdkafka; produce() only queues a record and returns, so it runs in the trio thread. Delivery reports come back to
 trio through the trio token; only the trio thread changes the writer's counters. The transaction protocol
 (a subclass, :class:`sidecar.kafka.dlq.txn.DlqWriter`) may replace the handle, under the same lock.
 
@@ -295,18 +296,18 @@ class PlainDlqWriter:
         producer = self._producer
         while True:
             try:
-                # produce() takes the handle too: take it from a worker thread under our lock, so
-                # the event loop never blocks behind a poll() in progress.
+                # Under the handle lock (a transaction call or a poll in progress first, in
+                # order), but in this thread: produce() only queues the record in librdkafka and
+                # returns (a full queue raises BufferError at once), so it needs no worker
+                # thread, which would cost two thread wake-ups per DLQ record.
                 async with self._handle_lock:
-                    await trio.to_thread.run_sync(
-                        lambda: producer.produce(
-                            record.topic,
-                            value=record.value,
-                            key=record.key,
-                            partition=record.partition,
-                            headers=list(record.headers),
-                            on_delivery=on_delivery,
-                        )
+                    producer.produce(
+                        record.topic,
+                        value=record.value,
+                        key=record.key,
+                        partition=record.partition,
+                        headers=list(record.headers),
+                        on_delivery=on_delivery,
                     )
                 self._ask_poll()  # its delivery report is due: poll until it is served
                 break
