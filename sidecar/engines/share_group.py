@@ -458,7 +458,12 @@ class ShareGroupEngine:
         timeout): that delivery's outcome was lost — in a death, possibly caused by this record."""
         if count <= 1:
             return False
-        return self._known_outcome.pop((topic, partition, offset), None) is None
+        known = self._known_outcome
+        coordinates = (topic, partition, offset)
+        if coordinates in known:  # released here: its outcome is known, and forgotten now
+            del known[coordinates]
+            return False
+        return True
 
     def _outcome_known(self, msg: Message) -> None:
         """Released by this process: when it comes back, its count holds no unknown outcome."""
