@@ -39,7 +39,13 @@ def two_nodes() -> Iterator[tuple[PrivateBroker, PrivateBroker]]:
         node1.close()
 
 
-def _leader(admin: AdminClient, topic: str) -> int:
+def _leader_seen_by(bootstrap: str, topic: str) -> int:
+    """Partition 0's leader in the metadata of the broker at `bootstrap` itself.
+
+    A new client's first metadata request goes to its bootstrap broker, the only one it knows; that
+    broker answers from the metadata cache its transaction coordinator reads partition leaders from.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     md = admin.list_topics(topic, timeout=5)
     return int(md.topics[topic].partitions[0].leader)
 
@@ -133,6 +139,17 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
                     lambda: node1.log_text().count("handleBrokerFenced") > fenced_before,
                     30,
                     "node 2 fenced",
+                )
+            )
+            # The controller logs the fencing before node 1's own metadata has it. An abort in
+            # between finds node 2 still the leader, queues the marker for it and waits out the
+            # request timeout (30 s) before it looks again: longer than the check's budget. So
+            # the abort waits until node 1 itself sees the partition without a leader.
+            await trio.to_thread.run_sync(
+                lambda: _wait(
+                    lambda: _leader_seen_by(bootstrap, dlq_topic) == -1,
+                    30,
+                    "node 1 to see the DLQ partition without a leader",
                 )
             )
 
