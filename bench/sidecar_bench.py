@@ -58,20 +58,28 @@ import http.client
 import importlib.util
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import flood
+from bench.app import App, UnixHTTPConnection, http_json, measure_app_alone
+from bench.broker import VALUE_BYTES, Broker
+from bench.measure import (
+    PY,
+    ROOT,
+    cpu_seconds,
+    percentile,
+    proc_status_kb,
+    thread_cpu_seconds,
+)
 from bench.report import (
     ALL_SCENARIOS,
     check_targets,
@@ -80,12 +88,6 @@ from bench.report import (
     summarise,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
-PARTITIONS = 6
-DISTINCT_KEYS = 10_000
-VALUE_BYTES = 1024
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 POLL_S = 0.02
 
 # Tracing scenarios: OTLP over HTTP to the bench app, which accepts and drops the spans (its
@@ -116,67 +118,6 @@ BACKLOGS = {
 # ------------------------------------------------------------------------------------- helpers
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def thread_cpu_seconds(pid: int) -> dict[str, float]:
-    """utime + stime so far of each thread of ``pid`` still alive, summed by name: ``main`` (trio's),
-    librdkafka's by their own names (``rdk:main``, ``rdk:broker1``, ...), and the other Python
-    threads (the poll thread, the DLQ writer's, workers) as ``python``."""
-    out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        name = "main" if task.name == str(pid) else comm
-        name = name.split("#")[0] if name.startswith("rdk:") else name
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return out
-
-
-def proc_status_kb(pid: int, name: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = 5.0) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
-        self.sock = sock
-
-
-def http_json(conn: http.client.HTTPConnection, method: str, path: str) -> Any:
-    conn.request(method, path)
-    response = conn.getresponse()
-    body = response.read()
-    if response.status >= 300 and response.status != 503:
-        raise RuntimeError(f"{method} {path}: {response.status} {body[:200]!r}")
-    return json.loads(body) if body else None
-
-
 def ensure_requests() -> bool:
     """The bridge uses ``requests``; install it into this interpreter's venv if it is missing."""
     if importlib.util.find_spec("requests") is not None:
@@ -190,297 +131,6 @@ def ensure_requests() -> bool:
         return False
     importlib.invalidate_caches()
     return importlib.util.find_spec("requests") is not None
-
-
-# ------------------------------------------------------------------------------------- broker
-
-
-@dataclass
-class Broker:
-    bootstrap: str
-    own_state_dir: str | None = None
-    topics: list[str] = field(default_factory=list)
-
-    @classmethod
-    def open(cls) -> Broker:
-        external = os.environ.get("KAFKA_BOOTSTRAP")
-        if external:
-            return cls(external)
-        # A private state dir: `scripts/kafka start` would otherwise hand back (and our stop
-        # would later kill) a broker someone else started.
-        state_dir = tempfile.mkdtemp(prefix="bench-kafka-state-")
-        env = dict(os.environ, DLQ_KAFKA_STATE_DIR=state_dir)
-        print("starting a broker with scripts/kafka start ...", flush=True)
-        done = subprocess.run(
-            [PY, str(ROOT / "scripts" / "kafka"), "start"],
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        return cls(done.stdout.strip().splitlines()[-1], state_dir)
-
-    def close(self) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        if self.topics:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap})
-            for future in admin.delete_topics(self.topics, operation_timeout=30).values():
-                with contextlib.suppress(Exception):
-                    future.result(timeout=30)
-        if self.own_state_dir:
-            env = dict(os.environ, DLQ_KAFKA_STATE_DIR=self.own_state_dir)
-            subprocess.run([PY, str(ROOT / "scripts" / "kafka"), "stop"], env=env, check=False)
-            shutil.rmtree(self.own_state_dir, ignore_errors=True)
-
-    def create_topic(
-        self, name: str, partitions: int = PARTITIONS, config: dict[str, str] | None = None
-    ) -> str:
-        from confluent_kafka.admin import AdminClient
-        from confluent_kafka.cimpl import NewTopic
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        new = NewTopic(name, partitions, 1, config=config or {})
-        admin.create_topics([new])[name].result(timeout=30)
-        self.topics.append(name)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            md = admin.list_topics(name, timeout=5).topics.get(name)
-            if (
-                md
-                and md.error is None
-                and len(md.partitions) == partitions
-                and all(p.leader >= 0 for p in md.partitions.values())
-            ):
-                return name
-            time.sleep(0.05)
-        raise TimeoutError(f"topic {name} has no leaders")
-
-    def end_offsets(self, topic: str) -> dict[int, int]:
-        from confluent_kafka import Consumer, TopicPartition
-
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "bench-watermarks"})
-        try:
-            return {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(PARTITIONS)
-            }
-        finally:
-            consumer.close()
-
-    def produce_bulk(self, topic: str, count: int, value_bytes: int) -> None:
-        from confluent_kafka import Producer
-
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "linger.ms": 20,
-                "batch.size": max(1_000_000, 2 * value_bytes),
-                "message.max.bytes": max(1_000_000, 2 * value_bytes),
-                "queue.buffering.max.messages": 1_000_000,
-            }
-        )
-        block = os.urandom(value_bytes)
-        for i in range(count):
-            value = b"%08d" % i + block[8:]
-            while True:
-                try:
-                    producer.produce(topic, value, b"key-%05d" % (i % DISTINCT_KEYS))
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            if i % 1000 == 0:
-                producer.poll(0)
-        if producer.flush(60) != 0:
-            raise RuntimeError("produce did not complete")
-
-    def produce_values(self, topic: str, values: list[bytes]) -> list[tuple[int, int]]:
-        """Produce ``values`` (key ``key-<i>``) in order; returns each one's (partition, offset)."""
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
-        where: dict[int, tuple[int, int]] = {}
-        for i, value in enumerate(values):
-            producer.produce(topic, value, b"key-%05d" % i, on_delivery=_where_noter(where, i))
-            producer.poll(0)
-        if producer.flush(60) != 0 or len(where) != len(values):
-            raise RuntimeError("produce did not complete")
-        return [where[i] for i in range(len(values))]
-
-    def read_headers(self, topic: str) -> list[tuple[int, int, dict[str, bytes]]]:
-        """Every record of ``topic`` (if it exists): (partition, offset, headers), headers by name."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
-        )
-        out: list[tuple[int, int, dict[str, bytes]]] = []
-        try:
-            md = consumer.list_topics(topic, timeout=10).topics.get(topic)
-            if md is None or md.error is not None:
-                return out
-            ends = {}
-            for p in md.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if high > low:
-                    ends[p] = high
-            if not ends:
-                return out
-            consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-            deadline = time.monotonic() + 30
-            last: dict[int, int] = {}
-            while time.monotonic() < deadline and any(
-                last.get(p, -1) + 1 < end for p, end in ends.items()
-            ):
-                for msg in consumer.consume(500, 0.2):
-                    partition, offset = msg.partition(), msg.offset()
-                    if msg.error() is not None or partition is None or offset is None:
-                        continue
-                    last[partition] = offset
-                    headers: dict[str, bytes] = {}
-                    raw: Any = msg.headers() or []
-                    for name, value in raw:
-                        if isinstance(value, bytes):
-                            headers[name] = value
-                    out.append((partition, offset, headers))
-        finally:
-            consumer.close()
-        return out
-
-    def set_group_config(self, group: str, configs: dict[str, str]) -> None:
-        from confluent_kafka.admin import AdminClient
-        from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-        from confluent_kafka.admin._resource import ResourceType
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        res = ConfigResource(
-            ResourceType.GROUP,
-            group,
-            incremental_configs=[
-                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                for k, v in configs.items()
-            ],
-        )
-        admin.incremental_alter_configs([res])[res].result(timeout=15)
-
-    def produce_at_rate(self, topic: str, rate: float, seconds: float) -> list[int]:
-        """Produce at a fixed offered rate; each record carries its produce time (monotonic ns).
-
-        Returns each record's produce-to-ack time in ns: the broker's own share of the latency,
-        which no consumer can beat.
-        """
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
-        count = int(rate * seconds)
-        value = os.urandom(VALUE_BYTES)
-        acks: list[int] = []
-        start = time.monotonic()
-        for i in range(count):
-            due = start + i / rate
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            sent = time.monotonic_ns()
-            producer.produce(
-                topic,
-                value,
-                b"key-%05d" % (i % DISTINCT_KEYS),
-                headers=[("bench-ts", b"%d" % sent)],
-                on_delivery=_ack_timer(acks, sent),
-            )
-            producer.poll(0)
-        producer.flush(30)
-        return acks
-
-
-def _where_noter(where: dict[int, tuple[int, int]], index: int) -> Any:
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is None:
-            where[index] = (msg.partition(), msg.offset())
-
-    return on_delivery
-
-
-def _ack_timer(acks: list[int], sent_ns: int) -> Any:
-    def on_delivery(_err: Any, _msg: Any) -> None:
-        acks.append(time.monotonic_ns() - sent_ns)
-
-    return on_delivery
-
-
-# ------------------------------------------------------------------------------------- app
-
-
-class App:
-    """The bench app child: one process, TCP + Unix socket."""
-
-    def __init__(self, directory: str) -> None:
-        self.unix_path = os.path.join(directory, "app.sock")
-        self.proc = subprocess.Popen(
-            [PY, "-m", "bench.benchapp", "--unix", self.unix_path],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        self.port = int(json.loads(self.proc.stdout.readline())["port"])
-        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-
-    def reset(self, **mode: int) -> None:
-        query = "&".join(f"{k}={v}" for k, v in mode.items())
-        http_json(self.conn, "POST", f"/reset?{query}")
-
-    def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = http_json(self.conn, "GET", "/stats")
-        return result
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.proc.pid)
-
-    def set_kill_pid(self, pid: int) -> None:
-        http_json(self.conn, "POST", f"/killer?pid={pid}")
-
-    def close(self) -> None:
-        self.conn.close()
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def measure_app_alone(app: App, seconds: float) -> dict[str, Any]:
-    """The app under the sidecar's own HTTP client (trio, 64 in flight), and the app's CPU."""
-    import trio
-
-    from bench.http_bench import load
-    from sidecar.http.appclient import AppTarget
-
-    out: dict[str, Any] = {}
-    for transport in ("tcp", "unix"):
-        if transport == "tcp":
-            target = AppTarget(host="127.0.0.1", port=app.port, path="/records")
-        else:
-            target = AppTarget(unix_path=app.unix_path, path="/records")
-        app.reset()
-        cpu0 = app.cpu()
-        result = trio.run(load, target, 64, seconds)
-        app_cpu = app.cpu() - cpu0
-        requests = app.stats()["requests"]
-        out[transport] = {
-            "requests_per_s": round(result.requests_per_s),
-            "client_cpu_us_per_request": round(result.cpu_us_per_request, 1),
-            "app_cpu_us_per_request": round(app_cpu / max(1, requests) * 1e6, 1),
-        }
-    return out
 
 
 # ------------------------------------------------------------------------------------- sidecar

@@ -1,0 +1,55 @@
+"""Where the bench's children run from, and what it reads of them: CPU, memory, percentiles.
+
+Every measured process is a child; CPU comes from /proc/<pid>/stat (all its threads, librdkafka's
+included), peak RSS from VmHWM (``proc_status_kb``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime so far of each thread of ``pid`` still alive, summed by name: ``main`` (trio's),
+    librdkafka's by their own names (``rdk:main``, ``rdk:broker1``, ...), and the other Python
+    threads (the poll thread, the DLQ writer's, workers) as ``python``."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        name = "main" if task.name == str(pid) else comm
+        name = name.split("#")[0] if name.startswith("rdk:") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def proc_status_kb(pid: int, name: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
