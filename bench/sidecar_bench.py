@@ -46,8 +46,14 @@ measured alone too. Every measured process is a child; CPU comes from /proc/<pid
 threads, librdkafka's included), peak RSS from VmHWM.
 
 The broker is ``$KAFKA_BOOTSTRAP``, or one this command starts with ``scripts/kafka start`` in a
-private state directory and stops at the end. Child roles (``--child ceiling|bridge|floor``) are
-this module run again; they print one JSON line.
+private state directory and stops at the end. Child roles (``--child ceiling|bridge|floor``, see
+``bench.children``) are this module run again; they print one JSON line.
+
+This module holds the parts (``part_*``: each repeats its runs over the sides and keeps the
+medians), the options and ``main``. The rest: ``bench.measure`` (CPU, memory, percentiles),
+``bench.broker``, ``bench.app`` (the app child), ``bench.sidecars`` (the sidecar under test: its
+config, running it, its API), ``bench.children``, ``bench.runs`` (throughput, latency, floor, idle,
+backlog), ``bench.killer`` (crash isolation) and ``bench.report`` (tables, targets, comparison).
 """
 
 from __future__ import annotations
@@ -55,7 +61,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -69,13 +74,8 @@ from bench import flood
 from bench.app import App, measure_app_alone
 from bench.broker import VALUE_BYTES, Broker
 from bench.children import child_main, ensure_requests, run_child
-from bench.measure import (
-    ROOT,
-    cpu_seconds,
-    percentile,
-    proc_status_kb,
-    thread_cpu_seconds,
-)
+from bench.killer import KILLER_VARIANTS, KillerSpec, run_killer
+from bench.measure import ROOT
 from bench.report import (
     ALL_SCENARIOS,
     check_targets,
@@ -83,456 +83,24 @@ from bench.report import (
     print_report,
     summarise,
 )
-from bench.sidecars import (
-    Side,
-    api_get,
-    log_tail,
-    running_sidecar,
-    share_idle,
-    sidecar_config,
-    status_done,
-    unavailable,
-    wait_assigned,
-    wait_until,
+from bench.runs import (
+    produce_backlog,
+    run_backlog,
+    run_floor,
+    run_idle,
+    run_latency,
+    run_sidecar_throughput,
 )
+from bench.sidecars import Side, unavailable
 
-# Tracing scenarios: OTLP over HTTP to the bench app, which accepts and drops the spans (its
-# /v1/traces route); the sampler and the endpoint come from the standard OTEL_* variables the
-# sidecar honours (the endpoint is added per run: the app's port).
-SIDECAR_ENV = {
-    "f-on": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
-    "f-on-10pct": {
-        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-        "OTEL_TRACES_SAMPLER_ARG": "0.1",
-    },
-}
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key"]
 PARTS = ["latency", "rates", "idle", "backlog", "killer"]
-KILLER_VARIANTS = {
-    "consumer-none": ("consumer", "none"),
-    "consumer-key": ("consumer", "key"),
-    "share": ("share", "none"),
-}
 # Backlogs behind a slow app: name -> (value bytes, the option giving the record count).
 BACKLOGS = {
     "100B": (100, "backlog"),
     "10KiB": (10 * 1024, "backlog_10k"),
     "1MiB": (1024 * 1024, "backlog_1m"),
 }
-
-
-def run_sidecar_throughput(
-    scenario: str,
-    broker: Broker,
-    topic: str,
-    ends: dict[int, int],
-    app: App,
-    directory: str,
-    run: int,
-    side: Side,
-) -> dict[str, Any]:
-    total = sum(ends.values())
-    group = f"bench-{side.name}-{scenario}-{run}-{uuid.uuid4().hex[:8]}"
-    api_path = os.path.join(directory, f"api-{side.name}-{scenario}-{run}.sock")
-    config = flood.configure(
-        sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
-    )
-    app.reset(fail=1 if scenario.startswith("e") else 0)
-    env = dict(SIDECAR_ENV.get(scenario, {}))
-    if scenario.startswith("f-on"):
-        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{app.port}/v1/traces"
-    share = scenario.startswith("g-")
-    with (
-        running_sidecar(config, directory, f"{scenario}-{run}", side, env) as proc,
-        flood.holding() as held,
-    ):
-        wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
-        cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
-        wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
-        if share:
-            wait_until(lambda: share_idle(api_path), 120, "every record acknowledged", proc)
-        else:
-            wait_until(lambda: status_done(api_path, topic, ends), 120, "every offset done", proc)
-        end_ns = time.monotonic_ns()
-        cpu1, app_cpu1 = cpu_seconds(proc.pid), app.cpu()
-        rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
-        stats = app.stats()
-        status = api_get(api_path, "/v1/status")
-    elapsed = (end_ns - stats["first_ns"]) / 1e9
-    return {
-        "records_per_s": total / elapsed,
-        "cpu_s_per_10k": (cpu1 - cpu0) / total * 10_000,
-        "peak_rss_mb": rss_peak_kb / 1024,
-        "app_cpu_share": (app_cpu1 - app_cpu0) / elapsed,
-        "app_requests": stats["requests"],
-        "app_records": stats["records"],
-        "span_exports": stats.get("span_exports", 0),
-        "rejected": stats["rejected"],
-        "released": stats["released"],
-        "counters": status["counters"] if status else None,
-        **held.figures(stats["first_ns"]),
-    }
-
-
-# ------------------------------------------------------------------------------------- latency
-
-
-def run_latency(
-    scenario: str,
-    broker: Broker,
-    app: App,
-    directory: str,
-    rate: float,
-    seconds: float,
-    side: Side,
-) -> dict[str, Any]:
-    """Records offered at ``rate`` for ``seconds``: receive - produce per record, and the CPU."""
-    topic = broker.create_topic(f"bench-lat-{scenario}-{uuid.uuid4().hex[:6]}")
-    count = int(rate * seconds)
-    extra: dict[str, float] = {}
-    app.reset(latency=1)
-    if scenario in ("a", "b"):
-        acks: list[int] = []
-
-        def produce() -> None:
-            time.sleep(1.0)  # let the first fetch settle
-            acks.extend(broker.produce_at_rate(topic, rate, seconds))
-
-        result = run_child(
-            "ceiling" if scenario == "a" else "bridge",
-            broker,
-            topic,
-            count,
-            app if scenario == "b" else None,
-            latency=True,
-            on_ready=produce,
-        )
-        latencies = result["latencies_ns"] if scenario == "a" else app.stats()["latencies_ns"]
-    else:
-        name = f"lat-{scenario}-{int(rate)}"
-        api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
-        group = f"bench-lat-{side.name}-{scenario}-{uuid.uuid4().hex[:8]}"
-        config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
-        with running_sidecar(config, directory, name, side) as proc:
-            wait_assigned(api_path, proc)
-            time.sleep(1.0)
-            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            threads0 = thread_cpu_seconds(proc.pid)
-            acks = broker.produce_at_rate(topic, rate, seconds)
-            wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
-            cpu = cpu_seconds(proc.pid) - cpu0
-            threads1 = thread_cpu_seconds(proc.pid)
-            # µs per record by thread (10 ms ticks each: a rough split, the total above is exact).
-            extra["threads_us_per_record"] = {
-                name: round((threads1[name] - threads0.get(name, 0.0)) / max(1, count) * 1e6)
-                for name in sorted(threads1)
-                if threads1[name] - threads0.get(name, 0.0) > 0
-            }
-            # The share of a core while records are offered; the CPU of the records' delivery
-            # after the last one was produced is in the per-record figure too.
-            extra["sidecar_cpu_share"] = cpu / (time.monotonic() - t0)
-            extra["sidecar_cpu_us_per_record"] = cpu / max(1, count) * 1e6
-        latencies = app.stats()["latencies_ns"]
-    # The first 10 % are warm-up (connections opening, first fetch).
-    kept = [v / 1e6 for v in latencies[len(latencies) // 10 :]]
-    acked = [v / 1e6 for v in acks[len(acks) // 10 :]]
-    return {
-        "records": len(latencies),
-        "rate": rate,
-        "produce_ack_p50_ms": percentile(acked, 50),
-        "produce_ack_p99_ms": percentile(acked, 99),
-        "p50_ms": percentile(kept, 50),
-        "p99_ms": percentile(kept, 99),
-        "max_ms": max(kept) if kept else float("nan"),
-        **extra,
-    }
-
-
-def run_floor(broker: Broker, rate: float, seconds: float) -> dict[str, Any]:
-    """The floor at an offered rate: a bare consumer's CPU per record (see ``child_main``)."""
-    topic = broker.create_topic(f"bench-floor-{uuid.uuid4().hex[:6]}")
-    count = int(rate * seconds)
-
-    def produce() -> None:
-        time.sleep(1.0)  # let the first fetch settle, as the sidecar's runs do
-        broker.produce_at_rate(topic, rate, seconds)
-
-    result = run_child("floor", broker, topic, count, None, on_ready=produce)
-    cpu_s = result["cpu_s_per_10k"] * count / 10_000
-    return {
-        "rate": rate,
-        "records": count,
-        "consumer_cpu_us_per_record": cpu_s / max(1, count) * 1e6,
-        "consumer_cpu_share": cpu_s / seconds,
-    }
-
-
-# ------------------------------------------------------------------------------------- idle
-
-
-def run_idle(
-    broker: Broker, app: App, directory: str, seconds: float, side: Side
-) -> dict[str, Any]:
-    """The sidecar with its partitions assigned and no records: its CPU over ``seconds``."""
-    topic = broker.create_topic(f"bench-idle-{uuid.uuid4().hex[:6]}")
-    api_path = os.path.join(directory, f"api-{side.name}-idle.sock")
-    group = f"bench-idle-{side.name}-{uuid.uuid4().hex[:8]}"
-    config = sidecar_config("c-tcp-key", broker.bootstrap, topic, group, app, api_path)
-    with running_sidecar(config, directory, "idle", side) as proc:
-        wait_assigned(api_path, proc)
-        time.sleep(2.0)  # start-up work (imports, first commits, metadata) is not idling
-        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-        time.sleep(seconds)
-        cpu = cpu_seconds(proc.pid) - cpu0
-        elapsed = time.monotonic() - t0
-        if proc.poll() is not None:
-            raise RuntimeError(f"the sidecar exited ({proc.returncode}) while idle")
-    return {"seconds": elapsed, "cpu_s": cpu, "cpu_share": cpu / elapsed}
-
-
-# ------------------------------------------------------------------------------------- backlog
-
-
-def produce_backlog(broker: Broker, records: int, value_bytes: int) -> str:
-    # Larger records than the broker's default limit (1 MiB values plus framing) need the topic's
-    # own max.message.bytes.
-    config = {"max.message.bytes": str(max(1_048_588, 2 * value_bytes))}
-    topic = broker.create_topic(
-        f"bench-backlog-{value_bytes}-{uuid.uuid4().hex[:6]}", config=config
-    )
-    print(f"  producing {records:,} records of {value_bytes:,} B ...", flush=True)
-    broker.produce_bulk(topic, records, value_bytes)
-    return topic
-
-
-def run_backlog(
-    broker: Broker,
-    topic: str,
-    app: App,
-    directory: str,
-    records: int,
-    value_bytes: int,
-    delay_ms: int,
-    seconds: float,
-    side: Side,
-) -> dict[str, Any]:
-    """A backlog of ``records`` behind an app answering after ``delay_ms``: the sidecar's RSS."""
-    app.reset(delay_ms=delay_ms)
-    name = f"backlog-{value_bytes}"
-    api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
-    group = f"bench-backlog-{side.name}-{uuid.uuid4().hex[:8]}"
-    config = sidecar_config("c-tcp-key", broker.bootstrap, topic, group, app, api_path)
-    samples: list[tuple[float, float, int]] = []
-    with running_sidecar(config, directory, name, side) as proc:
-        wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
-        start = time.monotonic()
-        while time.monotonic() - start < seconds:
-            status = api_get(api_path, "/v1/status") or {"partitions": []}
-            # The ledger's buffered count includes the records in flight.
-            buffered = sum(p["buffered"] for p in status["partitions"])
-            samples.append(
-                (time.monotonic() - start, proc_status_kb(proc.pid, "VmRSS") / 1024, buffered)
-            )
-            if proc.poll() is not None:
-                raise RuntimeError(f"the sidecar exited ({proc.returncode}) during the backlog")
-            time.sleep(0.5)
-        peak = proc_status_kb(proc.pid, "VmHWM") / 1024
-        delivered = app.stats()["records"]
-    app.reset()
-    half = [rss for t, rss, _ in samples if t >= seconds / 2] or [samples[-1][1]]
-    return {
-        "backlog_records": records,
-        "value_bytes": value_bytes,
-        "app_delay_ms": delay_ms,
-        "seconds": seconds,
-        "delivered": delivered,
-        "held_in_sidecar_max": max(b for _, _, b in samples),
-        "rss_first_mb": samples[0][1],
-        "rss_second_half_max_mb": max(half),
-        "rss_last_mb": samples[-1][1],
-        "peak_rss_mb": peak,
-        "samples": [(round(t, 1), round(r, 1), b) for t, r, b in samples],
-    }
-
-
-# ------------------------------------------------------------------------------------- killer
-
-
-@dataclass(frozen=True)
-class KillerSpec:
-    records: int = 300
-    hold_ms: int = 300
-    limit: int = 3  # the sidecar's share.delivery.count.limit
-    group_limit: int = 5  # engine share: the share group's share.delivery.count.limit
-    group_lock_ms: int = 15_000  # engine share: how soon a dead consumer's records come back
-    # Engine share: how long nothing may be delivered before the killer counts as dropped. A dead
-    # member keeps its partitions until its share session expires (45 s by default, and a group's
-    # share.session.timeout.ms cannot go below the broker's group.share.min.session.timeout.ms,
-    # 45 s by default), then its records wait for their locks: 45 + 15 s, and 5 s to spare.
-    share_quiet_s: float = 65.0
-    share_journal: bool = True  # engine share: share.journal.path set
-    incarnation_timeout_s: float = 180.0
-
-
-def run_killer(
-    variant: str, broker: Broker, app: App, directory: str, spec: KillerSpec, side: Side
-) -> dict[str, Any]:
-    """Crash isolation: the app SIGKILLs the sidecar whenever the killer record reaches it.
-
-    ``spec.records`` records (the killer in the middle) are held ``spec.hold_ms`` each by the
-    app, so many are in flight at each death. The sidecar is restarted after each death until it
-    survives: the killer is in the DLQ and every other record is done (consumer engine: every
-    offset committable; share engine: nothing in flight and nothing delivered for a while, which
-    also catches a killer the broker archived without our DLQ record).
-    """
-    engine, ordering = KILLER_VARIANTS[variant]
-    topic = broker.create_topic(f"bench-killer-{variant}-{uuid.uuid4().hex[:6]}")
-    dlq = f"dlq.{topic}"
-    broker.topics.append(dlq)  # the sidecar creates it; deleted at the end with the bench's own
-    killer_index = spec.records // 2
-    values = [
-        b"bench-kill" if i == killer_index else b"%08d" % i + b"x" * 92 for i in range(spec.records)
-    ]
-    where = broker.produce_values(topic, values)
-    killer = where[killer_index]
-    ends = broker.end_offsets(topic)
-    group = f"bench-killer-{side.name}-{variant}-{uuid.uuid4().hex[:8]}"
-    kafka_extra: dict[str, Any] = {}
-    journal: dict[str, Any] = {}
-    if engine == "share":
-        broker.set_group_config(
-            group,
-            {
-                "share.delivery.count.limit": str(spec.group_limit),
-                "share.record.lock.duration.ms": str(spec.group_lock_ms),
-            },
-        )
-        max_deaths = max(spec.limit, spec.group_limit) + 2
-        if spec.share_journal:  # kept across the incarnations, as on the chart's emptyDir
-            journal = {"share.journal.path": os.path.join(directory, f"journal-{group}")}
-        else:  # --killer-no-journal: the broker's counts
-            journal = {"share.journal.path": None}
-    else:
-        # Static membership: a restarted sidecar takes over its dead incarnation's partitions at
-        # once instead of after the session timeout.
-        kafka_extra = {
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-            "group.instance.id": f"bench-{group}",
-        }
-        max_deaths = spec.limit + 3
-    app.reset(killer=1, delay_ms=spec.hold_ms)
-    deaths = 0
-    death_times_s: list[float] = []
-    outcome = "gave up"
-    started = time.monotonic()
-
-    def dlq_records() -> list[tuple[int, int, dict[str, bytes]]]:
-        return broker.read_headers(dlq)
-
-    def killer_dead_lettered() -> bool:
-        return any(
-            (int(h.get("__dlq.errors.partition", b"-1")), int(h.get("__dlq.errors.offset", b"-1")))
-            == killer
-            for _, _, h in dlq_records()
-        )
-
-    for incarnation in range(max_deaths + 1):
-        name = f"killer-{variant}-{incarnation}"
-        api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
-        config = sidecar_config(
-            "c-tcp-" + ordering,
-            broker.bootstrap,
-            topic,
-            group,
-            app,
-            api_path,
-            ordering=ordering,
-            engine=engine,
-            kafka_extra=kafka_extra,
-            extra={"share.delivery.count.limit": spec.limit, **journal},
-        )
-        with running_sidecar(config, directory, name, side) as proc:
-            # Before the sidecar can have fetched anything (its start-up takes a second or more).
-            app.set_kill_pid(proc.pid)
-            deadline = time.monotonic() + spec.incarnation_timeout_s
-            quiet_since, last_deliveries = time.monotonic(), -1
-            while time.monotonic() < deadline and proc.poll() is None:
-                stats = app.stats()
-                if stats["deliveries"] != last_deliveries:
-                    quiet_since, last_deliveries = time.monotonic(), stats["deliveries"]
-                if engine == "consumer":
-                    if status_done(api_path, topic, ends) and killer_dead_lettered():
-                        outcome = "survived: every offset done, the killer in the DLQ"
-                elif stats["distinct_seen"] >= spec.records and share_idle(api_path):
-                    # Quiet for longer than a dead member's records can take to come back, with
-                    # everything delivered: the broker archived the killer itself.
-                    quiet_s = time.monotonic() - quiet_since
-                    if killer_dead_lettered():
-                        outcome = "survived: every record delivered, the killer in the DLQ"
-                    elif quiet_s > spec.share_quiet_s:
-                        outcome = f"survived: nothing delivered for {quiet_s:.0f} s"
-                if outcome.startswith("survived"):
-                    break
-                time.sleep(0.25)
-            died = proc.poll() is not None
-            returncode = proc.returncode
-        if outcome.startswith("survived"):
-            break
-        if not died:
-            outcome = "timed out"
-            break
-        if returncode != -signal.SIGKILL:
-            outcome = f"exited {returncode}: {log_tail(directory, side, name, 400)!r}"
-            break
-        deaths += 1
-        death_times_s.append(round(time.monotonic() - started, 1))
-    stats = app.stats()
-    app.reset()
-    records = dlq_records()
-    innocent = [
-        (int(h.get("__dlq.errors.partition", b"-1")), int(h.get("__dlq.errors.offset", b"-1")))
-        for _, _, h in records
-    ]
-    killer_headers = [
-        h for (p, o), (_, _, h) in zip(innocent, records, strict=True) if (p, o) == killer
-    ]
-    innocent = [po for po in innocent if po != killer]
-    messages: dict[str, int] = {}
-    for _, _, h in records:
-        text = h.get("__dlq.errors.message", b"").decode(errors="replace")
-        messages[text] = messages.get(text, 0) + 1
-    killer_dlq_count = (
-        int(killer_headers[0].get("__dlq.errors.delivery.count", b"0")) if killer_headers else None
-    )
-    return {
-        "variant": variant,
-        "engine": engine,
-        "ordering": ordering,
-        "records": spec.records,
-        "hold_ms": spec.hold_ms,
-        "limit": spec.limit,
-        "group_limit": spec.group_limit if engine == "share" else None,
-        "share_journal": spec.share_journal if engine == "share" else None,
-        "outcome": outcome,
-        "deaths": deaths,
-        "death_times_s": death_times_s,
-        "killer_in_dlq": bool(killer_headers),
-        "killer_dlq_records": len(killer_headers),
-        "killer_dlq_delivery_count": killer_dlq_count,
-        "killer_deliveries": len(stats["killer_counts"]),
-        "killer_counts_seen": stats["killer_counts"],
-        "innocent_dead_lettered": len(innocent),
-        # Other records the app saw with a Kafka-Delivery-Count above 1: charged for a death.
-        "innocent_counts_raised": stats["innocent_counts_raised"],
-        "dlq_messages": messages,
-        "distinct_delivered": stats["distinct_seen"],
-        "deliveries": stats["deliveries"],
-        "seconds": time.monotonic() - started,
-    }
-
-
-# ------------------------------------------------------------------------------------- driver
 
 
 def git_commit(root: Path) -> str:
