@@ -5,8 +5,8 @@ reads the child's options, its ``main`` calls ``child_main``); ``run_child`` sta
 the one JSON line it prints at the end.
 
     ceiling  confluent-kafka consume() loop, commits, no app
-    bridge   poll() + one blocking ``requests`` POST per record over a keep-alive session, async
-             commit about once a second (what a user writes by hand)
+    bridge   poll() + one blocking POST per record over a keep-alive session (``requests``, else
+             http.client), async commit about once a second (what a user writes by hand)
     floor    poll() per record, an asynchronous commit every 1,000 records: what consuming the
              records costs at an offered rate with nothing else to do
 """

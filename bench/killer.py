@@ -1,7 +1,7 @@
-"""Crash isolation: a killer record whose delivery makes the app SIGKILL the sidecar (``run_killer``).
+"""Crash isolation: a killer record whose delivery makes the app SIGKILL the sidecar.
 
-The sidecar is restarted after each death until the killer is in the DLQ; the run counts the
-deaths, the innocent records dead-lettered and the killer's delivery count. Variants: engine
+``run_killer`` restarts the sidecar after each death until the killer is in the DLQ, and counts
+the deaths, the innocent records dead-lettered and the killer's deliveries. Variants: engine
 consumer with ordering none and key, and engine share (``KILLER_VARIANTS``).
 """
 

@@ -1,6 +1,8 @@
-"""The benchmark's tables, targets and new/old comparison (``python -m bench``; see sidecar_bench).
+"""The benchmark's tables, targets and new/old comparison (``python -m bench``).
 
-Pure presentation of a results dict (the JSON ``python -m bench`` writes): no broker, no processes.
+Pure presentation of a results dict (the JSON ``python -m bench`` writes; the parts that fill
+it are in ``bench.sidecar_bench``, their runs in ``bench.runs`` and ``bench.killer``): no broker,
+no processes.
 A results dict holds one side's figures at its top level ("new": this checkout) and, with
 ``--baseline``, the other side's under ``"baseline"`` ("old"), in the same shape:
 

@@ -2,7 +2,8 @@
 
 ``sidecar_config`` writes a scenario's YAML, ``unavailable`` says why a side's sidecar cannot run a
 scenario, ``running_sidecar`` runs ``python -m sidecar run`` of a side (optionally under cProfile or
-py-spy, see ``BENCH_CPROFILE`` and ``BENCH_PYSPY``) and stops it; the rest read its log or ask its API.
+py-spy, see ``BENCH_CPROFILE`` and ``BENCH_PYSPY``) and stops it; the rest read its log or ask its
+API.
 """
 
 from __future__ import annotations
