@@ -19,6 +19,16 @@ from sidecar.core.budget import split_budget
 from sidecar.kafka.dlq.errors import kafka_error
 
 # Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
+# librdkafka postpones a partition's next fetch by `fetch.queue.backoff.ms` whenever its prefetch
+# queue is over `queued.min.messages` or `queued.max.messages.kbytes`: 1,000 ms unless set
+# (librdkafka's CHANGELOG, v2.2.0). The sidecar sizes that queue from `max.buffered.bytes` (a
+# quarter: 16 MiB by default), which a backlog fills and the sidecar drains in a fraction of a
+# second, so every fill left the partition unfetched for the rest of that second: a backlog larger
+# than the budget went at what the queue holds per second (about 22,000 records of 1 KiB per second
+# in batch mode, where 55,000 were possible). Re-checked every 10 ms instead, the queue is refilled
+# as it drains; while it stays full, a check sends no request.
+FETCH_QUEUE_BACKOFF_MS = 10
+
 OWNED_PROPERTIES = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
@@ -54,13 +64,19 @@ def consumer_properties(
 ) -> dict[str, Any]:
     """The consumer's librdkafka properties: the user's `kafka:`, our defaults, the owned ones.
 
+    Our defaults, each overridden by the user's `kafka:`: `auto.offset.reset: earliest` and
+    `fetch.queue.backoff.ms` (`FETCH_QUEUE_BACKOFF_MS`).
+
     librdkafka prefetches up to 64 MiB by default (`queued.max.messages.kbytes`, one queue for the
     whole consumer) plus a fetch response of up to 50 MiB (`fetch.max.bytes`) on top of what the
     ledgers hold: both are derived from `max.buffered.bytes` instead (a quarter and an eighth, see
     `sidecar.core.budget`), unless the user sets them under `kafka:`. None: no budget (a client
     that fetches no records, such as the start-up metadata check).
     """
-    props: dict[str, Any] = {"auto.offset.reset": "earliest"}
+    props: dict[str, Any] = {
+        "auto.offset.reset": "earliest",
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+    }
     if max_buffered_bytes is not None:
         props.update(split_budget(max_buffered_bytes, kafka).derived)
     props.update(kafka)
@@ -105,6 +121,7 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
 
 
 __all__ = [
+    "FETCH_QUEUE_BACKOFF_MS",
     "NOT_TRANSIENT",
     "OWNED_PROPERTIES",
     "broker_error_reason",

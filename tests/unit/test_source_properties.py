@@ -14,11 +14,19 @@ def test_defaults_the_sidecar_sets_and_the_user_may_override() -> None:
     assert props["queued.min.messages"] == 16384
     assert props["partition.assignment.strategy"] == "cooperative-sticky"
     assert props["enable.auto.commit"] is False
+    # librdkafka's 1,000 ms would leave a partition unfetched for most of each second of a backlog.
+    assert props["fetch.queue.backoff.ms"] == 10
     mine = consumer_properties(
-        {"auto.offset.reset": "latest", "queued.max.messages.kbytes": 1024, "group.id": "g"},
+        {
+            "auto.offset.reset": "latest",
+            "queued.max.messages.kbytes": 1024,
+            "group.id": "g",
+            "fetch.queue.backoff.ms": 250,
+        },
         64 * 2**20,
     )
     assert mine["auto.offset.reset"] == "latest"
+    assert mine["fetch.queue.backoff.ms"] == 250
     assert mine["queued.max.messages.kbytes"] == 1024
     assert mine["fetch.max.bytes"] == 8 * 2**20
 
@@ -37,3 +45,11 @@ def test_the_sidecar_owns_offset_storing_and_the_protocol_decides_the_assignor()
     assert props["enable.auto.commit"] is False
     assert props["enable.auto.offset.store"] is False
     assert "partition.assignment.strategy" not in props
+
+
+def test_librdkafka_takes_every_property_the_sidecar_sets() -> None:
+    # A property this librdkafka does not know fails the constructor (no broker is contacted).
+    from confluent_kafka import Consumer
+
+    props = consumer_properties({"bootstrap.servers": "127.0.0.1:9", "group.id": "g"}, 64 * 2**20)
+    Consumer(props).close()
