@@ -5,7 +5,8 @@ the abort without writing that partition's marker. The aborted DLQ records then 
 transaction, and the producer's next commit to the partition would make them visible: a DLQ record
 written twice. Two nodes: node 1 is the controller and the transaction coordinator; node 2 is a broker
 that leads the DLQ partition (one replica). Pausing node 2 past its session gets it fenced, which leaves
-the partition without a leader while the transaction is aborted.
+the partition without a leader while the transaction is aborted. The second test keeps node 2 paused
+past the check's budget: the partition is then checked before its next DLQ record.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sidecar.kafka import dlq as dlq_module
-from sidecar.kafka.dlq import CAUSE_REJECTED, FailedRecord
+from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnAbortable, FailedRecord
+from sidecar.kafka.dlq import txn as dlq_txn
 from tests.faults.broker import PrivateBroker
 from tests.harness import transactional_dlq_writer
 
@@ -181,6 +183,84 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
 
         # The next transaction commits only its own record; without the repair its COMMIT marker
         # would have committed the aborted one too.
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(2), dlq_topic)
+        await writer.txn_commit([], None)
+        nursery.cancel_scope.cancel()
+    got = await trio.to_thread.run_sync(_read_committed, bootstrap, dlq_topic)
+    assert got == [b"v2"]
+
+
+async def test_a_partition_leaderless_past_the_check_is_checked_before_its_next_record(
+    two_nodes: tuple[PrivateBroker, PrivateBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check after the abort gives up while node 2 is still paused (its budget shortened): the
+    # skipped marker is repaired before the next DLQ record goes to that partition, not never.
+    monkeypatch.setattr(dlq_txn, "ABORT_CHECK_BUDGET_S", 4.0)
+    node1, node2 = two_nodes
+    bootstrap = node1.direct
+    writer = transactional_dlq_writer(bootstrap, "g", "txn-markers-late")
+    dlq_topic = "dlq.markers.late"
+    part = (dlq_topic, 0)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        await trio.to_thread.run_sync(node2.start)
+        await trio.to_thread.run_sync(
+            lambda: _wait(lambda: len(admin.list_topics(timeout=5).brokers) == 2, 60, "node 2")
+        )
+        futures = admin.create_topics(
+            [NewTopic(dlq_topic, num_partitions=1, replication_factor=-1, replica_assignment=[[2]])]
+        )
+        await trio.to_thread.run_sync(lambda: futures[dlq_topic].result(30))
+        await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+
+        await writer.txn_begin()
+        await writer.txn_produce(_failed(1), dlq_topic)
+        fenced_before = node1.log_text().count("handleBrokerFenced")
+        skipped_before = node1.log_text().count("likely deleted")
+        node2.pause()
+        try:
+            await trio.to_thread.run_sync(
+                lambda: _wait(
+                    lambda: node1.log_text().count("handleBrokerFenced") > fenced_before,
+                    30,
+                    "node 2 fenced",
+                )
+            )
+            await trio.to_thread.run_sync(
+                lambda: _wait(
+                    lambda: _leader_seen_by(bootstrap, dlq_topic) == -1,
+                    30,
+                    "node 1 to see the DLQ partition without a leader",
+                )
+            )
+            with trio.fail_after(dlq_txn.ABORT_CHECK_BUDGET_S + dlq_module.TXN_CALL_TIMEOUT_S):
+                await writer.txn_abort()  # the marker is skipped; the partition cannot be read
+            assert writer._unchecked == {part}
+            assert writer.abort_markers_repaired == 0
+            await trio.to_thread.run_sync(
+                lambda: _wait(
+                    lambda: node1.log_text().count("likely deleted") > skipped_before,
+                    60,
+                    "the skipped marker",
+                )
+            )
+        finally:
+            node2.resume()
+        await trio.to_thread.run_sync(
+            lambda: _wait(lambda: _leader_seen_by(bootstrap, dlq_topic) == 2, 60, "a leader again")
+        )
+
+        # The next DLQ record for the partition is refused inside its transaction; the abort that
+        # follows (as the engine's redo does) checks the partition and repairs the marker.
+        await writer.txn_begin()
+        with pytest.raises(DlqTxnAbortable, match="checked for an earlier abort"):
+            await writer.txn_produce(_failed(2), dlq_topic)
+        with trio.fail_after(dlq_txn.ABORT_CHECK_BUDGET_S + dlq_module.TXN_CALL_TIMEOUT_S):
+            await writer.txn_abort()
+        assert writer.abort_markers_repaired == 1
+        assert writer._unchecked == set()
         await writer.txn_begin()
         await writer.txn_produce(_failed(2), dlq_topic)
         await writer.txn_commit([], None)

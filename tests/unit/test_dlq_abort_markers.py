@@ -128,7 +128,7 @@ async def test_a_partition_that_never_settles_is_reported_and_given_up(
     )
 
 
-async def test_unreadable_offsets_leave_the_check_undone_and_say_so(
+async def test_unreadable_offsets_leave_the_partition_to_check_again(
     writer: dlq.DlqWriter,
     monkeypatch: pytest.MonkeyPatch,
     autojump_clock: MockClock,
@@ -140,4 +140,10 @@ async def test_unreadable_offsets_leave_the_check_undone_and_say_so(
     with caplog.at_level(logging.WARNING, logger="sidecar.dlq"):
         await writer._check_abort_markers({TP0})
     assert fake.abort_only_calls == []
-    assert "unchecked" in caplog.text
+    assert "checked before the next DLQ record goes to them" in caplog.text
+    assert writer._unchecked == {TP0}
+    # Once the offsets can be read, the check is done (and the marker repaired): nothing is left.
+    fake.unreadable = False
+    await writer._check_abort_markers({TP0} | writer._unchecked)
+    assert fake.abort_only_calls == [[TP0]]
+    assert writer._unchecked == set()

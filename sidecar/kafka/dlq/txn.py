@@ -66,6 +66,9 @@ TXN_INIT_TIMEOUT_S = 60.0
 # producer's next commit to that partition would commit: a DLQ record written twice. Other producers'
 # transactions may hold the stable offset back for ABORT_SETTLE_S; past that, an abort-only transaction
 # (one probe record per partition, then abort) writes the missing marker, at most ABORT_REPAIR_ROUNDS times.
+# A partition whose offsets cannot be read within ABORT_CHECK_BUDGET_S (no leader for that long) is checked
+# again before the next DLQ record goes to it: that record's transaction is refused and aborted, and its
+# abort checks the partition.
 ABORT_SETTLE_S = 3.0
 ABORT_REPAIR_ROUNDS = 2
 ABORT_CHECK_BUDGET_S = 20.0
@@ -124,6 +127,9 @@ class DlqWriter(PlainDlqWriter):
         self._abandoned: list[Producer] = []  # fenced producers a thread may still be blocked in
         # DLQ partitions the open transaction has written to (or tried to), checked after an abort.
         self._txn_touched: set[tuple[str, int]] = set()
+        # DLQ partitions whose check after an abort could not read their offsets (no leader for
+        # longer than ABORT_CHECK_BUDGET_S): checked again before a DLQ record goes to them.
+        self._unchecked: set[tuple[str, int]] = set()
         self.abort_markers_repaired = 0
         self.producers_replaced = 0
         self.outcomes_settled = 0  # commits whose unknown outcome was read from the group's offsets
@@ -228,7 +234,15 @@ class DlqWriter(PlainDlqWriter):
                 ),
             )
             dropped = True
-        self._txn_touched.add((record.topic, record.partition))
+        key = (record.topic, record.partition)
+        if key in self._unchecked:
+            # An earlier abort's records may still be in an open transaction there (KAFKA-20734):
+            # this transaction's commit would make them visible. Its abort checks the partition.
+            raise DlqTxnAbortable(
+                f"DLQ partition {record.topic}[{record.partition}] is checked for an earlier "
+                "abort's ABORT marker before a DLQ record goes to it"
+            )
+        self._txn_touched.add(key)
         err = await self._produce(record)
         if err is not None:
             self.failed += 1
@@ -438,12 +452,14 @@ class DlqWriter(PlainDlqWriter):
         makes abort_transaction() answer "conflicting call in progress", or one that failed
         fatally) is done by fencing instead: a new producer with the same transactional.id; its
         init_transactions() aborts the transaction. Then the DLQ partitions it wrote to are checked
-        for the ABORT marker (KAFKA-20734).
+        for the ABORT marker (KAFKA-20734), with those an earlier check could not read
+        (`txn_produce` refuses a record for one of them, which ends its transaction here).
         """
         if not self._in_txn and not self._stuck and self._broken is None:
             return
         touched, self._txn_touched = self._txn_touched, set()
         await self._end_open_txn()
+        touched |= self._unchecked
         if touched:
             await self._check_abort_markers(touched)
 
@@ -483,11 +499,14 @@ class DlqWriter(PlainDlqWriter):
         deadline = trio.current_time() + ABORT_CHECK_BUDGET_S
         targets = await self._log_ends(parts, committed=False, deadline=deadline)
         if targets is None:
+            self._unchecked.update(parts)
             log.warning(
-                "could not read the end of DLQ partitions %s after an abort; its markers are unchecked",
+                "could not read the end of DLQ partitions %s after an abort; they are checked "
+                "before the next DLQ record goes to them",
                 names(parts),
             )
             return
+        self._unchecked.difference_update(parts)
         for rnd in range(ABORT_REPAIR_ROUNDS + 1):
             hanging = await self._unsettled(targets, deadline)
             if not hanging:
