@@ -274,6 +274,8 @@ def flat_figures(
         out["idle CPU, % of a core"] = figures["idle"]["cpu_share"] * 100
     for name, b in backlogs_of(figures).items():
         out[f"backlog {name} peak RSS MB"] = b["peak_rss_mb"]
+        if "cpu_share" in b:
+            out[f"backlog {name} sidecar CPU, % of a core"] = b["cpu_share"] * 100
     for variant, k in figures.get("killer", {}).items():
         out[f"killer {variant} deaths"] = k["deaths"]
         out[f"killer {variant} innocent in DLQ"] = k["innocent_dead_lettered"]
@@ -352,6 +354,12 @@ def print_details(figures: dict[str, Any], reference: dict[str, Any] | None = No
             f" answer, {b['seconds']:.0f} s: RSS first {b['rss_first_mb']:.0f} MB, max in the 2nd"
             f" half {b['rss_second_half_max_mb']:.0f} MB, peak {b['peak_rss_mb']:.0f} MB,"
             f" at most {b['held_in_sidecar_max']:,} records held"
+            + (
+                f"; sidecar CPU {b['cpu_share'] * 100:.1f} % of a core,"
+                f" {b['cpu_us_per_record']:.0f} µs/record"
+                if "cpu_share" in b
+                else ""
+            )
         )
     for variant, k in figures.get("killer", {}).items():
         limits = f"limit {k['limit']}" + (

@@ -237,7 +237,8 @@ def run_backlog(
     seconds: float,
     side: Side,
 ) -> dict[str, Any]:
-    """A backlog of ``records`` behind an app answering after ``delay_ms``: the sidecar's RSS."""
+    """A backlog of ``records`` behind an app answering after ``delay_ms``: the sidecar's RSS, and
+    its CPU while the app holds it back (librdkafka's queue full, the partitions' shares full)."""
     app.reset(delay_ms=delay_ms)
     name = f"backlog-{value_bytes}"
     api_path = os.path.join(directory, f"api-{side.name}-{name}.sock")
@@ -247,6 +248,7 @@ def run_backlog(
     with running_sidecar(config, directory, name, side) as proc:
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         start = time.monotonic()
+        cpu_start, delivered_start = cpu_seconds(proc.pid), app.stats()["records"]
         while time.monotonic() - start < seconds:
             status = api_get(api_path, "/v1/status") or {"partitions": []}
             # The ledger's buffered count includes the records in flight.
@@ -258,6 +260,8 @@ def run_backlog(
                 raise RuntimeError(f"the sidecar exited ({proc.returncode}) during the backlog")
             time.sleep(0.5)
         peak = proc_status_kb(proc.pid, "VmHWM") / 1024
+        cpu_s = cpu_seconds(proc.pid) - cpu_start
+        elapsed = time.monotonic() - start
         delivered = app.stats()["records"]
     app.reset()
     half = [rss for t, rss, _ in samples if t >= seconds / 2] or [samples[-1][1]]
@@ -267,6 +271,8 @@ def run_backlog(
         "app_delay_ms": delay_ms,
         "seconds": seconds,
         "delivered": delivered,
+        "cpu_share": cpu_s / elapsed,
+        "cpu_us_per_record": cpu_s * 1e6 / max(1, delivered - delivered_start),
         "held_in_sidecar_max": max(b for _, _, b in samples),
         "rss_first_mb": samples[0][1],
         "rss_second_half_max_mb": max(half),
