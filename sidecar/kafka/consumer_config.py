@@ -18,7 +18,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from sidecar.core.budget import split_budget
 from sidecar.kafka.dlq.errors import kafka_error
 
-# Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
 # librdkafka postpones a partition's next fetch by `fetch.queue.backoff.ms` whenever its prefetch
 # queue is over `queued.min.messages` or `queued.max.messages.kbytes`: 1,000 ms unless set
 # (librdkafka's CHANGELOG, v2.2.0). The sidecar sizes that queue from `max.buffered.bytes` (a
@@ -29,6 +28,7 @@ from sidecar.kafka.dlq.errors import kafka_error
 # as it drains; while it stays full, a check sends no request.
 FETCH_QUEUE_BACKOFF_MS = 10
 
+# Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
 OWNED_PROPERTIES = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
