@@ -523,7 +523,10 @@ async def test_a_full_listener_closes_its_oldest_idle_connection_and_refuses_onl
     transport: str, tmp_path: Path
 ) -> None:
     stats = ServerStats()
-    limits = Limits(max_connections=3)
+    # Idle connections are this test's subject: closed only to make room, never for idleness (the
+    # default first-byte timeout, 5 s, passed on a busy machine before the last assertion).
+    limits = Limits(max_connections=3, idle_timeout_s=300.0)
+    opened: list[trio.abc.Stream] = []  # closed whatever happens: no socket outlives the test
     release = trio.Event()
     holding = [0]
 
@@ -542,7 +545,8 @@ async def test_a_full_listener_closes_its_oldest_idle_connection_and_refuses_onl
             )
 
             async def connect() -> trio.abc.Stream:
-                return await trio.open_tcp_stream("127.0.0.1", port)
+                opened.append(await trio.open_tcp_stream("127.0.0.1", port))
+                return opened[-1]
         else:
             path = str(tmp_path / "s.sock")
             await nursery.start(
@@ -550,41 +554,44 @@ async def test_a_full_listener_closes_its_oldest_idle_connection_and_refuses_onl
             )
 
             async def connect() -> trio.abc.Stream:
-                return await trio.open_unix_socket(path)
+                opened.append(await trio.open_unix_socket(path))
+                return opened[-1]
 
-        held = [await connect() for _ in range(3)]
-        with trio.fail_after(10):
-            while stats.open_connections < 3:
-                await trio.sleep(0.01)
-        # Full of idle connections: a new one is served, the oldest idle one is closed for it.
-        async with await connect() as extra:
-            await extra.send_all(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n")
-            assert (await read_until_closed(extra)).startswith(b"HTTP/1.1 200 ")
-        assert await read_until_closed(held[0]) == b""
-        assert stats.cuts == {"evicted": 1}
-        assert stats.refused == {}
-        # The others still work.
-        await held[1].send_all(b"GET /h HTTP/1.1\r\n\r\n")
-        [ok] = await read_responses(held[1], 1)
-        assert ok.startswith(b"HTTP/1.1 200 ")
-        # Every seat busy answering: nobody to close, the new connection gets a 503.
-        busy = [await connect() for _ in range(3)]
-        for stream in busy:
-            await stream.send_all(b"GET /hold HTTP/1.1\r\n\r\n")
-        with trio.fail_after(10):
-            while holding[0] < 3:
-                await trio.sleep(0.01)
-        assert stats.cuts == {"evicted": 3}
-        async with await connect() as refused:
-            response = await read_until_closed(refused)
-        assert response.startswith(b"HTTP/1.1 503 "), response[:80]
-        assert stats.refused == {"connections": 1}
-        release.set()
-        for stream in busy:
-            [ok] = await read_responses(stream, 1)
+        try:
+            held = [await connect() for _ in range(3)]
+            with trio.fail_after(10):
+                while stats.open_connections < 3:
+                    await trio.sleep(0.01)
+            # Full of idle connections: a new one is served, the oldest idle one is closed for it.
+            async with await connect() as extra:
+                await extra.send_all(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n")
+                assert (await read_until_closed(extra)).startswith(b"HTTP/1.1 200 ")
+            assert await read_until_closed(held[0]) == b""
+            assert stats.cuts == {"evicted": 1}
+            assert stats.refused == {}
+            # The others still work.
+            await held[1].send_all(b"GET /h HTTP/1.1\r\n\r\n")
+            [ok] = await read_responses(held[1], 1)
             assert ok.startswith(b"HTTP/1.1 200 ")
-        for stream in held + busy:
-            await stream.aclose()
+            # Every seat busy answering: nobody to close, the new connection gets a 503.
+            busy = [await connect() for _ in range(3)]
+            for stream in busy:
+                await stream.send_all(b"GET /hold HTTP/1.1\r\n\r\n")
+            with trio.fail_after(10):
+                while holding[0] < 3:
+                    await trio.sleep(0.01)
+            assert stats.cuts == {"evicted": 3}
+            async with await connect() as refused:
+                response = await read_until_closed(refused)
+            assert response.startswith(b"HTTP/1.1 503 "), response[:80]
+            assert stats.refused == {"connections": 1}
+            release.set()
+            for stream in busy:
+                [ok] = await read_responses(stream, 1)
+                assert ok.startswith(b"HTTP/1.1 200 ")
+        finally:
+            for stream in opened:
+                await stream.aclose()
         nursery.cancel_scope.cancel()
 
 
