@@ -558,10 +558,14 @@ async def test_a_full_listener_closes_its_oldest_idle_connection_and_refuses_onl
                 return opened[-1]
 
         try:
-            held = [await connect() for _ in range(3)]
-            with trio.fail_after(10):
-                while stats.open_connections < 3:
-                    await trio.sleep(0.01)
+            # One at a time, each seated before the next connects: the server's oldest is held[0]
+            # (connections accepted together start their tasks in no set order).
+            held = []
+            for n in range(1, 4):
+                held.append(await connect())
+                with trio.fail_after(10):
+                    while stats.open_connections < n:
+                        await trio.sleep(0.01)
             # Full of idle connections: a new one is served, the oldest idle one is closed for it.
             async with await connect() as extra:
                 await extra.send_all(b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n")
