@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sidecar.kafka import dlq as dlq_module
-from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnAbortable, FailedRecord
+from sidecar.kafka.dlq import CAUSE_REJECTED, DlqTxnAbortable, DlqWriter, FailedRecord
 from sidecar.kafka.dlq import txn as dlq_txn
 from tests.faults.broker import PrivateBroker
 from tests.harness import transactional_dlq_writer
@@ -106,6 +106,45 @@ def _failed(offset: int) -> FailedRecord:
     )
 
 
+async def _dlq_topic_on_node2(
+    node2: PrivateBroker, admin: AdminClient, writer: DlqWriter, dlq_topic: str
+) -> None:
+    """Start node 2 and create `dlq_topic` with its one replica there (the writer already runs, so
+    __transaction_state lives on node 1 and the coordinator stays up when node 2 is paused)."""
+    await trio.to_thread.run_sync(node2.start)
+    await trio.to_thread.run_sync(
+        lambda: _wait(lambda: len(admin.list_topics(timeout=5).brokers) == 2, 60, "node 2")
+    )
+    futures = admin.create_topics(
+        [NewTopic(dlq_topic, num_partitions=1, replication_factor=-1, replica_assignment=[[2]])]
+    )
+    await trio.to_thread.run_sync(lambda: futures[dlq_topic].result(30))
+    await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+
+
+async def _leaderless(node1: PrivateBroker, dlq_topic: str, fenced_before: int) -> None:
+    """Wait, node 2 paused, until it is fenced and node 1 itself sees `dlq_topic` without a leader."""
+    # The controller's log, not metadata: a client may ask the paused node and wait.
+    await trio.to_thread.run_sync(
+        lambda: _wait(
+            lambda: node1.log_text().count("handleBrokerFenced") > fenced_before,
+            30,
+            "node 2 fenced",
+        )
+    )
+    # The controller logs the fencing before node 1's own metadata has it. An abort in between
+    # finds node 2 still the leader, queues the marker for it and waits out the request timeout
+    # (30 s) before it looks again: longer than the check's budget. So the abort waits until node 1
+    # itself sees the partition without a leader.
+    await trio.to_thread.run_sync(
+        lambda: _wait(
+            lambda: _leader_seen_by(node1.direct, dlq_topic) == -1,
+            30,
+            "node 1 to see the DLQ partition without a leader",
+        )
+    )
+
+
 async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_again(
     two_nodes: tuple[PrivateBroker, PrivateBroker],
 ) -> None:
@@ -118,15 +157,7 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
         # The writer's init_transactions() creates __transaction_state while node 1 is the only broker,
         # so the coordinator stays up when node 2 is paused.
         await nursery.start(writer.run)
-        await trio.to_thread.run_sync(node2.start)
-        await trio.to_thread.run_sync(
-            lambda: _wait(lambda: len(admin.list_topics(timeout=5).brokers) == 2, 60, "node 2")
-        )
-        futures = admin.create_topics(
-            [NewTopic(dlq_topic, num_partitions=1, replication_factor=-1, replica_assignment=[[2]])]
-        )
-        await trio.to_thread.run_sync(lambda: futures[dlq_topic].result(30))
-        await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+        await _dlq_topic_on_node2(node2, admin, writer, dlq_topic)
 
         await writer.txn_begin()
         await writer.txn_produce(_failed(1), dlq_topic)  # acknowledged by node 2
@@ -135,25 +166,7 @@ async def test_an_abort_marker_skipped_for_a_leaderless_partition_is_written_aga
         node2.pause()
         resumed = False
         try:
-            # The controller's log, not metadata: a client may ask the paused node and wait.
-            await trio.to_thread.run_sync(
-                lambda: _wait(
-                    lambda: node1.log_text().count("handleBrokerFenced") > fenced_before,
-                    30,
-                    "node 2 fenced",
-                )
-            )
-            # The controller logs the fencing before node 1's own metadata has it. An abort in
-            # between finds node 2 still the leader, queues the marker for it and waits out the
-            # request timeout (30 s) before it looks again: longer than the check's budget. So
-            # the abort waits until node 1 itself sees the partition without a leader.
-            await trio.to_thread.run_sync(
-                lambda: _wait(
-                    lambda: _leader_seen_by(bootstrap, dlq_topic) == -1,
-                    30,
-                    "node 1 to see the DLQ partition without a leader",
-                )
-            )
+            await _leaderless(node1, dlq_topic, fenced_before)
 
             async def resume_once_the_marker_is_skipped() -> None:
                 # Node 2 comes back only after the coordinator skipped its marker (a resume before
@@ -205,15 +218,7 @@ async def test_a_partition_leaderless_past_the_check_is_checked_before_its_next_
     admin = AdminClient({"bootstrap.servers": bootstrap})
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
-        await trio.to_thread.run_sync(node2.start)
-        await trio.to_thread.run_sync(
-            lambda: _wait(lambda: len(admin.list_topics(timeout=5).brokers) == 2, 60, "node 2")
-        )
-        futures = admin.create_topics(
-            [NewTopic(dlq_topic, num_partitions=1, replication_factor=-1, replica_assignment=[[2]])]
-        )
-        await trio.to_thread.run_sync(lambda: futures[dlq_topic].result(30))
-        await trio.to_thread.run_sync(writer.prepare_topics_sync, [dlq_topic])
+        await _dlq_topic_on_node2(node2, admin, writer, dlq_topic)
 
         await writer.txn_begin()
         await writer.txn_produce(_failed(1), dlq_topic)
@@ -221,20 +226,7 @@ async def test_a_partition_leaderless_past_the_check_is_checked_before_its_next_
         skipped_before = node1.log_text().count("likely deleted")
         node2.pause()
         try:
-            await trio.to_thread.run_sync(
-                lambda: _wait(
-                    lambda: node1.log_text().count("handleBrokerFenced") > fenced_before,
-                    30,
-                    "node 2 fenced",
-                )
-            )
-            await trio.to_thread.run_sync(
-                lambda: _wait(
-                    lambda: _leader_seen_by(bootstrap, dlq_topic) == -1,
-                    30,
-                    "node 1 to see the DLQ partition without a leader",
-                )
-            )
+            await _leaderless(node1, dlq_topic, fenced_before)
             with trio.fail_after(dlq_txn.ABORT_CHECK_BUDGET_S + dlq_module.TXN_CALL_TIMEOUT_S):
                 await writer.txn_abort()  # the marker is skipped; the partition cannot be read
             assert writer._unchecked == {part}
