@@ -27,12 +27,15 @@ class FakeOffsets:
         self.abort_only_calls: list[list[tuple[str, int]]] = []
         self.repairs = True  # whether an abort-only transaction writes the missing marker
         self.unreadable = False
+        self.ends_take_s = 0.0  # how long reading the log ends takes (a leader that comes back late)
 
     async def log_ends(
         self, parts: list[tuple[str, int]], *, committed: bool, deadline: float
     ) -> dict[tuple[str, int], int] | None:
         if self.unreadable:
             return None
+        if not committed:
+            await trio.sleep(self.ends_take_s)
         source = self.stable if committed else self.ends
         return {tp: source[tp] for tp in parts}
 
@@ -147,3 +150,58 @@ async def test_unreadable_offsets_leave_the_partition_to_check_again(
     await writer._check_abort_markers({TP0} | writer._unchecked)
     assert fake.abort_only_calls == [[TP0]]
     assert writer._unchecked == set()
+
+
+class _Answer:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def result(self, timeout: float) -> _Answer:
+        return self
+
+
+class _FakeAdmin:
+    """list_offsets answers -1 (no offset, no error) the first `blank` times, then 7."""
+
+    def __init__(self, blank: int) -> None:
+        self.blank = blank
+        self.calls = 0
+
+    def list_offsets(self, request: dict[object, object], **_: object) -> dict[object, _Answer]:
+        self.calls += 1
+        offset = -1 if self.calls <= self.blank else 7
+        return {tp: _Answer(offset) for tp in request}
+
+
+async def test_an_offset_of_minus_one_is_asked_again_not_taken_as_the_end(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
+) -> None:
+    # A target of -1 would pass any stable offset: the check would find every partition settled.
+    admin = _FakeAdmin(blank=2)
+    monkeypatch.setattr(writer, "admin", lambda: admin)
+    ends = await writer._log_ends([TP0], committed=False, deadline=trio.current_time() + 10)
+    assert ends == {TP0: 7}
+    assert admin.calls == 3
+
+
+async def test_offsets_that_stay_unknown_leave_the_partition_unread(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
+) -> None:
+    admin = _FakeAdmin(blank=10**6)
+    monkeypatch.setattr(writer, "admin", lambda: admin)
+    ends = await writer._log_ends([TP0], committed=False, deadline=trio.current_time() + 3)
+    assert ends is None
+    assert admin.calls > 1
+
+
+async def test_a_partition_found_open_after_the_whole_budget_is_still_repaired(
+    writer: dlq.DlqWriter, monkeypatch: pytest.MonkeyPatch, autojump_clock: MockClock
+) -> None:
+    # Its leader came back just before the budget ran out: the check finds the aborted records open
+    # past the deadline. Giving up there would leave them for the next commit to make visible.
+    fake = FakeOffsets({TP0: 10}, {TP0: 8})
+    fake.ends_take_s = dlq_txn.ABORT_CHECK_BUDGET_S - 0.1
+    _wire(writer, fake, monkeypatch)
+    await writer._check_abort_markers({TP0})
+    assert fake.abort_only_calls == [[TP0]]
+    assert writer.abort_markers_repaired == 1

@@ -511,7 +511,9 @@ class DlqWriter(PlainDlqWriter):
             hanging = await self._unsettled(targets, deadline)
             if not hanging:
                 return
-            if rnd == ABORT_REPAIR_ROUNDS or trio.current_time() > deadline:
+            # A partition found open is repaired at least once, even when reading it took the
+            # whole budget (the next record's transaction would otherwise commit what was aborted).
+            if rnd == ABORT_REPAIR_ROUNDS or (rnd > 0 and trio.current_time() > deadline):
                 log.error(
                     "DLQ partitions %s still hold an open transaction after the abort and %d "
                     "abort-only transactions; if it is this producer's, its next commit to them "
@@ -549,7 +551,7 @@ class DlqWriter(PlainDlqWriter):
         while True:
             try:
                 return await trio.to_thread.run_sync(self._list_ends_sync, parts, committed)
-            except (KafkaException, TimeoutError) as exc:
+            except (KafkaException, TimeoutError, OffsetUnknown) as exc:
                 if trio.current_time() + 0.5 > deadline:
                     log.debug("list_offsets on %s: %s", names(parts), exc)
                     return None
@@ -565,9 +567,14 @@ class DlqWriter(PlainDlqWriter):
             isolation_level=level,
             request_timeout=5,
         )
-        return {
+        ends = {
             (tp.topic, tp.partition): int(f.result(timeout=10).offset) for tp, f in futures.items()
         }
+        unknown = sorted(tp for tp, offset in ends.items() if offset < 0)
+        if unknown:
+            # No offset, without an error: a target of -1 would pass any check, so ask again.
+            raise OffsetUnknown(f"no end offset for {names(unknown)}")
+        return ends
 
     async def _abort_only(self, parts: list[tuple[str, int]]) -> None:
         """A transaction with one probe record (no key or value, header PROBE_HEADER) per partition,
@@ -637,6 +644,10 @@ _FATAL_FOR_GOOD = {
     KafkaError._UNSUPPORTED_FEATURE,
     KafkaError.INVALID_TRANSACTION_TIMEOUT,
 }
+
+
+class OffsetUnknown(Exception):
+    """list_offsets answered a partition without an offset (-1) and without an error."""
 
 
 def replaceable(err: KafkaError) -> bool:
