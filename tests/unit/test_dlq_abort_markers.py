@@ -27,7 +27,8 @@ class FakeOffsets:
         self.abort_only_calls: list[list[tuple[str, int]]] = []
         self.repairs = True  # whether an abort-only transaction writes the missing marker
         self.unreadable = False
-        self.ends_take_s = 0.0  # how long reading the log ends takes (a leader that comes back late)
+        # How long reading the log ends takes (a leader that comes back late).
+        self.ends_take_s = 0.0
 
     async def log_ends(
         self, parts: list[tuple[str, int]], *, committed: bool, deadline: float
