@@ -551,7 +551,7 @@ class DlqWriter(PlainDlqWriter):
         while True:
             try:
                 return await trio.to_thread.run_sync(self._list_ends_sync, parts, committed)
-            except (KafkaException, TimeoutError, OffsetUnknown) as exc:
+            except (KafkaException, TimeoutError, _OffsetUnknown) as exc:
                 if trio.current_time() + 0.5 > deadline:
                     log.debug("list_offsets on %s: %s", names(parts), exc)
                     return None
@@ -573,7 +573,7 @@ class DlqWriter(PlainDlqWriter):
         unknown = sorted(tp for tp, offset in ends.items() if offset < 0)
         if unknown:
             # No offset, without an error: a target of -1 would pass any check, so ask again.
-            raise OffsetUnknown(f"no end offset for {names(unknown)}")
+            raise _OffsetUnknown(f"no end offset for {names(unknown)}")
         return ends
 
     async def _abort_only(self, parts: list[tuple[str, int]]) -> None:
@@ -646,7 +646,7 @@ _FATAL_FOR_GOOD = {
 }
 
 
-class OffsetUnknown(Exception):
+class _OffsetUnknown(Exception):
     """list_offsets answered a partition without an offset (-1) and without an error."""
 
 
