@@ -201,6 +201,13 @@ def write_config(
     return path
 
 
+# A share consumer's close waits for the broker to confirm its last acknowledgements and its leaving the
+# group "up to roughly socket.timeout.ms" (confluent-kafka's ShareConsumer.close docstring; 60 s by
+# default), and the sidecar leaves a close behind 5 s after its grace (README, by "Exit codes"): a
+# stop just after the consumers joined was seen to take over 30 s in CI.
+SHARE_STOP_TIMEOUT_S = 90.0
+
+
 @dataclass
 class Sidecar:
     proc: trio.Process
@@ -298,7 +305,11 @@ class Sidecar:
                 await trio.sleep(0.1)
         raise AssertionError(f"not assigned after {timeout_s}s:\n{self.log_text()[-3000:]}")
 
-    async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+    async def stop(self, sig: int = signal.SIGTERM, timeout_s: float | None = None) -> int:
+        """Signal the sidecar and wait for its exit: 30 s, or SHARE_STOP_TIMEOUT_S with `engine: share`."""
+        if timeout_s is None:
+            config = yaml.safe_load(self.config_path.read_text()) or {}
+            timeout_s = SHARE_STOP_TIMEOUT_S if config.get("engine") == "share" else 30.0
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
         with trio.move_on_after(timeout_s):
