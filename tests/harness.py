@@ -201,10 +201,10 @@ def write_config(
     return path
 
 
-# A share consumer's close waits for the broker to confirm its last acknowledgements and its leaving the
-# group "up to roughly socket.timeout.ms" (confluent-kafka's ShareConsumer.close docstring; 60 s by
-# default), and the sidecar leaves a close behind 5 s after its grace (README, by "Exit codes"): a
-# stop just after the consumers joined was seen to take over 30 s in CI.
+# A share consumer's close "blocks until the broker has confirmed the outstanding acknowledgements and the
+# group has been left, up to roughly socket.timeout.ms" (confluent-kafka 2.16.1's ShareConsumer.close
+# docstring; librdkafka's default is 60 s): a sidecar stopped just after its consumers joined was seen to
+# take over 30 s. A stop is still bounded, by drain + that.
 SHARE_STOP_TIMEOUT_S = 90.0
 
 
@@ -307,9 +307,8 @@ class Sidecar:
 
     async def stop(self, sig: int = signal.SIGTERM, timeout_s: float | None = None) -> int:
         """Signal the sidecar and wait for its exit: 30 s, or SHARE_STOP_TIMEOUT_S with `engine: share`."""
-        if timeout_s is None:
-            config = yaml.safe_load(self.config_path.read_text()) or {}
-            timeout_s = SHARE_STOP_TIMEOUT_S if config.get("engine") == "share" else 30.0
+        engine = (yaml.safe_load(self.config_path.read_text()) or {}).get("engine")
+        timeout_s = timeout_s or (SHARE_STOP_TIMEOUT_S if engine == "share" else 30.0)
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
         with trio.move_on_after(timeout_s):
@@ -799,12 +798,3 @@ async def _in_process(rig: Rig, run_kwargs: dict[str, Any]) -> AsyncIterator[Non
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
         yield
-
-
-def prometheus_values(text: str) -> dict[str, float]:
-    """`GET /metrics` text as {'name{labels}': value} (labels as the exposition writes them)."""
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }

@@ -24,7 +24,6 @@ from tests.harness import (
     counts_by_value,
     json_answer,
     produce,
-    prometheus_values,
     running_sidecar,
     short_tmp,
     wait_assigned,
@@ -33,6 +32,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.kafkatools import Broker, Rec
+from tests.promtext import prometheus_values
 
 # FAST, json_answer, produce, counts_by_value and the waits live in tests/harness.py now; they stay
 # importable from here (tests/integration/test_daemon_restart.py imports them).

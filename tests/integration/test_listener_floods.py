@@ -36,8 +36,9 @@ import pytest
 import trio
 import yaml
 
-from tests.harness import Sidecar, free_port, prometheus_values, running_sidecar
+from tests.harness import Sidecar, free_port, running_sidecar
 from tests.kafkatools import Broker
+from tests.promtext import prometheus_values
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -17,11 +17,11 @@ from tests.harness import (
     Delivery,
     RecordingApp,
     free_port,
-    prometheus_values,
     running_sidecar,
 )
 from tests.harness import wait_until_thread as _wait_thread
 from tests.kafkatools import Broker, Rec
+from tests.promtext import prometheus_values
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"

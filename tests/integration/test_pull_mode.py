@@ -28,13 +28,13 @@ from tests.harness import (
     FAST,
     ROOT,
     Sidecar,
-    prometheus_values,
     short_tmp,
     sidecar,
     wait_committed_at_end,
 )
 from tests.integration import test_examples
 from tests.kafkatools import Broker, Rec
+from tests.promtext import prometheus_values
 from tests.pulltools import (
     PullClient,
     key_of,

@@ -22,8 +22,9 @@ from typing import Any
 import trio
 
 from tests.faults.workload import RecordPlan, Run, open_run, plan_records
-from tests.harness import prometheus_values, sidecar
+from tests.harness import SHARE_STOP_TIMEOUT_S, sidecar
 from tests.kafkatools import Broker
+from tests.promtext import prometheus_values
 from tests.reliability.test_killer import KillerApp, KillerServer
 
 LIMIT = 3
@@ -31,11 +32,9 @@ LOCK_MS = (
     15_000  # the broker's least group share.record.lock.duration.ms: records come back soonest
 )
 INCARNATION_S = 240  # one incarnation: a death or the end
-# A share consumer's close "blocks until the broker has confirmed the outstanding acknowledgements and the
-# group has been left, up to roughly socket.timeout.ms" (confluent-kafka 2.16.1's ShareConsumer.close
-# docstring; librdkafka's default is 60 s): a sidecar stopped just after its consumers joined (a recovery's
-# end) was seen to take over 30 s. A stop is still bounded, by drain + that.
-STOP_TIMEOUT_S = 90
+STOP_TIMEOUT_S = (
+    SHARE_STOP_TIMEOUT_S  # a share consumer's close may take socket.timeout.ms (harness)
+)
 
 
 @dataclass
