@@ -351,17 +351,17 @@ class LedgerMachine(RuleBasedStateMachine):
         # The O(1) structural bound the pause decision starts from must bound the real payload,
         # and its exact done-range count must match what commit_state emits.
         state = self.ledger.commit_state()
-        assert self.ledger._structural_raw() >= payload_bound(state)
-        pending = self.ledger._restored_done[self.ledger._restored_index :]
+        assert self.ledger._metadata._structural_raw() >= payload_bound(state)
+        pending = self.ledger._holdings.restored_done[self.ledger._holdings.restored_index :]
         if not pending:
-            assert self.ledger._n_ranges == len(state.done)
-        if not self.ledger._restored_counts:
+            assert self.ledger._metadata._n_ranges == len(state.done)
+        if not self.ledger._holdings.restored_counts:
             runs = sum(
                 1
                 for o, c in state.counts.items()
                 if state.counts.get(o - 1) != c  # a run starts where the previous offset differs
             )
-            assert self.ledger._n_count_runs == runs
+            assert self.ledger._metadata._n_count_runs == runs
 
     @invariant()
     def unchanged_means_the_same_answers(self) -> None:

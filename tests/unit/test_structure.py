@@ -23,13 +23,11 @@ def tree() -> structure.Tree:
     return structure.Tree()
 
 
-@pytest.mark.xfail(strict=True, reason="the ledger is a mixin tower until it is composed of parts")
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_class_inherits_across_files(tree: structure.Tree, package: str) -> None:
     assert structure.cross_file_inheritance(tree, [package]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the ledger is a mixin tower until it is composed of parts")
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_attribute_is_assigned_from_two_modules(tree: structure.Tree, package: str) -> None:
     assert structure.shared_attributes(tree, [package], structure.RECORDS) == {}

@@ -18,17 +18,19 @@ outputs are small frozen values (:class:`Attempt`, :class:`AnswerResult`, :class
 leaves the ledger unchanged.  The committable offset, the state to commit and the horizon to commit
 are derived from the records held, never stored.
 
-The ledger is one class, :class:`PartitionLedger`, written in parts of one concern each::
+The ledger is one object, :class:`PartitionLedger`, built of parts that each own their state
+(one module each, built by the ledger's constructor and given what they need there)::
 
     machine     the state machine: the (state, event) -> state table and ``enter``, which alone
                 changes a record's state and refuses what the table lacks
     values      states, modes, ``LedgerConfig``, the frozen values returned, the errors
-    base        the records held, their heaps and queues; ready, archiving, done
-    horizon     crash accounting: the horizon, suspects, the isolation pass (SPEC §3)
-    metadata    the state to commit, its size bound, commit points
-    flow        flow control: pause / resume, the next deadline
-    archive     the DLQ side of archiving: to_archive, dlq_written / failed / withheld
-    partition   ``PartitionLedger``: intake, hand-outs, answers (``outcome.decide``), revoke
+    partition   ``PartitionLedger``: intake, hand-outs, answers (``outcome.decide``), revoke;
+                the calls that touch several parts
+    holdings    ``Holdings``: the records held, their heaps and key queues, the restored state
+    horizon     ``Horizon``: crash accounting: the horizon, suspects, the isolation pass (SPEC §3)
+    metadata    ``CommitMetadata``: the state to commit, its size bound, commit points
+    flow        ``FlowControl``: pause / resume, the next deadline
+    archive     ``Archive``: the DLQ side of archiving: to_archive, dlq_written / failed / withheld
 
 Must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and never reads
 a clock: callers pass ``now_ms``.  Import the public names from here.

@@ -60,204 +60,227 @@ above H that is not done was never handed out".  Then:
   counts as stored, no pass.  A version-2 state restored in write-ahead mode: counts as stored,
   the horizon ignored.  Builds before version 2 read version 2 as foreign: redelivery, no loss.
 
-The commit points that carry the horizon are made in `sidecar.core.ledger.metadata`; this module
-owns the horizon's marks, the suspects and the isolation pass (sans-IO, like the whole ledger).
+`Horizon` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor: it
+owns the horizon's marks, the suspects' counts, the commit points made and the isolation pass
+(sans-IO, like the whole ledger).  The commit points that carry the horizon are made by
+`sidecar.core.ledger.metadata.CommitMetadata`; the hand-outs, charges and take-backs the pass asks
+for are the ledger's calls.
 """
 
 from __future__ import annotations
 
-import heapq
-
-from sidecar.core.commitstate import MAX_OFFSET
-from sidecar.core.ledger.base import _LedgerBase
-from sidecar.core.ledger.machine import Event, _Record, enter
+from sidecar.core.commitstate import MAX_OFFSET, CommitState
+from sidecar.core.ledger.holdings import Holdings
+from sidecar.core.ledger.machine import _Record
 from sidecar.core.ledger.values import (
-    Attempt,
     CommitPoint,
+    CrashAccounting,
     HorizonStatus,
     IllegalTransition,
-    IsolationCharge,
     IsolationPhase,
-    LedgerClosed,
+    LedgerConfig,
     RecordState,
 )
 
 _AVAILABLE = RecordState.AVAILABLE
 
 
-class _Horizon(_LedgerBase):
-    """Horizon mode's part of `PartitionLedger` (see the module docstring)."""
+class Horizon:
+    """Crash accounting of one partition's ledger (see the module docstring)."""
 
-    def _settle(self, record: _Record) -> None:
-        """The outcome of the record's attempt is known (not an accept): charge it if pending."""
-        if record.pending:
-            record.pending = False
-            count = record.delivery_count
-            record.delivery_count = count + 1
-            self._recount(record.offset, count, count + 1)
-            self._max_counted = max(self._max_counted, record.offset)
-        if record.suspect:
-            self._clear_suspect(record)
+    def __init__(
+        self,
+        config: LedgerConfig,
+        holdings: Holdings,
+        start_offset: int,
+        restored: CommitState | None,
+    ) -> None:
+        self._config = config
+        self._holdings = holdings
+        # Every offset handed out in this assignment is at most confirmed; issued is the highest
+        # horizon put in a commit point.
+        self.enabled = config.crash_accounting is CrashAccounting.HORIZON
+        self._window = config.window
+        restored_horizon = (
+            restored.horizon if restored is not None and restored.horizon is not None else None
+        )
+        if not self.enabled or restored_horizon is None or restored_horizon < start_offset:
+            restored_horizon = start_offset - 1  # no suspects: counts as stored (version 1)
+        self.suspect_top = restored_horizon
+        self.confirmed = restored_horizon
+        self.issued = restored_horizon
+        self.handed_top = start_offset - 1
+        self.held_at = -1
+        self.n_suspects = 0
+        self._suspects_total = 0
+        self._isolated_total = 0
+        self.points = 0  # commit points made
+        self.isolating: _Record | None = None
+        # The isolated attempt's outcome (or its take-back) is not committed before a point made
+        # after it is confirmed: until then nothing goes out (a death would charge it again).
+        self.unflushed_after: int | None = None
 
-    def _horizon_need(self) -> int:
-        """The highest offset handed out, held beyond the horizon, or next in line."""
-        need = self._handed_top if self._handed_top > self._held_at else self._held_at
-        ready = self._ready
-        if ready and ready[0] > need:  # a stale entry is lower than a live one: harmless
-            need = ready[0]
-        return need
+    # -- suspects ----------------------------------------------------------------------------
 
-    def _horizon_target(self) -> int:
-        """The horizon the next commit point carries: never below one already issued."""
-        need = self._horizon_need()
-        target = self._issued
-        if need + self._window // 2 > self._confirmed:
-            target = max(target, min(MAX_OFFSET, need + self._window))
-        return max(target, self.committable_offset() - 1)
+    def fetched(self, record: _Record) -> None:
+        """A record just fetched: a suspect if the previous owner may have handed it out."""
+        if record.offset <= self.suspect_top:
+            record.suspect = True
+            self.n_suspects += 1
+            self._suspects_total += 1
 
-    def horizon_wanted(self) -> int | None:
-        """Horizon mode: a commit is wanted now; the horizon its ``commit_point`` carries.
+    def clear_suspect(self, record: _Record) -> None:
+        """The suspect's count is exact now (an outcome, or archived with no delivery)."""
+        record.suspect = False
+        self.n_suspects -= 1
+        if self.isolating is record:
+            self.isolating = None
+            self._isolated_total += 1
+            self.unflushed_after = self.points
 
-        Wanted when the hand-outs have used half the window beyond the committed horizon, or a
-        ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
-        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
-        for its commit.  None otherwise, in write-ahead mode and after a revoke.
-        """
-        if not self._horizon or self._revoked:
-            return None
-        if self._unflushed_after is not None or (
-            self._isolating is not None and self._isolating.state is _AVAILABLE
-        ):
-            return self._horizon_target()
-        need = self._horizon_need()
-        if need + self._window // 2 <= self._confirmed:
-            return None
-        return self._horizon_target()
+    # -- the isolation pass ------------------------------------------------------------------
 
     @property
-    def wants_isolation(self) -> bool:
-        """A suspect is ready and nothing of it is charged or in flight: call ``isolate`` once
-        nothing is in flight in the whole process (a death must charge only the isolated one)."""
-        return not self._revoked and self._isolating is None and self._next_suspect() is not None
+    def busy(self) -> bool:
+        """A record is being isolated, or its outcome waits for its commit: nothing else goes."""
+        return self.isolating is not None or self.unflushed_after is not None
 
-    def isolate(self, now_ms: int) -> IsolationCharge:
-        """Charge the lowest ready suspect for an isolated delivery (horizon mode).
+    def charge(self, record: _Record) -> None:
+        """``record`` (a suspect just taken off its heap) is charged for an isolated delivery."""
+        self.isolating = record
 
-        Its delivery count goes up now, in memory: the next ``commit_point`` writes it, and once
-        that point is ``committed`` the attempt is handed out.  Normal hand-outs of this partition
-        stop until the pass is over.  Raises IllegalTransition in write-ahead mode, while an
-        attempt of this partition is in flight or an isolation is under way, or with no suspect
-        ready.
-        """
-        if self._revoked:
-            raise LedgerClosed(f"{self._id_prefix} was revoked")
-        if not self._horizon:
+    def take_back(self, record: _Record) -> None:
+        """The isolated attempt was never sent: it is still a suspect and goes again, alone, once
+        the take-back is committed."""
+        if self.isolating is record:
+            self.isolating = None
+            self.unflushed_after = self.points
+
+    def uncharge(self) -> _Record | None:
+        """Revoke: a charge never handed out goes back; the record charged, or None."""
+        isolating = self.isolating
+        if isolating is not None and isolating.state is _AVAILABLE:
+            self.isolating = None
+            return isolating
+        return None
+
+    def check_isolate(self) -> None:
+        """Raise unless a suspect may be charged now (the ledger checks what is in flight)."""
+        if not self.enabled:
             raise IllegalTransition("isolation is for crash_accounting HORIZON")
-        if self._isolating is not None:
-            raise IllegalTransition(f"offset {self._isolating.offset} is being isolated already")
-        if self._live:
-            raise IllegalTransition(
-                f"{len(self._live)} attempts in flight: an isolated delivery goes alone"
-            )
-        now = self._tick(now_ms)
-        if self._backoff:
-            self._release_backoffs(now)
-        record = self._next_suspect()
-        if record is None:
-            raise IllegalTransition("no suspect is ready to be isolated")
-        heapq.heappop(self._suspects_ready)
-        record.queued = False
-        count = record.delivery_count
-        record.delivery_count = count + 1
-        self._recount(record.offset, count, count + 1)
-        self._max_counted = max(self._max_counted, record.offset)
-        self._isolating = record
-        self._version += 1
-        self._changes += 1
-        return IsolationCharge(self.topic, self.partition, record.offset, count + 1)
+        if self.isolating is not None:
+            raise IllegalTransition(f"offset {self.isolating.offset} is being isolated already")
 
-    def committed(self, point: CommitPoint, now_ms: int) -> Attempt | None:
-        """The broker confirmed ``point``: hand-outs may reach its horizon, and if it carried the
-        charge of the record being isolated, that record's attempt is returned: send it."""
-        if self._revoked:
-            raise LedgerClosed(f"{self._id_prefix} was revoked")
-        if point.topic != self.topic or point.partition != self.partition:
-            raise IllegalTransition(f"a commit point of {point.topic}/{point.partition}")
-        if point.horizon is not None and (not self._horizon or point.horizon > self._issued):
+    def confirm(self, point: CommitPoint) -> _Record | None:
+        """The broker confirmed ``point``: hand-outs may reach its horizon.  The isolated record
+        to hand out now (``point`` carried its charge and nothing waits for a commit), or None.
+        Raises IllegalTransition, nothing changed, for a point this ledger never made."""
+        if point.horizon is not None and (not self.enabled or point.horizon > self.issued):
             raise IllegalTransition(f"horizon {point.horizon} was never issued by this ledger")
-        if point.serial > self._points:
+        if point.serial > self.points:
             raise IllegalTransition(f"commit point {point.serial} was never made by this ledger")
-        self._changes += 1
-        if point.horizon is not None and point.horizon > self._confirmed:
-            self._confirmed = point.horizon
-        if self._unflushed_after is not None and point.serial > self._unflushed_after:
-            self._unflushed_after = None
-        record = self._isolating
+        if point.horizon is not None and point.horizon > self.confirmed:
+            self.confirmed = point.horizon
+        if self.unflushed_after is not None and point.serial > self.unflushed_after:
+            self.unflushed_after = None
+        record = self.isolating
         if (
             record is None
-            or self._unflushed_after is not None  # the previous outcome is not committed yet
+            or self.unflushed_after is not None  # the previous outcome is not committed yet
             or point.charged != record.offset
             or point.charged_count != record.delivery_count
             or record.state is not _AVAILABLE
         ):
             return None
-        enter(record, Event.ACQUIRE)
-        now = self._tick(now_ms)
-        self._version += 1
-        self._changes += 1
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        attempt_id = f"{self._id_prefix}{record.offset}{self._id_epoch}{seq}"
-        deadline = now + self.config.lock_duration_ms
-        record.attempt_id = attempt_id
-        record.lock_deadline_ms = deadline
-        self._live[attempt_id] = record
-        self._attempts_total += 1
-        self._handed_top = max(self._handed_top, record.offset)
-        return Attempt(
-            self.topic,
-            self.partition,
-            record.offset,
-            attempt_id,
-            record.delivery_count,
-            deadline,
-            record.key,
-            record.item,
-        )
+        return record
 
-    def horizon_status(self) -> HorizonStatus:
-        record = self._isolating
-        if not self._horizon:
+    def handed(self, offset: int) -> None:
+        """Records up to ``offset`` were handed out."""
+        if offset > self.handed_top:  # noqa: PLR1730 (max() is a call: slower on the hot path)
+            self.handed_top = offset
+
+    def held_beyond(self, offset: int) -> None:
+        """A ready record at ``offset`` waits for the horizon's commit (it fell behind)."""
+        if offset > self.held_at:  # noqa: PLR1730 (hot path: no max() call)
+            self.held_at = offset
+
+    def point_made(self, horizon: int | None) -> None:
+        """A commit point was made (not after revoke), carrying ``horizon``."""
+        self.points += 1
+        if horizon is not None and horizon > self.issued:
+            self.issued = horizon
+
+    # -- what a commit should carry ----------------------------------------------------------
+
+    def _need(self) -> int:
+        """The highest offset handed out, held beyond the horizon, or next in line."""
+        need = self.handed_top if self.handed_top > self.held_at else self.held_at
+        ready = self._holdings.ready
+        if ready and ready[0] > need:  # a stale entry is lower than a live one: harmless
+            need = ready[0]
+        return need
+
+    def target(self) -> int:
+        """The horizon the next commit point carries: never below one already issued."""
+        need = self._need()
+        target = self.issued
+        if need + self._window // 2 > self.confirmed:
+            target = max(target, min(MAX_OFFSET, need + self._window))
+        return max(target, self._holdings.committable_offset() - 1)
+
+    def wanted(self, revoked: bool) -> int | None:
+        """See `sidecar.core.ledger.partition.PartitionLedger.horizon_wanted`."""
+        if not self.enabled or revoked:
+            return None
+        if self.unflushed_after is not None or (
+            self.isolating is not None and self.isolating.state is _AVAILABLE
+        ):
+            return self.target()
+        need = self._need()
+        if need + self._window // 2 <= self.confirmed:
+            return None
+        return self.target()
+
+    def final_top(self, base_offset: int, live_offsets: list[int], last_added: int) -> int:
+        """Revoke: the lowest horizon that is still exact (what is unsettled)."""
+        top = base_offset - 1
+        for offset in live_offsets:  # answers lost: the next owner isolates up to them
+            if offset > top:  # noqa: PLR1730
+                top = offset
+        if self.n_suspects or last_added < self.suspect_top:
+            top = max(top, self.suspect_top)  # suspects not settled (or not fetched) stay so
+        return top
+
+    def status(self, revoked: bool) -> HorizonStatus:
+        """See `sidecar.core.ledger.partition.PartitionLedger.horizon_status`."""
+        record = self.isolating
+        holdings = self._holdings
+        if not self.enabled:
             phase = IsolationPhase.NONE
         elif record is not None:
             phase = (
                 IsolationPhase.CHARGED if record.state is _AVAILABLE else IsolationPhase.IN_FLIGHT
             )
-        elif self._unflushed_after is not None:
+        elif self.unflushed_after is not None:
             phase = IsolationPhase.SETTLING
-        elif self._next_suspect() is not None:
+        elif holdings.next_suspect() is not None:
             phase = IsolationPhase.READY
-        elif self._n_suspects:
+        elif self.n_suspects:
             phase = IsolationPhase.WAITING
         else:
             phase = IsolationPhase.NONE
         held = False
-        if self._horizon and not self._revoked:
-            ready = self._ready
-            while ready:
-                top = self._records.get(ready[0])
-                if top is not None and top.queued:
-                    held = ready[0] > self._confirmed
-                    break
-                heapq.heappop(ready)
+        if self.enabled and not revoked:
+            first = holdings.first_ready()
+            held = first is not None and first > self.confirmed
         return HorizonStatus(
-            mode=self.config.crash_accounting,
-            horizon_committed=self._confirmed if self._horizon else None,
-            horizon_wanted=self.horizon_wanted(),
+            mode=self._config.crash_accounting,
+            horizon_committed=self.confirmed if self.enabled else None,
+            horizon_wanted=self.wanted(revoked),
             held=held,
             isolation=phase,
             isolating_offset=record.offset if record is not None else None,
-            suspects_left=self._n_suspects,
+            suspects_left=self.n_suspects,
             suspects_total=self._suspects_total,
             isolated_total=self._isolated_total,
         )

@@ -3,9 +3,16 @@
 This module holds the record lifecycle (SPEC §2): intake (``add``), hand-outs (``acquire``), the
 application's answers (``answer``, ``not_attempted``), lock expiry (``expire``) and ``revoke``.
 What an answer does is `sidecar.core.outcome.decide`'s verdict; the state change it makes is
-`sidecar.core.ledger.machine`'s table.  The class's other parts are one module each (see
-`sidecar.core.ledger.base`): crash accounting in ``horizon``, commit metadata in ``metadata``,
-flow control in ``flow``, the DLQ side in ``archive``.
+`sidecar.core.ledger.machine`'s table.  The ledger is built of parts, one module each, which its
+constructor builds and gives what they need; each owns its attributes, and a call that touches
+several (a record done, an isolated hand-out) is a method here that asks each in turn::
+
+    PartitionLedger   here: the calls; attempts in flight and their ids, the clock, ``changes``
+    ├── Holdings        holdings: the records held, the ready / backoff heaps, key queues, bytes
+    ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
+    ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
+    ├── FlowControl     flow: pause / resume, the next deadline
+    └── Archive         archive: the DLQ side of archiving
 
 Must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and never reads a
 clock: callers pass ``now_ms`` (a monotonic clock in milliseconds).  It is the hot path, so every
@@ -16,25 +23,33 @@ the records held (bounded by ``max_buffered_records``).
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict
 
 from sidecar.core.commitstate import MAX_OFFSET, CommitState
-from sidecar.core.ledger.archive import _Archive
-from sidecar.core.ledger.base import _PARTITION, _UNORDERED
+from sidecar.core.ledger.archive import Archive
+from sidecar.core.ledger.flow import FlowControl
+from sidecar.core.ledger.holdings import Holdings
+from sidecar.core.ledger.horizon import Horizon
 from sidecar.core.ledger.machine import Event, _Record, enter
-from sidecar.core.ledger.metadata import _MAX_ENTRY_CHARS, _PAUSE_FILL
+from sidecar.core.ledger.metadata import _MAX_ENTRY_CHARS, _PAUSE_FILL, CommitMetadata
 from sidecar.core.ledger.values import (
     AnswerResult,
+    ArchiveRequest,
     Attempt,
+    CommitPoint,
     ExpiredAttempt,
+    HorizonStatus,
+    IllegalTransition,
+    IsolationCharge,
     LedgerClosed,
+    LedgerConfig,
     LedgerError,
     LedgerStats,
     RecordState,
     UnknownAttempt,
 )
-from sidecar.core.ordering import Ordering
 from sidecar.core.outcome import (
+    COUNT_EXHAUSTED,
     LOCK_TIMEOUT,
     Accept,
     Ack,
@@ -74,12 +89,83 @@ def _jitter_rand(offset: int, delivery_count: int) -> float:
     return (x >> 11) / float(1 << 53)
 
 
-class PartitionLedger(_Archive):
-    """Delivery state of one assigned partition.  See `sidecar.core.ledger`.
+class PartitionLedger:
+    """Delivery state of one assigned partition.  See `sidecar.core.ledger`."""
 
-    ``PartitionLedger(topic, partition, start_offset, config=None, restored=None, *, epoch=0)``:
-    the constructor is `sidecar.core.ledger.base`'s (``_LedgerBase.__init__``), shared by every part.
-    """
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        start_offset: int,
+        config: LedgerConfig | None = None,
+        restored: CommitState | None = None,
+        *,
+        epoch: int = 0,
+    ) -> None:
+        """The state of a partition assigned at ``start_offset``, the committed offset.
+
+        ``restored`` is the state decoded from its metadata.  ``epoch`` distinguishes attempt ids
+        of successive assignments of the same partition (the caller passes a counter), so an
+        answer from before a rebalance can never match an attempt made after it.
+        """
+        if not 0 <= start_offset <= MAX_OFFSET:
+            raise ValueError(f"start_offset out of range: {start_offset}")
+        self.topic = topic
+        self.partition = partition
+        self.config = config = config if config is not None else LedgerConfig()
+        self.epoch = epoch
+        self._start_offset = start_offset
+        self._id_prefix = f"{topic}/{partition}/"
+        self._id_epoch = f"/{epoch}."
+        # Live attempts in lock-deadline order: the lock duration is constant and now_ms never
+        # decreases, so insertion order is deadline order; renew moves an entry to the end.
+        self._live: OrderedDict[str, _Record] = OrderedDict()
+        self._next_seq = 0
+        self._now = 0
+        self._revoked = False
+        self._acknowledged_total = 0
+        self._attempts_total = 0
+        # Bumped by every call that may change what the state to commit measures (see
+        # CommitMetadata.over: a measurement of the same version is reused).
+        self._version = 0
+        # Bumped by every call that may change what a scheduler turn gets from this ledger
+        # (expire, acquire, to_archive, flow control, horizon_wanted, the next deadline): see
+        # `changes`.
+        self._changes = 0
+        # The parts, each given what it needs (see the module docstring).
+        self._holdings = holdings = Holdings(config, start_offset, restored)
+        self._horizon = horizon = Horizon(config, holdings, start_offset, restored)
+        self._metadata = metadata = CommitMetadata(
+            topic, partition, config, holdings, horizon, self._live, start_offset
+        )
+        self._flow = FlowControl(config, holdings, self._live, metadata)
+        self._archive = Archive(topic, partition, holdings)
+
+    @property
+    def changes(self) -> int:
+        """A counter bumped by every call that changes the ledger's state (intake, hand-outs,
+        answers, expiry, DLQ outcomes, commit points and their confirmation, revoke).
+
+        Between two equal readings, and before ``next_deadline_ms``, every query returns what it
+        returned before: a scheduler may skip a partition whose counter has not moved.
+        """
+        return self._changes
+
+    def _tick(self, now_ms: int) -> int:
+        # A clock that steps back must not reorder lock deadlines (see _live).
+        if now_ms > self._now:  # noqa: PLR1730 (max() is a call: slower on the hot path)
+            self._now = now_ms
+        return self._now
+
+    def _check_open(self) -> None:
+        if self._revoked:
+            raise LedgerClosed(f"{self._id_prefix} was revoked")
+
+    def committable_offset(self) -> int:
+        """The lowest offset that is not done: the offset to commit (next offset to read)."""
+        return self._holdings.committable_offset()
+
+    # -- intake and hand-outs ----------------------------------------------------------------
 
     def add(
         self, offset: int, key: bytes | None, item: object, now_ms: int, size_bytes: int = 0
@@ -95,84 +181,55 @@ class PartitionLedger(_Archive):
             raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
         if self._revoked:
             raise LedgerClosed(f"{self._id_prefix} was revoked")
-        if offset <= self._last_added or offset < self._start_offset:
+        holdings = self._holdings
+        if offset <= holdings.last_added or offset < self._start_offset:
             return False
         if offset > MAX_OFFSET:
             raise ValueError(f"offset out of range: {offset}")
         if now_ms > self._now:  # noqa: PLR1730 (max() is a call: slower on the hot path)
             self._now = now_ms
-        self._last_added = offset
         self._version += 1
         self._changes += 1
-        seq = self._n_fetched
-        self._n_fetched = seq + 1
-        if self._restored_done and self._in_restored_done(offset):
-            self._max_done = offset
-            front_seq = next(iter(self._records.values())).seq if self._records else seq
-            self._count_done_run(seq, front_seq, extends=True)
+        seq = holdings.fetched(offset)
+        metadata = self._metadata
+        if holdings.restored_done and holdings.in_restored_done(offset):
+            metadata.done_restored(offset, seq)
             return False
-        count = self._restored_counts.pop(offset, 0) if self._restored_counts else 0
-        ordering = self.config.ordering
-        if ordering is Ordering.KEY:
-            queue_key: object = _UNORDERED if key is None else key
-        elif ordering is Ordering.PARTITION:
-            queue_key = _PARTITION
-        else:
-            queue_key = _UNORDERED
-        record = _Record(offset, key, item, count, queue_key, seq, size_bytes)
-        self._records[offset] = record
-        self._held_bytes += size_bytes
-        self._held_seqs.add(seq)
-        if offset <= self._suspect_top:
-            # Horizon mode: the previous owner may have handed it out and died.
-            record.suspect = True
-            self._n_suspects += 1
-            self._suspects_total += 1
+        count = holdings.restored_count(offset)
+        record = _Record(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
+        may_go = holdings.hold(record)
+        metadata.held(seq)
+        # Horizon mode: the previous owner may have handed it out and died.
+        self._horizon.fetched(record)
         if count:
-            self._recount(offset, 0, count)
-            self._max_counted = offset
-        if queue_key is _UNORDERED:
+            metadata.counted(offset, 0, count)
+        if may_go:
             self._make_ready(record)
-        else:
-            queue = self._queues.get(queue_key)
-            if queue is None:
-                self._queues[queue_key] = deque((offset,))
-                self._make_ready(record)
-            else:
-                queue.append(offset)
         return True
-
-    def _in_restored_done(self, offset: int) -> bool:
-        ranges = self._restored_done
-        i = self._restored_index
-        while i < len(ranges) and ranges[i][1] <= offset:
-            i += 1
-        self._restored_index = i
-        return i < len(ranges) and ranges[i][0] <= offset
 
     def acquire(self, now_ms: int, max_n: int) -> list[Attempt]:
         """Hand out up to ``max_n`` records that may go now (ordering, backoff, lock limits)."""
         if self._revoked:
             raise LedgerClosed(f"{self._id_prefix} was revoked")
         now = self._tick(now_ms)
-        if self._backoff:
+        holdings = self._holdings
+        if holdings.backoff:
             self._changes += 1  # a retry time may have come: the ready set may change
-            self._release_backoffs(now)
-        if (
-            self._isolating is not None
-            or self._unflushed_after is not None
-            or (self._suspects_ready and self._next_suspect())
-        ):
+            holdings.release_backoffs(now)
+        crash = self._horizon
+        if crash.busy or (holdings.suspects_ready and holdings.next_suspect() is not None):
             return []  # the isolation pass goes first, and alone
-        room = min(max_n, self.config.max_record_locks - len(self._live))
-        ready = self._ready
+        live = self._live
+        config = self.config
+        room = min(max_n, config.max_record_locks - len(live))
+        ready = holdings.ready
         if room <= 0 or not ready:
             return []
-        horizon = self._horizon
-        confirmed = self._confirmed
-        records = self._records
-        live = self._live
-        deadline = now + self.config.lock_duration_ms
+        horizon = crash.enabled
+        confirmed = crash.confirmed
+        metadata = self._metadata
+        records = holdings.records
+        deadline = now + config.lock_duration_ms
         topic = self.topic
         partition = self.partition
         out: list[Attempt] = []
@@ -182,8 +239,13 @@ class PartitionLedger(_Archive):
         get = records.get
         id_prefix = self._id_prefix
         id_epoch = self._id_epoch
-        pause_chars = self.config.metadata_max_bytes * _PAUSE_FILL
+        pause_chars = config.metadata_max_bytes * _PAUSE_FILL
         allowance = 0
+        # What the loop changes in the parts, added up and handed over before the metadata is
+        # measured and at the end: the highest offset handed out (horizon) or counted
+        # (write-ahead), and the change in count runs (write-ahead).
+        top = -1
+        runs = 0
         while ready and len(out) < room:
             offset = ready[0]
             record = get(offset)
@@ -192,17 +254,21 @@ class PartitionLedger(_Archive):
                 continue
             if horizon and offset > confirmed:
                 # Beyond the committed horizon: held until its commit (the horizon fell behind).
-                if offset > self._held_at:  # noqa: PLR1730 (hot path: no max() call)
-                    self._held_at = offset
+                crash.held_beyond(offset)
                 break
             if allowance <= 0:
+                if horizon:
+                    crash.handed(top)
+                else:
+                    metadata.counted_runs(runs, top)
+                    runs = 0
                 # Near the metadata budget, a first attempt (a new count entry) may only go for
                 # the lowest record (it frees the most); records already counted always may.
-                estimate = self._metadata_estimate()
+                estimate = metadata.estimate()
                 if estimate > pause_chars:
                     if (
                         record.delivery_count == 0
-                        and self._metadata_over(_PAUSE_FILL)
+                        and metadata.over(_PAUSE_FILL, self._version)
                         and offset != next(iter(records))
                     ):
                         break
@@ -215,26 +281,23 @@ class PartitionLedger(_Archive):
             self._version += 1
             heappop(ready)
             record.queued = False
+            if offset > top:  # noqa: PLR1730 (hot path: no max() call)
+                top = offset
             if horizon:
                 # Not counted until its outcome is known: a death does not charge it.
                 record.pending = True
                 count = record.delivery_count + 1
-                if offset > self._handed_top:  # noqa: PLR1730 (hot path: no max() call)
-                    self._handed_top = offset
             else:
                 count = record.delivery_count + 1
                 record.delivery_count = count
-                if offset > self._max_counted:  # noqa: PLR1730 (hot path: no max() call)
-                    self._max_counted = offset
-                # _recount(offset, count - 1, count), inlined: this is the hot path.
+                # CommitMetadata.recount(offset, count - 1, count), inlined: the hot path.
                 neighbour = get(offset - 1)
                 left = neighbour.delivery_count if neighbour is not None else 0
                 neighbour = get(offset + 1)
                 right = neighbour.delivery_count if neighbour is not None else 0
-                runs = 1 - (left == count) - (right == count)
+                runs += 1 - (left == count) - (right == count)
                 if count > 1:
                     runs -= 1 - (left == count - 1) - (right == count - 1)
-                self._n_count_runs += runs
             seq = self._next_seq
             self._next_seq = seq + 1
             attempt_id = f"{id_prefix}{offset}{id_epoch}{seq}"
@@ -246,11 +309,61 @@ class PartitionLedger(_Archive):
                     topic, partition, offset, attempt_id, count, deadline, record.key, record.item
                 )
             )
+        if horizon:
+            crash.handed(top)
+        else:
+            metadata.counted_runs(runs, top)
         if out:
             self._attempts_total += len(out)
             self._version += 1
             self._changes += 1
         return out
+
+    def _make_ready(self, record: _Record) -> None:
+        limit = self.config.delivery_count_limit
+        if record.delivery_count >= limit:
+            # Restored at the limit: the last attempt's outcome was lost in a crash or a
+            # rebalance.  Archiving now is what bounds a poison pill that kills the pod.
+            self._start_archiving(
+                record,
+                ArchiveReason.DELIVERY_COUNT_EXCEEDED,
+                ErrorInfo(
+                    COUNT_EXHAUSTED,
+                    f"delivery count {record.delivery_count} reached the limit "
+                    f"{limit} before a restart or rebalance",
+                    None,
+                ),
+            )
+            return
+        self._holdings.queue(record)
+
+    def _start_archiving(
+        self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None
+    ) -> None:
+        self._archive.start(record, reason, error)
+        if record.suspect:
+            self._horizon.clear_suspect(record)  # restored at the limit: no delivery, DLQ now
+
+    def _settle(self, record: _Record) -> None:
+        """The outcome of the record's attempt is known (not an accept): charge it if pending."""
+        if record.pending:
+            record.pending = False
+            count = record.delivery_count
+            record.delivery_count = count + 1
+            self._metadata.counted(record.offset, count, count + 1)
+        if record.suspect:
+            self._horizon.clear_suspect(record)
+
+    def _finish(self, record: _Record) -> None:
+        """The record is done: it leaves the holdings; the next of its key may go."""
+        holdings = self._holdings
+        front_seq = holdings.front_seq()
+        following = holdings.remove(record)
+        self._metadata.done(record, front_seq)
+        if following is not None:
+            self._make_ready(following)
+
+    # -- answers and expiry ------------------------------------------------------------------
 
     def answer(
         self,
@@ -285,7 +398,7 @@ class PartitionLedger(_Archive):
             if record.pending:
                 record.pending = False  # done: its count is never written again
             if record.suspect:
-                self._clear_suspect(record)
+                self._horizon.clear_suspect(record)
             self._finish(record)
             return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
         if verdict_type is KeepLock:
@@ -331,10 +444,9 @@ class PartitionLedger(_Archive):
         enter(record, _RELEASE_EVENT)
         record.not_before_ms = now + verdict.delay_ms
         if verdict.delay_ms <= 0:
-            record.queued = True
-            heapq.heappush(self._ready, record.offset)  # settled: never a suspect here
+            self._holdings.queue(record)  # settled: never a suspect here
         else:
-            heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
+            self._holdings.back_off(record)
         return AnswerResult(
             attempt_id,
             record.offset,
@@ -381,17 +493,16 @@ class PartitionLedger(_Archive):
             # Write-ahead, or an isolated attempt: take its charge back.  The next commit writes
             # the lower count again (a death before it leaves the charge: see the invariants).
             record.delivery_count -= 1
-            self._recount(record.offset, record.delivery_count + 1, record.delivery_count)
-            if self._isolating is record:
-                self._isolating = None  # still a suspect: it goes again, alone
-                self._unflushed_after = self._points  # once the take-back is committed
+            self._metadata.recount(record.offset, record.delivery_count + 1, record.delivery_count)
+            # An isolated attempt: still a suspect, it goes again, alone, once the take-back
+            # is committed.
+            self._horizon.take_back(record)
         self._attempts_total -= 1
         record.not_before_ms = now + delay_ms
         if delay_ms == 0:
-            record.queued = True
-            heapq.heappush(self._suspects_ready if record.suspect else self._ready, record.offset)
+            self._holdings.queue(record)
         else:
-            heapq.heappush(self._backoff, (record.not_before_ms, record.offset))
+            self._holdings.back_off(record)
         return AnswerResult(
             attempt_id,
             record.offset,
@@ -449,9 +560,9 @@ class PartitionLedger(_Archive):
         flight and no suspect left means no isolation pass for the next owner).  Their ids answer
         ExpiredAttempt from now on.
         """
-        if self._horizon and not self._revoked:
-            self._final = self._final_state()
-        state = self.commit_state()
+        if self._horizon.enabled and not self._revoked:
+            self._metadata.finish()
+        state = self._metadata.commit_state()
         if not self._revoked:
             self._revoked = True
             for record in self._live.values():
@@ -459,13 +570,185 @@ class PartitionLedger(_Archive):
                 record.attempt_id = None
                 record.pending = False
             self._live.clear()
-            self._ready.clear()
-            self._suspects_ready.clear()
-            self._backoff.clear()
+            self._holdings.drop_queued()
             self._archive.clear()
             self._version += 1
             self._changes += 1
         return state
+
+    # -- crash accounting (horizon mode, see `sidecar.core.ledger.horizon`) -----------------
+
+    def horizon_wanted(self) -> int | None:
+        """Horizon mode: a commit is wanted now; the horizon its ``commit_point`` carries.
+
+        Wanted when the hand-outs have used half the window beyond the committed horizon, or a
+        ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
+        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
+        for its commit.  None otherwise, in write-ahead mode and after a revoke.
+        """
+        return self._horizon.wanted(self._revoked)
+
+    @property
+    def wants_isolation(self) -> bool:
+        """A suspect is ready and nothing of it is charged or in flight: call ``isolate`` once
+        nothing is in flight in the whole process (a death must charge only the isolated one)."""
+        return (
+            not self._revoked
+            and self._horizon.isolating is None
+            and self._holdings.next_suspect() is not None
+        )
+
+    def isolate(self, now_ms: int) -> IsolationCharge:
+        """Charge the lowest ready suspect for an isolated delivery (horizon mode).
+
+        Its delivery count goes up now, in memory: the next ``commit_point`` writes it, and once
+        that point is ``committed`` the attempt is handed out.  Normal hand-outs of this partition
+        stop until the pass is over.  Raises IllegalTransition in write-ahead mode, while an
+        attempt of this partition is in flight or an isolation is under way, or with no suspect
+        ready.
+        """
+        self._check_open()
+        self._horizon.check_isolate()
+        if self._live:
+            raise IllegalTransition(
+                f"{len(self._live)} attempts in flight: an isolated delivery goes alone"
+            )
+        now = self._tick(now_ms)
+        holdings = self._holdings
+        if holdings.backoff:
+            holdings.release_backoffs(now)
+        record = holdings.take_suspect()
+        if record is None:
+            raise IllegalTransition("no suspect is ready to be isolated")
+        count = record.delivery_count
+        record.delivery_count = count + 1
+        self._metadata.counted(record.offset, count, count + 1)
+        self._horizon.charge(record)
+        self._version += 1
+        self._changes += 1
+        return IsolationCharge(self.topic, self.partition, record.offset, count + 1)
+
+    def committed(self, point: CommitPoint, now_ms: int) -> Attempt | None:
+        """The broker confirmed ``point``: hand-outs may reach its horizon, and if it carried the
+        charge of the record being isolated, that record's attempt is returned: send it."""
+        self._check_open()
+        if point.topic != self.topic or point.partition != self.partition:
+            raise IllegalTransition(f"a commit point of {point.topic}/{point.partition}")
+        crash = self._horizon
+        record = crash.confirm(point)
+        self._changes += 1
+        if record is None:
+            return None
+        enter(record, Event.ACQUIRE)
+        now = self._tick(now_ms)
+        self._version += 1
+        self._changes += 1
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        attempt_id = f"{self._id_prefix}{record.offset}{self._id_epoch}{seq}"
+        deadline = now + self.config.lock_duration_ms
+        record.attempt_id = attempt_id
+        record.lock_deadline_ms = deadline
+        self._live[attempt_id] = record
+        self._attempts_total += 1
+        crash.handed(record.offset)
+        return Attempt(
+            self.topic,
+            self.partition,
+            record.offset,
+            attempt_id,
+            record.delivery_count,
+            deadline,
+            record.key,
+            record.item,
+        )
+
+    def horizon_status(self) -> HorizonStatus:
+        return self._horizon.status(self._revoked)
+
+    # -- commit metadata (see `sidecar.core.ledger.metadata`) --------------------------------
+
+    def commit_state(self) -> CommitState:
+        """The state to persist with ``committable_offset()``.
+
+        Write-ahead mode: the counts of attempts in flight included.  Horizon mode: not included
+        (only the isolated one's), and the horizon is the one the next commit point carries.
+        """
+        return self._metadata.commit_state()
+
+    def encode_metadata(self) -> str:
+        """The commit metadata string (may be a safe prefix encoding: see ``commitstate.encode``)."""
+        return self._metadata.encode_metadata()
+
+    def commit_point(self) -> CommitPoint:
+        """What to commit now: offset, metadata (version 2 in horizon mode) and its horizon."""
+        point = self._metadata.commit_point(self._revoked)
+        if not self._revoked:
+            self._changes += 1
+        return point
+
+    # -- flow control (see `sidecar.core.ledger.flow`) ---------------------------------------
+
+    def should_pause(self, max_bytes: int | None = None) -> bool:
+        """Stop fetching: too many records held, or ``max_bytes`` or more of them (the partition's
+        share of the byte budget), locks exhausted, or metadata near its budget."""
+        return self._flow.should_pause(max_bytes, self._version)
+
+    def may_resume(self, max_bytes: int | None = None) -> bool:
+        """Fetch again (hysteresis: half the buffer, half of ``max_bytes``, a free lock, metadata
+        under 70%).  Never blocked by one record larger than ``max_bytes``: once it is done the
+        partition holds nothing, and an empty partition may always resume."""
+        return self._flow.may_resume(max_bytes, self._version)
+
+    def update_paused(self, max_bytes: int | None = None) -> bool:
+        """Apply the hysteresis and return whether the partition should now be paused."""
+        return self._flow.update(max_bytes, self._version)
+
+    def next_lock_deadline_ms(self) -> int | None:
+        """The earliest lock deadline of a live attempt, or None (retry times not included)."""
+        return self._flow.next_lock_deadline_ms()
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest time at which something changes by time alone, or None."""
+        return self._flow.next_deadline_ms()
+
+    # -- archiving, the DLQ side (see `sidecar.core.ledger.archive`) -------------------------
+
+    def to_archive(self) -> list[ArchiveRequest]:
+        """Records to write to the DLQ; each is returned once (again after ``dlq_failed``)."""
+        return self._archive.to_archive()
+
+    def dlq_written(self, offset: int) -> None:
+        """The DLQ record of ``offset`` is confirmed (or no DLQ is configured): ARCHIVED, done."""
+        self._check_open()
+        record = self._archive.written(offset)
+        self._version += 1
+        self._changes += 1
+        self._finish(record)
+
+    def dlq_failed(self, offset: int) -> None:
+        """A retriable DLQ write failure: ``to_archive`` hands the record out again."""
+        self._check_open()
+        self._archive.failed(offset)
+        self._changes += 1
+
+    def dlq_withheld(self, offset: int, now_ms: int) -> None:
+        """The DLQ circuit breaker held the write of ``offset``: AVAILABLE again, for one more
+        delivery (not done, so nothing is committed past it meanwhile).
+
+        Its count continues, and it goes out even at the limit (``_make_ready``'s check is not
+        applied): the breaker judged the answers that sent it to the DLQ untrustworthy. An answer
+        to that delivery other than an accept archives it as usual (the limit is reached).
+        """
+        self._check_open()
+        record = self._archive.withheld(offset)
+        self._tick(now_ms)
+        self._version += 1
+        self._changes += 1
+        record.not_before_ms = self._now
+        self._holdings.queue(record)  # archiving cleared it as a suspect
+
+    # -- what it holds -----------------------------------------------------------------------
 
     @property
     def in_flight(self) -> int:
@@ -473,17 +756,17 @@ class PartitionLedger(_Archive):
 
     @property
     def buffered(self) -> int:
-        return len(self._records)
+        return len(self._holdings.records)
 
     @property
     def buffered_bytes(self) -> int:
         """The sizes (``add``'s ``size_bytes``) of the records held, in flight included."""
-        return self._held_bytes
+        return self._holdings.held_bytes
 
     @property
     def is_idle(self) -> bool:
         """Nothing held: every added record is done."""
-        return not self._records
+        return not self._holdings.records
 
     @property
     def revoked(self) -> bool:
@@ -491,24 +774,23 @@ class PartitionLedger(_Archive):
 
     def statistics(self) -> LedgerStats:
         acquired = len(self._live)
+        held = len(self._holdings.records)
+        archive = self._archive
+        crash = self._horizon
         return LedgerStats(
             topic=self.topic,
             partition=self.partition,
-            available=len(self._records) - acquired - self._n_archiving,
+            available=held - acquired - archive.n_archiving,
             acquired=acquired,
-            archiving=self._n_archiving,
+            archiving=archive.n_archiving,
             acknowledged_total=self._acknowledged_total,
-            archived_total=self._archived_total,
+            archived_total=archive.archived_total,
             attempts_total=self._attempts_total,
-            buffered=len(self._records),
-            buffered_bytes=self._held_bytes,
+            buffered=held,
+            buffered_bytes=self._holdings.held_bytes,
             in_flight=acquired,
-            paused=self._paused,
-            committable_offset=self.committable_offset(),
-            suspects=self._n_suspects,
-            isolation_active=(
-                self._isolating is not None
-                or self._n_suspects > 0
-                or self._unflushed_after is not None
-            ),
+            paused=self._flow.paused,
+            committable_offset=self._holdings.committable_offset(),
+            suspects=crash.n_suspects,
+            isolation_active=crash.busy or crash.n_suspects > 0,
         )
