@@ -26,6 +26,7 @@ The ledger is one object, :class:`PartitionLedger`, built of parts that each own
     values      states, modes, ``LedgerConfig``, the frozen values returned, the errors
     partition   ``PartitionLedger``: intake, hand-outs, answers (``outcome.decide``), revoke;
                 the calls that touch several parts
+    attempts    ``Attempts``: the attempts in flight, their ids, their lock-deadline order
     holdings    ``Holdings``: the records held, their heaps and key queues, the restored state
     horizon     ``Horizon``: crash accounting: the horizon, suspects, the isolation pass (SPEC §3)
     metadata    ``CommitMetadata``: the state to commit, its size bound, commit points

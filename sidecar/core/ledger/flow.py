@@ -10,10 +10,8 @@ not done.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from sidecar.core.ledger.attempts import Attempts
 from sidecar.core.ledger.holdings import Holdings
-from sidecar.core.ledger.machine import _Record
 from sidecar.core.ledger.metadata import _PAUSE_FILL, _RESUME_FILL, CommitMetadata
 from sidecar.core.ledger.values import LedgerConfig
 
@@ -29,13 +27,14 @@ class FlowControl:
         self,
         config: LedgerConfig,
         holdings: Holdings,
-        live: OrderedDict[str, _Record],
+        attempts: Attempts,
         metadata: CommitMetadata,
     ) -> None:
         self._max_buffered = config.max_buffered_records
         self._max_locks = config.max_record_locks
         self._holdings = holdings
-        self._live = live
+        self._attempts = attempts
+        self._live = attempts.live
         self._metadata = metadata
         self.paused = False
 
@@ -72,15 +71,11 @@ class FlowControl:
 
     def next_lock_deadline_ms(self) -> int | None:
         """The earliest lock deadline of a live attempt, or None (retry times not included)."""
-        if self._live:
-            return next(iter(self._live.values())).lock_deadline_ms
-        return None
+        return self._attempts.next_deadline_ms()
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time at which something changes by time alone, or None."""
-        best: int | None = None
-        if self._live:
-            best = next(iter(self._live.values())).lock_deadline_ms
+        best = self._attempts.next_deadline_ms()
         retry = self._holdings.next_backoff_ms()
         if retry is not None and (best is None or retry < best):
             best = retry

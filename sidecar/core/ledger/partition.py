@@ -7,7 +7,8 @@ What an answer does is `sidecar.core.outcome.decide`'s verdict; the state change
 constructor builds and gives what they need; each owns its attributes, and a call that touches
 several (a record done, an isolated hand-out) is a method here that asks each in turn::
 
-    PartitionLedger   here: the calls; attempts in flight and their ids, the clock, ``changes``
+    PartitionLedger   here: the calls; the clock, ``changes``, revoked
+    ├── Attempts        attempts: the attempts in flight, their ids and lock-deadline order
     ├── Holdings        holdings: the records held, the ready / backoff heaps, key queues, bytes
     ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
     ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
@@ -23,10 +24,10 @@ the records held (bounded by ``max_buffered_records``).
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 
 from sidecar.core.commitstate import MAX_OFFSET, CommitState
 from sidecar.core.ledger.archive import Archive
+from sidecar.core.ledger.attempts import Attempts
 from sidecar.core.ledger.flow import FlowControl
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
@@ -43,10 +44,8 @@ from sidecar.core.ledger.values import (
     IsolationCharge,
     LedgerClosed,
     LedgerConfig,
-    LedgerError,
     LedgerStats,
     RecordState,
-    UnknownAttempt,
 )
 from sidecar.core.outcome import (
     COUNT_EXHAUSTED,
@@ -115,16 +114,9 @@ class PartitionLedger:
         self.config = config = config if config is not None else LedgerConfig()
         self.epoch = epoch
         self._start_offset = start_offset
-        self._id_prefix = f"{topic}/{partition}/"
-        self._id_epoch = f"/{epoch}."
-        # Live attempts in lock-deadline order: the lock duration is constant and now_ms never
-        # decreases, so insertion order is deadline order; renew moves an entry to the end.
-        self._live: OrderedDict[str, _Record] = OrderedDict()
-        self._next_seq = 0
         self._now = 0
         self._revoked = False
         self._acknowledged_total = 0
-        self._attempts_total = 0
         # Bumped by every call that may change what the state to commit measures (see
         # CommitMetadata.over: a measurement of the same version is reused).
         self._version = 0
@@ -133,12 +125,14 @@ class PartitionLedger:
         # `changes`.
         self._changes = 0
         # The parts, each given what it needs (see the module docstring).
+        self._attempts = attempts = Attempts(topic, partition, epoch)
+        self._live = live = attempts.live  # read here; only Attempts changes it
         self._holdings = holdings = Holdings(config, start_offset, restored)
         self._horizon = horizon = Horizon(config, holdings, start_offset, restored)
         self._metadata = metadata = CommitMetadata(
-            topic, partition, config, holdings, horizon, self._live, start_offset
+            topic, partition, config, holdings, horizon, live, start_offset
         )
-        self._flow = FlowControl(config, holdings, self._live, metadata)
+        self._flow = FlowControl(config, holdings, attempts, metadata)
         self._archive = Archive(topic, partition, holdings)
 
     @property
@@ -152,14 +146,14 @@ class PartitionLedger:
         return self._changes
 
     def _tick(self, now_ms: int) -> int:
-        # A clock that steps back must not reorder lock deadlines (see _live).
+        # A clock that steps back must not reorder lock deadlines (see Attempts).
         if now_ms > self._now:  # noqa: PLR1730 (max() is a call: slower on the hot path)
             self._now = now_ms
         return self._now
 
     def _check_open(self) -> None:
         if self._revoked:
-            raise LedgerClosed(f"{self._id_prefix} was revoked")
+            raise LedgerClosed(f"{self.topic}/{self.partition}/ was revoked")
 
     def committable_offset(self) -> int:
         """The lowest offset that is not done: the offset to commit (next offset to read)."""
@@ -180,7 +174,7 @@ class PartitionLedger:
         if size_bytes < 0:
             raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
         if self._revoked:
-            raise LedgerClosed(f"{self._id_prefix} was revoked")
+            self._check_open()
         holdings = self._holdings
         if offset <= holdings.last_added or offset < self._start_offset:
             return False
@@ -210,7 +204,7 @@ class PartitionLedger:
     def acquire(self, now_ms: int, max_n: int) -> list[Attempt]:
         """Hand out up to ``max_n`` records that may go now (ordering, backoff, lock limits)."""
         if self._revoked:
-            raise LedgerClosed(f"{self._id_prefix} was revoked")
+            self._check_open()
         now = self._tick(now_ms)
         holdings = self._holdings
         if holdings.backoff:
@@ -237,8 +231,7 @@ class PartitionLedger:
         # Locals: this loop runs once per record handed out (the hot path).
         heappop = heapq.heappop
         get = records.get
-        id_prefix = self._id_prefix
-        id_epoch = self._id_epoch
+        attempts = self._attempts
         pause_chars = config.metadata_max_bytes * _PAUSE_FILL
         allowance = 0
         # What the loop changes in the parts, added up and handed over before the metadata is
@@ -298,12 +291,7 @@ class PartitionLedger:
                 runs += 1 - (left == count) - (right == count)
                 if count > 1:
                     runs -= 1 - (left == count - 1) - (right == count - 1)
-            seq = self._next_seq
-            self._next_seq = seq + 1
-            attempt_id = f"{id_prefix}{offset}{id_epoch}{seq}"
-            record.attempt_id = attempt_id
-            record.lock_deadline_ms = deadline
-            live[attempt_id] = record
+            attempt_id = attempts.issue(record, deadline)
             append(
                 Attempt(
                     topic, partition, offset, attempt_id, count, deadline, record.key, record.item
@@ -314,7 +302,6 @@ class PartitionLedger:
         else:
             metadata.counted_runs(runs, top)
         if out:
-            self._attempts_total += len(out)
             self._version += 1
             self._changes += 1
         return out
@@ -376,7 +363,7 @@ class PartitionLedger:
         """Apply the application's answer to a live attempt (``outcome.decide`` says what it does)."""
         record = self._live.get(attempt_id)
         if record is None:
-            raise self._missing(attempt_id)
+            raise self._attempts.not_live(attempt_id)
         now = self._now if now_ms < self._now else now_ms
         if now >= record.lock_deadline_ms:
             raise ExpiredAttempt(f"attempt {attempt_id}: lock expired at {record.lock_deadline_ms}")
@@ -392,8 +379,7 @@ class PartitionLedger:
         verdict_type = verdict.__class__
         if verdict_type is Accept:
             enter(record, _ACCEPT)
-            del self._live[attempt_id]
-            record.attempt_id = None
+            self._attempts.retire(attempt_id, record)
             self._acknowledged_total += 1
             if record.pending:
                 record.pending = False  # done: its count is never written again
@@ -402,8 +388,7 @@ class PartitionLedger:
             self._finish(record)
             return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
         if verdict_type is KeepLock:
-            record.lock_deadline_ms = now + self.config.lock_duration_ms
-            self._live.move_to_end(attempt_id)
+            self._attempts.renew(attempt_id, record, now + self.config.lock_duration_ms)
             return AnswerResult(
                 attempt_id,
                 record.offset,
@@ -424,8 +409,7 @@ class PartitionLedger:
         error: ErrorInfo | None,
     ) -> AnswerResult:
         """A live attempt ends without an accept: dead-lettered or redelivered, as ``verdict`` says."""
-        del self._live[attempt_id]
-        record.attempt_id = None
+        self._attempts.retire(attempt_id, record)
         if record.pending or record.suspect:
             self._settle(record)
         if isinstance(verdict, DeadLetter):
@@ -475,7 +459,7 @@ class PartitionLedger:
         """
         record = self._live.get(attempt_id)
         if record is None:
-            raise self._missing(attempt_id)
+            raise self._attempts.not_live(attempt_id)
         now = max(self._now, now_ms)
         if now >= record.lock_deadline_ms:
             raise ExpiredAttempt(f"attempt {attempt_id}: lock expired at {record.lock_deadline_ms}")
@@ -485,8 +469,9 @@ class PartitionLedger:
         self._now = now
         self._version += 1
         self._changes += 1
-        del self._live[attempt_id]
-        record.attempt_id = None
+        attempts = self._attempts
+        attempts.retire(attempt_id, record)
+        attempts.not_sent()
         if record.pending:
             record.pending = False  # nothing was charged for it
         else:
@@ -497,7 +482,6 @@ class PartitionLedger:
             # An isolated attempt: still a suspect, it goes again, alone, once the take-back
             # is committed.
             self._horizon.take_back(record)
-        self._attempts_total -= 1
         record.not_before_ms = now + delay_ms
         if delay_ms == 0:
             self._holdings.queue(record)
@@ -534,23 +518,6 @@ class PartitionLedger:
             self._changes += 1
         return out
 
-    def _missing(self, attempt_id: str) -> LedgerError:
-        """Tell an id we issued and retired (expired) from one we never issued (unknown)."""
-        prefix = self._id_prefix
-        if attempt_id.startswith(prefix):
-            offset_text, sep, seq_text = attempt_id[len(prefix) :].partition(self._id_epoch)
-            if (
-                sep
-                and offset_text.isdigit()
-                and seq_text.isdigit()
-                and int(seq_text) < self._next_seq
-            ):
-                return ExpiredAttempt(
-                    f"attempt {attempt_id} is no longer live (lock expired, superseded, "
-                    f"already answered or partition revoked)"
-                )
-        return UnknownAttempt(f"attempt {attempt_id} was not issued by {prefix}{self.epoch}")
-
     def revoke(self) -> CommitState:
         """The partition is revoked: fence every live attempt and return the state to commit.
 
@@ -565,11 +532,7 @@ class PartitionLedger:
         state = self._metadata.commit_state()
         if not self._revoked:
             self._revoked = True
-            for record in self._live.values():
-                enter(record, Event.FENCE)
-                record.attempt_id = None
-                record.pending = False
-            self._live.clear()
+            self._attempts.fence()
             self._holdings.drop_queued()
             self._archive.clear()
             self._version += 1
@@ -643,14 +606,8 @@ class PartitionLedger:
         now = self._tick(now_ms)
         self._version += 1
         self._changes += 1
-        seq = self._next_seq
-        self._next_seq = seq + 1
-        attempt_id = f"{self._id_prefix}{record.offset}{self._id_epoch}{seq}"
         deadline = now + self.config.lock_duration_ms
-        record.attempt_id = attempt_id
-        record.lock_deadline_ms = deadline
-        self._live[attempt_id] = record
-        self._attempts_total += 1
+        attempt_id = self._attempts.issue(record, deadline)
         crash.handed(record.offset)
         return Attempt(
             self.topic,
@@ -785,7 +742,7 @@ class PartitionLedger:
             archiving=archive.n_archiving,
             acknowledged_total=self._acknowledged_total,
             archived_total=archive.archived_total,
-            attempts_total=self._attempts_total,
+            attempts_total=self._attempts.total,
             buffered=held,
             buffered_bytes=self._holdings.held_bytes,
             in_flight=acquired,
