@@ -21,8 +21,9 @@ are derived from the records held, never stored.
 The ledger is one object, :class:`PartitionLedger`, built of parts that each own their state
 (one module each, built by the ledger's constructor and given what they need there)::
 
-    machine     the state machine: the (state, event) -> state table and ``enter``, which alone
-                changes a record's state and refuses what the table lacks
+    machine     the state machines: the record's (state, event) -> state table and ``enter``,
+                which alone changes a record's state and refuses what the table lacks; the
+                isolation pass's (phase, event) -> phase table and ``enter_pass``, the same way
     values      states, modes, ``LedgerConfig``, the frozen values returned, the errors
     partition   ``PartitionLedger``: intake, hand-outs, answers (``outcome.decide``), revoke;
                 the calls that touch several parts

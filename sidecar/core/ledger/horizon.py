@@ -62,7 +62,8 @@ above H that is not done was never handed out".  Then:
 
 `Horizon` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor: it
 owns the horizon's marks, the suspects' counts, the commit points made and the isolation pass
-(sans-IO, like the whole ledger).  The commit points that carry the horizon are made by
+(an `sidecar.core.ledger.machine.IsolationPass`, whose phase moves only through the machine's
+second table, ``enter_pass``) (sans-IO, like the whole ledger).  The commit points that carry the horizon are made by
 `sidecar.core.ledger.metadata.CommitMetadata`; the hand-outs, charges and take-backs the pass asks
 for are the ledger's calls.
 """
@@ -71,7 +72,7 @@ from __future__ import annotations
 
 from sidecar.core.commitstate import MAX_OFFSET, CommitState
 from sidecar.core.ledger.holdings import Holdings
-from sidecar.core.ledger.machine import _Record
+from sidecar.core.ledger.machine import IsolationPass, PassEvent, _Record, enter_pass
 from sidecar.core.ledger.values import (
     CommitPoint,
     CrashAccounting,
@@ -79,10 +80,12 @@ from sidecar.core.ledger.values import (
     IllegalTransition,
     IsolationPhase,
     LedgerConfig,
-    RecordState,
 )
 
-_AVAILABLE = RecordState.AVAILABLE
+_NONE = IsolationPhase.NONE
+_CHARGED = IsolationPhase.CHARGED
+_IN_FLIGHT = IsolationPhase.IN_FLIGHT
+_SETTLING = IsolationPhase.SETTLING
 
 
 class Horizon:
@@ -115,10 +118,10 @@ class Horizon:
         self._suspects_total = 0
         self._isolated_total = 0
         self.points = 0  # commit points made
-        self.isolating: _Record | None = None
-        # The isolated attempt's outcome (or its take-back) is not committed before a point made
-        # after it is confirmed: until then nothing goes out (a death would charge it again).
-        self.unflushed_after: int | None = None
+        # The isolated record and its phase; the isolated attempt's outcome (or its take-back) is
+        # not committed before a point made after it is confirmed: until then nothing goes out (a
+        # death would charge it again).  Changed only through machine.enter_pass.
+        self.isolation = IsolationPass()
 
     # -- suspects ----------------------------------------------------------------------------
 
@@ -131,36 +134,48 @@ class Horizon:
 
     def clear_suspect(self, record: _Record) -> None:
         """The suspect's count is exact now (an outcome, or archived with no delivery)."""
+        if self.isolation.isolating is record:
+            enter_pass(self.isolation, PassEvent.SETTLE, points=self.points)
+            self._isolated_total += 1
         record.suspect = False
         self.n_suspects -= 1
-        if self.isolating is record:
-            self.isolating = None
-            self._isolated_total += 1
-            self.unflushed_after = self.points
 
     # -- the isolation pass ------------------------------------------------------------------
 
     @property
     def busy(self) -> bool:
         """A record is being isolated, or its outcome waits for its commit: nothing else goes."""
-        return self.isolating is not None or self.unflushed_after is not None
+        return self.isolation.phase is not _NONE
+
+    @property
+    def isolating(self) -> _Record | None:
+        """The record being isolated (charged or in flight), or None."""
+        return self.isolation.isolating
 
     def charge(self, record: _Record) -> None:
         """``record`` (a suspect just taken off its heap) is charged for an isolated delivery."""
-        self.isolating = record
+        enter_pass(self.isolation, PassEvent.CHARGE, record)
+
+    def hand_out(self, record: _Record) -> None:
+        """The isolated record's attempt goes out (the point with its charge is confirmed)."""
+        enter_pass(self.isolation, PassEvent.HAND_OUT, record)
 
     def take_back(self, record: _Record) -> None:
         """The isolated attempt was never sent: it is still a suspect and goes again, alone, once
         the take-back is committed."""
-        if self.isolating is record:
-            self.isolating = None
-            self.unflushed_after = self.points
+        if self.isolation.isolating is record:
+            enter_pass(self.isolation, PassEvent.TAKE_BACK, points=self.points)
+
+    def fence(self) -> None:
+        """Revoke: the isolated attempt in flight (if any) lost its answer; its charge stands."""
+        if self.isolation.phase is _IN_FLIGHT:
+            enter_pass(self.isolation, PassEvent.FENCE)
 
     def uncharge(self) -> _Record | None:
         """Revoke: a charge never handed out goes back; the record charged, or None."""
-        isolating = self.isolating
-        if isolating is not None and isolating.state is _AVAILABLE:
-            self.isolating = None
+        isolating = self.isolation.isolating
+        if self.isolation.phase is _CHARGED and isolating is not None:
+            enter_pass(self.isolation, PassEvent.UNCHARGE)
             return isolating
         return None
 
@@ -168,8 +183,9 @@ class Horizon:
         """Raise unless a suspect may be charged now (the ledger checks what is in flight)."""
         if not self.enabled:
             raise IllegalTransition("isolation is for crash_accounting HORIZON")
-        if self.isolating is not None:
-            raise IllegalTransition(f"offset {self.isolating.offset} is being isolated already")
+        isolating = self.isolation.isolating
+        if isolating is not None:
+            raise IllegalTransition(f"offset {isolating.offset} is being isolated already")
 
     def confirm(self, point: CommitPoint) -> _Record | None:
         """The broker confirmed ``point``: hand-outs may reach its horizon.  The isolated record
@@ -181,15 +197,17 @@ class Horizon:
             raise IllegalTransition(f"commit point {point.serial} was never made by this ledger")
         if point.horizon is not None and point.horizon > self.confirmed:
             self.confirmed = point.horizon
-        if self.unflushed_after is not None and point.serial > self.unflushed_after:
-            self.unflushed_after = None
-        record = self.isolating
+        isolation = self.isolation
+        unflushed = isolation.unflushed_after
+        if unflushed is not None and point.serial > unflushed:
+            enter_pass(isolation, PassEvent.FLUSH)
+        record = isolation.isolating
         if (
             record is None
-            or self.unflushed_after is not None  # the previous outcome is not committed yet
+            or isolation.phase is not _CHARGED
+            or isolation.unflushed_after is not None  # the previous outcome is not committed yet
             or point.charged != record.offset
             or point.charged_count != record.delivery_count
-            or record.state is not _AVAILABLE
         ):
             return None
         return record
@@ -232,9 +250,8 @@ class Horizon:
         """See `sidecar.core.ledger.partition.PartitionLedger.horizon_wanted`."""
         if not self.enabled or revoked:
             return None
-        if self.unflushed_after is not None or (
-            self.isolating is not None and self.isolating.state is _AVAILABLE
-        ):
+        phase = self.isolation.phase
+        if phase is _SETTLING or phase is _CHARGED:
             return self.target()
         need = self._need()
         if need + self._window // 2 <= self.confirmed:
@@ -253,16 +270,11 @@ class Horizon:
 
     def status(self, revoked: bool) -> HorizonStatus:
         """See `sidecar.core.ledger.partition.PartitionLedger.horizon_status`."""
-        record = self.isolating
+        record = self.isolation.isolating
         holdings = self._holdings
-        if not self.enabled:
-            phase = IsolationPhase.NONE
-        elif record is not None:
-            phase = (
-                IsolationPhase.CHARGED if record.state is _AVAILABLE else IsolationPhase.IN_FLIGHT
-            )
-        elif self.unflushed_after is not None:
-            phase = IsolationPhase.SETTLING
+        phase = self.isolation.phase  # NONE in write-ahead mode
+        if phase is not _NONE or not self.enabled:
+            pass  # the table's phase
         elif holdings.next_suspect() is not None:
             phase = IsolationPhase.READY
         elif self.n_suspects:

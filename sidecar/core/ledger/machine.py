@@ -21,6 +21,26 @@ ACCEPT, ``Redeliver`` -> RELEASE, ``DeadLetter`` -> DEAD_LETTER, ``KeepLock`` (a
 What a transition costs besides the state (counts, heaps, the horizon) is the caller's, in the
 module that owns it.
 
+The isolation pass (horizon mode, `sidecar.core.ledger.horizon`) is the second table,
+:data:`ISOLATION`, of ``(phase, event) -> phase``, applied by :func:`enter_pass` alone: nothing else
+assigns an :class:`IsolationPass`'s phase, the record it isolates or the commit point its outcome
+waits for, and an event the table lacks raises :class:`IllegalTransition`, the pass unchanged::
+
+    phase       event       next phase   made by (sidecar.core.ledger.*)
+    NONE        CHARGE      CHARGED      isolate: a suspect's count raised in memory
+    SETTLING    CHARGE      CHARGED      isolate: the next one meanwhile (one commit carries both)
+    CHARGED     HAND_OUT    IN_FLIGHT    committed: the point with its charge; nothing unflushed
+    CHARGED     FLUSH       CHARGED      committed: the previous outcome is committed
+    CHARGED     UNCHARGE    NONE         revoke: a charge never handed out goes back
+    IN_FLIGHT   SETTLE      SETTLING     its outcome: an answer or a lock expiry
+    IN_FLIGHT   TAKE_BACK   SETTLING     not_attempted: never sent, its charge taken back
+    IN_FLIGHT   FENCE       CHARGED      revoke: the answer is lost, the charge stands
+    SETTLING    FLUSH       NONE         committed: a point made after the outcome
+
+READY and WAITING are never stored: between two isolations (NONE) `Horizon.status` tells them
+apart by the suspects left (one ready now, or none).  A pass that would end (NONE) while an earlier
+outcome still waits for its commit is SETTLING (an UNCHARGE after a CHARGE made while SETTLING).
+
 Imports the standard library, `sidecar.core.outcome` and the ledger's values only.
 """
 
@@ -30,10 +50,10 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from sidecar.core.ledger.values import IllegalTransition, RecordState
+from sidecar.core.ledger.values import IllegalTransition, IsolationPhase, RecordState
 from sidecar.core.outcome import ArchiveReason, ErrorInfo
 
-__all__ = ["TRANSITIONS", "Event", "enter"]
+__all__ = ["ISOLATION", "TRANSITIONS", "Event", "IsolationPass", "PassEvent", "enter", "enter_pass"]
 
 
 class Event(enum.IntEnum):
@@ -161,3 +181,91 @@ class _Record:
         # when its outcome is known), and "may have been delivered before a death, not settled".
         self.pending = False
         self.suspect = False
+
+
+# -- the isolation pass -----------------------------------------------------------------------
+
+
+class PassEvent(enum.Enum):
+    """What happens to a partition's isolation pass (see :data:`ISOLATION`)."""
+
+    CHARGE = "charge"
+    HAND_OUT = "hand_out"
+    SETTLE = "settle"
+    TAKE_BACK = "take_back"
+    FENCE = "fence"
+    FLUSH = "flush"
+    UNCHARGE = "uncharge"
+
+
+_NONE = IsolationPhase.NONE
+_CHARGED = IsolationPhase.CHARGED
+_IN_FLIGHT = IsolationPhase.IN_FLIGHT
+_SETTLING = IsolationPhase.SETTLING
+
+#: Every move the isolation pass may make; :func:`enter_pass` refuses the rest.
+ISOLATION: Mapping[tuple[IsolationPhase, PassEvent], IsolationPhase] = MappingProxyType(
+    {
+        (_NONE, PassEvent.CHARGE): _CHARGED,
+        (_SETTLING, PassEvent.CHARGE): _CHARGED,
+        (_CHARGED, PassEvent.HAND_OUT): _IN_FLIGHT,
+        (_CHARGED, PassEvent.FLUSH): _CHARGED,
+        (_CHARGED, PassEvent.UNCHARGE): _NONE,
+        (_IN_FLIGHT, PassEvent.SETTLE): _SETTLING,
+        (_IN_FLIGHT, PassEvent.TAKE_BACK): _SETTLING,
+        (_IN_FLIGHT, PassEvent.FENCE): _CHARGED,
+        (_SETTLING, PassEvent.FLUSH): _NONE,
+    }
+)
+
+
+class IsolationPass:
+    """One partition's isolation pass: its phase (NONE, CHARGED, IN_FLIGHT or SETTLING), the record
+    it isolates (CHARGED, IN_FLIGHT) and the number of commit points made when the isolated
+    attempt's outcome (or its take-back) became known: a point made after it must be confirmed
+    before anything else of the partition goes out (a death would charge the record again).
+
+    Its attributes change only through :func:`enter_pass`.
+    """
+
+    __slots__ = ("isolating", "phase", "unflushed_after")
+
+    def __init__(self) -> None:
+        self.phase = IsolationPhase.NONE
+        self.isolating: _Record | None = None
+        self.unflushed_after: int | None = None
+
+
+def enter_pass(
+    isolation: IsolationPass,
+    event: PassEvent,
+    record: _Record | None = None,
+    points: int = 0,
+) -> None:
+    """Move the pass to the phase :data:`ISOLATION` gives for its phase and ``event``.
+
+    CHARGE takes the ``record`` charged; SETTLE and TAKE_BACK the commit points made so far
+    (``points``): the outcome waits for a point made after them.  Raises
+    :class:`IllegalTransition`, the pass unchanged, when the table has no such entry, on a HAND_OUT
+    while an earlier outcome waits for its commit, or on a CHARGE without a record.
+    """
+    phase = isolation.phase
+    target = ISOLATION.get((phase, event))
+    if target is None:
+        raise IllegalTransition(f"the isolation pass cannot {event.value} while {phase.value}")
+    if event is PassEvent.HAND_OUT and isolation.unflushed_after is not None:
+        raise IllegalTransition("an isolated outcome waits for its commit: nothing goes out")
+    if event is PassEvent.CHARGE:
+        if record is None:
+            raise IllegalTransition("a charge needs the record charged")
+        isolation.isolating = record
+    elif event is PassEvent.SETTLE or event is PassEvent.TAKE_BACK:
+        isolation.isolating = None
+        isolation.unflushed_after = points
+    elif event is PassEvent.FLUSH:
+        isolation.unflushed_after = None
+    elif event is PassEvent.UNCHARGE:
+        isolation.isolating = None
+        if isolation.unflushed_after is not None:
+            target = _SETTLING  # the earlier outcome still waits for its commit
+    isolation.phase = target

@@ -533,6 +533,7 @@ class PartitionLedger:
         if not self._revoked:
             self._revoked = True
             self._attempts.fence()
+            self._horizon.fence()
             self._holdings.drop_queued()
             self._archive.clear()
             self._version += 1
@@ -603,6 +604,7 @@ class PartitionLedger:
         if record is None:
             return None
         enter(record, Event.ACQUIRE)
+        crash.hand_out(record)
         now = self._tick(now_ms)
         self._version += 1
         self._changes += 1

@@ -57,7 +57,8 @@ class CrashAccounting(enum.Enum):
 
 
 class IsolationPhase(enum.Enum):
-    """Where the partition's isolation pass is (horizon mode)."""
+    """Where the partition's isolation pass is (horizon mode; its moves:
+    `sidecar.core.ledger.machine.ISOLATION`)."""
 
     NONE = "none"  # no suspect left: normal delivery
     READY = "ready"  # a suspect may be isolated (once nothing is in flight in the process)
