@@ -191,10 +191,6 @@ class Holdings:
             heapq.heappop(ready)
         return None
 
-    def front_seq(self) -> int:
-        """The fetch sequence number of the lowest record held (some record must be held)."""
-        return next(iter(self.records.values())).seq
-
     def remove(self, record: _Record) -> _Record | None:
         """The record is done: drop it; the next of its key, which may go now, or None."""
         del self.records[record.offset]

@@ -126,11 +126,11 @@ class Horizon:
     # -- suspects ----------------------------------------------------------------------------
 
     def fetched(self, record: _Record) -> None:
-        """A record just fetched: a suspect if the previous owner may have handed it out."""
-        if record.offset <= self.suspect_top:
-            record.suspect = True
-            self.n_suspects += 1
-            self._suspects_total += 1
+        """A record just fetched at or below ``suspect_top``: the previous owner may have handed
+        it out and died, so it is a suspect."""
+        record.suspect = True
+        self.n_suspects += 1
+        self._suspects_total += 1
 
     def clear_suspect(self, record: _Record) -> None:
         """The suspect's count is exact now (an outcome, or archived with no delivery)."""

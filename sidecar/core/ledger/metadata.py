@@ -114,15 +114,16 @@ class CommitMetadata:
             delta += 1 - (left == after) - (right == after)
         self._n_count_runs += delta
 
-    def done(self, record: _Record, front_seq: int) -> None:
-        """The record left the holdings, done (``front_seq``: the lowest held one's before)."""
+    def done(self, record: _Record) -> None:
+        """The record is done, about to leave the holdings (it is still held)."""
         offset = record.offset
         seq = record.seq
+        records = self._holdings.records
+        front_seq = next(iter(records.values())).seq
         self._held_seqs.discard(seq)
         count = record.delivery_count
         if count:
             # recount(offset, count, 0), inlined: this is the hot path.
-            records = self._holdings.records
             neighbour = records.get(offset - 1)
             left = neighbour.delivery_count if neighbour is not None else 0
             neighbour = records.get(offset + 1)

@@ -189,12 +189,13 @@ class PartitionLedger:
         if holdings.restored_done and holdings.in_restored_done(offset):
             metadata.done_restored(offset, seq)
             return False
-        count = holdings.restored_count(offset)
+        count = holdings.restored_count(offset) if holdings.restored_counts else 0
         record = _Record(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
         may_go = holdings.hold(record)
         metadata.held(seq)
-        # Horizon mode: the previous owner may have handed it out and died.
-        self._horizon.fetched(record)
+        crash = self._horizon
+        if offset <= crash.suspect_top:
+            crash.fetched(record)  # the previous owner may have handed it out and died
         if count:
             metadata.counted(offset, 0, count)
         if may_go:
@@ -343,10 +344,8 @@ class PartitionLedger:
 
     def _finish(self, record: _Record) -> None:
         """The record is done: it leaves the holdings; the next of its key may go."""
-        holdings = self._holdings
-        front_seq = holdings.front_seq()
-        following = holdings.remove(record)
-        self._metadata.done(record, front_seq)
+        self._metadata.done(record)  # before it leaves: the lowest record held may be this one
+        following = self._holdings.remove(record)
         if following is not None:
             self._make_ready(following)
 
