@@ -2,6 +2,13 @@
 
 Run: ``python -m bench.ledger_bench [records]``.  Not a test: it prints figures.
 
+Old against new: ``python -m bench.ledger_bench --baseline PATH [--records N] [--rounds R]`` runs
+the three hot-path figures below for this checkout's ``sidecar`` and for another checkout's
+(``git worktree add /tmp/base <commit>``, then ``make compiled`` there for its compiled core), each
+run a child process (the checkout's root first on ``PYTHONPATH``), alternated new, old, new, old
+... for R rounds, and prints the medians and the ratios new/old of records per CPU second and of
+CPU per record (its inverse).
+
 Hot path: add -> acquire -> accept -> committable_offset, KEY ordering, 10k distinct keys, in
 batches the size a fetch would deliver; the figure is records per CPU second of this process
 (``time.process_time``, so other load on the machine skews it less), median of three runs.
@@ -17,8 +24,13 @@ the pause / metadata-size checks.
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import pathlib
 import random
 import statistics
+import subprocess
 import sys
 import time
 
@@ -151,7 +163,78 @@ def worst_state(n: int) -> CommitState:
     return CommitState(base, done, counts)
 
 
+FIGURES = ("write-ahead", "horizon", "busy")
+
+
+def child(n_records: int) -> None:
+    """One run of each hot-path figure for the ``sidecar`` on the path: one JSON line."""
+    import sidecar.core
+
+    print(
+        json.dumps(
+            {
+                "compiled": sidecar.core.compiled(),
+                "write-ahead": run_pipeline(n_records),
+                "horizon": run_horizon(n_records)[0],
+                "busy": run_busy(min(n_records, 300_000)),
+            }
+        )
+    )
+
+
+def compare(baseline: pathlib.Path, n_records: int, rounds: int) -> None:
+    """The hot-path figures of this checkout and ``baseline``, alternated (see the docstring)."""
+    sides = {"new": pathlib.Path(__file__).resolve().parents[1], "old": baseline.resolve()}
+    figures: dict[str, dict[str, list[float]]] = {side: {f: [] for f in FIGURES} for side in sides}
+    for round_ in range(rounds):
+        for side, root in sides.items():
+            env = dict(os.environ, PYTHONPATH=str(root))
+            done = subprocess.run(
+                [sys.executable, __file__, "--child", "--records", str(n_records)],
+                cwd=root,
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            if not result["compiled"] and not os.environ.get("DLQ_SIDECAR_PURE"):
+                print(f"note: the {side} side ran its pure sources ({root})", flush=True)
+            for name in FIGURES:
+                figures[side][name].append(result[name])
+            line = ", ".join(f"{n} {result[n]:,.0f}" for n in FIGURES)
+            print(f"round {round_ + 1} {side}: {line} records/CPU s", flush=True)
+    print(f"medians of {rounds} rounds, {n_records:,} records (300,000 at most for busy):")
+    for name in FIGURES:
+        new = statistics.median(figures["new"][name])
+        old = statistics.median(figures["old"][name])
+        # Each round's two runs are neighbours in time: their ratio is less exposed to the
+        # machine's load drifting over the whole run than the ratio of the medians.
+        paired = statistics.median(
+            n / o for n, o in zip(figures["new"][name], figures["old"][name], strict=True)
+        )
+        print(
+            f"  {name:12} new {new:>12,.0f}  old {old:>12,.0f} records/CPU s   "
+            f"records/s x{new / old:.3f}   CPU/record x{old / new:.3f}   "
+            f"(median of the rounds' ratios: records/s x{paired:.3f})"
+        )
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].startswith("--"):
+        parser = argparse.ArgumentParser(prog="python -m bench.ledger_bench")
+        parser.add_argument("--baseline", type=pathlib.Path)
+        parser.add_argument("--records", type=int, default=300_000)
+        parser.add_argument("--rounds", type=int, default=5)
+        parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+        args = parser.parse_args()
+        if args.child:
+            child(args.records)
+        elif args.baseline is None:
+            parser.error("--baseline PATH (or a record count alone: the figures of this checkout)")
+        else:
+            compare(args.baseline, args.records, args.rounds)
+        return
     n_records = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     rates = [run_pipeline(n_records) for _ in range(3)]
     print(
