@@ -65,6 +65,13 @@ class Counters:
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
+    def committed(self, ok: bool = True) -> None:
+        """One offset commit (or share acknowledgement) done, or failed (`ok` False)."""
+        if ok:
+            self.commits += 1
+        else:
+            self.commit_failures += 1
+
     def outcome(self, topic: str, word: str) -> None:
         # Once per answered record: the two counts inline, not through bump().
         delivered = self.delivered

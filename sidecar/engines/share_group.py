@@ -308,10 +308,10 @@ class ShareGroupEngine:
 
     def on_acknowledged(self, result: AckCommit) -> None:
         if result.error is None:
-            self.counters.commits += 1
+            self.counters.committed()
             self.deaths.confirmed(result.done)
             return
-        self.counters.commit_failures += 1
+        self.counters.committed(ok=False)
         # Typically the lock expired first: the broker redelivers those records (at-least-once).
         log.warning(
             "acknowledgements for %s failed: %s",

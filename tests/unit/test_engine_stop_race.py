@@ -38,14 +38,14 @@ def _engine() -> ConsumerGroupEngine:
 async def test_records_handed_over_after_the_final_commit_closed_the_ledgers_are_left() -> None:
     engine = _engine()
     key = ("t", 0)
-    slot = engine._open_slot(key, 0, None)
+    slot = engine._partitions.open(key, 0, None)
     engine.slots[key] = slot
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=0, value=b"a")])
     assert slot.ledger.buffered == 1
     # The stop: every ledger closed for the final commit, the slots kept for it (commit_all).
-    engine.pipe.stopping = True
+    engine._pipe.stopping = True  # type: ignore[misc]
     for s in engine.slots.values():
-        engine._close_slot(s)
+        engine._partitions.fence(s)
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=1, value=b"b")])
     assert slot.ledger.buffered == 1  # not taken: the final commit cannot pass it
     assert slot.ledger.committable_offset() == 0
