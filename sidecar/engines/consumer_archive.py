@@ -8,9 +8,9 @@ scheduler's wakeup. It owns the nursery of its archive tasks and what the DLQ ci
 the engine's table of who may change a ledger.
 
 Where a record goes: the scheduler's turn → `start` (the ledger's `to_archive`) → `_archive` →
-the pipeline's DLQ step (stop, skip, hold, or write) → the DLQ writer, or (transactional) the
-committer's `txn_write`, which marks it done inside its transaction → the ledger
-(`dlq_written`), or held until the breaker lets it go. Must not import the pipeline, the share
+the outlet's `dead_letter` (the pipeline's DLQ step: stop, skip, hold, or write) → its sink: the DLQ
+writer, or (transactional) the committer's transaction (`Committer.transaction`), which marks it
+done inside the transaction → the ledger (`dlq_written`), or held until the breaker lets it go. Must not import the pipeline, the share
 engine, or confluent-kafka.
 """
 
@@ -23,11 +23,11 @@ from typing import cast
 import trio
 
 from sidecar.core import ledger as L
-from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
+from sidecar.core.deadletter import ArchiveOutcome
 from sidecar.core.record import Tracked
 from sidecar.engines.consumer_commits import Committer
 from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef, now_ms
-from sidecar.engines.interfaces import Pipe
+from sidecar.engines.interfaces import Outlet
 from sidecar.kafka.dlq import DlqWriter
 
 
@@ -36,7 +36,7 @@ class Archiver:
 
     def __init__(
         self,
-        pipe: Pipe[SlotRef],
+        pipe: Outlet[SlotRef],
         dlq: DlqWriter,
         partitions: Partitions,
         committer: Committer,
@@ -86,20 +86,16 @@ class Archiver:
             self._partitions.progressed()
 
     async def _archive(self, slot: Slot, req: L.ArchiveRequest) -> None:
-        async def write(failed: FailedRecord, dlq_topic: str) -> bool:
-            if self._transactional:
-                # The batcher marks the record done inside the transaction that commits its offset.
-                return await self._committer.txn_write(slot, req.offset, failed, dlq_topic)
-            await self._dlq.write(failed, dlq_topic)
-            return True
-
+        # Transactional: the committer marks the record done inside the transaction that commits
+        # its offset; otherwise the DLQ writer writes it and the ledger is told here.
+        sink = self._committer.transaction(slot, req.offset) if self._transactional else self._dlq
         outcome = await self._pipe.dead_letter(
             cast(Tracked, req.item),
             req.delivery_count,
             req.reason,
             req.error,
             consequence="stopping with its offset uncommitted",
-            write=write,
+            sink=sink,
         )
         owned = self._partitions.owned(slot)
         marked_in_txn = self._transactional and outcome is ArchiveOutcome.WRITTEN

@@ -2,7 +2,7 @@
 
 Owns how the ledgers' state reaches the group's committed offsets: the commit points of a set of
 partitions (`_commit_offsets`), one commit at a time under `_commit_guard`, the periodic and wanted
-commits (`_committer`), the final commit of a stop (`commit_all`), and, with
+commits (`run`), the final commit of a stop (`commit_all`), and, with
 `errors.deadletterqueue.transactional.enable`, batches of DLQ records committed with their offsets in
 one Kafka transaction (`run_transactions`). :class:`Committer` is a part of
 :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`, built by it and given its
@@ -37,7 +37,7 @@ from sidecar.engines.consumer_slots import (
     TxnItem,
     now_ms,
 )
-from sidecar.engines.interfaces import Counters, Pipe
+from sidecar.engines.interfaces import Counters, DlqSink, Outlet
 from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable, DlqWriter
 from sidecar.kafka.source import KafkaSource, OffsetToCommit
 
@@ -54,7 +54,7 @@ class Committer:
 
     def __init__(
         self,
-        pipe: Pipe[SlotRef],
+        pipe: Outlet[SlotRef],
         config: Config,
         counters: Counters,
         dlq: DlqWriter,
@@ -89,6 +89,11 @@ class Committer:
         self._wake.set()
 
     # ----------------------------------------------------------------------------- transactions
+
+    def transaction(self, slot: Slot, offset: int) -> DlqSink:
+        """Where the DLQ step writes the record at `offset` of `slot` (transactional mode): into
+        the next transaction, which commits its offset too (`txn_write`)."""
+        return _TxnSink(self, slot, offset)
 
     async def txn_write(
         self, slot: Slot, offset: int, failed: FailedRecord, dlq_topic: str
@@ -304,7 +309,7 @@ class Committer:
         """
         interval_s = self._config.commit_interval_ms / 1000
         next_periodic = trio.current_time() + interval_s
-        while not self._pipe.stopping:
+        while not self._pipe.room().stopping:
             with trio.move_on_at(next_periodic):
                 await self._wake.wait()
             self._wake = trio.Event()
@@ -319,13 +324,27 @@ class Committer:
 
     async def commit_all(self) -> None:
         """The final commit of a stop (the engine gave back what waited for a write-ahead commit)."""
-        if self._horizon and self._pipe.stopping:
+        if self._horizon and self._pipe.room().stopping:
             # A clean stop is a revoke of every partition (after the drain let the app answer):
             # the final state's horizon covers only what is unsettled, so the next owner has no
             # isolation pass unless answers were lost.
             for slot in self._slots.values():
                 self._partitions.fence(slot)
         await self._commit_slots(list(self._slots.values()))
+
+
+class _TxnSink:
+    """One record's way into a DLQ transaction (`Committer.transaction`)."""
+
+    __slots__ = ("_committer", "_offset", "_slot")
+
+    def __init__(self, committer: Committer, slot: Slot, offset: int) -> None:
+        self._committer = committer
+        self._slot = slot
+        self._offset = offset
+
+    async def write(self, failed: FailedRecord, dlq_topic: str) -> bool:
+        return await self._committer.txn_write(self._slot, self._offset, failed, dlq_topic)
 
 
 __all__ = ["TXN_COMMIT_DEADLINE_S", "Committer"]

@@ -9,23 +9,24 @@ commits with the delivery state in their metadata, and the optional transactiona
     source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline requests ──▶ app
                                              ▲                                       │
                                              └──────── answered() ◀──────────────────┘  (and /v1/acks)
-    ledgers ──to_archive──▶ archive tasks ──pipeline.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
-    committer / hand-out / txn_loop ──▶ Kafka offsets + metadata
+    ledgers ──to_archive──▶ archive tasks ──outlet.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
+    committer (run, run_transactions) / write-ahead hand-out ──▶ Kafka offsets + metadata
 
-Who may change a partition's ledger (`Slot.ledger`). This adapter is its only owner: the pipeline
-never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is synchronous
-and runs in the trio thread, so no two transitions interleave:
+Who may change a partition's ledger (`Slot.ledger`). This adapter and its parts are its only owner:
+the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
+synchronous and runs in the trio thread, so no two transitions interleave:
 
-    task                              ledger calls
-    source callbacks (via trio)       add (on_messages), revoke (on_revoked, on_lost), opening a slot
-    scheduler                         expire, acquire, to_archive, should_pause / may_resume,
-                                      isolate (horizon mode, nothing in flight in the process)
-    hand-out (write-ahead mode)       not_attempted (write-ahead commit failed: not sent)
+    task (part)                       ledger calls
+    source callbacks (via trio)       add (on_messages), revoke (on_revoked, on_lost; Partitions),
+                                      opening a slot (Partitions.open)
+    scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
+                                      isolate (IsolationStep: horizon mode, nothing in flight)
+    hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
     app answers, API request          answer (answered)
     pipeline (not_reached)            not_attempted
-    archive tasks                     dlq_written (plain DLQ or none)
-    txn_loop                          dlq_written (inside the transaction), revoke (fatal)
-    commits (all of the above)        commit_point, committed (horizon mode: may release an
+    archive tasks (Archiver)          dlq_written (plain DLQ or none), dlq_withheld (held released)
+    DLQ transactions (Committer)      dlq_written (inside the transaction), revoke (fatal)
+    commits (Committer, all above)    commit_point, committed (horizon mode: may release an
                                       isolated attempt), committable_offset, encode_metadata
 
 Invariants kept here (the ledger keeps the rest):
@@ -68,9 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import trio
 
@@ -93,7 +92,9 @@ from sidecar.engines.consumer_slots import (
     horizon_window,
     now_ms,
 )
-from sidecar.engines.interfaces import AckResult, Delivery, PartitionKey, Pipe
+from sidecar.engines.consumer_status import ConsumerView
+from sidecar.engines.dlq_step import transactional_dlq
+from sidecar.engines.interfaces import AckResult, Delivery, EngineParts, PartitionKey
 from sidecar.kafka.message import Message
 from sidecar.kafka.source import (
     AssignedPartition,
@@ -105,22 +106,19 @@ log = logging.getLogger("sidecar.engine")
 
 # How long a revoke waits for the partition's DLQ writes under way (bounded: the rebalance waits too).
 REVOKE_DLQ_WAIT_S = 10.0
-# Readiness reports `commits_ok: false` once every commit has failed for this long.
-COMMITS_FAILING_NOT_READY_S = 30.0
 # How long the shutdown waits for the poll loop's last consume() before closing the consumer.
 POLL_STOP_WAIT_S = 5.0
 
 
 class ConsumerGroupEngine:
-    """The `DeliveryState` of a consumer group: ledgers, crash accounting, commits (see above)."""
+    """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
-    kind = "consumer"
-
-    def __init__(self, pipe: Pipe[SlotRef], *, write_ahead: bool = False) -> None:
-        config = pipe.config
+    def __init__(self, parts: EngineParts[SlotRef], *, write_ahead: bool = False) -> None:
+        config = parts.config
+        pipe = parts.outlet
         self._pipe = pipe
         self._config = config
-        self._counters = pipe.counters
+        self._counters = parts.counters
         self._horizon = not write_ahead
         d = config.delivery
         ledger_config = L.LedgerConfig(
@@ -141,9 +139,9 @@ class ConsumerGroupEngine:
             ),
             horizon_window=horizon_window(config),
         )
-        dlq = config.errors.dlq
-        # In that mode the pipeline built the writer with its transactional id (`dlq_writer_for`).
-        self._transactional = dlq.transactional_enable and dlq.enabled
+        # The one decision (`transactional_dlq`): the pipeline built the writer by it, with its
+        # transactional id (`dlq_writer_for`).
+        self._transactional = transactional_dlq(config)
         fix_mmap_threshold()
         self.source = KafkaSource(
             config.kafka, config.source.topics, self, max_buffered_bytes=d.max_buffered_bytes
@@ -163,7 +161,7 @@ class ConsumerGroupEngine:
             pipe,
             config,
             self._counters,
-            pipe.dlq,
+            parts.dlq,
             self.source,
             partitions,
             sender,
@@ -175,7 +173,7 @@ class ConsumerGroupEngine:
             WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
         )
         self._archiver = Archiver(
-            pipe, pipe.dlq, partitions, committer, wakeup.kick, transactional=self._transactional
+            pipe, parts.dlq, partitions, committer, wakeup.kick, transactional=self._transactional
         )
         self._scheduler = Scheduler(
             pipe,
@@ -195,13 +193,20 @@ class ConsumerGroupEngine:
             archiver=self._archiver,
             committer=committer,
         )
+        self._view = ConsumerView(
+            config, self.source, partitions, committer, pipe, horizon=self._horizon
+        )
 
     @property
     def slots(self) -> dict[PartitionKey, Slot]:
         """The slots of the partitions this engine owns (the partitions' table; read only)."""
         return self._partitions.by_key
 
-    # ----------------------------------------------------------------------------- DeliveryState
+    @property
+    def view(self) -> ConsumerView:
+        return self._view
+
+    # ----------------------------------------------------------------------------- StateAdapter
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Subscribe, then poll, schedule and commit (and batch DLQ transactions) until cancelled."""
@@ -215,27 +220,19 @@ class ConsumerGroupEngine:
                 nursery.start_soon(self._committer.run_transactions)
             task_status.started()
 
-    def wake(self) -> None:
-        self._wakeup.kick()
-
-    kick = wake
-
-    def hold_wakes(self) -> None:
-        self._wakeup.hold()
-
-    def release_wakes(self) -> None:
-        if self._wakeup.release():
+    def wake(self, *, now: bool = False) -> None:
+        if now:
             self._scheduler.turn_now()
+        else:
+            self._wakeup.kick()
 
-    def intake_changed(self) -> None:
+    def intake_changed(self, *, held_may_go: bool = False) -> None:
+        if self._pipe.room().intake_stopped:
+            self.source.stop_polling()
+        if held_may_go:
+            self._archiver.release_held()
         self._scheduler.apply_flow_control()
-        self.kick()
-
-    def stop_intake(self) -> None:
-        self.source.stop_polling()
-
-    def release_held(self) -> None:
-        self._archiver.release_held()
+        self._wakeup.kick()
 
     async def wait_drained(self) -> None:
         while True:
@@ -243,119 +240,18 @@ class ConsumerGroupEngine:
                 (st := s.ledger.statistics()).in_flight > 0 or st.archiving > len(s.held)
                 for s in self.slots.values()
             )
-            if not busy or self._pipe.failure:
+            if not busy or self._pipe.room().failed:
                 return
             await trio.sleep(0.05)
 
     async def finish(self) -> None:
-        if self._write_ahead is not None and self._pipe.stopping:
+        if self._write_ahead is not None and self._pipe.room().stopping:
             self._write_ahead.give_back_all()
         await self._committer.commit_all()
         # Wait for the poll loop's last consume() to return before closing the handle.
         with trio.move_on_after(POLL_STOP_WAIT_S):
             await self.source.wait_stopped()
         await self.source.close()
-
-    def stalled(self) -> str | None:
-        """Why the sidecar cannot make progress and should be restarted (None: it can).
-
-        Every commit failing for `commit.stall.timeout.ms` means nothing is handed out (delivery
-        counts are committed first) and nothing is marked done. A broker that is down recovers by
-        itself; a consumer whose group coordinator lookup is wedged inside librdkafka does not,
-        and a new process with a new consumer does. /healthz reports it so a liveness probe acts.
-        """
-        limit_ms = self._config.commit_stall_timeout_ms
-        since = self._committer.failing_since
-        if limit_ms <= 0 or since is None:
-            return None
-        failing_s = time.monotonic() - since
-        if failing_s * 1000 < limit_ms:
-            return None
-        return f"every offset commit has failed for {failing_s:.0f}s (commit.stall.timeout.ms)"
-
-    def readiness(self) -> dict[str, bool]:
-        return {
-            "assigned": bool(self.source.assigned),
-            "broker_reachable": self.source.broker_ok,
-            "commits_ok": self._committer.failing_since is None
-            or time.monotonic() - self._committer.failing_since < COMMITS_FAILING_NOT_READY_S,
-        }
-
-    def broker_error(self) -> str | None:
-        return self.source.broker_error
-
-    def paused(self) -> set[PartitionKey]:
-        return set(self.source.paused)
-
-    def lag(self) -> dict[PartitionKey, int]:
-        return self.source.lag()
-
-    def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
-        return {k: len(s.last_commit[1]) for k, s in self.slots.items() if s.last_commit}
-
-    def status_fields(self) -> dict[str, Any]:
-        since = self._committer.failing_since
-        out: dict[str, Any] = {
-            # Seconds every commit has been failing (null: the last one succeeded).
-            "commits_failing_s": None if since is None else round(time.monotonic() - since, 3),
-            "crash_accounting": "horizon" if self._horizon else "write_ahead",
-        }
-        out.update(self.isolation_summary())
-        return out
-
-    def isolation_summary(self) -> dict[str, Any]:
-        """Crash isolation across the assigned partitions (`/v1/status`, metrics)."""
-        statuses = [s.ledger.horizon_status() for s in self.slots.values()]
-        return {
-            "isolation_active": any(h.pass_active for h in statuses),
-            "suspects_left": sum(h.suspects_left for h in statuses),
-            "suspects_total": sum(h.suspects_total for h in statuses),
-            "isolated_total": sum(h.isolated_total for h in statuses),
-        }
-
-    def partitions(self) -> list[dict[str, Any]]:
-        lag = self.source.lag() if not self._pipe.stopping else {}
-        paused = self.source.paused
-        out = []
-        for (topic, partition), slot in sorted(self.slots.items()):
-            st = slot.ledger.statistics()
-            hz = slot.ledger.horizon_status()
-            out.append(
-                {
-                    "topic": topic,
-                    "partition": partition,
-                    "committable_offset": st.committable_offset,
-                    "last_committed_offset": slot.last_commit[0] if slot.last_commit else None,
-                    "in_flight": st.in_flight,
-                    "buffered": st.buffered,
-                    "buffered_bytes": st.buffered_bytes,
-                    "archiving": st.archiving,
-                    "paused": (topic, partition) in paused,
-                    "lag": lag.get((topic, partition)),
-                    "horizon_committed": hz.horizon_committed,
-                    "isolation": hz.isolation.value,
-                    "suspects_left": hz.suspects_left,
-                    "suspects_total": hz.suspects_total,
-                    "isolated_total": hz.isolated_total,
-                }
-            )
-        for topic, partition in sorted(self._partitions.pending):
-            # Assigned with no committed offset and nothing fetched yet: no ledger so far.
-            out.append(
-                {
-                    "topic": topic,
-                    "partition": partition,
-                    "committable_offset": None,
-                    "last_committed_offset": None,
-                    "in_flight": 0,
-                    "buffered": 0,
-                    "buffered_bytes": 0,
-                    "archiving": 0,
-                    "paused": (topic, partition) in paused,
-                    "lag": lag.get((topic, partition)),
-                }
-            )
-        return out
 
     # ----------------------------------------------------------------------------- source listener
 
@@ -368,7 +264,7 @@ class ConsumerGroupEngine:
             else:
                 # No committed offset: the ledger starts at the first record fetched.
                 self._partitions.pending[key] = ap
-        self.kick()
+        self._wakeup.kick()
 
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
         self._counters.rebalances += 1
@@ -385,7 +281,7 @@ class ConsumerGroupEngine:
         with trio.move_on_after(REVOKE_DLQ_WAIT_S):
             while (
                 any(s.dlq_writes or (self._horizon and s.ledger.in_flight) for s in revoking)
-                and not self._pipe.stopping
+                and not self._pipe.room().stopping
             ):
                 await self._partitions.wait_progress()
         for key in partitions:
@@ -405,14 +301,14 @@ class ConsumerGroupEngine:
                 continue
             offset = slot.ledger.committable_offset()
             out.append(OffsetToCommit(key[0], key[1], offset, slot.ledger.encode_metadata()))
-        self.kick()
+        self._wakeup.kick()
         return out
 
     async def on_lost(self, partitions: Sequence[PartitionKey]) -> None:
         self._counters.rebalances += 1
         for key in partitions:
             self._partitions.pop(key)
-        self.kick()
+        self._wakeup.kick()
 
     def on_messages(self, messages: Sequence[Message]) -> None:
         now = now_ms()
@@ -472,7 +368,7 @@ class ConsumerGroupEngine:
             if self._partitions.owned(slot):
                 with contextlib.suppress(L.LedgerError):
                     slot.ledger.not_attempted(attempt.attempt_id, now)
-        self.kick()
+        self._wakeup.kick()
         return False
 
 

@@ -10,7 +10,7 @@ its collaborators:
 - :class:`WriteAhead` (write-ahead mode only) holds the acquired records until their delivery
   counts are committed, as one group commit, then hands them to the sender.
 
-Where a record goes from here: `Pipe.send` (the pipeline's app requests or pull queue); its answer
+Where a record goes from here: `Outlet.send` (the pipeline's app requests or pull queue); its answer
 comes back to `ConsumerGroupEngine.answered`. Must not import the pipeline, the share engine, or
 confluent-kafka.
 """
@@ -26,13 +26,13 @@ import trio
 from sidecar.core import ledger as L
 from sidecar.core.record import Tracked
 from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef, now_ms
-from sidecar.engines.interfaces import Pipe
+from sidecar.engines.interfaces import Outlet
 
 
 class Sender:
     """Issues and sends acquired records (see the module docstring)."""
 
-    def __init__(self, pipe: Pipe[SlotRef], partitions: Partitions) -> None:
+    def __init__(self, pipe: Outlet[SlotRef], partitions: Partitions) -> None:
         self._pipe = pipe
         self._partitions = partitions
 

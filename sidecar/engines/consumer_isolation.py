@@ -18,7 +18,7 @@ import logging
 from sidecar.core import ledger as L
 from sidecar.engines.consumer_commits import Committer
 from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef
-from sidecar.engines.interfaces import Pipe
+from sidecar.engines.interfaces import Outlet
 from sidecar.kafka.source import KafkaSource
 
 log = logging.getLogger("sidecar.engine")
@@ -29,7 +29,7 @@ class IsolationStep:
 
     def __init__(
         self,
-        pipe: Pipe[SlotRef],
+        pipe: Outlet[SlotRef],
         source: KafkaSource,
         partitions: Partitions,
         committer: Committer,
@@ -81,13 +81,13 @@ class IsolationStep:
             return False
         # Commits are on the isolated records' path: keep the poll thread's timeouts short.
         self._source.mark_busy()
-        pipe = self._pipe
-        idle = pipe.in_flight_records() == 0 and pipe.sending == 0
-        if not candidates or not idle or not pipe.app_reachable or pipe.draining:
+        room = self._pipe.room()
+        idle = room.in_flight == 0 and room.sending == 0
+        if not candidates or not idle or not room.app_reachable or room.draining:
             return True
-        if pipe.send_room() <= 0:
+        if room.send_room <= 0:
             return True  # pull mode with no poll waiting: charge a suspect only for a poll
-        if pipe.breaker_room() == 0:
+        if room.breaker_room == 0:
             return True  # the DLQ circuit breaker is open (or its probe is out)
         for slot in candidates:
             others_busy = any(

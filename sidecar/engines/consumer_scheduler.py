@@ -5,9 +5,9 @@ DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon
 partitions that changed since a turn last found nothing to do in them. A turn runs in the task
 whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
 in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
-they are all applied (`hold_wakes` / `release_wakes`), so a record costs no wake-up of a task of
-its own; anything else rings the scheduler's :class:`Wakeup`, and its task, which also waits for
-the next deadline (a lock, a retry time), runs the turn.
+they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
+wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
+which also waits for the next deadline (a lock, a retry time), runs the turn.
 
 :class:`Scheduler` is a part of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`, built
 by it and given its collaborators: the isolation step (horizon mode), the sender and the
@@ -34,7 +34,7 @@ from sidecar.engines.consumer_commits import Committer
 from sidecar.engines.consumer_handout import Sender, WriteAhead
 from sidecar.engines.consumer_isolation import IsolationStep
 from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef, now_ms
-from sidecar.engines.interfaces import Counters, PartitionKey, Pipe
+from sidecar.engines.interfaces import Counters, Outlet, PartitionKey
 from sidecar.kafka.source import KafkaSource
 
 log = logging.getLogger("sidecar.engine")
@@ -44,39 +44,15 @@ _QUIET_CANDIDATE = -2
 
 
 class Wakeup:
-    """The scheduler's doorbell: every part that changes what a turn would do rings it (`kick`).
+    """The scheduler's doorbell: every part that changes what a turn would do rings it (`kick`)."""
 
-    While the pipeline applies a row of answers (`hold`), a ring is only noted, and `release`
-    says whether one came (the caller then runs the turn itself).
-    """
-
-    __slots__ = ("_event", "_held", "_holding")
+    __slots__ = ("_event",)
 
     def __init__(self) -> None:
         self._event = trio.Event()
-        self._holding = False
-        self._held = False
 
     def kick(self) -> None:
-        if self._holding:
-            self._held = True
-        else:
-            self._event.set()
-
-    def set(self) -> None:
-        """Ring now, held or not."""
         self._event.set()
-
-    def hold(self) -> None:
-        self._holding = True
-
-    def release(self) -> bool:
-        """The row is over; whether a ring came meanwhile."""
-        self._holding = False
-        if self._held:
-            self._held = False
-            return True
-        return False
 
     async def wait(self) -> None:
         """Until a ring; the next `wait` waits for a new one."""
@@ -91,7 +67,7 @@ class Scheduler:
 
     def __init__(
         self,
-        pipe: Pipe[SlotRef],
+        pipe: Outlet[SlotRef],
         config: Config,
         counters: Counters,
         source: KafkaSource,
@@ -131,8 +107,8 @@ class Scheduler:
         (which would cost a trio task step for the same turn); the scheduler then waits for what
         the turn says. A ring when the scheduler is not waiting, or a turn is running."""
         scope = self._schedule_scope
-        if scope is None or self._in_turn or self._pipe.stopping:
-            self._wakeup.set()
+        if scope is None or self._in_turn or self._pipe.room().stopping:
+            self._wakeup.kick()
             return
         deadline = trio.current_time() + self._turn()
         # Only ever sooner: setting a cancel scope's deadline is dear, and a wait that ends
@@ -148,9 +124,8 @@ class Scheduler:
         the conditions every partition shares (its byte share, intake closed) changed."""
         to_pause: list[PartitionKey] = []
         to_resume: list[PartitionKey] = []
-        intake_closed = (
-            self._pipe.draining or not self._pipe.app_reachable or self._pipe.breaker_open
-        )
+        room = self._pipe.room()
+        intake_closed = room.draining or not room.app_reachable or room.breaker_open
         # Each assigned partition's share of the byte budget. A partition over it is paused, and
         # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
         # a record larger than a share is delivered and the partition resumes once it is done.
@@ -220,9 +195,10 @@ class Scheduler:
     async def _schedule_loop(self) -> None:
         # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
         # entering a scope of its own; a scope whose deadline came is replaced.
-        while not self._pipe.stopping:
+        pipe = self._pipe
+        while not pipe.room().stopping:
             with trio.CancelScope() as scope:
-                while not self._pipe.stopping:
+                while not pipe.room().stopping:
                     scope.deadline = trio.current_time() + self._turn()
                     self._schedule_scope = scope
                     try:
@@ -267,8 +243,8 @@ class Scheduler:
         exclusive = isolation is not None and isolation.step(now)
         if exclusive:
             pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
-        elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
-            # Acquire no more than the workers can send right away: an acquired record's
+        elif (room := pipe.room()).app_reachable and not room.draining and room.dlq_ready:
+            # Acquire no more than the open requests can take right away: an acquired record's
             # attempt is counted (and persisted) before it is sent, so one that waited in a
             # queue while the process crashed would be charged an attempt it never had.
             # Records acquired while the write-ahead commit of the previous round is under
@@ -277,14 +253,11 @@ class Scheduler:
             # answer is committed before the next record leaves (a crash on that record
             # does not charge the one before it).
             waiting = 0 if self._write_ahead is None else self._write_ahead.waiting()
-            budget = min(
-                max_total - pipe.in_flight_records() - waiting,
-                pipe.send_room() - waiting,
-            )
-            if (room := pipe.breaker_room()) is not None:
+            budget = min(max_total - room.in_flight - waiting, room.send_room - waiting)
+            if (breaker_room := room.breaker_room) is not None:
                 # The DLQ circuit breaker: none, or one probe (an acquired record waiting
                 # for its write-ahead commit is not issued yet, but it is the probe).
-                budget = min(budget, room - waiting)
+                budget = min(budget, breaker_room - waiting)
             slots = busy
             if slots:
                 # Rotate the starting partition so a busy one cannot starve the others.
@@ -303,7 +276,7 @@ class Scheduler:
                     # changes or its next deadline (a lock, a retry time) comes.
                     slot.quiet_at = _QUIET_CANDIDATE
             may_acquire = budget > 0
-        if self._write_ahead is not None and (acquired or pipe.in_flight_records()):
+        if self._write_ahead is not None and (acquired or pipe.room().in_flight):
             # Write-ahead commits are on the records' path: keep the poll thread's
             # consume() timeouts short while records flow.
             self._source.mark_busy()

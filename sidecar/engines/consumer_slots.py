@@ -24,7 +24,7 @@ from sidecar.core import ledger as L
 from sidecar.core.commitstate import DEFAULT_MAX_ENTRIES, CommitStateError
 from sidecar.core.commitstate import parse as parse_state
 from sidecar.core.deadletter import FailedRecord
-from sidecar.engines.interfaces import Delivery, PartitionKey, Pipe
+from sidecar.engines.interfaces import Delivery, Outlet, PartitionKey
 from sidecar.kafka.source import AssignedPartition, OffsetToCommit
 
 log = logging.getLogger("sidecar.engine")
@@ -99,7 +99,7 @@ class Slot:
     # fetched record is past it and the pass is over, so steady state checks nothing per turn.
     suspect_top: int | None = None
     # Offsets the DLQ circuit breaker held on their way to the DLQ (ARCHIVING, not written):
-    # AVAILABLE again once it is half-open or closed (`release_held`).
+    # AVAILABLE again once it is half-open or closed (`Archiver.release_held`).
     held: list[int] = field(default_factory=list)
     # The scheduler's memory of its last look (`sidecar.engines.consumer_scheduler.Scheduler`): the
     # ledger's `changes` when a turn found nothing to do in it (-1: look again), and then its
@@ -122,7 +122,7 @@ class Partitions:
 
     def __init__(
         self,
-        pipe: Pipe[SlotRef],
+        pipe: Outlet[SlotRef],
         ledger_config: L.LedgerConfig,
         *,
         horizon: bool,

@@ -6,7 +6,7 @@ answer into ACCEPT / RELEASE / REJECT::
 
     consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline requests ──HTTP──▶ app   (and /v1/acks)
           ▲                       │
-          └── acknowledge ◀───────┴── decide() per record (+ pipeline.dead_letter() confirmed, then REJECT)
+          └── acknowledge ◀───────┴── decide() per record (+ outlet.dead_letter() confirmed, then REJECT)
 
 The share consumers are the Kafka side's (:mod:`sidecar.kafka.share.consumer`, `ShareSource`): each of
 `min(4, app.max.in.flight)` consumers lives on a thread of its own and has one batch in flight, and
@@ -57,7 +57,7 @@ from typing import Any
 import trio
 
 from sidecar.config import Ordering
-from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
+from sidecar.core.deadletter import ArchiveOutcome
 from sidecar.core.outcome import (
     ACK_BY_WORD,
     COUNT_EXHAUSTED,
@@ -74,7 +74,7 @@ from sidecar.core.outcome import (
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.share_limits import lock_margin_ms, share_consumer_count
 from sidecar.core.wire import AckItem, Answer, AppError
-from sidecar.engines.interfaces import AckResult, Delivery, Pipe
+from sidecar.engines.interfaces import AckResult, Delivery, EngineParts, StateView, Until
 from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, isolation_order
 from sidecar.engines.share_journal import Coord, journal_path
 from sidecar.engines.share_recovery import DeathAccount
@@ -89,16 +89,15 @@ PartitionKey = tuple[str, int]
 
 
 class ShareGroupEngine:
-    """The `DeliveryState` of a share group: the broker's share partitions (see above)."""
+    """The `StateAdapter` of a share group, and its own `StateView`: the broker's share
+    partitions (see above)."""
 
-    kind = "share"
-
-    def __init__(self, pipe: Pipe[Acquired]) -> None:
-        config = pipe.config
-        self.pipe = pipe
+    def __init__(self, parts: EngineParts[Acquired]) -> None:
+        config = parts.config
+        self.pipe = parts.outlet
         self.config = config
-        self.counters = pipe.counters
-        self.dlq = pipe.dlq
+        self.counters = parts.counters
+        self.dlq = parts.dlq
         self.consumer_count = share_consumer_count(config.app.max_in_flight)
         self.source = ShareSource(config, self, self.consumer_count)
         self.settings: ShareSettings | None = None
@@ -130,7 +129,7 @@ class ShareGroupEngine:
             lambda topic: self.counters.bump(self.counters.broker_archived, topic),
         )
 
-    # ----------------------------------------------------------------------------- DeliveryState
+    # ----------------------------------------------------------------------------- StateAdapter
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the consumers (after reading the group's settings) until polling stops."""
@@ -140,23 +139,18 @@ class ShareGroupEngine:
             await self.pipe.run_source(functools.partial(self.source.run, self.run_consumers))
             nursery.cancel_scope.cancel()
 
-    def wake(self) -> None:
+    @property
+    def view(self) -> StateView:
+        return self
+
+    def wake(self, *, now: bool = False) -> None:
         """Nothing to re-evaluate: the broker decides which records each consumer acquires."""
 
-    def hold_wakes(self) -> None:
-        """Wakes do nothing here (see `wake`): nothing to hold."""
-
-    def release_wakes(self) -> None:
-        """Wakes do nothing here (see `wake`)."""
-
-    def intake_changed(self) -> None:
-        """The consumer threads read reachability and draining before each poll."""
-
-    def stop_intake(self) -> None:
-        self.source.stop_polling()
-
-    def release_held(self) -> None:
-        """Held records were released to the broker: it hands them out again once we poll."""
+    def intake_changed(self, *, held_may_go: bool = False) -> None:
+        """The consumer threads read reachability and draining before each poll; records the
+        breaker held were released to the broker, which hands them out again once we poll."""
+        if self.pipe.room().intake_stopped:
+            self.source.stop_polling()
 
     async def wait_drained(self) -> None:
         """Let the batches in flight finish (answers and DLQ writes); unanswered ones are then released."""
@@ -189,8 +183,8 @@ class ShareGroupEngine:
 
     def paused(self) -> set[PartitionKey]:
         """Every partition records came from while intake is stopped (app unreachable, draining)."""
-        pipe = self.pipe
-        if pipe.draining or not pipe.app_reachable or self.source.stop_requested:
+        room = self.pipe.room()
+        if room.draining or not room.app_reachable or self.source.stop_requested:
             return set(self.source.assigned)
         return set()
 
@@ -320,16 +314,16 @@ class ShareGroupEngine:
         )
 
     def breaker_stops_polling(self) -> bool:
-        return self.pipe.breaker_room() == 0
+        return self.pipe.room().breaker_room == 0
 
     async def wait_intake_open(self) -> bool:
         """Wait while the app is unreachable (pull mode: while no poll waits), the DLQ circuit
         breaker lets no record out (open, or its probe is out) or suspects wait for isolation;
         False when the consumer should re-check for a stop."""
-        if self.pipe.breaker_room() == 0:
+        if self.pipe.room().breaker_room == 0:
             await trio.sleep(0.1)
             return False
-        if not await self.pipe.wait_intake_open(trio.current_time() + 0.5):
+        if not await self.pipe.wait(Until.INTAKE_OPEN, trio.current_time() + 0.5):
             return False
         if self._suspects_waiting:
             # Isolation: no new acquisitions while suspects wait (they would be charged by a death).
@@ -357,8 +351,8 @@ class ShareGroupEngine:
         released: list[tuple[Message, Ack]] = []
         # The DLQ circuit breaker lets no record out (open, or another consumer's probe is out):
         # wait for it within half the lock (a probe's verdict is usually quick), then release.
-        if not await pipe.wait_breaker_room(
-            trio.current_time() + (deadline - trio.current_time()) / 2
+        if not await pipe.wait(
+            Until.BREAKER_ROOM, trio.current_time() + (deadline - trio.current_time()) / 2
         ):
             released, messages = self._hold_back(messages)
             if not messages:
@@ -505,7 +499,7 @@ class ShareGroupEngine:
             async with self._isolation_lock:
                 quiet = False
                 with trio.move_on_at(run.deadline):
-                    while not self.source.stop_requested and not pipe.stopping:
+                    while not self.source.stop_requested and not pipe.room().stopping:
                         if not self._delivering and not self.source.unflushed(besides=run.consumer):
                             quiet = True
                             break
@@ -614,7 +608,8 @@ class ShareGroupEngine:
                 pipe.lock_expired(d.topic, d, "lock_expired")
             elif d.answer is None:
                 # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
-                stopping = pipe.stopping or pipe.draining or self.source.stop_requested
+                room = pipe.room()
+                stopping = room.stopping or room.draining or self.source.stop_requested
                 d.answer = Answer(
                     "release",
                     AppError(
@@ -722,7 +717,7 @@ class ShareGroupEngine:
             reason,
             error,
             consequence="stopping without acknowledging it",
-            write=self._write_dlq,
+            sink=self.dlq,
             # Held means released; on the group's last delivery the broker would archive it
             # without a DLQ record, so it is written even with the breaker open.
             may_hold=broker < self.settings.group_delivery_count_limit,
@@ -746,10 +741,6 @@ class ShareGroupEngine:
             )
         out.append((msg, Ack.RELEASE))
         self._outcome_known(msg)
-
-    async def _write_dlq(self, failed: FailedRecord, dlq_topic: str) -> bool:
-        await self.dlq.write(failed, dlq_topic)
-        return True
 
     # ----------------------------------------------------------------------------- answers
 
@@ -779,7 +770,7 @@ class ShareGroupEngine:
         than releasing now) is what keeps an app restart from using up deliveries.
         """
         deadline = min(d.ref.batch.deadline for d in deliveries)
-        return await self.pipe.wait_app_reachable(deadline)
+        return await self.pipe.wait(Until.APP_REACHABLE, deadline)
 
 
 # ------------------------------------------------------------------------------- helpers

@@ -12,6 +12,8 @@ import confluent_kafka
 
 from sidecar.config import parse_config
 from sidecar.engines.consumer_group import ConsumerGroupEngine
+from sidecar.engines.consumer_slots import SlotRef
+from sidecar.engines.interfaces import EngineParts
 from sidecar.engines.pipeline import Pipeline
 
 
@@ -27,12 +29,15 @@ def _engine() -> ConsumerGroupEngine:
     )
     engines: list[ConsumerGroupEngine] = []
 
-    def make(pipe: Pipeline) -> ConsumerGroupEngine:
-        engines.append(ConsumerGroupEngine(pipe))
+    def make(parts: EngineParts[SlotRef]) -> ConsumerGroupEngine:
+        engines.append(ConsumerGroupEngine(parts))
         return engines[0]
 
-    Pipeline(config, make)
+    pipelines.append(Pipeline(config, make))
     return engines[0]
+
+
+pipelines: list[Pipeline] = []
 
 
 async def test_records_handed_over_after_the_final_commit_closed_the_ledgers_are_left() -> None:
@@ -43,7 +48,7 @@ async def test_records_handed_over_after_the_final_commit_closed_the_ledgers_are
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=0, value=b"a")])
     assert slot.ledger.buffered == 1
     # The stop: every ledger closed for the final commit, the slots kept for it (commit_all).
-    engine._pipe.stopping = True  # type: ignore[misc]
+    pipelines[-1]._flags.stopping = True
     for s in engine.slots.values():
         engine._partitions.fence(s)
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=1, value=b"b")])

@@ -23,8 +23,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sidecar"
 SCANNED = [*sorted((PACKAGE / "engines").glob("*.py")), PACKAGE / "service" / "daemon.py"]
@@ -292,8 +290,6 @@ def self_stubs(pkg: Package) -> list[str]:
 
 
 PKG = Package.read()
-# Until the pipeline's wiring goes one way (the layout in docs/architecture.md): they fail today.
-BEFORE = pytest.mark.xfail(strict=True, reason="the pipeline wired both ways")
 
 
 def test_the_scan_sees_the_engines() -> None:
@@ -311,12 +307,10 @@ def test_no_attribute_is_assigned_from_more_than_one_module() -> None:
     assert attributes_from_several_modules(PKG) == []
 
 
-@BEFORE
 def test_nothing_is_set_on_another_object_after_construction() -> None:
     assert set_on_other_objects(PKG) == []
 
 
-@BEFORE
 def test_no_self_stubs_or_late_lambdas() -> None:
     assert self_stubs(PKG) == []
 
