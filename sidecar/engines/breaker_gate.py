@@ -23,8 +23,7 @@ import trio
 
 from sidecar.config import Config
 from sidecar.core.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
-from sidecar.core.outcome import Accept, Ack, DeadLetter, decide
-from sidecar.engines.interfaces import Delivery
+from sidecar.engines.interfaces import Delivery, Settled
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
@@ -49,11 +48,9 @@ class BreakerGate:
     def __init__(
         self,
         breaker: CircuitBreaker,
-        delivery_count_limit: int,
         on_change: Callable[[Transition | None], None],
     ) -> None:
         self.breaker = breaker
-        self._delivery_count_limit = delivery_count_limit
         self._on_change = on_change
         self._probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
         self._changed = trio.Event()  # the timer re-reads the breaker's deadline
@@ -72,13 +69,14 @@ class BreakerGate:
     def retired(self, delivery: Delivery[Any]) -> None:
         """An attempt is over without an answer that counts (expired, fenced, not sent)."""
         if delivery is self._probe:
-            self._probe_ended(delivery, None)
+            self._probe_ended(None)
 
-    def answered(self, delivery: Delivery[Any], ack: Ack) -> None:
-        """An answer that ends an attempt: the probe's verdict, or an accepted record counted."""
+    def answered(self, delivery: Delivery[Any], settled: Settled) -> None:
+        """An answer that ends an attempt, as the adapter decided it: the probe's verdict, or an
+        accepted record counted."""
         if delivery is self._probe:
-            self._probe_ended(delivery, ack)
-        elif ack is Ack.ACCEPT:
+            self._probe_ended(settled)
+        elif settled is Settled.ACCEPTED:
             self.breaker.succeeded(_now_ms())
 
     def admits(self) -> bool:
@@ -151,19 +149,14 @@ class BreakerGate:
 
     # -- state changes --------------------------------------------------------------------------
 
-    def _probe_ended(self, delivery: Delivery[Any], ack: Ack | None) -> None:
-        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else void."""
+    def _probe_ended(self, settled: Settled | None) -> None:
+        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else
+        (redelivered, or no answer) void."""
         self._probe = None
         now = _now_ms()
-        if ack is None:
-            self.breaker.probe_void(now)
-            self._room_changed()
-            self._on_change(None)
-            return
-        verdict = decide(ack, delivery.delivery_count, self._delivery_count_limit)
-        if isinstance(verdict, Accept):
+        if settled is Settled.ACCEPTED:
             self.transition(self.breaker.probe_succeeded(now))
-        elif isinstance(verdict, DeadLetter):
+        elif settled is Settled.DEAD_LETTERED:
             self.transition(self.breaker.probe_failed(now))
         else:
             self.breaker.probe_void(now)

@@ -94,7 +94,7 @@ from sidecar.engines.consumer_slots import (
 )
 from sidecar.engines.consumer_status import ConsumerView
 from sidecar.engines.dlq_step import transactional_dlq
-from sidecar.engines.interfaces import AckResult, Delivery, EngineParts, PartitionKey
+from sidecar.engines.interfaces import Answered, Delivery, EngineParts, PartitionKey, Settled
 from sidecar.kafka.message import Message
 from sidecar.kafka.source import (
     AssignedPartition,
@@ -334,12 +334,12 @@ class ConsumerGroupEngine:
 
     # ----------------------------------------------------------------------------- answers
 
-    def answered(
-        self, delivery: Delivery[SlotRef], ack: Ack, answer: Answer | AckItem
-    ) -> AckResult:
+    def answered(self, delivery: Delivery[SlotRef], ack: Ack, answer: Answer | AckItem) -> Answered:
+        """The ledger decides (`PartitionLedger.answer`: `decide` in its state machine); the
+        record's new state says what the answer led to."""
         slot, attempt = delivery.ref
         try:
-            slot.ledger.answer(
+            result = slot.ledger.answer(
                 attempt.attempt_id,
                 ack,
                 now_ms(),
@@ -356,7 +356,7 @@ class ConsumerGroupEngine:
             slot.live.pop(attempt.attempt_id, None)
             if slot.revoking:
                 self._partitions.progressed()
-        return "ok"
+        return _SETTLED[result.state]
 
     async def not_reached(self, deliveries: Sequence[Delivery[SlotRef]]) -> bool:
         """Not an attempt: back to the ledger uncounted (the pipeline pauses intake meanwhile)."""
@@ -370,6 +370,15 @@ class ConsumerGroupEngine:
                     slot.ledger.not_attempted(attempt.attempt_id, now)
         self._wakeup.kick()
         return False
+
+
+# What the record's state after an answer says the answer led to.
+_SETTLED = {
+    L.RecordState.ACKNOWLEDGED: Settled.ACCEPTED,
+    L.RecordState.AVAILABLE: Settled.REDELIVERED,
+    L.RecordState.ARCHIVING: Settled.DEAD_LETTERED,
+    L.RecordState.ACQUIRED: Settled.KEPT,
+}
 
 
 __all__ = ["ConsumerGroupEngine", "horizon_window", "now_ms"]

@@ -40,6 +40,20 @@ from sidecar.kafka.dlq import DlqWriter
 PartitionKey = tuple[str, int]
 AckResult = Literal["ok", "unknown", "expired"]
 
+
+class Settled(enum.Enum):
+    """What an answer led to, as the adapter decided it (the one decision per answer:
+    :func:`sidecar.core.outcome.decide`, made by the ledger or the share engine)."""
+
+    ACCEPTED = "accepted"
+    REDELIVERED = "redelivered"  # released below the limit: the record goes to the app again
+    DEAD_LETTERED = "dead-lettered"  # rejected, or released at the limit: on its way to the DLQ
+    KEPT = "kept"  # renew: the lock goes on
+
+
+# What `StateAdapter.answered` returns: the decision, or why the answer did not count.
+Answered = Settled | Literal["unknown", "expired"]
+
 R = TypeVar("R")  # an adapter's handle on a record's delivery state
 
 
@@ -112,8 +126,8 @@ class Delivery(Generic[R]):
     """One live attempt: a record handed to the app under a fresh random id.
 
     ``ref`` is the adapter's handle on the record's delivery state (a ledger attempt, a share
-    batch), typed by the adapter (``Delivery[_Acquired]``); ``answer`` is set by the share adapter
-    when the answer arrives.
+    batch), typed by the adapter (``Delivery[_Acquired]``); ``answer`` and ``settled`` are set by
+    the share adapter when the answer arrives.
     """
 
     id: str
@@ -121,6 +135,7 @@ class Delivery(Generic[R]):
     delivery_count: int
     ref: R
     answer: Answer | AckItem | None = None
+    settled: Settled | None = None  # the share adapter's decision on `answer`, once made
     # trio time the lock expires (pull mode tells the app); None: the config's lock from issue.
     lock_deadline: float | None = None
     # perf_counter when the app got it to answer later through /v1/acks (a pull, or a push answered
@@ -232,8 +247,9 @@ class StateAdapter(Protocol):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Intake and the adapter's own tasks; started once subscribed. Cancelled at the end."""
 
-    def answered(self, delivery: Delivery[Any], ack: Ack, answer: Answer | AckItem) -> AckResult:
-        """Apply an answer to a live delivery (the pipeline retires it and counts the outcome)."""
+    def answered(self, delivery: Delivery[Any], ack: Ack, answer: Answer | AckItem) -> Answered:
+        """Apply an answer to a live delivery: the decision it led to (the pipeline retires the
+        delivery, counts the outcome and tells the DLQ circuit breaker), or `unknown` / `expired`."""
 
     async def not_reached(self, deliveries: Sequence[Delivery[Any]]) -> bool:
         """The app was not listening (not an attempt): True to send them again now."""
@@ -310,6 +326,7 @@ class PulledRecord:
 __all__ = [
     "AckResult",
     "AdapterFactory",
+    "Answered",
     "Counters",
     "Delivery",
     "DlqSink",
@@ -319,6 +336,7 @@ __all__ = [
     "PartitionKey",
     "PulledRecord",
     "Room",
+    "Settled",
     "StateAdapter",
     "StateView",
     "Until",

@@ -31,8 +31,9 @@ with ``await nursery.start(engine.run)`` and steers it only through that interfa
 (``request_stop``, ``skip_drain``); nothing sets its attributes.
 
 Where an answer flows (a retry tier hooks in at `_apply`): the app client's reader → `_answered`
-→ `_apply` → the adapter's `answered` (the decision is the adapter's: the ledger's `decide`, or
-the share engine's `_decide`) → retired, counted, and the adapter woken (once per row of answers).
+→ `_apply` → the adapter's `answered`, which makes the one decision (`Settled`: the ledger's
+`decide`, or the share engine's `_settle`) → retired, counted, the DLQ circuit breaker told the
+decision (`BreakerGate.answered`, no decision of its own), and the adapter woken (once per row).
 
 Who may change what (every call below runs in the trio thread and changes state synchronously,
 between two awaits, so each change is atomic):
@@ -98,6 +99,7 @@ from sidecar.engines.interfaces import (
     Outlet,
     PartitionKey,
     PulledRecord,
+    Settled,
     StateAdapter,
     Until,
 )
@@ -169,11 +171,7 @@ class Pipeline:
         )
         self.dlq: DlqWriter = dlq_writer_for(config)
         breaker = breaker_for(config)
-        self._gate = (
-            None
-            if breaker is None
-            else BreakerGate(breaker, config.delivery.delivery_count_limit, self._breaker_moved)
-        )
+        self._gate = None if breaker is None else BreakerGate(breaker, self._breaker_moved)
         self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
         self._outlet = PipelineOutlet(
             self._live,
@@ -403,16 +401,16 @@ class Pipeline:
             delivery.handed_at = time.perf_counter()
             return "ok"  # the app answers later through /v1/acks, before the lock expires
         ack = ACK_BY_WORD[answer.ack]
-        result = self._state.answered(delivery, ack, answer)
-        if result != "ok":
+        settled = self._state.answered(delivery, ack, answer)  # the adapter decides
+        if isinstance(settled, str):  # unknown, expired
             self._outlet.retire(delivery)
             self.counters.expired_answers += 1
-            return result
-        if ack is not Ack.RENEW:
+            return settled
+        if settled is not Settled.KEPT:
             if delivery.handed_at is not None:
                 self._observe_ack(time.perf_counter() - delivery.handed_at)
             if self._gate is not None:
-                self._gate.answered(delivery, ack)
+                self._gate.answered(delivery, settled)
             self._outlet.retire(delivery)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:

@@ -26,7 +26,7 @@ the partitions seen, unsent acknowledgements) are the source's, read here.
 Invariants kept here:
 - a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
   configured, as KIP-1191 does;
-- the limit is the sidecar's `share.delivery.count.limit` (L), on the sidecar's count: the broker's, or
+- the limit is the sidecar's `delivery.count.limit` (L), on the sidecar's count: the broker's, or
   with a journal (`share.journal.path`) the broker's less what deaths charged (`DeathAccount`,
   sidecar.engines.share_recovery). The group's own (G) must be at least L plus the number of share
   consumers (`sidecar.core.share_limits.required_group_limit`; with a journal, the broker's
@@ -74,8 +74,8 @@ from sidecar.core.outcome import (
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.share_limits import lock_margin_ms, share_consumer_count
 from sidecar.core.wire import AckItem, Answer, AppError
-from sidecar.engines.interfaces import AckResult, Delivery, EngineParts, StateView, Until
-from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, isolation_order
+from sidecar.engines.interfaces import Answered, Delivery, EngineParts, Settled, StateView, Until
+from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, coordinates, isolation_order
 from sidecar.engines.share_journal import Coord, journal_path
 from sidecar.engines.share_recovery import DeathAccount
 from sidecar.kafka.message import Message
@@ -264,7 +264,7 @@ class ShareGroupEngine:
                 GROUP_LOCK_DURATION_MS,
             )
         log.info(
-            "share group %s: at most %d deliveries to the app (share.delivery.count.limit), the "
+            "share group %s: at most %d deliveries to the app (delivery.count.limit), the "
             "broker's own limit %d (%s), record lock %d ms (%s), %d consumers",
             self.config.group_id,
             settings.delivery_count_limit,
@@ -444,7 +444,7 @@ class ShareGroupEngine:
         next: Callable[[], Awaitable[Step]] | None = None,
     ) -> Step:
         """The step acknowledging `decisions`, told to the account of deaths first."""
-        self.deaths.settle((_coord(m), t is Ack.RELEASE) for m, t in decisions)
+        self.deaths.settle((coordinates(m), t is Ack.RELEASE) for m, t in decisions)
         return Step(decisions, flush, next)
 
     def _is_suspect(self, topic: str, partition: int, offset: int, count: int) -> bool:
@@ -462,7 +462,7 @@ class ShareGroupEngine:
     def _outcome_known(self, msg: Message) -> None:
         """Released by this process: when it comes back, its count holds no unknown outcome."""
         known = self._known_outcome
-        known[(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))] = None
+        known[coordinates(msg)] = None
         if len(known) > _KNOWN_OUTCOMES_MAX:
             del known[next(iter(known))]
 
@@ -522,7 +522,7 @@ class ShareGroupEngine:
                     keep = max(0, fit)
                     decisions = [(m, Ack.RELEASE) for m, _t, _c in run.remaining[keep:]]
                     for m, _t, _c in run.remaining[keep:]:
-                        self.deaths.unsent(_coord(m), suspect=True)
+                        self.deaths.unsent(coordinates(m), suspect=True)
                     if quiet:
                         log.info(
                             "isolation: %d suspects released unsent (no turn left within the "
@@ -534,10 +534,10 @@ class ShareGroupEngine:
                     next_ = None if done else functools.partial(self._next_suspect, run)
                     return self._step(decisions, flush=True, next=next_)
                 chunk, run.remaining[:take] = run.remaining[:take], []
-                self.deaths.alone(_coord(m) for m, _t, _c in chunk)
+                self.deaths.alone(coordinates(m) for m, _t, _c in chunk)
                 batch = Batch(run.consumer, run.deadline)
                 ds = [
-                    pipe.issue(t, c, Acquired(m, batch, _coord(m)), lock_deadline=run.deadline)
+                    pipe.issue(t, c, Acquired(m, batch, coordinates(m)), lock_deadline=run.deadline)
                     for m, t, c in chunk
                 ]
                 batch.pending = len(ds)
@@ -584,8 +584,8 @@ class ShareGroupEngine:
             if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
                 kept.append(msg)
                 continue
-            self._remember_held(*_coord(msg))
-            self.deaths.unsent(_coord(msg))
+            self._remember_held(*coordinates(msg))
+            self.deaths.unsent(coordinates(msg))
             self._outcome_known(msg)  # released by us: not a suspect when it comes back
             released.append((msg, Ack.RELEASE))
         return released, kept
@@ -642,32 +642,42 @@ class ShareGroupEngine:
     ) -> tuple[ArchiveReason, ErrorInfo | None] | None:
         """Append the delivery's decision to `out`, or return why it goes to the DLQ (its REJECT
         follows the write: `_archive`)."""
-        assert self.settings is not None and d.answer is not None
+        assert d.answer is not None
         msg = d.ref.msg
         answer = d.answer
         if answer is _NOT_SENT:  # released unsent: no attempt, not a suspect when it comes back
-            self.deaths.unsent(_coord(msg))
+            self.deaths.unsent(coordinates(msg))
             self._outcome_known(msg)
             out.append((msg, Ack.RELEASE))
             return None
-        verdict = decide(
-            ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
-        )
-        if isinstance(verdict, Accept):
+        ack = ACK_BY_WORD[answer.ack]
+        # Made when the answer came (`answered`), or now for a release nobody answered.
+        settled = d.settled if d.settled is not None else self._settle(msg, ack, d.delivery_count)
+        if settled is Settled.ACCEPTED:
             out.append((msg, Ack.ACCEPT))
             return None
-        reason = verdict.reason if isinstance(verdict, DeadLetter) else None
-        if (
-            reason is None
-            and (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit
-        ):
-            # The broker's last delivery: a release would let it archive the record, no DLQ record.
-            reason = ArchiveReason.DELIVERY_COUNT_EXCEEDED
-        if reason is None:
+        if settled is not Settled.DEAD_LETTERED:
             out.append((msg, Ack.RELEASE))  # the broker redelivers it
             self._outcome_known(msg)
             return None
+        reason = (
+            ArchiveReason.REJECTED if ack is Ack.REJECT else ArchiveReason.DELIVERY_COUNT_EXCEEDED
+        )
         return reason, error_info(answer.error)
+
+    def _settle(self, msg: Message, ack: Ack, count: int) -> Settled:
+        """The one decision on an answer (`decide`, on the sidecar's count and limit): a release
+        on the broker's last delivery is dead-lettered too, since a release would let the broker
+        archive the record without a DLQ record."""
+        assert self.settings is not None
+        verdict = decide(ack, count, self.settings.delivery_count_limit)
+        if isinstance(verdict, Accept):
+            return Settled.ACCEPTED
+        if isinstance(verdict, DeadLetter):
+            return Settled.DEAD_LETTERED
+        if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
+            return Settled.DEAD_LETTERED
+        return Settled.REDELIVERED
 
     async def _dead_letter_exhausted(
         self,
@@ -726,7 +736,7 @@ class ShareGroupEngine:
             out.append((msg, Ack.REJECT))
             return
         if unsent:  # dead-lettered at acquisition: no attempt to count
-            self.deaths.unsent(_coord(msg))
+            self.deaths.unsent(coordinates(msg))
         if outcome is ArchiveOutcome.HELD:
             rec = tracked.record
             self._remember_held(rec.topic, rec.partition, rec.offset)
@@ -746,7 +756,7 @@ class ShareGroupEngine:
 
     def answered(
         self, delivery: Delivery[Acquired], ack: Ack, answer: Answer | AckItem
-    ) -> AckResult:
+    ) -> Answered:
         if ack is Ack.RENEW:
             if not self._renew_warned:
                 self._renew_warned = True
@@ -754,14 +764,17 @@ class ShareGroupEngine:
                     "renew: confluent-kafka's share consumer cannot renew a record lock (no RENEW "
                     "acknowledgement type); the record keeps its original lock"
                 )
-            return "ok"
+            return Settled.KEPT
         delivery.answer = answer
-        self.deaths.answered(delivery.ref.coord, ack is Ack.RELEASE)
-        batch = delivery.ref.batch
+        ref = delivery.ref
+        settled = self._settle(ref.msg, ack, delivery.delivery_count)
+        delivery.settled = settled
+        self.deaths.answered(ref.coord, ack is Ack.RELEASE)
+        batch = ref.batch
         batch.pending -= 1
         if batch.pending <= 0:
             batch.answered.set()
-        return "ok"
+        return settled
 
     async def not_reached(self, deliveries: Sequence[Delivery[Acquired]]) -> bool:
         """Not an attempt: wait for the app within the earliest batch's lifetime, then send again.
@@ -778,14 +791,7 @@ class ShareGroupEngine:
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again
 _ISOLATION_POLL_S = 0.02  # how often a waiting suspect checks that nothing else is unsettled
 _NOT_SENT = Answer("release", AppError(LOCK_TIMEOUT, "never sent before the record lock expired"))
-
-
-def _coord(msg: Message) -> Coord:
-    return (str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
-
-
-# How many held records the share engine remembers (see ShareGroupEngine._held).
-_HELD_REMEMBERED = 100_000
+_HELD_REMEMBERED = 100_000  # how many held records the share engine remembers (see `_held`)
 
 
 __all__ = ["ShareGroupEngine"]

@@ -22,7 +22,8 @@ from sidecar.config import Config, parse_config
 from sidecar.core.outcome import Ack
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import AckItem, Answer, RecordView
-from sidecar.engines.pipeline import AckResult, BatchAssembler, Delivery, Pipeline
+from sidecar.engines.interfaces import Answered, Settled
+from sidecar.engines.pipeline import BatchAssembler, Delivery, Pipeline
 
 LINGER_S = 0.005
 
@@ -183,8 +184,9 @@ async def test_the_timer_does_not_wake_while_nothing_is_open(
 class FakeState:
     """A StateAdapter that accepts every answer (the pipeline's requests are under test)."""
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        return "ok"
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> Answered:
+        # What a ledger would decide below the limit.
+        return _SETTLED[ack]
 
     def wake(self, *, now: bool = False) -> None:
         pass
@@ -317,3 +319,11 @@ async def test_waiting_for_a_reachable_app_returns_at_once(autojump_clock: MockC
     assert await pipe.wait_app_reachable(start + 0.5) is True
     assert await pipe.wait_intake_open(start + 0.5) is True
     assert trio.current_time() == start
+
+
+_SETTLED = {
+    Ack.ACCEPT: Settled.ACCEPTED,
+    Ack.RELEASE: Settled.REDELIVERED,
+    Ack.REJECT: Settled.DEAD_LETTERED,
+    Ack.RENEW: Settled.KEPT,
+}

@@ -11,7 +11,8 @@ from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.outcome import Ack, ArchiveReason
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import AckItem, Answer
-from sidecar.engines.pipeline import AckResult, Delivery, Pipeline
+from sidecar.engines.interfaces import Answered, Settled
+from sidecar.engines.pipeline import Delivery, Pipeline
 
 B = "errors.deadletterqueue.circuit.breaker."
 
@@ -27,8 +28,9 @@ class FakeState:
     def view(self) -> FakeState:
         return self
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        return "ok"
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> Answered:
+        # What a ledger would decide below the limit.
+        return _SETTLED[ack]
 
     def wake(self, *, now: bool = False) -> None:
         pass
@@ -167,3 +169,11 @@ async def test_waiting_for_room_ends_when_the_breaker_lets_records_out(
         closed_at = trio.current_time()
         pipe.close_breaker("test")
     assert woke == [closed_at]
+
+
+_SETTLED = {
+    Ack.ACCEPT: Settled.ACCEPTED,
+    Ack.RELEASE: Settled.REDELIVERED,
+    Ack.REJECT: Settled.DEAD_LETTERED,
+    Ack.RENEW: Settled.KEPT,
+}
