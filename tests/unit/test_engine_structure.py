@@ -340,3 +340,16 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert any(".config from" in v for v in attributes_from_several_modules(pkg))
     assert set_on_other_objects(pkg) == [f"{module}:8 .after_round = ..."]
     assert self_stubs(pkg) == [f"{module}.Part:4", f"{module}:9 lambda: self.state"]
+
+
+def test_the_pipeline_and_an_adapter_talk_through_narrow_interfaces() -> None:
+    # One protocol each way (and the adapter's read-only view), at most 8 members each.
+    info = PKG.classes["sidecar.engines.interfaces.Outlet"]
+    sizes = {}
+    for name in ("Outlet", "StateAdapter", "StateView"):
+        node = PKG.classes[f"sidecar.engines.interfaces.{name}"].node
+        sizes[name] = sum(
+            isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.AnnAssign)) for s in node.body
+        )
+    assert info.module == "sidecar.engines.interfaces"
+    assert all(1 <= n <= 8 for n in sizes.values()), sizes
