@@ -124,6 +124,8 @@ def run_killer(
             ordering=ordering,
             engine=engine,
             kafka_extra=kafka_extra,
+            # The limit's old name: a baseline checkout from before `delivery.count.limit` reads it
+            # too (the new code logs a deprecation warning).
             extra={"share.delivery.count.limit": spec.limit, **journal},
         )
         with running_sidecar(config, directory, name, side) as proc:

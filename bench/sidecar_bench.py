@@ -22,8 +22,8 @@ fresh consumer group and the figure is records/s from the first record seen to t
 Then, in the same run (each part can be skipped with ``--skip``):
 
     latency     added latency at a fixed offered rate (1,000 records/s) over the raw consumer,
-                single and batch mode: a ``bench-ts`` header carries the produce time, the app
-                notes the receive time; the sidecar's CPU during it
+                single and batch mode and engine share: a ``bench-ts`` header carries the
+                produce time, the app notes the receive time; the sidecar's CPU during it
     rates       sidecar CPU (µs per record, share of a core) at 100 and 1,000 records/s offered
                 (c-tcp-key), against its CPU per record at saturation (the c-tcp-key run) and
                 against the floor, measured in the same rounds: a bare confluent-kafka consumer
@@ -93,7 +93,7 @@ from bench.runs import (
 )
 from bench.sidecars import Side, unavailable
 
-LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key"]
+LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
 PARTS = ["latency", "rates", "idle", "backlog", "killer"]
 # Backlogs behind a slow app: name -> (value bytes, the option giving the record count).
 BACKLOGS = {

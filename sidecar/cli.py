@@ -86,6 +86,8 @@ def cmd_check_config(config_path: str, print_config: bool) -> int:
     config = _load(config_path)
     if not isinstance(config, Config):
         return EXIT_CONFIG
+    for note in config.deprecations:
+        print(f"dlq-sidecar: config warning: {note}", file=sys.stderr)
     if print_config:
         print(json.dumps(dump_config(config), indent=2))
     else:

@@ -45,7 +45,8 @@ def _plain(value: object) -> Any:
 def _dump_table(owners: Mapping[type, object], keys: tuple[_Key, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys:
-        out[key.name] = _plain(getattr(owners[key.owner], key.attr))
+        if key.replaced_by is None:  # an old name is read, never written
+            out[key.name] = _plain(getattr(owners[key.owner], key.attr))
     return out
 
 
@@ -71,6 +72,8 @@ def dump_config(config: Config, *, mask_secrets: bool = True) -> dict[str, Any]:
     }
     out: dict[str, Any] = {}
     for key in _TOP_KEYS:
+        if key.replaced_by is not None:
+            continue  # an old name is read, never written
         if isinstance(key.kind, _Section):
             out[key.name] = _dump_table(owners, key.kind.keys)
         else:

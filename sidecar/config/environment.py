@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.config.errors import _Invalid
 from sidecar.core.text import has_utf8
@@ -38,6 +38,8 @@ _REFERENCE_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 @dataclass(frozen=True, slots=True)
 class _Context:
     env: Mapping[str, str]
+    # What the reading noted without failing: deprecated key names (`Config.deprecations`).
+    notes: list[str] = field(default_factory=list)
 
     def expand(self, text: str, path: str) -> tuple[str, bool]:
         """`text` with `${NAME}` / `${NAME:-default}` substituted, and whether `text` was exactly

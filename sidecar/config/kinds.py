@@ -194,12 +194,17 @@ class _Custom(_Kind):
 
 @dataclass(frozen=True, slots=True)
 class _Key:
-    """One YAML key: its name, its kind, and the dataclass attribute that receives the value."""
+    """One YAML key: its name, its kind, and the dataclass attribute that receives the value.
+
+    `replaced_by`: the key is an old name of that one, still read (with a deprecation note, see
+    `_read_table`), never written (`sidecar.config.dump`), and an error when both are set.
+    """
 
     name: str
     kind: _Kind
     owner: type
     attr: str
+    replaced_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +263,21 @@ def _read_table(
     for key in keys:
         key_path = _join(path, key.name)
         if key.name in data:
+            if key.replaced_by is not None:
+                new_path = _join(path, key.replaced_by)
+                if key.replaced_by in data:
+                    raise _Invalid(
+                        key_path,
+                        f"the old name of {new_path}, which is set too: keep {new_path} only",
+                    )
+                ctx.notes.append(
+                    f"{key_path} is deprecated: it is now {new_path} (same value and meaning); "
+                    "the old name is still read"
+                )
             values.setdefault(key.owner, {})[key.attr] = key.kind.read(
                 data[key.name], key_path, ctx
             )
-        elif _required(key.owner, key.attr):
+        elif key.replaced_by is None and _required(key.owner, key.attr):
             raise _Invalid(key_path, f"required key is missing ({key.kind.describe()})")
     return values
 

@@ -39,6 +39,7 @@ def parse_config(
         top = values.get(Config, {})
         top["delivery"] = DeliveryConfig(**values.get(DeliveryConfig, {}))
         top["errors"] = ErrorsConfig(**errors)
+        top["deprecations"] = tuple(ctx.notes)
         config = Config(**top)
         _check(config)
     except _Invalid as exc:

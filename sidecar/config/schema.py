@@ -315,7 +315,17 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key("engine", _Choice(Engine), Config, "engine"),
     _Key("ordering", _Choice(Ordering), Config, "ordering"),
     _Key("app", _Section(AppConfig, _APP_KEYS, derived_from="url"), Config, "app"),
-    _Key("share.delivery.count.limit", _Int(1, 100), _D, "delivery_count_limit"),
+    # The sidecar's own limit on deliveries to the app, for both engines. Its old name,
+    # `share.delivery.count.limit`, said neither: it is also the name of a share group's own
+    # limit (the broker's, see sidecar.kafka.share.admin), and it applies to engine: consumer too.
+    _Key("delivery.count.limit", _Int(1, 100), _D, "delivery_count_limit"),
+    _Key(
+        "share.delivery.count.limit",
+        _Int(1, 100),
+        _D,
+        "delivery_count_limit",
+        replaced_by="delivery.count.limit",
+    ),
     _Key("share.record.lock.duration.ms", _Int(1000, _MS_HOUR), _D, "lock_duration_ms"),
     _Key("share.partition.max.record.locks", _Int(1, 100_000), _D, "partition_max_record_locks"),
     _Key(

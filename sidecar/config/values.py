@@ -308,6 +308,9 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # What reading the file noted without failing: old key names still read, one line each (the
+    # daemon logs them at start, check-config prints them). Not a setting: not compared, not dumped.
+    deprecations: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def group_id(self) -> str:

@@ -1,10 +1,11 @@
-"""Batch assembly: deliveries into app requests, and requests to the workers that are free.
+"""Batch assembly: deliveries into app requests, and requests into the request slots that are free.
 
-Owns :class:`BatchAssembler` (when a batch leaves: full, or its linger over); the pipeline adds the
-deliveries it sends and says when a request is over. A *worker* here is one of the pipeline's
-``app.max.in.flight`` request slots, not a task: a batch "goes to a worker" when ``dispatch`` starts
-its request, and ``worker_free`` gives the slot back once the request's answer is applied. Must not import either engine, the
-pipeline, the ledger, or confluent-kafka.
+Owns :class:`BatchAssembler` (when a batch leaves: full, or its linger over); the pipeline's outlet
+adds the deliveries it sends and says when a request is over. A *request slot* is one of the
+pipeline's ``app.max.in.flight`` requests open at once (no task: a request starts in the task that
+adds its last delivery or the timer's): a batch takes a slot when ``dispatch`` starts its request,
+and ``slot_free`` gives the slot back once the request's answer is applied. Must not import either
+engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -26,36 +27,35 @@ class _OpenBatch(Generic[T]):
 
 
 class BatchAssembler(Generic[T]):
-    """Deliveries into app requests, and requests to the workers that are free.
+    """Deliveries into app requests, and requests into the request slots that are free.
 
-    The rule (``app.mode: batch``): a batch goes to a worker when it holds ``max_records``, or
-    ``linger_s`` after its first record arrived, whichever comes first — at once if a worker is
-    free, else as soon as one is. Nothing else delays it: the linger is timed from the record's
-    arrival here (not from a worker's next wake), one timer task sleeps until the oldest open
-    batch's deadline and only while there is one, and a batch never waits for another batch's
-    linger. While every worker is busy, a due batch goes on filling up to ``max_records`` (what
-    arrives meanwhile rides along instead of forming near-empty batches behind it).
+    The rule (``app.mode: batch``): a batch leaves as a request when it holds ``max_records``, or
+    ``linger_s`` after its first record arrived, whichever comes first — at once if a request slot
+    is free, else as soon as one is. Nothing else delays it: the linger is timed from the record's
+    arrival here, one timer task sleeps until the oldest open batch's deadline and only while
+    there is one, and a batch never waits for another batch's linger. While every slot is taken,
+    a due batch goes on filling up to ``max_records`` (what arrives meanwhile rides along instead
+    of forming near-empty batches behind it).
 
-    Records stay here, not in a worker, until their batch leaves: a worker that took one record
-    and then lingered (or waited for another worker's linger) is what made records wait many
-    lingers. Single mode is ``max_records`` 1: every record is a full batch, and no timer runs.
+    Records stay here until their batch leaves: when each request task once took one record and
+    then lingered (or waited for another's linger), records waited many lingers. Single mode is ``max_records`` 1: every record is a full batch, and no timer runs.
     With linger 0 a batch is due at once but leaves after the adding task's next checkpoint, so
     what one hand-out adds in one go shares a request.
 
-    Every method runs in the trio thread; `add` and `worker_free` never block.
+    Every method runs in the trio thread; `add` and `slot_free` never block.
     """
 
     def __init__(
         self,
         max_records: int,
         linger_s: float,
-        workers: int,
+        slots: int,
         dispatch: Callable[[list[T]], None],
     ) -> None:
         self.max_records = max_records
         self.linger_s = linger_s
         self._dispatch = dispatch
-        self._free = workers  # workers neither sending nor given a batch to send
+        self._free = slots  # request slots neither sending nor given a batch to send
         self._open: deque[_OpenBatch[T]] = deque()
         self._timer_wake = trio.Event()
 
@@ -70,7 +70,7 @@ class BatchAssembler(Generic[T]):
     def add(self, item: T) -> None:
         batches = self._open
         if self.max_records == 1 and self._free and not batches:
-            self._free -= 1  # single mode with a worker free: straight to it
+            self._free -= 1  # single mode with a slot free: straight to it
             self._dispatch([item])
             return
         if batches:
@@ -89,8 +89,8 @@ class BatchAssembler(Generic[T]):
         if len(batches) == 1:
             self._timer_wake.set()
 
-    def worker_free(self) -> None:
-        """A worker finished its request: give it the oldest due batch, if any."""
+    def slot_free(self) -> None:
+        """A request finished: its slot takes the oldest due batch, if any."""
         self._free += 1
         if self._open:
             self._dispatch_due(trio.current_time() if self.max_records > 1 else 0.0)
@@ -112,7 +112,7 @@ class BatchAssembler(Generic[T]):
         while True:
             now = trio.current_time()
             if not batches or (self._due(batches[0], now) and not self._free):
-                # Nothing open, or the oldest batch is due and waits for a worker (`worker_free`
+                # Nothing open, or the oldest batch is due and waits for a slot (`slot_free`
                 # sends it): sleep until something is added or a batch left.
                 self._timer_wake = trio.Event()
                 await self._timer_wake.wait()

@@ -3,8 +3,10 @@
 Owns the :class:`~sidecar.core.breaker.CircuitBreaker` (pure: the decisions) and everything around
 it that needs trio: the half-open probe (the first delivery issued while half-open), the cool-down
 timer task, the events the adapters wait on for room, and the log line of each transition. The
-pipeline tells it what happens (`issued`, `retired`, `answered`, `admits` for a record on its way
-to the DLQ); it tells the delivery state what follows (`release_held`, `intake_changed`, `wake`).
+pipeline and its outlet tell it what happens (`issued`, `retired`, `answered`, `admits` for a
+record on its way to the DLQ); it tells whoever built it that it moved (`on_change`, given to its
+constructor: a transition, or None when only its room changed), and the pipeline tells the adapter
+what follows (held records may go, intake changed, wake). It calls no adapter.
 
 Who changes what: all of it runs in the trio thread, between two awaits. Must not import either
 engine, the pipeline, the ledger, or confluent-kafka.
@@ -21,8 +23,7 @@ import trio
 
 from sidecar.config import Config
 from sidecar.core.breaker import BreakerPolicy, BreakerState, CircuitBreaker, Transition
-from sidecar.core.outcome import Accept, Ack, DeadLetter, decide
-from sidecar.engines.interfaces import Delivery, DeliveryState
+from sidecar.engines.interfaces import Delivery, Settled
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
@@ -47,12 +48,10 @@ class BreakerGate:
     def __init__(
         self,
         breaker: CircuitBreaker,
-        delivery_count_limit: int,
-        state: Callable[[], DeliveryState],
+        on_change: Callable[[Transition | None], None],
     ) -> None:
         self.breaker = breaker
-        self._delivery_count_limit = delivery_count_limit
-        self._state = state  # the pipeline's delivery state (built after the gate)
+        self._on_change = on_change
         self._probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
         self._changed = trio.Event()  # the timer re-reads the breaker's deadline
         self._moved = trio.Event()  # set (and replaced) whenever `room` may change
@@ -70,13 +69,14 @@ class BreakerGate:
     def retired(self, delivery: Delivery[Any]) -> None:
         """An attempt is over without an answer that counts (expired, fenced, not sent)."""
         if delivery is self._probe:
-            self._probe_ended(delivery, None)
+            self._probe_ended(None)
 
-    def answered(self, delivery: Delivery[Any], ack: Ack) -> None:
-        """An answer that ends an attempt: the probe's verdict, or an accepted record counted."""
+    def answered(self, delivery: Delivery[Any], settled: Settled) -> None:
+        """An answer that ends an attempt, as the adapter decided it: the probe's verdict, or an
+        accepted record counted."""
         if delivery is self._probe:
-            self._probe_ended(delivery, ack)
-        elif ack is Ack.ACCEPT:
+            self._probe_ended(settled)
+        elif settled is Settled.ACCEPTED:
             self.breaker.succeeded(_now_ms())
 
     def admits(self) -> bool:
@@ -149,31 +149,26 @@ class BreakerGate:
 
     # -- state changes --------------------------------------------------------------------------
 
-    def _probe_ended(self, delivery: Delivery[Any], ack: Ack | None) -> None:
-        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else void."""
+    def _probe_ended(self, settled: Settled | None) -> None:
+        """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else
+        (redelivered, or no answer) void."""
         self._probe = None
         now = _now_ms()
-        if ack is None:
-            self.breaker.probe_void(now)
-            self._room_changed()
-            self._state().wake()
-            return
-        verdict = decide(ack, delivery.delivery_count, self._delivery_count_limit)
-        if isinstance(verdict, Accept):
+        if settled is Settled.ACCEPTED:
             self.transition(self.breaker.probe_succeeded(now))
-        elif isinstance(verdict, DeadLetter):
+        elif settled is Settled.DEAD_LETTERED:
             self.transition(self.breaker.probe_failed(now))
         else:
             self.breaker.probe_void(now)
             self._room_changed()
-            self._state().wake()
+            self._on_change(None)
 
     def _room_changed(self) -> None:
         self._moved.set()
         self._moved = trio.Event()
 
     def transition(self, t: Transition) -> None:
-        """Log it (one line when it trips, one when it closes), and steer intake and held records."""
+        """Log it (one line when it trips, one when it closes), and say so (`on_change`)."""
         self._probe = None  # any state change ends the probe: its answer no longer counts
         self._since_wall = time.time()
         self._changed.set()
@@ -193,11 +188,7 @@ class BreakerGate:
             log.info("DLQ circuit breaker %s", t.reason)
         else:
             log.info("DLQ circuit breaker still open: %s", t.reason)
-        state = self._state()
-        if t.after is not BreakerState.OPEN:
-            state.release_held()
-        state.intake_changed()
-        state.wake()
+        self._on_change(t)
 
     async def run_timer(self) -> None:
         """Half-open once the cool-down is over (the breaker says when; the timer task)."""

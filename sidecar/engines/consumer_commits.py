@@ -2,13 +2,17 @@
 
 Owns how the ledgers' state reaches the group's committed offsets: the commit points of a set of
 partitions (`_commit_offsets`), one commit at a time under `_commit_guard`, the periodic and wanted
-commits (`_committer`), the final commit of a stop (`commit_all`), and, with
+commits (`run`), the final commit of a stop (`commit_all`), and, with
 `errors.deadletterqueue.transactional.enable`, batches of DLQ records committed with their offsets in
-one Kafka transaction (`_txn_loop`). :class:`OffsetCommits` is a part of
-:class:`~sidecar.engines.consumer_group.ConsumerGroupEngine` (its base class): the state it uses is
-the engine's, declared below and set in the engine's ``__init__``; the ledger calls it makes are in
-the engine's table of who may change a ledger. Commit errors arrive translated (`CommitFailed`) from
-the Kafka source. Must not import the pipeline, the share engine, or confluent-kafka.
+one Kafka transaction (`run_transactions`). :class:`Committer` is a part of
+:class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`, built by it and given its
+collaborators (the source, the partitions, the sender an isolated record goes to once its count is
+committed, the scheduler's wakeup); it owns the commit guard, its wake, `failing_since` and the
+transaction queue. The ledger calls it makes are in the engine's table of who may change a ledger.
+Commit errors arrive translated (`CommitFailed`) from the Kafka source. Where a record goes from
+here: a transactional DLQ record is marked done inside its transaction (`txn_write`, the archiver's
+sink); an isolated record released by a commit goes to `Sender.hand_out`. Must not import the
+pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -16,8 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -25,8 +28,16 @@ from sidecar.config import Config
 from sidecar.core import ledger as L
 from sidecar.core.deadletter import FailedRecord
 from sidecar.core.errors import CommitFailed
-from sidecar.engines.consumer_slots import PendingCommit, Slot, SlotRef, TxnItem, now_ms
-from sidecar.engines.interfaces import Counters, PartitionKey, Pipe
+from sidecar.engines.consumer_handout import Sender
+from sidecar.engines.consumer_slots import (
+    Partitions,
+    PendingCommit,
+    Slot,
+    SlotRef,
+    TxnItem,
+    now_ms,
+)
+from sidecar.engines.interfaces import Counters, DlqSink, Outlet
 from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable, DlqWriter
 from sidecar.kafka.source import KafkaSource, OffsetToCommit
 
@@ -38,34 +49,53 @@ log = logging.getLogger("sidecar.engine")
 TXN_COMMIT_DEADLINE_S = 120.0
 
 
-class OffsetCommits:
+class Committer:
     """Commits and DLQ transactions of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`."""
 
-    # The engine's state this part uses (set in ConsumerGroupEngine.__init__).
-    pipe: Pipe[SlotRef]
-    config: Config
-    counters: Counters
-    dlq: DlqWriter
-    source: KafkaSource
-    slots: dict[PartitionKey, Slot]
-    horizon: bool
-    commit_failing_since: float | None
-    _awaiting: list[tuple[Slot, L.Attempt]]
-    _commit_guard: trio.Lock
-    _commit_wake: trio.Event
-    _txn_items: list[TxnItem]
-    _txn_wake: trio.Event
+    def __init__(
+        self,
+        pipe: Outlet[SlotRef],
+        config: Config,
+        counters: Counters,
+        dlq: DlqWriter,
+        source: KafkaSource,
+        partitions: Partitions,
+        sender: Sender,
+        kick: Callable[[], None],
+        *,
+        horizon: bool,
+    ) -> None:
+        self._pipe = pipe
+        self._config = config
+        self._counters = counters
+        self._dlq = dlq
+        self._source = source
+        self._partitions = partitions
+        self._slots = partitions.by_key
+        self._sender = sender
+        self._kick = kick
+        self._horizon = horizon
+        self._commit_guard = trio.Lock()
+        # Horizon mode: a partition wants a commit (its horizon, or an isolated record's count).
+        self._wake = trio.Event()
+        # Since when every commit has failed (None: the last one succeeded). No commit means no
+        # hand-out: write-ahead delivery counts must be stored first.
+        self.failing_since: float | None = None
+        self._txn_items: list[TxnItem] = []
+        self._txn_wake = trio.Event()
 
-    if TYPE_CHECKING:
-        # The engine's, called from here.
-        def kick(self) -> None: ...
-        def _close_slot(self, slot: Slot) -> None: ...
-        def _return_unsent(self, batch: list[tuple[Slot, L.Attempt]]) -> None: ...
-        def _hand_out(self, acquired: list[tuple[Slot, L.Attempt]]) -> None: ...
+    def want_commit(self) -> None:
+        """A partition wants a commit (its horizon, an isolated record's count or outcome)."""
+        self._wake.set()
 
     # ----------------------------------------------------------------------------- transactions
 
-    async def _txn_write(
+    def transaction(self, slot: Slot, offset: int) -> DlqSink:
+        """Where the DLQ step writes the record at `offset` of `slot` (transactional mode): into
+        the next transaction, which commits its offset too (`txn_write`)."""
+        return _TxnSink(self, slot, offset)
+
+    async def txn_write(
         self, slot: Slot, offset: int, failed: FailedRecord, dlq_topic: str
     ) -> bool:
         """True once written and committed; False when the partition went to another owner first."""
@@ -77,7 +107,7 @@ class OffsetCommits:
             raise DlqFatalError(item.error)
         return not item.skipped
 
-    async def _txn_loop(self) -> None:
+    async def run_transactions(self) -> None:
         """Transactional mode: batches of DLQ records and the offset commit, atomically.
 
         Commits are serialised with the regular ones (`_commit_guard`): a plain commit may never
@@ -93,7 +123,7 @@ class OffsetCommits:
             for it in items:
                 it.error = None if it.skipped else error
                 it.done.set()
-            self.kick()
+            self._kick()
 
     async def _txn_once(self, items: list[TxnItem]) -> str | None:
         """Commit `items` in one transaction, redoing it until it commits; None, or why it cannot.
@@ -106,7 +136,7 @@ class OffsetCommits:
             marked: set[int] = set()  # ids of the items the ledger already counts as done
             delay_s = 0.5
             while True:
-                batch = [it for it in items if self._still_owned(it.slot)]
+                batch = [it for it in items if self._partitions.owned(it.slot)]
                 try:
                     if batch:
                         await self._txn_attempt(batch, marked)
@@ -116,7 +146,7 @@ class OffsetCommits:
                 except DlqTxnAbortable as exc:
                     reason = str(exc)
                     try:
-                        await self.dlq.txn_abort()
+                        await self._dlq.txn_abort()
                     except DlqFatalError as abort_exc:
                         return await self._txn_fatal(items, marked, str(abort_exc))
                 except DlqFatalError as exc:
@@ -144,9 +174,9 @@ class OffsetCommits:
         records meanwhile) with the same records, so the redone transaction commits what the ledger
         already says.
         """
-        await self.dlq.txn_begin()
+        await self._dlq.txn_begin()
         await self._txn_produce_all(batch)
-        if not all(self._still_owned(it.slot) for it in batch):
+        if not all(self._partitions.owned(it.slot) for it in batch):
             # Revoked or lost while the records were written: without the partition's offset in the
             # transaction, its DLQ record would be committed and written again by the next owner.
             raise DlqTxnAbortable("a partition went to another owner during the transaction")
@@ -158,11 +188,11 @@ class OffsetCommits:
                 marked.add(id(it))
             slots[id(it.slot)] = it.slot
         pending = self._commit_offsets(list(slots.values()), force=True)
-        await self.dlq.txn_commit([o for _, o, _ in pending], self.source.group_metadata())
+        await self._dlq.txn_commit([o for _, o, _ in pending], self._source.group_metadata())
         for sl in slots.values():
             sl.txn_uncommitted = False
         self._confirmed(pending)
-        self.counters.commits += 1
+        self._counters.committed()
 
     async def _txn_produce_all(self, batch: list[TxnItem]) -> None:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
@@ -175,7 +205,7 @@ class OffsetCommits:
 
         async def one(it: TxnItem) -> None:
             try:
-                await self.dlq.txn_produce(it.failed, it.dlq_topic)
+                await self._dlq.txn_produce(it.failed, it.dlq_topic)
             except (DlqFatalError, DlqTxnAbortable) as exc:
                 errors.append(exc)
 
@@ -195,16 +225,11 @@ class OffsetCommits:
         transaction times out or the next incarnation starts.
         """
         for it in items:
-            if id(it) in marked and self._still_owned(it.slot):
-                key = (it.slot.ledger.topic, it.slot.ledger.partition)
-                self.slots.pop(key, None)
-                self._close_slot(it.slot)
+            if id(it) in marked:
+                self._partitions.drop(it.slot)
         with contextlib.suppress(DlqFatalError):
-            await self.dlq.txn_abort()
+            await self._dlq.txn_abort()
         return f"fatal: {reason}"
-
-    def _still_owned(self, slot: Slot) -> bool:
-        return self.slots.get((slot.ledger.topic, slot.ledger.partition)) is slot
 
     # ----------------------------------------------------------------------------- commits
 
@@ -216,12 +241,12 @@ class OffsetCommits:
         """
         out: list[PendingCommit] = []
         for slot in slots:
-            if not self._still_owned(slot):
+            if not self._partitions.owned(slot):
                 continue
             ledger = slot.ledger
             point: L.CommitPoint | None = None
             must = force
-            if self.horizon and not ledger.revoked:
+            if self._horizon and not ledger.revoked:
                 must = must or ledger.horizon_wanted() is not None
                 point = ledger.commit_point()
                 offset, metadata = point.offset, point.metadata
@@ -241,13 +266,18 @@ class OffsetCommits:
         released: list[tuple[Slot, L.Attempt]] = []
         for slot, o, point in pending:
             slot.last_commit = (o.offset, o.metadata)
-            if point is not None and self._still_owned(slot) and not slot.ledger.revoked:
+            if point is not None and self._partitions.owned(slot) and not slot.ledger.revoked:
                 attempt = slot.ledger.committed(point, now)
                 if attempt is not None:
                     released.append((slot, attempt))
         if released:
-            self._hand_out(released)
-        self.kick()
+            self._sender.hand_out(released)
+        self._kick()
+
+    async def commit_now(self, slots: Sequence[Slot]) -> bool:
+        """Commit the slots' state whether or not it changed (write-ahead: the delivery counts of
+        records about to be handed out); whether the commit succeeded."""
+        return await self._commit_slots(slots, force=True)
 
     async def _commit_slots(self, slots: Sequence[Slot], force: bool = False) -> bool:
         async with self._commit_guard:
@@ -259,51 +289,62 @@ class OffsetCommits:
             return True
         try:
             # The source translates librdkafka's error, and its own time limit, into CommitFailed.
-            await self.source.commit([o for _, o, _ in pending])
+            await self._source.commit([o for _, o, _ in pending])
         except CommitFailed as exc:  # retried by the next commit: redelivery, never loss
-            self.counters.commit_failures += 1
-            if self.commit_failing_since is None:
-                self.commit_failing_since = time.monotonic()
+            self._counters.committed(ok=False)
+            if self.failing_since is None:
+                self.failing_since = time.monotonic()
             log.warning("commit failed: %s", exc)
             return False
-        self.counters.commits += 1
-        self.commit_failing_since = None
+        self._counters.committed()
+        self.failing_since = None
         self._confirmed(pending)
         return True
 
-    async def _committer(self) -> None:
+    async def run(self) -> None:
         """Periodic commits, and (horizon mode) a commit as soon as a partition wants one.
 
         A wanted commit (the horizon, an isolated record's count or outcome) goes out at once and
         asynchronously: hand-outs go on up to the horizon already committed meanwhile.
         """
-        interval_s = self.config.commit_interval_ms / 1000
+        interval_s = self._config.commit_interval_ms / 1000
         next_periodic = trio.current_time() + interval_s
-        while not self.pipe.stopping:
+        while not self._pipe.room().stopping:
             with trio.move_on_at(next_periodic):
-                await self._commit_wake.wait()
-            self._commit_wake = trio.Event()
-            slots = list(self.slots.values())
+                await self._wake.wait()
+            self._wake = trio.Event()
+            slots = list(self._slots.values())
             if trio.current_time() >= next_periodic:
                 next_periodic = trio.current_time() + interval_s
             else:
                 slots = [s for s in slots if s.ledger.horizon_wanted() is not None]
             if slots and not await self._commit_slots(slots):
                 await trio.sleep(0.1)  # failing: retried soon, not in a tight loop
-                self._commit_wake.set()
+                self._wake.set()
 
     async def commit_all(self) -> None:
-        if self.pipe.stopping and self._awaiting:
-            # Stopping: records still waiting for their write-ahead commit were never sent.
-            batch, self._awaiting = self._awaiting, []
-            self._return_unsent(batch)
-        if self.horizon and self.pipe.stopping:
+        """The final commit of a stop (the engine gave back what waited for a write-ahead commit)."""
+        if self._horizon and self._pipe.room().stopping:
             # A clean stop is a revoke of every partition (after the drain let the app answer):
             # the final state's horizon covers only what is unsettled, so the next owner has no
             # isolation pass unless answers were lost.
-            for slot in self.slots.values():
-                self._close_slot(slot)
-        await self._commit_slots(list(self.slots.values()))
+            for slot in self._slots.values():
+                self._partitions.fence(slot)
+        await self._commit_slots(list(self._slots.values()))
 
 
-__all__ = ["TXN_COMMIT_DEADLINE_S", "OffsetCommits"]
+class _TxnSink:
+    """One record's way into a DLQ transaction (`Committer.transaction`)."""
+
+    __slots__ = ("_committer", "_offset", "_slot")
+
+    def __init__(self, committer: Committer, slot: Slot, offset: int) -> None:
+        self._committer = committer
+        self._slot = slot
+        self._offset = offset
+
+    async def write(self, failed: FailedRecord, dlq_topic: str) -> bool:
+        return await self._committer.txn_write(self._slot, self._offset, failed, dlq_topic)
+
+
+__all__ = ["TXN_COMMIT_DEADLINE_S", "Committer"]

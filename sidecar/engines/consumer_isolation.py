@@ -3,37 +3,43 @@
 After an unclean stop, the records that may have been in flight (suspects) are delivered one at a
 time, alone in the whole process, so a death charges only the isolated record. The ledger keeps each
 partition's pass (`sidecar.core.ledger.horizon`); what it cannot see is the other partitions, which
-is this step's part. :class:`IsolationPasses` is a part of
-:class:`~sidecar.engines.consumer_group.ConsumerGroupEngine` (a base class): the state it uses is the
-engine's, declared below and set in the engine's ``__init__``; its ledger call (``isolate``) is in
-the engine's table of who may change a ledger. Must not import the pipeline, the share engine, or
-confluent-kafka.
+is this step's part. :class:`IsolationStep` is a part of
+:class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`, built by it with what it reads (the
+pipeline's room, the source, the partitions) and the committer it asks for a commit; the scheduler
+calls `step` at the start of each turn. Its ledger call (``isolate``) is in the engine's table of
+who may change a ledger; an isolated record leaves once its count is committed (the committer
+hands it to the sender). Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
 
 import logging
 
-import trio
-
 from sidecar.core import ledger as L
-from sidecar.engines.consumer_slots import Slot, SlotRef
-from sidecar.engines.interfaces import PartitionKey, Pipe
+from sidecar.engines.consumer_commits import Committer
+from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef
+from sidecar.engines.interfaces import Outlet
 from sidecar.kafka.source import KafkaSource
 
 log = logging.getLogger("sidecar.engine")
 
 
-class IsolationPasses:
+class IsolationStep:
     """The isolation step of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`."""
 
-    # The engine's state this part uses (set in ConsumerGroupEngine.__init__).
-    pipe: Pipe[SlotRef]
-    source: KafkaSource
-    slots: dict[PartitionKey, Slot]
-    _commit_wake: trio.Event
+    def __init__(
+        self,
+        pipe: Outlet[SlotRef],
+        source: KafkaSource,
+        partitions: Partitions,
+        committer: Committer,
+    ) -> None:
+        self._pipe = pipe
+        self._source = source
+        self._slots = partitions.by_key
+        self._committer = committer
 
-    def _isolation_step(self, now: int) -> bool:
+    def step(self, now: int) -> bool:
         """Horizon mode: run the isolation passes; True while no partition may acquire.
 
         The exclusivity rule the ledger cannot see: while any partition's suspect is ready,
@@ -43,7 +49,7 @@ class IsolationPasses:
         """
         blocking = False
         candidates: list[Slot] = []
-        for slot in self.slots.values():
+        for slot in self._slots.values():
             if slot.suspect_top is None:
                 continue
             ledger = slot.ledger
@@ -74,28 +80,28 @@ class IsolationPasses:
         if not blocking:
             return False
         # Commits are on the isolated records' path: keep the poll thread's timeouts short.
-        self.source.mark_busy()
-        pipe = self.pipe
-        idle = pipe.in_flight_records() == 0 and pipe.sending == 0
-        if not candidates or not idle or not pipe.app_reachable or pipe.draining:
+        self._source.mark_busy()
+        room = self._pipe.room()
+        idle = room.in_flight == 0 and room.sending == 0
+        if not candidates or not idle or not room.app_reachable or room.draining:
             return True
-        if pipe.send_room() <= 0:
+        if room.send_room <= 0:
             return True  # pull mode with no poll waiting: charge a suspect only for a poll
-        if pipe.breaker_room() == 0:
+        if room.breaker_room == 0:
             return True  # the DLQ circuit breaker is open (or its probe is out)
         for slot in candidates:
             others_busy = any(
                 o is not slot
                 and o.ledger.horizon_status().isolation
                 in (L.IsolationPhase.CHARGED, L.IsolationPhase.IN_FLIGHT, L.IsolationPhase.SETTLING)
-                for o in self.slots.values()
+                for o in self._slots.values()
             )
             if others_busy:
                 continue
-            if any(o.ledger.in_flight for o in self.slots.values()):
+            if any(o.ledger.in_flight for o in self._slots.values()):
                 break
             slot.ledger.isolate(now)
-            self._commit_wake.set()
+            self._committer.want_commit()
             break
         return True
 
@@ -111,4 +117,4 @@ class IsolationPasses:
         )
 
 
-__all__ = ["IsolationPasses"]
+__all__ = ["IsolationStep"]

@@ -3,30 +3,38 @@
 A turn expires locks, acquires records for the room the pipeline has (and hands them out), starts
 DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon commits, on the
 partitions that changed since a turn last found nothing to do in them. A turn runs in the task
-whose event caused it, at the end of that event (`_turn_now`): a poll's batches once they are all
+whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
 in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
-they are all applied (`hold_wakes` / `release_wakes`), so a record costs no wake-up of a task of
-its own; anything else wakes the scheduler's task (`wake`), which also waits for the next
-deadline (a lock, a retry time). :class:`Scheduling` is a part of
-:class:`~sidecar.engines.consumer_group.ConsumerGroupEngine` (a base class): the state it uses is
-the engine's, declared below and set in the engine's ``__init__``; its ledger calls are in the
-engine's table of who may change a ledger. Must not import the pipeline, the share engine, or
-confluent-kafka.
+they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
+wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
+which also waits for the next deadline (a lock, a retry time), runs the turn.
+
+:class:`Scheduler` is a part of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`, built
+by it and given its collaborators: the isolation step (horizon mode), the sender and the
+write-ahead queue (:mod:`sidecar.engines.consumer_handout`), the archiver
+(:mod:`sidecar.engines.consumer_archive`) and the committer (:mod:`sidecar.engines.consumer_commits`).
+Its ledger calls are in the engine's table of who may change a ledger. Where a record goes from
+here: acquired → `Sender.hand_out` (or the write-ahead queue first); to archive →
+`Archiver.start`; a lock expired → the pipeline's `lock_expired`. Must not import the pipeline,
+the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import trio
 
 from sidecar.config import Config
 from sidecar.core import ledger as L
 from sidecar.core.budget import ByteBudget
-from sidecar.engines.consumer_slots import Slot, SlotRef, now_ms
-from sidecar.engines.interfaces import Counters, PartitionKey, Pipe
+from sidecar.engines.consumer_archive import Archiver
+from sidecar.engines.consumer_commits import Committer
+from sidecar.engines.consumer_handout import Sender, WriteAhead
+from sidecar.engines.consumer_isolation import IsolationStep
+from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef, now_ms
+from sidecar.engines.interfaces import Counters, Outlet, PartitionKey
 from sidecar.kafka.source import KafkaSource
 
 log = logging.getLogger("sidecar.engine")
@@ -35,64 +43,72 @@ log = logging.getLogger("sidecar.engine")
 _QUIET_CANDIDATE = -2
 
 
-class Scheduling:
-    """The scheduler of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine`."""
+class Wakeup:
+    """The scheduler's doorbell: every part that changes what a turn would do rings it (`kick`)."""
 
-    # The engine's state this part uses (set in ConsumerGroupEngine.__init__).
-    pipe: Pipe[SlotRef]
-    config: Config
-    counters: Counters
-    source: KafkaSource
-    slots: dict[PartitionKey, Slot]
-    budget: ByteBudget
-    ledger_config: L.LedgerConfig
-    horizon: bool
-    write_ahead: bool
-    _awaiting: list[tuple[Slot, L.Attempt]]
-    _awaiting_wake: trio.Event
-    _commit_wake: trio.Event
-    _revoke_progress: trio.Event
-    _rr: int
-    _kick: trio.Event
-    _schedule_scope: trio.CancelScope | None
-    _in_turn: bool
-    _holding: bool
-    _held: bool
-    _flow_shared: tuple[int, bool, int] | None
+    __slots__ = ("_event",)
 
-    if TYPE_CHECKING:
-        # The engine's, called from here.
-        def _isolation_step(self, now: int) -> bool: ...
-        def _hand_out(self, acquired: list[tuple[Slot, L.Attempt]]) -> None: ...
-        def _start_archiving(self, slots: Sequence[Slot]) -> None: ...
-        async def _hand_out_loop(self) -> None: ...
+    def __init__(self) -> None:
+        self._event = trio.Event()
 
-    # ----------------------------------------------------------------------------- wakes
+    def kick(self) -> None:
+        self._event.set()
 
-    def wake(self) -> None:
-        if self._holding:
-            self._held = True
-        else:
-            self._kick.set()
+    async def wait(self) -> None:
+        """Until a ring; the next `wait` waits for a new one."""
+        try:
+            await self._event.wait()
+        finally:
+            self._event = trio.Event()
 
-    kick = wake
 
-    def hold_wakes(self) -> None:
-        self._holding = True
+class Scheduler:
+    """The scheduler of :class:`~sidecar.engines.consumer_group.ConsumerGroupEngine` (see above)."""
 
-    def release_wakes(self) -> None:
-        self._holding = False
-        if self._held:
-            self._held = False
-            self._turn_now()
+    def __init__(
+        self,
+        pipe: Outlet[SlotRef],
+        config: Config,
+        counters: Counters,
+        source: KafkaSource,
+        partitions: Partitions,
+        budget: ByteBudget,
+        ledger_config: L.LedgerConfig,
+        wakeup: Wakeup,
+        *,
+        sender: Sender,
+        write_ahead: WriteAhead | None,
+        isolation: IsolationStep | None,
+        archiver: Archiver,
+        committer: Committer,
+    ) -> None:
+        self._pipe = pipe
+        self._config = config
+        self._counters = counters
+        self._source = source
+        self._partitions = partitions
+        self._slots = partitions.by_key
+        self._budget = budget
+        self._ledger_config = ledger_config
+        self._wakeup = wakeup
+        self._sender = sender
+        self._write_ahead = write_ahead  # None: horizon mode
+        self._isolation = isolation  # None: write-ahead mode
+        self._archiver = archiver
+        self._committer = committer
+        # The scheduler's wait (None while it is not waiting), and whether a turn is running.
+        self._schedule_scope: trio.CancelScope | None = None
+        self._in_turn = False
+        self._flow_shared: tuple[int, bool, int] | None = None  # see apply_flow_control
+        self._rr = 0
 
-    def _turn_now(self) -> None:
+    def turn_now(self) -> None:
         """A scheduler turn in the caller's task, now, instead of a wake-up of the scheduler's
         (which would cost a trio task step for the same turn); the scheduler then waits for what
-        the turn says. A kick when the scheduler is not waiting, or a turn is running."""
+        the turn says. A ring when the scheduler is not waiting, or a turn is running."""
         scope = self._schedule_scope
-        if scope is None or self._in_turn or self.pipe.stopping:
-            self._kick.set()
+        if scope is None or self._in_turn or self._pipe.room().stopping:
+            self._wakeup.kick()
             return
         deadline = trio.current_time() + self._turn()
         # Only ever sooner: setting a cancel scope's deadline is dear, and a wait that ends
@@ -102,29 +118,30 @@ class Scheduling:
 
     # ----------------------------------------------------------------------------- flow control
 
-    def _apply_flow_control(self, busy: Sequence[Slot] | None = None) -> None:
+    def apply_flow_control(self, busy: Sequence[Slot] | None = None) -> None:
         """Pause or resume fetching per partition. With ``busy`` (a scheduler turn's partitions
         that changed), only those and the ones a decision is pending for are looked at, unless
         the conditions every partition shares (its byte share, intake closed) changed."""
         to_pause: list[PartitionKey] = []
         to_resume: list[PartitionKey] = []
-        intake_closed = self.pipe.draining or not self.pipe.app_reachable or self.pipe.breaker_open
+        room = self._pipe.room()
+        intake_closed = room.draining or not room.app_reachable or room.breaker_open
         # Each assigned partition's share of the byte budget. A partition over it is paused, and
         # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
         # a record larger than a share is delivered and the partition resumes once it is done.
-        share = self.budget.share_bytes(len(self.source.assigned) or len(self.slots))
-        source_paused = self.source.paused
-        shared = (share, intake_closed, len(self.slots))
+        share = self._budget.share_bytes(len(self._source.assigned) or len(self._slots))
+        source_paused = self._source.paused
+        shared = (share, intake_closed, len(self._slots))
         if busy is None or shared != self._flow_shared:
             self._flow_shared = shared
-            looked_at = list(self.slots.items())
+            looked_at = list(self._slots.items())
         else:
             # An unchanged partition under unchanged shared conditions decides what it decided
             # (`flow_seen`): only the changed ones, and those with a decision not yet applied.
             looked_at = [((s.ledger.topic, s.ledger.partition), s) for s in busy]
             looked_at += [
                 ((s.ledger.topic, s.ledger.partition), s)
-                for s in self.slots.values()
+                for s in self._slots.values()
                 if s.flow_seen is None and s not in busy
             ]
         for key, slot in looked_at:
@@ -140,14 +157,14 @@ class Scheduling:
             elif not paused and slot.ledger.should_pause(share):
                 to_pause.append(key)
                 st = slot.ledger.statistics()
-                lc = self.ledger_config
+                lc = self._ledger_config
                 if (
                     st.buffered < lc.max_buffered_records
                     and st.buffered_bytes < share
                     and st.in_flight < lc.max_record_locks
                 ):
                     # Neither record limit: the delivery state nears offset.metadata.max.bytes.
-                    self.counters.metadata_pauses += 1
+                    self._counters.metadata_pauses += 1
                     log.warning(
                         "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
                         key[0],
@@ -159,34 +176,35 @@ class Scheduling:
             # until the source has applied it.
             slot.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
         if to_pause:
-            self.source.pause(to_pause)
+            self._source.pause(to_pause)
         if to_resume:
-            self.source.resume(to_resume)
+            self._source.resume(to_resume)
 
     # ----------------------------------------------------------------------------- scheduler
 
-    async def _scheduler(self) -> None:
+    async def run(self) -> None:
         """Expire locks, acquire records, start DLQ writes, pause/resume — whenever something
-        changed; and the hand-out task that commits acquired records' counts and sends them."""
+        changed; and (write-ahead mode) the hand-out task that commits acquired records' counts
+        and sends them."""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._hand_out_loop)
+            if self._write_ahead is not None:
+                nursery.start_soon(self._write_ahead.run)
             await self._schedule_loop()
             nursery.cancel_scope.cancel()
 
     async def _schedule_loop(self) -> None:
         # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
         # entering a scope of its own; a scope whose deadline came is replaced.
-        while not self.pipe.stopping:
+        pipe = self._pipe
+        while not pipe.room().stopping:
             with trio.CancelScope() as scope:
-                while not self.pipe.stopping:
+                while not pipe.room().stopping:
                     scope.deadline = trio.current_time() + self._turn()
                     self._schedule_scope = scope
                     try:
-                        await self._kick.wait()
+                        await self._wakeup.wait()
                     finally:
                         self._schedule_scope = None
-                    self._kick = trio.Event()
-            self._kick = trio.Event()
 
     def _turn(self) -> float:
         """One scheduler turn; returns how long to wait for a kick before the next (seconds)."""
@@ -197,8 +215,8 @@ class Scheduling:
             self._in_turn = False
 
     def _turn_body(self) -> float:
-        pipe = self.pipe
-        max_total = self.config.delivery.max_in_flight_records
+        pipe = self._pipe
+        max_total = self._config.delivery.max_in_flight_records
         now = now_ms()
         # A partition whose ledger has not changed since a turn found nothing to do in it,
         # and whose next deadline has not come, has nothing to do now either: the turn skips
@@ -207,25 +225,26 @@ class Scheduling:
         # it room to acquire.
         busy = [
             slot
-            for slot in self.slots.values()
+            for slot in self._slots.values()
             if slot.quiet_at != slot.ledger.changes
             or (slot.quiet_due is not None and now >= slot.quiet_due)
         ]
         for slot in busy:
             slot.quiet_at = -1
             for expired in slot.ledger.expire(now):
-                self.pipe.lock_expired(
+                self._pipe.lock_expired(
                     slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
                 )
                 if slot.revoking:
-                    self._revoke_progress.set()
+                    self._partitions.progressed()
         acquired: list[tuple[Slot, L.Attempt]] = []
         may_acquire = False  # every partition was offered room: no retry time is pending
-        exclusive = self.horizon and self._isolation_step(now)
+        isolation = self._isolation
+        exclusive = isolation is not None and isolation.step(now)
         if exclusive:
             pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
-        elif pipe.app_reachable and not pipe.draining and pipe.dlq_ready:
-            # Acquire no more than the workers can send right away: an acquired record's
+        elif (room := pipe.room()).app_reachable and not room.draining and room.dlq_ready:
+            # Acquire no more than the open requests can take right away: an acquired record's
             # attempt is counted (and persisted) before it is sent, so one that waited in a
             # queue while the process crashed would be charged an attempt it never had.
             # Records acquired while the write-ahead commit of the previous round is under
@@ -233,15 +252,12 @@ class Scheduling:
             # never waits in a queue after its count is stored, and with one in flight an
             # answer is committed before the next record leaves (a crash on that record
             # does not charge the one before it).
-            waiting = len(self._awaiting)
-            budget = min(
-                max_total - pipe.in_flight_records() - waiting,
-                pipe.send_room() - waiting,
-            )
-            if (room := pipe.breaker_room()) is not None:
+            waiting = 0 if self._write_ahead is None else self._write_ahead.waiting()
+            budget = min(max_total - room.in_flight - waiting, room.send_room - waiting)
+            if (breaker_room := room.breaker_room) is not None:
                 # The DLQ circuit breaker: none, or one probe (an acquired record waiting
                 # for its write-ahead commit is not issued yet, but it is the probe).
-                budget = min(budget, room - waiting)
+                budget = min(budget, breaker_room - waiting)
             slots = busy
             if slots:
                 # Rotate the starting partition so a busy one cannot starve the others.
@@ -260,28 +276,27 @@ class Scheduling:
                     # changes or its next deadline (a lock, a retry time) comes.
                     slot.quiet_at = _QUIET_CANDIDATE
             may_acquire = budget > 0
-        if not self.horizon and (acquired or pipe.in_flight_records()):
+        if self._write_ahead is not None and (acquired or pipe.room().in_flight):
             # Write-ahead commits are on the records' path: keep the poll thread's
             # consume() timeouts short while records flow.
-            self.source.mark_busy()
+            self._source.mark_busy()
         if acquired:
-            if self.write_ahead:
-                self._awaiting.extend(acquired)
-                self._awaiting_wake.set()
+            if self._write_ahead is not None:
+                self._write_ahead.add(acquired)
             else:
-                self._hand_out(acquired)
-        self._start_archiving(busy)
-        self._apply_flow_control(busy)
-        if self.horizon:
+                self._sender.hand_out(acquired)
+        self._archiver.start(busy)
+        self.apply_flow_control(busy)
+        if self._write_ahead is None:
             wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
             for slot in wanted:
                 slot.quiet_at = -1  # a commit is wanted: asked again next turn
             if wanted:
-                self._commit_wake.set()
+                self._committer.want_commit()
                 if any(s.ledger.horizon_status().held for s in wanted):
                     # The horizon commit fell behind the hand-outs (near saturation): records
                     # wait on it, so queued commits must not wait out a blocking poll.
-                    self.source.mark_busy()
+                    self._source.mark_busy()
         for slot in busy:
             if slot.quiet_at == _QUIET_CANDIDATE:
                 ledger = slot.ledger
@@ -297,7 +312,7 @@ class Scheduling:
         # and every change of that kind kicks the scheduler anyway. Lock expiry always matters.
         deadlines = [
             d
-            for s in self.slots.values()
+            for s in self._slots.values()
             if (
                 d := (
                     (s.quiet_due if may_acquire else s.quiet_lock_due)
@@ -310,10 +325,10 @@ class Scheduling:
             is not None
         ]
         # Every change that matters kicks the scheduler; the cap is only a safety net.
-        cap_s = 0.5 if not self.horizon else 5.0
+        cap_s = 0.5 if self._write_ahead is not None else 5.0
         if not deadlines:
             return cap_s
         return min(cap_s, max(0.0, (min(deadlines) - now) / 1000))
 
 
-__all__ = ["Scheduling"]
+__all__ = ["Scheduler", "Wakeup"]

@@ -9,6 +9,9 @@ Must not import either engine, the pipeline, the source or the daemon (the pipel
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from sidecar.config import AppFormat, Config
 from sidecar.core.outcome import APP_NOT_REACHABLE, SHUTDOWN
 from sidecar.core.record import Tracked
@@ -16,10 +19,35 @@ from sidecar.core.wire import Answer, CloudEventsFormat, RecordView
 from sidecar.http.appclient import AppClient, AppTarget
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
-__all__ = ["abandon_attempt_span", "app_client_for", "attempt_view", "end_attempt_span"]
+__all__ = [
+    "AppClientFactory",
+    "abandon_attempt_span",
+    "app_client_for",
+    "attempt_view",
+    "end_attempt_span",
+]
 
 
-def app_client_for(config: Config) -> AppClient:
+class AppClientFactory(Protocol):
+    """Builds the app client, given the callbacks of whoever reads its answers."""
+
+    def __call__(
+        self,
+        config: Config,
+        *,
+        after_round: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+    ) -> AppClient: ...
+
+
+def app_client_for(
+    config: Config,
+    *,
+    after_round: Callable[[], None],
+    on_error: Callable[[BaseException], None],
+) -> AppClient:
+    """The app client the configuration asks for; `after_round` runs after each wake-up of its
+    reader that completed requests, `on_error` gets an exception an answer's callback raised."""
     app = config.app
     return AppClient(
         AppTarget(
@@ -35,6 +63,8 @@ def app_client_for(config: Config) -> AppClient:
         ),
         max_connections=app.max_in_flight,
         status_mapping={k: str(v) for k, v in app.status_mapping.items()},
+        after_round=after_round,
+        on_error=on_error,
     )
 
 

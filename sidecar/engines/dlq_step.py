@@ -1,11 +1,13 @@
 """The pipeline's DLQ step: one record archived (stopped, skipped, held, or written) and its trace.
 
-Owns what happens between an adapter deciding a record is done with (`Pipe.dead_letter`) and its
+Owns what happens between an adapter deciding a record is done with (`Outlet.dead_letter`) and its
 DLQ record being confirmed: the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
 breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
-line, the DLQ write's span, the counters, and building the DLQ writer from the configuration.
-The write itself is the adapter's (`write`: plain, or its transaction's). Must not import either
-engine, the pipeline, the ledger, or confluent-kafka.
+line, the DLQ write's span, the counters, and building the DLQ writer from the configuration,
+including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
+write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
+consumer engine) its committer's transaction. Must not import either engine, the pipeline, the
+ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sidecar.core.deadletter import (
 from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo
 from sidecar.core.record import Tracked
 from sidecar.engines.breaker_gate import BreakerGate
-from sidecar.engines.interfaces import Counters, DlqWrite
+from sidecar.engines.interfaces import Counters, DlqSink
 from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
 from sidecar.telemetry.tracing import Tracing
 
@@ -62,13 +64,18 @@ def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, st
     return topic, plan.reason.label, label
 
 
-def dlq_writer_for(config: Config) -> DlqWriter:
-    """The DLQ writer the configuration asks for; transactional (`errors.deadletterqueue.
-    transactional.enable`, consumer engine) with its transactional id from the start."""
+def transactional_dlq(config: Config) -> bool:
+    """Whether DLQ records are written in transactions with the offset commit: the one place that
+    decides (`errors.deadletterqueue.transactional.enable`, with a DLQ, consumer engine only)."""
     dlq = config.errors.dlq
-    transactional = (
-        dlq.transactional_enable and dlq.enabled and config.engine is EngineKind.CONSUMER
-    )
+    return dlq.transactional_enable and dlq.enabled and config.engine is EngineKind.CONSUMER
+
+
+def dlq_writer_for(config: Config) -> DlqWriter:
+    """The DLQ writer the configuration asks for; transactional (:func:`transactional_dlq`) with
+    its transactional id from the start."""
+    dlq = config.errors.dlq
+    transactional = transactional_dlq(config)
     return DlqWriter(
         config.kafka,
         config.group_id,
@@ -112,7 +119,7 @@ class DlqStep:
         error: ErrorInfo | None,
         *,
         consequence: str,
-        write: DlqWrite,
+        sink: DlqSink,
         may_hold: bool = True,
     ) -> ArchiveOutcome:
         """Archive one record: stop (errors.tolerance: none), skip (no DLQ), or write its DLQ record.
@@ -145,7 +152,7 @@ class DlqStep:
         span, failed = self._start_dlq_span(tracked, plan, plan.failed, plan.dlq_topic)
         started = time.perf_counter()
         try:
-            written = await write(failed, plan.dlq_topic)
+            written = await sink.write(failed, plan.dlq_topic)
         except DlqFatalError as exc:
             self.counters.dlq_failed += 1
             if span is not None:
@@ -161,7 +168,7 @@ class DlqStep:
             if span is not None:
                 span.end()
             raise
-        if not written:
+        if written is False:  # the record went to another owner first
             if span is not None:
                 span.end()
             return ArchiveOutcome.HANDED_OVER
@@ -213,4 +220,4 @@ def _ignore(_seconds: float) -> None:
     return None
 
 
-__all__ = ["DlqStep", "dlq_writer_for"]
+__all__ = ["DlqStep", "dlq_writer_for", "transactional_dlq"]

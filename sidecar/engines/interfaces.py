@@ -1,26 +1,32 @@
 """The interfaces around the delivery pipeline, and the values that cross them.
 
-Three protocols, one per direction (the pipeline itself is :mod:`sidecar.engines.pipeline`)::
+One protocol per direction (the pipeline itself is :mod:`sidecar.engines.pipeline`, its outlet
+:mod:`sidecar.engines.outlet`)::
 
-    daemon, local API, metrics ──Engine──▶ Pipeline ──DeliveryState──▶ adapter (consumer | share)
-                                              ▲                            │
-                                              └────────────Pipe────────────┘
+    daemon, local API, metrics ──Engine──▶ Pipeline ──StateAdapter──▶ adapter (consumer | share)
+                                              │                          │  (its StateView: status)
+                                              └─builds─▶ outlet ◀─Outlet─┘
 
 - :class:`Engine`: what the daemon, the local API and the metrics may do with an engine;
-- :class:`DeliveryState`: what an adapter (:mod:`sidecar.engines.consumer_group`,
-  :mod:`sidecar.engines.share_group`) adds to the pipeline: where delivery state lives;
-- :class:`Pipe`: what an adapter may use of the pipeline, and nothing else.
+- :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer_group`,
+  :mod:`sidecar.engines.share_group`), where delivery state lives (8 members), and its
+  :class:`StateView`, what the status and the metrics read of it (8);
+- :class:`Outlet`: what an adapter may use of the pipeline, and nothing else (8): deliveries
+  issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
 
-:class:`Delivery` is generic over its ``ref``, the adapter's own handle on the record's delivery
-state, so an adapter reads it back with its own type and no cast. Must not import either engine,
-the pipeline, the ledger, or confluent-kafka.
+Wiring goes one way: the pipeline builds its parts, then the adapter (`AdapterFactory`), giving it
+:class:`EngineParts` (the configuration, the counters, the DLQ writer, the outlet); nothing is set
+on either afterwards. :class:`Delivery` is generic over its ``ref``, the adapter's own handle on the
+record's delivery state, so an adapter reads it back with its own type and no cast. Must not import
+either engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 import trio
 
@@ -33,11 +39,32 @@ from sidecar.kafka.dlq import DlqWriter
 
 PartitionKey = tuple[str, int]
 AckResult = Literal["ok", "unknown", "expired"]
-# Writes one DLQ record; False when the record went to another owner before it could be (its
-# new owner archives it); raises DlqFatalError when it cannot be written.
-DlqWrite = Callable[[FailedRecord, str], Awaitable[bool]]
+
+
+class Settled(enum.Enum):
+    """What an answer led to, as the adapter decided it (the one decision per answer:
+    :func:`sidecar.core.outcome.decide`, made by the ledger or the share engine)."""
+
+    ACCEPTED = "accepted"
+    REDELIVERED = "redelivered"  # released below the limit: the record goes to the app again
+    DEAD_LETTERED = "dead-lettered"  # rejected, or released at the limit: on its way to the DLQ
+    KEPT = "kept"  # renew: the lock goes on
+
+
+# What `StateAdapter.answered` returns: the decision, or why the answer did not count.
+Answered = Settled | Literal["unknown", "expired"]
 
 R = TypeVar("R")  # an adapter's handle on a record's delivery state
+
+
+class DlqSink(Protocol):
+    """Where the DLQ step writes a record: the DLQ writer itself, or a consumer-group transaction
+    (:meth:`sidecar.engines.consumer_commits.Committer.transaction`)."""
+
+    async def write(self, failed: FailedRecord, dlq_topic: str) -> object:
+        """Write one DLQ record and return once it is confirmed; False when the record went to
+        another owner before it could be (its new owner archives it); raises DlqFatalError when
+        it cannot be written."""
 
 
 @dataclass(slots=True)
@@ -64,6 +91,13 @@ class Counters:
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
+
+    def committed(self, ok: bool = True) -> None:
+        """One offset commit (or share acknowledgement) done, or failed (`ok` False)."""
+        if ok:
+            self.commits += 1
+        else:
+            self.commit_failures += 1
 
     def outcome(self, topic: str, word: str) -> None:
         # Once per answered record: the two counts inline, not through bump().
@@ -92,8 +126,8 @@ class Delivery(Generic[R]):
     """One live attempt: a record handed to the app under a fresh random id.
 
     ``ref`` is the adapter's handle on the record's delivery state (a ledger attempt, a share
-    batch), typed by the adapter (``Delivery[_Acquired]``); ``answer`` is set by the share adapter
-    when the answer arrives.
+    batch), typed by the adapter (``Delivery[_Acquired]``); ``answer`` and ``settled`` are set by
+    the share adapter when the answer arrives.
     """
 
     id: str
@@ -101,6 +135,7 @@ class Delivery(Generic[R]):
     delivery_count: int
     ref: R
     answer: Answer | AckItem | None = None
+    settled: Settled | None = None  # the share adapter's decision on `answer`, once made
     # trio time the lock expires (pull mode tells the app); None: the config's lock from issue.
     lock_deadline: float | None = None
     # perf_counter when the app got it to answer later through /v1/acks (a pull, or a push answered
@@ -113,45 +148,88 @@ class Delivery(Generic[R]):
         return self.tracked.record.topic
 
 
-class DeliveryState(Protocol):
-    """Where delivery state lives: what an engine adds to the pipeline (see the module docstring)."""
+class Room(NamedTuple):
+    """What the pipeline leaves room for now (`Outlet.room`): read once per scheduler turn."""
 
-    kind: str  # "consumer" | "share": the status's `engine`
+    app_reachable: bool
+    draining: bool  # shutdown: in-flight work finishes, nothing new is handed out
+    stopping: bool  # the final commits are under way, or the sidecar failed
+    intake_stopped: bool  # shutdown began: fetch no more records
+    failed: bool
+    dlq_ready: bool  # the DLQ topics are checked (or no DLQ is configured)
+    breaker_open: bool  # the DLQ circuit breaker is open (not half-open): intake stops
+    in_flight: int  # live deliveries
+    sending: int  # deliveries handed to `send` whose request has not finished
+    send_room: int  # more deliveries the open requests (or the waiting polls) take now
+    breaker_room: int | None  # None (no limit), 1 (a probe) or 0
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Intake and the adapter's own tasks; started once subscribed. Cancelled at the end."""
 
-    def answered(self, delivery: Delivery[Any], ack: Ack, answer: Answer | AckItem) -> AckResult:
-        """Apply an answer to a live delivery (the pipeline retires it and counts the outcome)."""
+class Until(enum.Enum):
+    """What `Outlet.wait` waits for."""
 
-    async def not_reached(self, deliveries: Sequence[Delivery[Any]]) -> bool:
-        """The app was not listening (not an attempt): True to send them again now."""
+    APP_REACHABLE = "app reachable"
+    INTAKE_OPEN = "intake open"  # the app reachable (push mode), or a poll waiting (pull mode)
+    BREAKER_ROOM = "breaker room"  # the DLQ circuit breaker lets a record out
 
-    def wake(self) -> None:
-        """Something changed (an answer, a delivery finished): re-evaluate soon."""
 
-    def hold_wakes(self) -> None:
-        """Answers are applied in a row (one wake-up of the app client's reader): hold the wakes
-        they cause until `release_wakes`."""
+class Outlet(Protocol[R]):
+    """What an adapter may use of the pipeline (:class:`sidecar.engines.outlet.PipelineOutlet`).
 
-    def release_wakes(self) -> None:
-        """The row of answers is over: re-evaluate now, once, if any of them woke this."""
+    The deliveries' lifecycle (`issue` → `send` → `retire` / `lock_expired`), the DLQ step
+    (`dead_letter`), the room the pipeline leaves (`room`) and the waits for it (`wait`), and the
+    adapter's poll loop run under the pipeline's eye (`run_source`).
+    """
 
-    def intake_changed(self) -> None:
-        """App reachability, draining or stopping changed: pause or resume intake now."""
+    def issue(
+        self, tracked: Tracked, delivery_count: int, ref: R, *, lock_deadline: float | None = None
+    ) -> Delivery[R]:
+        """A new live attempt under a fresh random id (not sent yet); `lock_deadline` (trio
+        time) is when the adapter's lock expires, for the polls of pull mode."""
 
-    def stop_intake(self) -> None:
-        """Shutdown begins: fetch no more records."""
+    def send(self, delivery: Delivery[R]) -> None:
+        """Hand it to the app: the next request (push mode), or the polls (pull mode)."""
 
-    def release_held(self) -> None:
-        """The DLQ circuit breaker is half-open or closed: records it held on their way to the DLQ
-        (`ArchiveOutcome.HELD`) may go to the app again (within `Pipeline.breaker_room`)."""
+    def retire(self, delivery: Delivery[R]) -> None:
+        """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
 
-    async def wait_drained(self) -> None:
-        """Return once nothing is in flight (the pipeline bounds the wait)."""
+    def lock_expired(self, topic: str, delivery: Delivery[R] | None, outcome: str) -> None:
+        """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""
 
-    async def finish(self) -> None:
-        """Final commits and close (shielded by the caller)."""
+    async def dead_letter(
+        self,
+        tracked: Tracked,
+        delivery_count: int,
+        reason: ArchiveReason,
+        error: ErrorInfo | None,
+        *,
+        consequence: str,
+        sink: DlqSink,
+        may_hold: bool = True,
+    ) -> ArchiveOutcome:
+        """The DLQ step (:class:`sidecar.engines.dlq_step.DlqStep`): stop, skip, hold, or write the
+        record's DLQ record to `sink`."""
+
+    def room(self) -> Room: ...
+
+    async def wait(self, until: Until, deadline: float) -> bool:
+        """Wait (until the trio time `deadline`) for `until`; whether it holds."""
+
+    async def run_source(self, poll: Callable[[], Awaitable[None]]) -> None:
+        """Run the adapter's poll loop; a source that cannot continue stops the sidecar (exit 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts(Generic[R]):
+    """What the pipeline gives the adapter it builds."""
+
+    config: Config
+    counters: Counters  # the adapter bumps its own: commits, rebalances, metadata pauses
+    dlq: DlqWriter
+    outlet: Outlet[R]
+
+
+class StateView(Protocol):
+    """What the pipeline's status, readiness and metrics read of an adapter."""
 
     def readiness(self) -> dict[str, bool]: ...
     def broker_error(self) -> str | None: ...
@@ -161,6 +239,43 @@ class DeliveryState(Protocol):
     def paused(self) -> set[PartitionKey]: ...
     def lag(self) -> dict[PartitionKey, int]: ...
     def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
+
+
+class StateAdapter(Protocol):
+    """Where delivery state lives: what the pipeline may do with an engine's adapter."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Intake and the adapter's own tasks; started once subscribed. Cancelled at the end."""
+
+    def answered(self, delivery: Delivery[Any], ack: Ack, answer: Answer | AckItem) -> Answered:
+        """Apply an answer to a live delivery: the decision it led to (the pipeline retires the
+        delivery, counts the outcome and tells the DLQ circuit breaker), or `unknown` / `expired`."""
+
+    async def not_reached(self, deliveries: Sequence[Delivery[Any]]) -> bool:
+        """The app was not listening (not an attempt): True to send them again now."""
+
+    def wake(self, *, now: bool = False) -> None:
+        """Something changed (an answer, a delivery finished): re-evaluate soon; `now`: in this
+        task, at once (the end of a row of answers, whose wakes the pipeline held)."""
+
+    def intake_changed(self, *, held_may_go: bool = False) -> None:
+        """App reachability, the DLQ circuit breaker, draining or the stop changed (`Outlet.room`):
+        pause, resume or stop intake now. `held_may_go`: the breaker is half-open or closed, so
+        the records it held on their way to the DLQ (`ArchiveOutcome.HELD`) may go to the app
+        again (within `Room.breaker_room`)."""
+
+    async def wait_drained(self) -> None:
+        """Return once nothing is in flight (the pipeline bounds the wait)."""
+
+    async def finish(self) -> None:
+        """Final commits and close (shielded by the caller)."""
+
+    @property
+    def view(self) -> StateView: ...
+
+
+# Builds an adapter from what the pipeline gives it (`Pipeline(config, adapter)`).
+AdapterFactory = Callable[[EngineParts[Any]], StateAdapter]
 
 
 class Engine(Protocol):
@@ -208,70 +323,21 @@ class PulledRecord:
     lock_remaining_s: float
 
 
-class Pipe(Protocol[R]):
-    """What an adapter may use of the pipeline (:class:`sidecar.engines.pipeline.Pipeline`).
-
-    Read: the configuration, the counters (the adapter bumps its own: commits, rebalances), the
-    DLQ writer, and the pipeline's flags, which only the pipeline changes. Call: the deliveries'
-    lifecycle (`issue` → `send` → `retire` / `lock_expired`), the DLQ step (`dead_letter`), the
-    room the open requests, the polls and the circuit breaker leave, and the waits for it.
-    """
-
-    @property
-    def config(self) -> Config: ...
-    @property
-    def counters(self) -> Counters: ...
-    @property
-    def dlq(self) -> DlqWriter: ...
-    @property
-    def dlq_ready(self) -> bool: ...
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def draining(self) -> bool: ...
-    @property
-    def failure(self) -> str | None: ...
-    @property
-    def app_reachable(self) -> bool: ...
-    @property
-    def sending(self) -> int: ...
-    @property
-    def breaker_open(self) -> bool: ...
-
-    async def run_source(self, poll: Callable[[], Awaitable[None]]) -> None: ...
-    def issue(
-        self, tracked: Tracked, delivery_count: int, ref: R, *, lock_deadline: float | None = None
-    ) -> Delivery[R]: ...
-    def send(self, delivery: Delivery[R]) -> None: ...
-    def retire(self, delivery: Delivery[R]) -> None: ...
-    def lock_expired(self, topic: str, delivery: Delivery[R] | None, outcome: str) -> None: ...
-    async def dead_letter(
-        self,
-        tracked: Tracked,
-        delivery_count: int,
-        reason: ArchiveReason,
-        error: ErrorInfo | None,
-        *,
-        consequence: str,
-        write: DlqWrite,
-        may_hold: bool = True,
-    ) -> ArchiveOutcome: ...
-    def in_flight_records(self) -> int: ...
-    def send_room(self) -> int: ...
-    def breaker_room(self) -> int | None: ...
-    async def wait_breaker_room(self, deadline: float) -> bool: ...
-    async def wait_intake_open(self, deadline: float) -> bool: ...
-    async def wait_app_reachable(self, deadline: float) -> bool: ...
-
-
 __all__ = [
     "AckResult",
+    "AdapterFactory",
+    "Answered",
     "Counters",
     "Delivery",
-    "DeliveryState",
-    "DlqWrite",
+    "DlqSink",
     "Engine",
+    "EngineParts",
+    "Outlet",
     "PartitionKey",
-    "Pipe",
     "PulledRecord",
+    "Room",
+    "Settled",
+    "StateAdapter",
+    "StateView",
+    "Until",
 ]

@@ -3,47 +3,60 @@
 The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
 ledgers plus the offset commit's metadata (``engine: consumer``,
 :mod:`sidecar.engines.consumer_group`), or in the broker's share partitions (``engine: share``,
-:mod:`sidecar.engines.share_group`). That difference is a :class:`DeliveryState` adapter;
-everything else is here, once::
+:mod:`sidecar.engines.share_group`). That difference is a :class:`StateAdapter`; everything else
+is here, once::
 
-    DeliveryState (intake) ──issue()/send()──▶ batch assembler ──▶ app requests ──HTTP──▶ app
-          ▲                                                           │
-          │ answered()                                                ▼
-          └───────────────────────── answer() ◀── the app's answer, or POST /v1/acks
-    DeliveryState (archiving) ──dead_letter()──▶ DLQ writer ──confirmed──▶ DeliveryState
+    adapter (intake) ──Outlet.issue()/send()──▶ batch assembler ──▶ app requests ──HTTP──▶ app
+          ▲                                                              │
+          │ answered()                                                   ▼
+          └──────────────────────────── answer() ◀── the app's answer, or POST /v1/acks
+    adapter (archiving) ──Outlet.dead_letter()──▶ DLQ step ──▶ the adapter's sink (DLQ writer,
+                                                               or its transaction) ──confirmed
 
     pull mode (app.mode: pull): send() ──▶ PullQueue ◀── GET /v1/records (the app's long polls)
 
 :class:`Pipeline` is the one implementation of :class:`~sidecar.engines.interfaces.Engine`, the
-interface the daemon, the local API and the metrics use, and of
-:class:`~sidecar.engines.interfaces.Pipe`, what an adapter may use of it (both in
-:mod:`sidecar.engines.interfaces`). What it owns besides the app requests, the app prober, the answers
-and the shutdown order lives beside it: :mod:`sidecar.engines.pull` (the pull queue),
+interface the daemon, the local API and the metrics use. It builds its parts in order — tracing,
+counters, the app client (given the pipeline's round-end and error callbacks), the DLQ writer, the
+DLQ circuit breaker's gate, the DLQ step, the outlet (:mod:`sidecar.engines.outlet`) — and then
+the adapter, giving it :class:`~sidecar.engines.interfaces.EngineParts`; it talks to the adapter
+only through :class:`~sidecar.engines.interfaces.StateAdapter` (and reads its
+:class:`~sidecar.engines.interfaces.StateView`), and the adapter to it only through the outlet
+(:class:`~sidecar.engines.interfaces.Outlet`). Nothing is set on a part after it is built. What it
+owns besides the app requests, the app prober, the answers and the shutdown order lives beside it:
+:mod:`sidecar.engines.outlet`, :mod:`sidecar.engines.pull` (the pull queue),
 :mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the DLQ
 circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it
 with ``await nursery.start(engine.run)`` and steers it only through that interface
 (``request_stop``, ``skip_drain``); nothing sets its attributes.
 
+Where an answer flows (a retry tier hooks in at `_apply`): the app client's reader → `_answered`
+→ `_apply` → the adapter's `answered`, which makes the one decision (`Settled`: the ledger's
+`decide`, or the share engine's `_settle`) → retired, counted, the DLQ circuit breaker told the
+decision (`BreakerGate.answered`, no decision of its own), and the adapter woken (once per row).
+
 Who may change what (every call below runs in the trio thread and changes state synchronously,
 between two awaits, so each change is atomic):
 
-- ``_live`` (delivery id → live :class:`Delivery`): ``issue`` (the adapter's intake task), ``retire``
-  (the adapter: expiry, revoke, not reachable), ``answer`` (the app client's reader task, or the
-  API's request task);
+- ``_live`` (delivery id → live :class:`Delivery`): the outlet's ``issue`` (the adapter's intake)
+  and ``retire`` (the adapter: expiry, revoke, not reachable; the pipeline: an answer applied);
 - ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
-- app reachability: the answers (not reachable) and the probe task (reachable again);
-- the DLQ circuit breaker (:class:`~sidecar.engines.breaker_gate.BreakerGate`): ``dead_letter`` (hold
-  or write), ``_apply`` (successes, the probe's verdict), ``issue`` (the half-open probe), its timer
-  task (half-open) and ``close_breaker`` (the API); adapters read ``breaker_room`` / ``breaker_open``
-  and keep the records it held until ``release_held``;
-- stopping / draining / failure: ``run``'s shutdown sequence, ``fail`` and ``request_stop``;
+- app reachability (:class:`~sidecar.engines.outlet.Reachability`): the answers (not reachable)
+  and the probe task (reachable again);
+- the DLQ circuit breaker (:class:`~sidecar.engines.breaker_gate.BreakerGate`): the DLQ step (hold
+  or write), ``_apply`` (successes, the probe's verdict), the outlet's ``issue`` (the half-open
+  probe), its timer task (half-open) and ``close_breaker`` (the API); adapters read
+  ``Room.breaker_room`` / ``Room.breaker_open`` and keep the records it held until
+  ``intake_changed(held_may_go=True)``;
+- stopping / draining / failure (:class:`~sidecar.engines.outlet.PipelineFlags`): ``run``'s shutdown
+  sequence, ``fail`` and ``request_stop``;
 - delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
-- the app requests (:class:`~sidecar.engines.batching.BatchAssembler`): ``send`` adds, the
-  assembler starts a request (``_dispatch``) while fewer than ``app.max.in.flight`` are open, the
-  linger timer sends what has waited its linger; ``_requests`` (started, not answered):
+- the app requests (:class:`~sidecar.engines.batching.BatchAssembler`): the outlet's ``send`` adds,
+  the assembler starts a request (``_dispatch``) while fewer than ``app.max.in.flight`` are open,
+  the linger timer sends what has waited its linger; ``_requests`` (started, not answered):
   ``_dispatch`` adds, ``_answered`` (the app client's reader task) and the shutdown take;
-- pull mode's :class:`~sidecar.engines.pull.PullQueue`: ``send`` puts, the API's poll tasks take
-  (``pull``), ``_drain`` releases the waiting polls.
+- pull mode's :class:`~sidecar.engines.pull.PullQueue`: the outlet's ``send`` puts, the API's poll
+  tasks take (``pull``), ``_drain`` releases the waiting polls.
 
 Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
 exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
@@ -55,19 +68,21 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from sidecar.config import AppMode, Config
-from sidecar.core.breaker import CircuitBreaker
+from sidecar.core.breaker import BreakerState, CircuitBreaker, Transition
 from sidecar.core.outcome import ACK_BY_WORD, Ack
-from sidecar.core.record import LiveIds, Tracked, custom_dead_letter
+from sidecar.core.record import LiveIds, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
 from sidecar.engines.batching import BatchAssembler
 from sidecar.engines.breaker_gate import BreakerGate, breaker_for
 from sidecar.engines.delivery import (
+    AppClientFactory,
     abandon_attempt_span,
     app_client_for,
     attempt_view,
@@ -76,20 +91,24 @@ from sidecar.engines.delivery import (
 from sidecar.engines.dlq_step import DlqStep, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,
+    AdapterFactory,
     Counters,
     Delivery,
-    DeliveryState,
     Engine,
+    EngineParts,
+    Outlet,
     PartitionKey,
-    Pipe,
     PulledRecord,
+    Settled,
+    StateAdapter,
+    Until,
 )
+from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync
 from sidecar.kafka.dlq import DlqWriter
-from sidecar.kafka.source import SourceError
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
@@ -100,34 +119,28 @@ log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever ad
 # The app prober's connection attempt.
 PROBE_TIMEOUT_S = 2.0
 
-R = TypeVar("R")
-
 
 class Pipeline:
-    """Workers, app prober, answers, DLQ step, status: one per sidecar, around one DeliveryState."""
+    """App requests, app prober, answers, DLQ step, status: one per sidecar, around one adapter."""
 
     def __init__(
         self,
         config: Config,
-        make_state: Callable[[Pipeline], DeliveryState],
+        adapter: AdapterFactory,
         *,
         tracing: Tracing | None = None,
         random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+        app_client: AppClientFactory = app_client_for,
     ) -> None:
         self.config = config
         self.tracing = tracing or Tracing(
             config.tracing.service_name, config.group_id, config.tracing.exporter.value
         )
-        self.app: AppClient = app_client_for(config)
-        self.dlq: DlqWriter = dlq_writer_for(config)
         self.counters = Counters()
         self.started_at = time.time()
-        self.stopping = False
-        self.draining = False
-        self._failure: str | None = None
-        self._dlq_ready = not config.errors.dlq.enabled
+        self._flags = PipelineFlags(dlq_ready=not config.errors.dlq.enabled)
+        self._reachability = Reachability()
         self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
-        self.sending = 0  # deliveries handed over by `send` whose request has not finished
         app = config.app
         batch = app.mode == AppMode.BATCH
         self._batch = batch
@@ -141,14 +154,9 @@ class Pipeline:
         )
         self._requests: set[_Request] = set()  # started, not answered
         self._answering = False  # inside one wake-up of the app client's reader
+        self._wake_held = False  # the adapter was woken during it: one wake at its end
         self._answers_closed = False  # shutting down: answers arriving now are dropped
-        # Deliveries the open requests can carry at once (push mode; see `send_room`).
-        self.send_capacity = app.max_in_flight * (app.batch_max_records if batch else 1)
         self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
-        self._app_reachable = True
-        self._app_back = trio.Event()  # set while the app is reachable
-        self._app_back.set()
-        self.app_down_since: float | None = None
         self._stop = trio.Event()
         # Why the cluster cannot be used at start-up (authentication, TLS, connection), while it cannot.
         self._cluster_error: str | None = None
@@ -157,30 +165,54 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None
         self._observe_app: Callable[[float], None] = _ignore
         self._observe_ack: Callable[[float], None] = _ignore
-        breaker = breaker_for(config)
-        self._gate = (
-            None
-            if breaker is None
-            else BreakerGate(breaker, config.delivery.delivery_count_limit, lambda: self.state)
+        # The parts, each given its collaborators (see the module docstring).
+        self.app: AppClient = app_client(
+            config, after_round=self._round_end, on_error=self._answer_failed
         )
+        self.dlq: DlqWriter = dlq_writer_for(config)
+        breaker = breaker_for(config)
+        self._gate = None if breaker is None else BreakerGate(breaker, self._breaker_moved)
         self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
-        # Archive one record: stop, skip, hold, or write its DLQ record (the adapters' `dead_letter`).
-        self.dead_letter = self._dlq_step.dead_letter
-        self.state = make_state(self)
+        self._outlet = PipelineOutlet(
+            self._live,
+            self.counters,
+            self._flags,
+            self._reachability,
+            batches=self._batches,
+            pull=self._pull,
+            # Deliveries the open requests can carry at once (push mode).
+            send_capacity=app.max_in_flight * (app.batch_max_records if batch else 1),
+            gate=self._gate,
+            dlq_step=self._dlq_step,
+            fail=self.fail,
+        )
+        self._state: StateAdapter = adapter(
+            EngineParts(config, self.counters, self.dlq, self._outlet)
+        )
 
     # ------------------------------------------------------------------------- the Engine face
 
     @property
     def failure(self) -> str | None:
-        return self._failure
+        return self._flags.failure
 
     @property
     def app_reachable(self) -> bool:
-        return self._app_reachable
+        return self._reachability.reachable
 
     @property
-    def dlq_ready(self) -> bool:
-        return self._dlq_ready
+    def app_down_since(self) -> float | None:
+        return self._reachability.down_since
+
+    @property
+    def outlet(self) -> Outlet[Any]:
+        """What the adapter was given of the pipeline."""
+        return self._outlet
+
+    @property
+    def sending(self) -> int:
+        """Deliveries handed over by the outlet's `send` whose request has not finished."""
+        return self._outlet.sending
 
     def observe_latencies(
         self,
@@ -202,30 +234,32 @@ class Pipeline:
         client and the tracer.
         """
         config = self.config
+        flags = self._flags
         if not await self._wait_cluster_usable():
             task_status.started()  # stopped before the cluster could be used: nothing to undo
             return
         if config.errors.dlq.enabled:
             topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
             await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
-            self._dlq_ready = True
+            flags.dlq_ready = True
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(self.dlq.run)
-                await nursery.start(self.state.run)
-                self.start_workers(nursery)
+                await nursery.start(self._state.run)
+                self.start_requests(nursery)
                 if self._gate is not None:
                     nursery.start_soon(self._gate.run_timer)
                 task_status.started()
                 await self._stop.wait()
-                self.state.stop_intake()
-                if self._failure is None and not self._skip_drain:
+                flags.intake_stopped = True
+                self._state.intake_changed()
+                if flags.failure is None and not self._skip_drain:
                     await self._drain(config.shutdown_drain_timeout_ms / 1000)
-                self.stopping = True
-                self.state.wake()
+                flags.stopping = True
+                self._state.wake()
                 with trio.CancelScope(shield=True):
-                    await self.state.finish()
+                    await self._state.finish()
                 self._close_requests()
                 nursery.cancel_scope.cancel()
         finally:
@@ -255,27 +289,20 @@ class Pipeline:
 
     def broker_error(self) -> str | None:
         """Why the broker cannot be used (authentication, TLS, connection), when that is known."""
-        return self._cluster_error or self.state.broker_error()
+        return self._cluster_error or self._state.view.broker_error()
 
     async def _drain(self, deadline_s: float) -> None:
         """Stop handing out records; wait (up to the deadline) for in-flight attempts and DLQ writes."""
-        self.draining = True
-        self.state.intake_changed()
+        self._flags.draining = True
+        self._state.intake_changed()
         if self._pull is not None:
             self._pull.release_waiters()  # pull mode: the waiting polls return (empty) at once
         with self._drain_cancel, trio.move_on_after(deadline_s):
-            await self.state.wait_drained()
-
-    async def run_source(self, poll: Callable[[], Awaitable[None]]) -> None:
-        """Run an adapter's poll loop; a source that cannot continue stops the sidecar (exit 1)."""
-        try:
-            await poll()
-        except SourceError as exc:
-            self.fail(str(exc))
+            await self._state.wait_drained()
 
     def request_stop(self) -> None:
         self._stop.set()
-        self.state.wake()
+        self._wake()
 
     def skip_drain(self) -> None:
         """Stop without waiting for in-flight work (a second signal)."""
@@ -285,21 +312,29 @@ class Pipeline:
 
     def fail(self, reason: str) -> None:
         """Stop with exit 1: something that must not be retried or skipped went wrong."""
-        if self._failure is None:
-            self._failure = reason
+        flags = self._flags
+        if flags.failure is None:
+            flags.failure = reason
             log.error("stopping: %s", reason)
-        self.stopping = True
+        flags.stopping = True
         self._stop.set()
-        self.state.wake()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the adapter; within a row of answers, once at its end (`_round_end`)."""
+        if self._answering:
+            self._wake_held = True
+        else:
+            self._state.wake()
 
     def readiness(self) -> dict[str, bool]:
-        state = self.state.readiness()
+        state = self._state.view.readiness()
         if self._cluster_error is not None:
             state["broker_reachable"] = False
         checks = {
             **state,
-            "app_reachable": self._app_reachable,
-            "dlq_writable": self._dlq_ready and self._failure is None,
+            "app_reachable": self._reachability.reachable,
+            "dlq_writable": self._flags.dlq_ready and self._flags.failure is None,
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
@@ -309,75 +344,39 @@ class Pipeline:
 
     def stalled(self) -> str | None:
         """Why the sidecar cannot make progress and should be restarted (None: it can)."""
-        return None if self.stopping else self.state.stalled()
+        return None if self._flags.stopping else self._state.view.stalled()
 
     def in_flight_records(self) -> int:
         return len(self._live)
 
     def paused_partitions(self) -> set[PartitionKey]:
-        return self.state.paused()
+        return self._state.view.paused()
 
     def lag(self) -> dict[PartitionKey, int]:
-        return self.state.lag()
+        return self._state.view.lag()
 
     def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
-        return self.state.commit_metadata_bytes()
+        return self._state.view.commit_metadata_bytes()
 
     def status(self) -> dict[str, Any]:
+        view = self._state.view
         return {
             "group": self.config.group_id,
-            "engine": self.state.kind,
-            "app_reachable": self._app_reachable,
-            "draining": self.draining,
-            "failure": self._failure,
+            "engine": self.config.engine.value,
+            "app_reachable": self._reachability.reachable,
+            "draining": self._flags.draining,
+            "failure": self._flags.failure,
             "uptime_s": round(time.time() - self.started_at, 3),
             "in_flight": self.in_flight_records(),
-            "paused_partitions": [f"{t}[{p}]" for t, p in sorted(self.state.paused())],
-            "partitions": self.state.partitions(),
-            **self.state.status_fields(),
+            "paused_partitions": [f"{t}[{p}]" for t, p in sorted(view.paused())],
+            "partitions": view.partitions(),
+            **view.status_fields(),
             **self._pull_status(),
             "circuit_breaker": self.breaker_status(),
             "counters": self.counters.snapshot(),
         }
 
-    # ------------------------------------------------------------------------- deliveries
-
-    def issue(
-        self, tracked: Tracked, delivery_count: int, ref: R, *, lock_deadline: float | None = None
-    ) -> Delivery[R]:
-        """A new live attempt under a fresh random id (not sent yet: see `send`); `lock_deadline`
-        (trio time) is when the adapter's lock expires, for the polls of pull mode.
-
-        With the breaker half-open, the first one issued is its probe.
-        """
-        delivery = self._live.issue(
-            lambda i: Delivery(i, tracked, delivery_count, ref, lock_deadline=lock_deadline)
-        )
-        if self._gate is not None:
-            self._gate.issued(delivery)
-        return delivery
-
-    def send(self, delivery: Delivery[Any]) -> None:
-        """Hand a delivery to the app: it leaves in the next request (batch mode: see
-        :class:`~sidecar.engines.batching.BatchAssembler` for when); pull mode: to the polls
-        (:class:`~sidecar.engines.pull.PullQueue`)."""
-        if self._pull is not None:
-            self._pull.put(delivery)
-            return
-        self.sending += 1
-        self._batches.add(delivery)
-
-    def retire(self, delivery: Delivery[Any]) -> None:
-        """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
-        self._live.retire(delivery.id, delivery)
-        if self._gate is not None:
-            self._gate.retired(delivery)
-
-    def lock_expired(self, topic: str, delivery: Delivery[Any] | None, outcome: str) -> None:
-        """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""
-        if delivery is not None:
-            self.retire(delivery)
-        self.counters.outcome(topic, outcome)
+    # ------------------------------------------------------------------------- answers
 
     def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
         """`POST /v1/acks`: apply each answer; per id ok / unknown / expired."""
@@ -402,39 +401,35 @@ class Pipeline:
             delivery.handed_at = time.perf_counter()
             return "ok"  # the app answers later through /v1/acks, before the lock expires
         ack = ACK_BY_WORD[answer.ack]
-        result = self.state.answered(delivery, ack, answer)
-        if result != "ok":
-            self.retire(delivery)
+        settled = self._state.answered(delivery, ack, answer)  # the adapter decides
+        if isinstance(settled, str):  # unknown, expired
+            self._outlet.retire(delivery)
             self.counters.expired_answers += 1
-            return result
-        if ack is not Ack.RENEW:
+            return settled
+        if settled is not Settled.KEPT:
             if delivery.handed_at is not None:
                 self._observe_ack(time.perf_counter() - delivery.handed_at)
             if self._gate is not None:
-                self._gate.answered(delivery, ack)
-            self.retire(delivery)
+                self._gate.answered(delivery, settled)
+            self._outlet.retire(delivery)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:
                 delivery.tracked.custom = custom_dead_letter(answer)
-        self.state.wake()
+        self._wake()
         return "ok"
 
     # ------------------------------------------------------------------------- app requests
 
-    def start_workers(self, nursery: trio.Nursery) -> None:
-        """Hook the app client's answers to the pipeline and start the batch linger timer in
-        `nursery` (pull mode: nothing, the app's polls take the deliveries).
+    def start_requests(self, nursery: trio.Nursery) -> None:
+        """Start the batch linger timer in `nursery` (pull mode: nothing, the app's polls take the
+        deliveries).
 
         No task per request: a request starts in the task that hands its deliveries out (see
         `_dispatch`), and its answer is applied in the app client's reader task (`_answered`),
-        many answers per wake-up, after which the adapter re-evaluates once (`_round_end`).
+        many answers per wake-up, after which the adapter re-evaluates once (`_round_end`, the
+        app client's `after_round`, given to it when it was built).
         """
-        if self._pull is not None:
-            return
-        pool = self.app.pool
-        pool.after_round = self._round_end
-        pool.on_error = self._answer_failed
-        if self._batches.needs_timer:
+        if self._pull is None and self._batches.needs_timer:
             nursery.start_soon(self._batches.run_timer)
 
     def _dispatch(self, items: list[Delivery[Any]]) -> None:
@@ -460,9 +455,8 @@ class Pipeline:
             )
 
     def _request_done(self, items: list[Delivery[Any]]) -> None:
-        self.sending -= len(items)
-        self._batches.worker_free()
-        self.state.wake()
+        self._outlet.request_done(len(items))
+        self._wake()
 
     def _answered(
         self, request: _Request, result: Answer | dict[str, Answer] | AppNotReachable
@@ -471,9 +465,7 @@ class Pipeline:
         self._requests.discard(request)
         if self._answers_closed:
             return
-        if not self._answering:
-            self._answering = True
-            self.state.hold_wakes()
+        self._answering = True  # the adapter's wakes wait for the row's end (`_round_end`)
         live, traced = request.live, request.traced
         if isinstance(result, AppNotReachable):
             for d, (_view, actx) in zip(live, traced, strict=True):
@@ -497,24 +489,24 @@ class Pipeline:
         self._request_done(request.items)
 
     def _round_end(self) -> None:
-        """The app client's reader applied what one wake-up brought: the adapter re-evaluates."""
-        if self._answering:
-            self._answering = False
-            self.state.release_wakes()
+        """The app client's reader applied what one wake-up brought: the adapter re-evaluates,
+        once, in this task, if any of the answers woke it."""
+        self._answering = False
+        if self._wake_held:
+            self._wake_held = False
+            self._state.wake(now=True)
 
     def _answer_failed(self, exc: BaseException) -> None:
         """A bug while applying an answer: the sidecar stops (exit 1), as a task's crash would."""
         log.error("applying an app answer failed", exc_info=exc)
-        if self._answering:
-            self._answering = False
-            self.state.release_wakes()
+        self._round_end()
         self.fail(f"internal error applying an app answer: {exc!r}")
 
     async def _not_reached(self, items: list[Delivery[Any]]) -> None:
         """Not reachable is not an attempt: the adapter decides whether they go again now (share:
         once the app is back, within the batch's lock) or back to their ledger (consumer)."""
         live = [d for d in items if self._live.get(d.id) is d]
-        if live and await self.state.not_reached(live):
+        if live and await self._state.not_reached(live):
             self._dispatch(items)  # again, in the same request slot
             return
         self._request_done(items)
@@ -532,21 +524,10 @@ class Pipeline:
 
     # ------------------------------------------------------------------------- pull mode
 
-    def send_room(self) -> int:
-        """How many more deliveries may be handed over now: free request capacity (push mode), or
-        what the waiting polls still take (pull mode: records are acquired only for a poll)."""
-        if self._pull is not None:
-            return self._pull.demand()
-        return self.send_capacity - self.sending
-
     async def wait_intake_open(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for intake to make sense: the app reachable
         (push mode), or a poll waiting (pull mode); whether it does."""
-        if self._pull is None:
-            return await self.wait_app_reachable(deadline)
-        with trio.move_on_at(deadline):
-            await self._pull.wait_demand()
-        return self._pull.demand() > 0
+        return await self._outlet.wait(Until.INTAKE_OPEN, deadline)
 
     async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]:
         """`GET /v1/records`: up to `max_records` deliveries, waiting up to `wait_s` for one.
@@ -563,10 +544,10 @@ class Pipeline:
                 f"app.mode is {self.config.app.mode}: the sidecar pushes records to the app; "
                 "GET /v1/records needs app.mode: pull"
             )
-        if self.draining or self.stopping:
+        if self._flags.draining or self._flags.stopping:
             return []
         taken = await pull.take(
-            max_records, wait_s, lambda d: self._live.get(d.id) is d, self.state.wake
+            max_records, wait_s, lambda d: self._live.get(d.id) is d, self._wake
         )
         now = trio.current_time()
         handed_at = time.perf_counter()
@@ -590,28 +571,21 @@ class Pipeline:
     # ------------------------------------------------------------------------- app reachability
 
     def _app_unreachable(self, reason: str) -> None:
-        if not self._app_reachable:
+        if not self._reachability.lost():
             return
         log.warning("the app is not reachable (%s): pausing intake until it is back", reason)
-        self._app_reachable = False
-        self.app_down_since = time.monotonic()
-        self._app_back = trio.Event()
-        self.state.intake_changed()
+        self._state.intake_changed()
         if self._nursery is not None:
             self._nursery.start_soon(self._probe_app)
 
     async def wait_app_reachable(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for the app to be reachable; whether it is."""
-        if self._app_reachable:
-            return True
-        with trio.move_on_at(deadline):
-            await self._app_back.wait()
-        return self._app_reachable
+        return await self._outlet.wait(Until.APP_REACHABLE, deadline)
 
     async def _probe_app(self) -> None:
         app = self.config.app
         delay_s = app.connect_backoff_initial_ms / 1000
-        while not self.stopping:
+        while not self._flags.stopping:
             await trio.sleep(delay_s)
             try:
                 await _probe(self.app.target)
@@ -619,13 +593,18 @@ class Pipeline:
                 delay_s = min(delay_s * 2, app.connect_backoff_max_ms / 1000)
                 continue
             log.info("the app is reachable again: resuming intake")
-            self._app_reachable = True
-            self.app_down_since = None
-            self._app_back.set()
-            self.state.intake_changed()
+            self._reachability.back()
+            self._state.intake_changed()
             return
 
     # ------------------------------------------------------------------------- the circuit breaker
+
+    def _breaker_moved(self, transition: Transition | None) -> None:
+        """The gate moved (its `on_change`): a transition, or (None) only its room changed; the
+        adapter hears what follows."""
+        if transition is not None:
+            self._state.intake_changed(held_may_go=transition.after is not BreakerState.OPEN)
+        self._wake()
 
     @property
     def breaker(self) -> CircuitBreaker | None:
@@ -639,7 +618,7 @@ class Pipeline:
     async def wait_breaker_room(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
         does (at once when it is closed or disabled)."""
-        return True if self._gate is None else await self._gate.wait_room(deadline)
+        return await self._outlet.wait(Until.BREAKER_ROOM, deadline)
 
     def breaker_room(self) -> int | None:
         """How many more records may go to the app now: None (no limit), 1 (a probe) or 0."""
@@ -666,25 +645,17 @@ _PULLED = Answer("deferred")
 _MISSING_FROM_BATCH = Answer("release", reason="missing from the batch answer")
 
 
+@dataclass(slots=True, eq=False)
 class _Request:
     """One app request in flight: its deliveries (the live ones sent, with their views and
-    spans), when it started, and its exchange in the app client."""
+    spans), when it started, and its exchange in the app client (set once it is started)."""
 
-    __slots__ = ("exchange", "items", "live", "pipeline", "started", "traced")
-
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        items: list[Delivery[Any]],
-        live: list[Delivery[Any]],
-        traced: list[tuple[RecordView, AttemptContext | None]],
-    ) -> None:
-        self.pipeline = pipeline
-        self.items = items
-        self.live = live
-        self.traced = traced
-        self.started = time.perf_counter()
-        self.exchange: Exchange | None = None
+    pipeline: Pipeline
+    items: list[Delivery[Any]]
+    live: list[Delivery[Any]]
+    traced: list[tuple[RecordView, AttemptContext | None]]
+    started: float = field(default_factory=time.perf_counter)
+    exchange: Exchange | None = None
 
     def answered(self, result: Answer | dict[str, Answer] | AppNotReachable) -> None:
         self.pipeline._answered(self, result)
@@ -711,14 +682,13 @@ __all__ = [
     "BatchAssembler",
     "Counters",
     "Delivery",
-    "DeliveryState",
     "DlqWriter",
     "Engine",
     "NotPullMode",
     "PartitionKey",
-    "Pipe",
     "Pipeline",
     "PullQueue",
     "PulledRecord",
+    "StateAdapter",
     "dlq_writer_for",
 ]

@@ -30,13 +30,13 @@ class _PullWaiter:
 
 
 class PullQueue:
-    """``app.mode: pull``: deliveries wait here for ``GET /v1/records`` instead of a worker.
+    """``app.mode: pull``: deliveries wait here for ``GET /v1/records`` instead of an app request.
 
     Demand drives intake: :meth:`demand` is what the waiting polls still take, minus what is
-    queued, and the consumer-group engine acquires no more than that (``Pipeline.send_room``), so
+    queued, and the consumer-group engine acquires no more than that (``Room.send_room``), so
     a record is acquired — its delivery counted and its lock started — only for a poll that is
     waiting for it, and the queue stays bounded by the polls' ``max``. A share group acquires
-    whole broker batches when a poll waits (``Pipeline.wait_intake_open``); what the poll does
+    whole broker batches when a poll waits (``Outlet.wait(Until.INTAKE_OPEN)``); what the poll does
     not take waits here for the next one, under the broker's lock.
 
     Each delivery goes to exactly one poll: `put` gives it to the oldest poll with room (or the

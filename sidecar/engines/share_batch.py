@@ -3,7 +3,7 @@
 A batch is one poll's records on one consumer; its `on_batch` call in trio returns a `Step`
 (:mod:`sidecar.kafka.share.consumer`: acknowledge these, send them now or with the next poll, then run
 the next step), and a batch with suspects runs one step per suspect (`SuspectRun`, in
-`isolation_order`). Plain data, no client calls.
+`isolation_order`); a record's coordinates (`coordinates`). Plain data, no client calls.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ from sidecar.core.record import Tracked
 from sidecar.kafka.message import Message
 
 PartitionKey = tuple[str, int]
+
+
+def coordinates(msg: Message) -> tuple[str, int, int]:
+    """A record's (topic, partition, offset), as the journal and the held set key it."""
+    return (str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
 
 
 @dataclass(slots=True, eq=False)
@@ -78,4 +83,4 @@ def isolation_order(
     return ordered
 
 
-__all__ = ["Acquired", "Batch", "SuspectRun", "isolation_order"]
+__all__ = ["Acquired", "Batch", "SuspectRun", "coordinates", "isolation_order"]

@@ -6,7 +6,7 @@ answer into ACCEPT / RELEASE / REJECT::
 
     consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline requests ──HTTP──▶ app   (and /v1/acks)
           ▲                       │
-          └── acknowledge ◀───────┴── decide() per record (+ pipeline.dead_letter() confirmed, then REJECT)
+          └── acknowledge ◀───────┴── decide() per record (+ outlet.dead_letter() confirmed, then REJECT)
 
 The share consumers are the Kafka side's (:mod:`sidecar.kafka.share.consumer`, `ShareSource`): each of
 `min(4, app.max.in.flight)` consumers lives on a thread of its own and has one batch in flight, and
@@ -26,7 +26,7 @@ the partitions seen, unsent acknowledgements) are the source's, read here.
 Invariants kept here:
 - a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
   configured, as KIP-1191 does;
-- the limit is the sidecar's `share.delivery.count.limit` (L), on the sidecar's count: the broker's, or
+- the limit is the sidecar's `delivery.count.limit` (L), on the sidecar's count: the broker's, or
   with a journal (`share.journal.path`) the broker's less what deaths charged (`DeathAccount`,
   sidecar.engines.share_recovery). The group's own (G) must be at least L plus the number of share
   consumers (`sidecar.core.share_limits.required_group_limit`; with a journal, the broker's
@@ -57,7 +57,7 @@ from typing import Any
 import trio
 
 from sidecar.config import Ordering
-from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
+from sidecar.core.deadletter import ArchiveOutcome
 from sidecar.core.outcome import (
     ACK_BY_WORD,
     COUNT_EXHAUSTED,
@@ -74,8 +74,8 @@ from sidecar.core.outcome import (
 from sidecar.core.record import Tracked, source_record
 from sidecar.core.share_limits import lock_margin_ms, share_consumer_count
 from sidecar.core.wire import AckItem, Answer, AppError
-from sidecar.engines.interfaces import AckResult, Delivery, Pipe
-from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, isolation_order
+from sidecar.engines.interfaces import Answered, Delivery, EngineParts, Settled, StateView, Until
+from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, coordinates, isolation_order
 from sidecar.engines.share_journal import Coord, journal_path
 from sidecar.engines.share_recovery import DeathAccount
 from sidecar.kafka.message import Message
@@ -89,16 +89,15 @@ PartitionKey = tuple[str, int]
 
 
 class ShareGroupEngine:
-    """The `DeliveryState` of a share group: the broker's share partitions (see above)."""
+    """The `StateAdapter` of a share group, and its own `StateView`: the broker's share
+    partitions (see above)."""
 
-    kind = "share"
-
-    def __init__(self, pipe: Pipe[Acquired]) -> None:
-        config = pipe.config
-        self.pipe = pipe
+    def __init__(self, parts: EngineParts[Acquired]) -> None:
+        config = parts.config
+        self.pipe = parts.outlet
         self.config = config
-        self.counters = pipe.counters
-        self.dlq = pipe.dlq
+        self.counters = parts.counters
+        self.dlq = parts.dlq
         self.consumer_count = share_consumer_count(config.app.max_in_flight)
         self.source = ShareSource(config, self, self.consumer_count)
         self.settings: ShareSettings | None = None
@@ -130,7 +129,7 @@ class ShareGroupEngine:
             lambda topic: self.counters.bump(self.counters.broker_archived, topic),
         )
 
-    # ----------------------------------------------------------------------------- DeliveryState
+    # ----------------------------------------------------------------------------- StateAdapter
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the consumers (after reading the group's settings) until polling stops."""
@@ -140,23 +139,18 @@ class ShareGroupEngine:
             await self.pipe.run_source(functools.partial(self.source.run, self.run_consumers))
             nursery.cancel_scope.cancel()
 
-    def wake(self) -> None:
+    @property
+    def view(self) -> StateView:
+        return self
+
+    def wake(self, *, now: bool = False) -> None:
         """Nothing to re-evaluate: the broker decides which records each consumer acquires."""
 
-    def hold_wakes(self) -> None:
-        """Wakes do nothing here (see `wake`): nothing to hold."""
-
-    def release_wakes(self) -> None:
-        """Wakes do nothing here (see `wake`)."""
-
-    def intake_changed(self) -> None:
-        """The consumer threads read reachability and draining before each poll."""
-
-    def stop_intake(self) -> None:
-        self.source.stop_polling()
-
-    def release_held(self) -> None:
-        """Held records were released to the broker: it hands them out again once we poll."""
+    def intake_changed(self, *, held_may_go: bool = False) -> None:
+        """The consumer threads read reachability and draining before each poll; records the
+        breaker held were released to the broker, which hands them out again once we poll."""
+        if self.pipe.room().intake_stopped:
+            self.source.stop_polling()
 
     async def wait_drained(self) -> None:
         """Let the batches in flight finish (answers and DLQ writes); unanswered ones are then released."""
@@ -189,8 +183,8 @@ class ShareGroupEngine:
 
     def paused(self) -> set[PartitionKey]:
         """Every partition records came from while intake is stopped (app unreachable, draining)."""
-        pipe = self.pipe
-        if pipe.draining or not pipe.app_reachable or self.source.stop_requested:
+        room = self.pipe.room()
+        if room.draining or not room.app_reachable or self.source.stop_requested:
             return set(self.source.assigned)
         return set()
 
@@ -270,7 +264,7 @@ class ShareGroupEngine:
                 GROUP_LOCK_DURATION_MS,
             )
         log.info(
-            "share group %s: at most %d deliveries to the app (share.delivery.count.limit), the "
+            "share group %s: at most %d deliveries to the app (delivery.count.limit), the "
             "broker's own limit %d (%s), record lock %d ms (%s), %d consumers",
             self.config.group_id,
             settings.delivery_count_limit,
@@ -308,10 +302,10 @@ class ShareGroupEngine:
 
     def on_acknowledged(self, result: AckCommit) -> None:
         if result.error is None:
-            self.counters.commits += 1
+            self.counters.committed()
             self.deaths.confirmed(result.done)
             return
-        self.counters.commit_failures += 1
+        self.counters.committed(ok=False)
         # Typically the lock expired first: the broker redelivers those records (at-least-once).
         log.warning(
             "acknowledgements for %s failed: %s",
@@ -320,16 +314,16 @@ class ShareGroupEngine:
         )
 
     def breaker_stops_polling(self) -> bool:
-        return self.pipe.breaker_room() == 0
+        return self.pipe.room().breaker_room == 0
 
     async def wait_intake_open(self) -> bool:
         """Wait while the app is unreachable (pull mode: while no poll waits), the DLQ circuit
         breaker lets no record out (open, or its probe is out) or suspects wait for isolation;
         False when the consumer should re-check for a stop."""
-        if self.pipe.breaker_room() == 0:
+        if self.pipe.room().breaker_room == 0:
             await trio.sleep(0.1)
             return False
-        if not await self.pipe.wait_intake_open(trio.current_time() + 0.5):
+        if not await self.pipe.wait(Until.INTAKE_OPEN, trio.current_time() + 0.5):
             return False
         if self._suspects_waiting:
             # Isolation: no new acquisitions while suspects wait (they would be charged by a death).
@@ -357,8 +351,8 @@ class ShareGroupEngine:
         released: list[tuple[Message, Ack]] = []
         # The DLQ circuit breaker lets no record out (open, or another consumer's probe is out):
         # wait for it within half the lock (a probe's verdict is usually quick), then release.
-        if not await pipe.wait_breaker_room(
-            trio.current_time() + (deadline - trio.current_time()) / 2
+        if not await pipe.wait(
+            Until.BREAKER_ROOM, trio.current_time() + (deadline - trio.current_time()) / 2
         ):
             released, messages = self._hold_back(messages)
             if not messages:
@@ -450,7 +444,7 @@ class ShareGroupEngine:
         next: Callable[[], Awaitable[Step]] | None = None,
     ) -> Step:
         """The step acknowledging `decisions`, told to the account of deaths first."""
-        self.deaths.settle((_coord(m), t is Ack.RELEASE) for m, t in decisions)
+        self.deaths.settle((coordinates(m), t is Ack.RELEASE) for m, t in decisions)
         return Step(decisions, flush, next)
 
     def _is_suspect(self, topic: str, partition: int, offset: int, count: int) -> bool:
@@ -468,7 +462,7 @@ class ShareGroupEngine:
     def _outcome_known(self, msg: Message) -> None:
         """Released by this process: when it comes back, its count holds no unknown outcome."""
         known = self._known_outcome
-        known[(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))] = None
+        known[coordinates(msg)] = None
         if len(known) > _KNOWN_OUTCOMES_MAX:
             del known[next(iter(known))]
 
@@ -505,7 +499,7 @@ class ShareGroupEngine:
             async with self._isolation_lock:
                 quiet = False
                 with trio.move_on_at(run.deadline):
-                    while not self.source.stop_requested and not pipe.stopping:
+                    while not self.source.stop_requested and not pipe.room().stopping:
                         if not self._delivering and not self.source.unflushed(besides=run.consumer):
                             quiet = True
                             break
@@ -528,7 +522,7 @@ class ShareGroupEngine:
                     keep = max(0, fit)
                     decisions = [(m, Ack.RELEASE) for m, _t, _c in run.remaining[keep:]]
                     for m, _t, _c in run.remaining[keep:]:
-                        self.deaths.unsent(_coord(m), suspect=True)
+                        self.deaths.unsent(coordinates(m), suspect=True)
                     if quiet:
                         log.info(
                             "isolation: %d suspects released unsent (no turn left within the "
@@ -540,10 +534,10 @@ class ShareGroupEngine:
                     next_ = None if done else functools.partial(self._next_suspect, run)
                     return self._step(decisions, flush=True, next=next_)
                 chunk, run.remaining[:take] = run.remaining[:take], []
-                self.deaths.alone(_coord(m) for m, _t, _c in chunk)
+                self.deaths.alone(coordinates(m) for m, _t, _c in chunk)
                 batch = Batch(run.consumer, run.deadline)
                 ds = [
-                    pipe.issue(t, c, Acquired(m, batch, _coord(m)), lock_deadline=run.deadline)
+                    pipe.issue(t, c, Acquired(m, batch, coordinates(m)), lock_deadline=run.deadline)
                     for m, t, c in chunk
                 ]
                 batch.pending = len(ds)
@@ -590,8 +584,8 @@ class ShareGroupEngine:
             if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
                 kept.append(msg)
                 continue
-            self._remember_held(*_coord(msg))
-            self.deaths.unsent(_coord(msg))
+            self._remember_held(*coordinates(msg))
+            self.deaths.unsent(coordinates(msg))
             self._outcome_known(msg)  # released by us: not a suspect when it comes back
             released.append((msg, Ack.RELEASE))
         return released, kept
@@ -614,7 +608,8 @@ class ShareGroupEngine:
                 pipe.lock_expired(d.topic, d, "lock_expired")
             elif d.answer is None:
                 # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
-                stopping = pipe.stopping or pipe.draining or self.source.stop_requested
+                room = pipe.room()
+                stopping = room.stopping or room.draining or self.source.stop_requested
                 d.answer = Answer(
                     "release",
                     AppError(
@@ -647,32 +642,42 @@ class ShareGroupEngine:
     ) -> tuple[ArchiveReason, ErrorInfo | None] | None:
         """Append the delivery's decision to `out`, or return why it goes to the DLQ (its REJECT
         follows the write: `_archive`)."""
-        assert self.settings is not None and d.answer is not None
+        assert d.answer is not None
         msg = d.ref.msg
         answer = d.answer
         if answer is _NOT_SENT:  # released unsent: no attempt, not a suspect when it comes back
-            self.deaths.unsent(_coord(msg))
+            self.deaths.unsent(coordinates(msg))
             self._outcome_known(msg)
             out.append((msg, Ack.RELEASE))
             return None
-        verdict = decide(
-            ACK_BY_WORD[answer.ack], d.delivery_count, self.settings.delivery_count_limit
-        )
-        if isinstance(verdict, Accept):
+        ack = ACK_BY_WORD[answer.ack]
+        # Made when the answer came (`answered`), or now for a release nobody answered.
+        settled = d.settled if d.settled is not None else self._settle(msg, ack, d.delivery_count)
+        if settled is Settled.ACCEPTED:
             out.append((msg, Ack.ACCEPT))
             return None
-        reason = verdict.reason if isinstance(verdict, DeadLetter) else None
-        if (
-            reason is None
-            and (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit
-        ):
-            # The broker's last delivery: a release would let it archive the record, no DLQ record.
-            reason = ArchiveReason.DELIVERY_COUNT_EXCEEDED
-        if reason is None:
+        if settled is not Settled.DEAD_LETTERED:
             out.append((msg, Ack.RELEASE))  # the broker redelivers it
             self._outcome_known(msg)
             return None
+        reason = (
+            ArchiveReason.REJECTED if ack is Ack.REJECT else ArchiveReason.DELIVERY_COUNT_EXCEEDED
+        )
         return reason, error_info(answer.error)
+
+    def _settle(self, msg: Message, ack: Ack, count: int) -> Settled:
+        """The one decision on an answer (`decide`, on the sidecar's count and limit): a release
+        on the broker's last delivery is dead-lettered too, since a release would let the broker
+        archive the record without a DLQ record."""
+        assert self.settings is not None
+        verdict = decide(ack, count, self.settings.delivery_count_limit)
+        if isinstance(verdict, Accept):
+            return Settled.ACCEPTED
+        if isinstance(verdict, DeadLetter):
+            return Settled.DEAD_LETTERED
+        if (msg.delivery_count() or 1) >= self.settings.group_delivery_count_limit:
+            return Settled.DEAD_LETTERED
+        return Settled.REDELIVERED
 
     async def _dead_letter_exhausted(
         self,
@@ -722,7 +727,7 @@ class ShareGroupEngine:
             reason,
             error,
             consequence="stopping without acknowledging it",
-            write=self._write_dlq,
+            sink=self.dlq,
             # Held means released; on the group's last delivery the broker would archive it
             # without a DLQ record, so it is written even with the breaker open.
             may_hold=broker < self.settings.group_delivery_count_limit,
@@ -731,7 +736,7 @@ class ShareGroupEngine:
             out.append((msg, Ack.REJECT))
             return
         if unsent:  # dead-lettered at acquisition: no attempt to count
-            self.deaths.unsent(_coord(msg))
+            self.deaths.unsent(coordinates(msg))
         if outcome is ArchiveOutcome.HELD:
             rec = tracked.record
             self._remember_held(rec.topic, rec.partition, rec.offset)
@@ -747,15 +752,11 @@ class ShareGroupEngine:
         out.append((msg, Ack.RELEASE))
         self._outcome_known(msg)
 
-    async def _write_dlq(self, failed: FailedRecord, dlq_topic: str) -> bool:
-        await self.dlq.write(failed, dlq_topic)
-        return True
-
     # ----------------------------------------------------------------------------- answers
 
     def answered(
         self, delivery: Delivery[Acquired], ack: Ack, answer: Answer | AckItem
-    ) -> AckResult:
+    ) -> Answered:
         if ack is Ack.RENEW:
             if not self._renew_warned:
                 self._renew_warned = True
@@ -763,14 +764,17 @@ class ShareGroupEngine:
                     "renew: confluent-kafka's share consumer cannot renew a record lock (no RENEW "
                     "acknowledgement type); the record keeps its original lock"
                 )
-            return "ok"
+            return Settled.KEPT
         delivery.answer = answer
-        self.deaths.answered(delivery.ref.coord, ack is Ack.RELEASE)
-        batch = delivery.ref.batch
+        ref = delivery.ref
+        settled = self._settle(ref.msg, ack, delivery.delivery_count)
+        delivery.settled = settled
+        self.deaths.answered(ref.coord, ack is Ack.RELEASE)
+        batch = ref.batch
         batch.pending -= 1
         if batch.pending <= 0:
             batch.answered.set()
-        return "ok"
+        return settled
 
     async def not_reached(self, deliveries: Sequence[Delivery[Acquired]]) -> bool:
         """Not an attempt: wait for the app within the earliest batch's lifetime, then send again.
@@ -779,7 +783,7 @@ class ShareGroupEngine:
         than releasing now) is what keeps an app restart from using up deliveries.
         """
         deadline = min(d.ref.batch.deadline for d in deliveries)
-        return await self.pipe.wait_app_reachable(deadline)
+        return await self.pipe.wait(Until.APP_REACHABLE, deadline)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -787,14 +791,7 @@ class ShareGroupEngine:
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again
 _ISOLATION_POLL_S = 0.02  # how often a waiting suspect checks that nothing else is unsettled
 _NOT_SENT = Answer("release", AppError(LOCK_TIMEOUT, "never sent before the record lock expired"))
-
-
-def _coord(msg: Message) -> Coord:
-    return (str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
-
-
-# How many held records the share engine remembers (see ShareGroupEngine._held).
-_HELD_REMEMBERED = 100_000
+_HELD_REMEMBERED = 100_000  # how many held records the share engine remembers (see `_held`)
 
 
 __all__ = ["ShareGroupEngine"]

@@ -211,9 +211,8 @@ class ShareJournal:
             journal._rewrite(consumers)
         except OSError as exc:
             _log_unwritable(path, exc)
-            journal._fh = None
             journal.failed = str(exc)
-            journal.close()
+            journal.close()  # inactive from now on
         return journal, recovery
 
     def _lock(self) -> None:

@@ -156,6 +156,8 @@ class AppClient:
         status_mapping: Mapping[int, str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         idle_timeout_s: float = 4.0,
+        after_round: Callable[[], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
@@ -166,7 +168,11 @@ class AppClient:
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
         self.pool = Exchanges(
-            self._open, max_body_bytes=max_body_bytes, idle_timeout_s=idle_timeout_s
+            self._open,
+            max_body_bytes=max_body_bytes,
+            idle_timeout_s=idle_timeout_s,
+            after_round=after_round,
+            on_error=on_error,
         )
 
     @property

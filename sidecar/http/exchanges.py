@@ -205,6 +205,7 @@ class Exchanges:
     ``connect`` opens a new connection (raising :class:`AppNotReachable`); ``after_round`` is
     called after each reader wake-up that completed a request; ``on_error`` gets an exception a
     ``done`` callback raised (by default it is raised in the reader, which ends the trio run).
+    Both are given by whoever builds the pool (the app client's caller).
     """
 
     def __init__(
@@ -213,6 +214,8 @@ class Exchanges:
         *,
         max_body_bytes: int,
         idle_timeout_s: float,
+        after_round: Callable[[], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._connect = connect
         self._max_body_bytes = max_body_bytes
@@ -232,8 +235,8 @@ class Exchanges:
         self._closed = False
         self._starting = False  # inside `start`: a request that fails now is finished later
         self.connections_opened = 0
-        self.after_round: Callable[[], None] | None = None
-        self.on_error: Callable[[BaseException], None] = _raise
+        self.after_round: Callable[[], None] | None = after_round
+        self.on_error: Callable[[BaseException], None] = on_error or _raise
 
     # --------------------------------------------------------------------------- the callers' face
 

@@ -149,7 +149,7 @@ class Demo:
             app_url=app_url,
             api_listen=f"127.0.0.1:{api_port}",
         )
-        limit = int(cfg.get("share.delivery.count.limit", 5))
+        limit = int(cfg.get("delivery.count.limit", cfg.get("share.delivery.count.limit", 5)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIDECAR_API": f"http://127.0.0.1:{api_port}"}
 
         if bundled:

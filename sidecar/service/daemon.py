@@ -102,6 +102,8 @@ async def run_sidecar(
     `tracing` and `on_engine` let an in-process caller (tests) bring its own span processor and get
     hold of the engine (e.g. to call `request_stop()` instead of sending a signal).
     """
+    for note in config.deprecations:
+        log.warning("configuration: %s", note)
     engine = open_engine(config, write_ahead=write_ahead, tracing=tracing)
     if on_engine is not None:
         on_engine(engine)

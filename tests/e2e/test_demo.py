@@ -256,7 +256,7 @@ def test_derived_config_is_the_example_with_this_runs_addresses(tmp_path: Path) 
     for key, value in example.items():
         if key not in overridden:
             assert derived[key] == value, key
-    assert derived["share.delivery.count.limit"] == example["share.delivery.count.limit"]
+    assert derived["delivery.count.limit"] == example["delivery.count.limit"]
 
 
 def test_expected_outcomes_follow_the_apps_rule() -> None:

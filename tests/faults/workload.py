@@ -415,7 +415,7 @@ class Run:
             kafka["debug"] = debug
         settings: dict[str, Any] = {
             "kafka": kafka,
-            "share.delivery.count.limit": self.info.limit,
+            "delivery.count.limit": self.info.limit,
             "errors.deadletterqueue.topic.name": self.dlq_topic,
             "errors.deadletterqueue.copy.record.enable": self.info.copy_record,
             "errors.deadletterqueue.transactional.enable": self.info.transactional,

@@ -284,7 +284,7 @@ async def test_share_engine_holds_by_releasing_and_delivers_them_after_the_probe
         unique=unique,
         extra=breaker_config(
             cooldown_ms=3000,
-            extra={"engine": "share", "ordering": "none", "share.delivery.count.limit": 1},
+            extra={"engine": "share", "ordering": "none", "delivery.count.limit": 1},
         ),
         wait="api",
     ) as rig:
@@ -310,7 +310,7 @@ async def test_a_downstream_outage_held_at_the_limit_gets_one_more_delivery(
         tmp_path,
         app.recording,
         unique=unique,
-        extra=breaker_config(cooldown_ms=2000, extra={"share.delivery.count.limit": 2}),
+        extra=breaker_config(cooldown_ms=2000, extra={"delivery.count.limit": 2}),
         wait="assigned",
     ) as rig:
         status = await trip(rig, app)

@@ -106,7 +106,7 @@ async def test_accept_release_then_accept_and_reject_each_end_as_they_should(
         for i in range(30)
     ]
     async with rig(
-        broker, unique, tmp_path, app, partitions=2, extra={"share.delivery.count.limit": 5}
+        broker, unique, tmp_path, app, partitions=2, extra={"delivery.count.limit": 5}
     ) as r:
         await r.produce(recs)
         st = await wait_status(
@@ -457,7 +457,7 @@ async def test_app_down_is_not_an_attempt_and_delivery_resumes_when_it_starts(
         app,
         unique=unique,
         serve=False,  # nothing listens at the app's port yet
-        extra={**FAST, "share.delivery.count.limit": 2},
+        extra={**FAST, "delivery.count.limit": 2},
         app_extra={"connect.backoff.initial.ms": 100, "connect.backoff.max.ms": 300},
         produce_first=[Rec(key=f"k{i}".encode(), value=b"v") for i in range(20)],
     ) as r:
@@ -528,7 +528,7 @@ async def test_malformed_answers_are_never_accepts_and_end_in_the_dlq(
         unique,
         tmp_path,
         app,
-        extra={"share.delivery.count.limit": 2},
+        extra={"delivery.count.limit": 2},
         app_extra={"timeout.ms": 400},
     ) as r:
         await r.produce([Rec(key=k, value=k) for k in order])

@@ -88,7 +88,7 @@ async def test_sigterm_with_deferred_and_released_records_then_restart(
     port = free_port()
     await produce(broker, topic, recs)
     settings = {
-        "share.delivery.count.limit": 5,
+        "delivery.count.limit": 5,
         "share.record.lock.duration.ms": 20000,
         "shutdown.drain.timeout.ms": 1000,
     }

@@ -43,7 +43,7 @@ async def test_dlq_holds_exactly_rejected_and_released_to_limit(
         partitions=3,
         path="/",
         extra={
-            "share.delivery.count.limit": limit,
+            "delivery.count.limit": limit,
             "errors.deadletterqueue.copy.record.enable": copy,
             "errors.retry.delay.initial.ms": 10,
             "errors.retry.delay.max.ms": 20,
@@ -327,7 +327,7 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
         topic=topic,
         group=group,
         path="/",
-        extra={"share.delivery.count.limit": limit},
+        extra={"delivery.count.limit": limit},
         app_extra={"max.in.flight": 1},
         kafka_extra=restartable_member(unique),
         start=False,

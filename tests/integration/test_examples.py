@@ -203,7 +203,7 @@ async def test_example_app_outcomes(
             app_url=url,
             unix_socket=sock,
             api_listen=api,
-            extra={"share.delivery.count.limit": DELIVERY_LIMIT},
+            extra={"delivery.count.limit": DELIVERY_LIMIT},
         )
         await trio.to_thread.run_sync(broker.produce, topic, recs)
         async with sidecar(cfg, wait_api=False) as sc:

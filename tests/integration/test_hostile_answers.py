@@ -50,7 +50,7 @@ async def _running(
         app,
         unique=unique,
         extra={
-            "share.delivery.count.limit": 2,
+            "delivery.count.limit": 2,
             "errors.deadletterqueue.copy.record.enable": True,
         },
     ) as rig:

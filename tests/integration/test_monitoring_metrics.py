@@ -182,7 +182,7 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
             BREAKER + "cooldown.ms": 600_000,
         }
         if engine == "share":
-            extra |= {"ordering": "none", "share.delivery.count.limit": 2}
+            extra |= {"ordering": "none", "delivery.count.limit": 2}
         path = tmp_path / engine
         path.mkdir()
         async with running_sidecar(

@@ -310,7 +310,7 @@ async def test_reject_goes_to_the_dlq_and_release_redelivers_after_backoff(
         tmp_path,
         unique,
         api_listen=listen,
-        extra={"share.delivery.count.limit": 2},
+        extra={"delivery.count.limit": 2},
         records=recs,
     ) as (sc, topic, group):
         client = PullClient(listen)
@@ -517,7 +517,7 @@ async def test_the_example_pull_worker_gets_the_example_apps_outcomes(
             unique,
             partitions=3,
             api_listen=api,
-            extra={"share.delivery.count.limit": limit},
+            extra={"delivery.count.limit": limit},
             records=recs,
         ) as (sc, topic, _group):
             env = {

@@ -106,7 +106,7 @@ async def test_share_dlq_holds_exactly_rejected_and_released_to_limit(
         path="/",
         extra={
             **SHARE,
-            "share.delivery.count.limit": limit,
+            "delivery.count.limit": limit,
             "errors.deadletterqueue.copy.record.enable": copy,
             **({} if journal else {"share.journal.path": None}),
         },
@@ -417,7 +417,7 @@ async def test_deferred_answers_through_the_ack_api(
         topic=topic,
         group=group,
         path="/",
-        extra={**SHARE, "share.delivery.count.limit": 2},
+        extra={**SHARE, "delivery.count.limit": 2},
         produce_first=[Rec(key=None, value=f"v{i}".encode()) for i in range(3)],
     ) as rig:
         sc = rig.sc
@@ -579,7 +579,7 @@ def test_read_share_settings_sources(tmp_path: Path) -> None:
     admin = _OldBrokerAdmin(
         broker_cfg, {"share.delivery.count.limit": "8", "share.record.lock.duration.ms": "16000"}
     )
-    s = read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 3}))
+    s = read_share_settings(admin, "g", _config(tmp_path, **{"delivery.count.limit": 3}))
     assert s.delivery_count_limit == 3
     assert (s.group_delivery_count_limit, s.group_delivery_count_limit_source) == (
         8,
@@ -590,7 +590,7 @@ def test_read_share_settings_sources(tmp_path: Path) -> None:
     # Group config not readable: the lock falls back to the broker default, but the limit cannot.
     admin = _OldBrokerAdmin(broker_cfg, None)
     with pytest.raises(ShareGroupLimitUnsafe, match="cannot read the share group 'g'"):
-        read_share_settings(admin, "g", _config(tmp_path, **{"share.delivery.count.limit": 3}))
+        read_share_settings(admin, "g", _config(tmp_path, **{"delivery.count.limit": 3}))
 
 
 def test_real_broker_group_settings(broker: Broker) -> None:
@@ -607,7 +607,7 @@ def test_real_broker_group_settings(broker: Broker) -> None:
             group=group,
             topics=["t"],
             app_url="http://127.0.0.1:1/",
-            extra={**SHARE, "share.delivery.count.limit": 3},
+            extra={**SHARE, "delivery.count.limit": 3},
         )
     )
     s = read_share_settings(admin, group, cfg)
@@ -637,7 +637,7 @@ async def test_app_down_keeps_acquired_records_until_it_is_back(
         topic=topic,
         group=group,
         serve=False,  # nothing listens at the app's port yet
-        extra={**SHARE, "share.delivery.count.limit": 2},
+        extra={**SHARE, "delivery.count.limit": 2},
         app_extra={"connect.backoff.initial.ms": 100, "connect.backoff.max.ms": 300},
         produce_first=[Rec(key=None, value=f"v{i}".encode()) for i in range(20)],
     ) as rig:

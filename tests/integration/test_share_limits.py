@@ -110,9 +110,7 @@ def test_group_limit_below_what_the_sidecar_needs_is_raised(broker: Broker, tmp_
     group = f"g-raise-{uuid.uuid4().hex[:8]}"
     _set_group_config(broker, group, {"share.delivery.count.limit": "3"})
     cfg = load_config(
-        _config_path(
-            tmp_path, "c", broker, group, "t", extra={**SHARE, "share.delivery.count.limit": 3}
-        )
+        _config_path(tmp_path, "c", broker, group, "t", extra={**SHARE, "delivery.count.limit": 3})
     )
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     s = read_share_settings(admin, group, cfg)
@@ -151,7 +149,7 @@ async def test_group_limit_that_cannot_be_raised_refuses_to_start(
             group,
             topic,
             app_url=f"http://127.0.0.1:{port}/",
-            extra={**SHARE, "share.delivery.count.limit": 8},
+            extra={**SHARE, "delivery.count.limit": 8},
         )
         async with sidecar(cfg, wait_api=False) as sc:
             assert await sc.wait_exit(60) == 1
@@ -233,7 +231,7 @@ def _load(tmp_path: Path, limit: int, max_in_flight: int = 64) -> Any:
         group="g",
         topics=["t"],
         app_url="http://127.0.0.1:1/",
-        extra={**SHARE, "share.delivery.count.limit": limit},
+        extra={**SHARE, "delivery.count.limit": limit},
         app_extra={"max.in.flight": max_in_flight},
     )
     return load_config(path)
@@ -332,7 +330,7 @@ async def test_record_acquired_past_the_limit_is_dead_lettered_without_a_deliver
             group,
             topic,
             app_url=f"http://127.0.0.1:{port}/",
-            extra={**SHARE, "share.delivery.count.limit": limit},
+            extra={**SHARE, "delivery.count.limit": limit},
         )
         async with sidecar(cfg) as sc:
             await _wait_thread(lambda: broker.count_records(dlq) >= n, 90, "the DLQ records")
@@ -426,7 +424,7 @@ async def test_killer_ends_in_the_dlq_and_nothing_is_archived_without_a_dlq_reco
                 group,
                 topic,
                 app_url=f"http://127.0.0.1:{port}/",
-                extra={**SHARE, "share.delivery.count.limit": limit, "share.journal.path": None},
+                extra={**SHARE, "delivery.count.limit": limit, "share.journal.path": None},
                 app_extra={"max.in.flight": max_in_flight},
             )
             async with sidecar(cfg, wait_api=False) as sc:

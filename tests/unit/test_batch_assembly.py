@@ -22,7 +22,8 @@ from sidecar.config import Config, parse_config
 from sidecar.core.outcome import Ack
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import AckItem, Answer, RecordView
-from sidecar.engines.pipeline import AckResult, BatchAssembler, Delivery, Pipeline
+from sidecar.engines.interfaces import Answered, Settled
+from sidecar.engines.pipeline import BatchAssembler, Delivery, Pipeline
 
 LINGER_S = 0.005
 
@@ -109,20 +110,20 @@ async def test_with_every_worker_busy_a_due_batch_fills_and_leaves_when_one_is_f
         assert len(sent.batches) == 1, "a batch left with no worker free"
         assert batches.queued() == 6
         freed = trio.current_time()
-        batches.worker_free()
+        batches.slot_free()
         # The oldest batch, full (it went on filling while due), leaves at once; the next one was
         # due long ago too but waits for the next free worker.
         assert sent.batches[1] == (freed, [1, 2, 3, 4])
         await trio.sleep(1)
         assert len(sent.batches) == 2
-        batches.worker_free()
+        batches.slot_free()
         assert sent.batches[2][1] == [5, 6]
         await trio.sleep(1)
         batches.add(7)  # a worker is free again (the last batch's): linger from its arrival
         start = trio.current_time()
         await trio.sleep(1)
         assert len(sent.batches) == 3, "no worker is free: the batch waits"
-        batches.worker_free()
+        batches.slot_free()
         assert sent.batches[3][1] == [7]
         assert sent.batches[3][0] > start
         nursery.cancel_scope.cancel()
@@ -149,7 +150,7 @@ async def test_single_mode_sends_each_record_at_once_without_a_timer() -> None:
     for i in range(3):
         batches.add(i)
     assert [items for _, items in sent.batches] == [[0], [1]]
-    batches.worker_free()
+    batches.slot_free()
     assert [items for _, items in sent.batches] == [[0], [1], [2]]
 
 
@@ -181,20 +182,13 @@ async def test_the_timer_does_not_wake_while_nothing_is_open(
 
 
 class FakeState:
-    """A DeliveryState that accepts every answer (the pipeline's requests are under test)."""
+    """A StateAdapter that accepts every answer (the pipeline's requests are under test)."""
 
-    kind = "consumer"
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> Answered:
+        # What a ledger would decide below the limit.
+        return _SETTLED[ack]
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        return "ok"
-
-    def wake(self) -> None:
-        pass
-
-    def hold_wakes(self) -> None:
-        pass
-
-    def release_wakes(self) -> None:
+    def wake(self, *, now: bool = False) -> None:
         pass
 
     async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
@@ -202,11 +196,10 @@ class FakeState:
 
 
 class FakePool:
-    """What the pipeline hooks into the app client's pool."""
+    """What the pipeline gives the app client's pool when it builds the client."""
 
-    def __init__(self) -> None:
-        self.after_round: Callable[[], None] | None = None
-        self.on_error: Callable[[BaseException], None] | None = None
+    def __init__(self, after_round: Callable[[], None] | None) -> None:
+        self.after_round = after_round
 
     def abandon(self, exchange: object) -> None:
         pass
@@ -219,7 +212,18 @@ class FakeApp:
         self.round_trip_s = round_trip_s
         self.sent_at: dict[int, float] = {}
         self.batch_sizes: list[int] = []
-        self.pool = FakePool()
+        self.pool = FakePool(None)
+
+    def client(
+        self,
+        _config: Config,
+        *,
+        after_round: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+    ) -> FakeApp:
+        """The pipeline's app client factory: this app, with the pipeline's callbacks."""
+        self.pool = FakePool(after_round)
+        return self
 
     def start_batch(
         self,
@@ -269,15 +273,14 @@ async def test_at_1000_records_per_second_a_record_waits_at_most_the_linger(
     autojump_clock: MockClock,
 ) -> None:
     """64 workers, 5 ms linger, 2 ms app round trip, a record every millisecond (issue 19's case)."""
-    pipe = Pipeline(batch_config(64), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
     app = FakeApp(round_trip_s=0.002)
-    pipe.app = app  # type: ignore[assignment]
+    pipe = Pipeline(batch_config(64), lambda _p: FakeState(), app_client=app.client)  # type: ignore[arg-type,return-value]
     arrived: dict[int, float] = {}
     async with trio.open_nursery() as nursery:
-        pipe.start_workers(nursery)
+        pipe.start_requests(nursery)
         for offset in range(1000):
             arrived[offset] = trio.current_time()
-            pipe.send(pipe.issue(tracked(offset), 1, None))
+            pipe.outlet.send(pipe.outlet.issue(tracked(offset), 1, None))
             await trio.sleep(0.001)
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
@@ -290,14 +293,13 @@ async def test_at_1000_records_per_second_a_record_waits_at_most_the_linger(
 
 async def test_the_workers_send_full_batches_at_once(autojump_clock: MockClock) -> None:
     """A backlog handed out in one go leaves as full batches without waiting for the linger."""
-    pipe = Pipeline(batch_config(4), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
     app = FakeApp(round_trip_s=0.010)
-    pipe.app = app  # type: ignore[assignment]
+    pipe = Pipeline(batch_config(4), lambda _p: FakeState(), app_client=app.client)  # type: ignore[arg-type,return-value]
     async with trio.open_nursery() as nursery:
-        pipe.start_workers(nursery)
+        pipe.start_requests(nursery)
         start = trio.current_time()
         for offset in range(450):
-            pipe.send(pipe.issue(tracked(offset), 1, None))
+            pipe.outlet.send(pipe.outlet.issue(tracked(offset), 1, None))
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert app.batch_sizes == [100, 100, 100, 100, 50]
@@ -317,3 +319,11 @@ async def test_waiting_for_a_reachable_app_returns_at_once(autojump_clock: MockC
     assert await pipe.wait_app_reachable(start + 0.5) is True
     assert await pipe.wait_intake_open(start + 0.5) is True
     assert trio.current_time() == start
+
+
+_SETTLED = {
+    Ack.ACCEPT: Settled.ACCEPTED,
+    Ack.RELEASE: Settled.REDELIVERED,
+    Ack.REJECT: Settled.DEAD_LETTERED,
+    Ack.RENEW: Settled.KEPT,
+}

@@ -12,6 +12,8 @@ import confluent_kafka
 
 from sidecar.config import parse_config
 from sidecar.engines.consumer_group import ConsumerGroupEngine
+from sidecar.engines.consumer_slots import SlotRef
+from sidecar.engines.interfaces import EngineParts
 from sidecar.engines.pipeline import Pipeline
 
 
@@ -27,25 +29,28 @@ def _engine() -> ConsumerGroupEngine:
     )
     engines: list[ConsumerGroupEngine] = []
 
-    def make(pipe: Pipeline) -> ConsumerGroupEngine:
-        engines.append(ConsumerGroupEngine(pipe))
+    def make(parts: EngineParts[SlotRef]) -> ConsumerGroupEngine:
+        engines.append(ConsumerGroupEngine(parts))
         return engines[0]
 
-    Pipeline(config, make)
+    pipelines.append(Pipeline(config, make))
     return engines[0]
+
+
+pipelines: list[Pipeline] = []
 
 
 async def test_records_handed_over_after_the_final_commit_closed_the_ledgers_are_left() -> None:
     engine = _engine()
     key = ("t", 0)
-    slot = engine._open_slot(key, 0, None)
+    slot = engine._partitions.open(key, 0, None)
     engine.slots[key] = slot
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=0, value=b"a")])
     assert slot.ledger.buffered == 1
     # The stop: every ledger closed for the final commit, the slots kept for it (commit_all).
-    engine.pipe.stopping = True
+    pipelines[-1]._flags.stopping = True
     for s in engine.slots.values():
-        engine._close_slot(s)
+        engine._partitions.fence(s)
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=1, value=b"b")])
     assert slot.ledger.buffered == 1  # not taken: the final commit cannot pass it
     assert slot.ledger.committable_offset() == 0

@@ -39,7 +39,7 @@ def test_the_sidecars_error_classes_are_its_own_namespace() -> None:
 
 
 def test_the_wire_contracts_copy_of_its_class_name_agrees() -> None:
-    # The wire spells its one class out (sidecar.core.wire.values: the wire imports no outcome).
+    # The wire re-exports the class name from its one home (sidecar.core.outcome).
     from sidecar.core import wire
 
     assert wire.MALFORMED_ANSWER == O.MALFORMED_ANSWER

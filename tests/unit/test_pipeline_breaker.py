@@ -11,29 +11,34 @@ from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.outcome import Ack, ArchiveReason
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import AckItem, Answer
-from sidecar.engines.pipeline import AckResult, Delivery, Pipeline
+from sidecar.engines.interfaces import Answered, Settled
+from sidecar.engines.pipeline import Delivery, Pipeline
 
 B = "errors.deadletterqueue.circuit.breaker."
 
 
 class FakeState:
-    kind = "consumer"
+    """A StateAdapter (and its own StateView) that notes what the breaker's moves told it."""
 
     def __init__(self) -> None:
         self.released = 0
         self.intake_changes = 0
 
-    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> AckResult:
-        return "ok"
+    @property
+    def view(self) -> FakeState:
+        return self
 
-    def wake(self) -> None:
+    def answered(self, delivery: Delivery, ack: Ack, answer: Answer | AckItem) -> Answered:
+        # What a ledger would decide below the limit.
+        return _SETTLED[ack]
+
+    def wake(self, *, now: bool = False) -> None:
         pass
 
-    def intake_changed(self) -> None:
+    def intake_changed(self, *, held_may_go: bool = False) -> None:
         self.intake_changes += 1
-
-    def release_held(self) -> None:
-        self.released += 1
+        if held_may_go:
+            self.released += 1
 
     def readiness(self) -> dict[str, bool]:
         return {}
@@ -62,13 +67,14 @@ def tracked(offset: int) -> Tracked:
     return Tracked(SourceRecord("t", 0, offset, None, b"v", (), 0, "create"))
 
 
-async def never_called(_failed: FailedRecord, _topic: str) -> bool:
-    raise AssertionError("no DLQ is configured")
+class NeverCalled:
+    async def write(self, _failed: FailedRecord, _topic: str) -> bool:
+        raise AssertionError("no DLQ is configured")
 
 
 async def dead_letter(pipe: Pipeline, offset: int) -> ArchiveOutcome:
-    return await pipe.dead_letter(
-        tracked(offset), 1, ArchiveReason.REJECTED, None, consequence="-", write=never_called
+    return await pipe.outlet.dead_letter(
+        tracked(offset), 1, ArchiveReason.REJECTED, None, consequence="-", sink=NeverCalled()
     )
 
 
@@ -92,9 +98,9 @@ async def test_trip_hold_probe_close() -> None:
     assert await dead_letter(pipe, 2) is ArchiveOutcome.HELD
     half_open(pipe)
     assert state.released == 1  # half-open: the held records may go (one at a time)
-    probe = pipe.issue(tracked(1), 2, None)
+    probe = pipe.outlet.issue(tracked(1), 2, None)
     assert pipe.breaker_room() == 0  # the probe is out
-    other = pipe.issue(tracked(2), 2, None)
+    other = pipe.outlet.issue(tracked(2), 2, None)
     assert pipe.answer(other.id, Answer("accept")) == "ok"  # not the probe: still half-open
     assert pipe.breaker_status()["state"] == "half_open"  # type: ignore[index]
     assert pipe.answer(probe.id, Answer("accept")) == "ok"
@@ -112,7 +118,7 @@ async def test_a_probe_answered_after_the_breaker_reopened_is_ignored() -> None:
     await dead_letter(pipe, 0)
     await dead_letter(pipe, 1)
     half_open(pipe)
-    probe = pipe.issue(tracked(1), 2, None)
+    probe = pipe.outlet.issue(tracked(1), 2, None)
     assert await dead_letter(pipe, 3) is ArchiveOutcome.HELD  # re-opens
     assert pipe.breaker_open
     assert pipe.answer(probe.id, Answer("accept")) == "ok"
@@ -163,3 +169,11 @@ async def test_waiting_for_room_ends_when_the_breaker_lets_records_out(
         closed_at = trio.current_time()
         pipe.close_breaker("test")
     assert woke == [closed_at]
+
+
+_SETTLED = {
+    Ack.ACCEPT: Settled.ACCEPTED,
+    Ack.RELEASE: Settled.REDELIVERED,
+    Ack.REJECT: Settled.DEAD_LETTERED,
+    Ack.RENEW: Settled.KEPT,
+}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, TypeAlias
 
 from sidecar.core.errors import SidecarError
+from sidecar.core.outcome import MALFORMED_ANSWER  # the error class's one home, re-exported
 
 __all__ = [
     "ACK_REQUEST_WORDS",
@@ -43,8 +44,6 @@ MAX_RETRY_AFTER_MS = 600_000
 # The message of a synthesised HttpStatusNNN error: enough to recognise the failure in the DLQ
 # headers, small enough that an HTML error page does not bloat them.
 _STATUS_MESSAGE_CHARS = 200
-
-MALFORMED_ANSWER = "sidecar.MalformedAnswer"
 
 
 class WireError(SidecarError, ValueError):
