@@ -5,7 +5,8 @@ Owns the sub-commands' arguments (`add_dlq_parser`, which `sidecar.cli` mounts),
 error printed as one ``dlq-sidecar dlq: ...`` line. `python -m sidecar.ops.dlq_command` runs the same
 commands without the rest of the CLI.
 
-Imports: the standard library, confluent-kafka, rich and the other `sidecar.ops.dlq_*` modules.
+Imports: the standard library, rich, the Kafka adapters' error (`sidecar.kafka.errors`) and the other
+`sidecar.ops.dlq_*` modules; no confluent-kafka.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
 shares only the header names (`sidecar.kafka.dlq`).
 """
@@ -21,10 +22,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from confluent_kafka import KafkaException
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sidecar.core.errors import KafkaClientError
 from sidecar.ops.dlq_entries import DlqEntry
 from sidecar.ops.dlq_errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolError, UsageError
 from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
@@ -235,11 +236,9 @@ def cmd_dlq(
     except UsageError as exc:
         errors.print(f"dlq-sidecar dlq: {exc}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_USAGE
-    except DlqToolError as exc:
+    except (DlqToolError, KafkaClientError) as exc:
+        # KafkaClientError: the Kafka adapters' translation of a broker failure (KafkaCallError).
         errors.print(f"dlq-sidecar dlq: {exc}", markup=False, highlight=False, soft_wrap=True)
-        return EXIT_FAILURE
-    except KafkaException as exc:
-        errors.print(f"dlq-sidecar dlq: Kafka error: {exc}", markup=False, highlight=False)
         return EXIT_FAILURE
 
 

@@ -4,7 +4,8 @@ Nothing is committed. Every matching record is counted (by exception class, sour
 that wrote it: `sidecar.ops.dlq_formats`), the
 first `limit` are kept for rendering or streamed to `on_entry` (`--json`).
 
-Imports: the standard library and the `sidecar.ops.dlq_*` modules entries, filters and reader.
+Imports: the standard library and the `sidecar.ops.dlq_*` modules entries, filters and reader (which
+reads through `sidecar.kafka.tools`).
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
 shares only the header names (`sidecar.kafka.dlq`).
 """
@@ -16,15 +17,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sidecar.ops.dlq_entries import DlqEntry, entry_from_message
+from sidecar.kafka.tools import ReadConsumer
+from sidecar.ops.dlq_entries import DlqEntry, entry_from_record
 from sidecar.ops.dlq_filters import Filters
-from sidecar.ops.dlq_reader import (
-    _reader,
-    client_properties,
-    dlq_partitions,
-    read_range,
-    watermarks,
-)
+from sidecar.ops.dlq_reader import client_properties, dlq_partitions
 
 
 @dataclass(slots=True)
@@ -48,15 +44,15 @@ def inspect_dlq(
 ) -> InspectResult:
     """Read `topic` from the beginning to its current end; count every matching record, keep the first `limit`."""
     props = client_properties(bootstrap, kafka or {})
-    consumer = _reader(props)
+    consumer = ReadConsumer(props)
     result = InspectResult()
     now_ms = int(time.time() * 1000)
     try:
         parts = dlq_partitions(consumer, topic)
-        marks = watermarks(consumer, topic, parts)
-        for msgs in read_range(consumer, topic, marks):
-            for msg in msgs:
-                entry = entry_from_message(msg)
+        marks = consumer.watermarks(topic, parts)
+        for records in consumer.read_range(topic, marks):
+            for record in records:
+                entry = entry_from_record(record)
                 result.scanned += 1
                 if filters.mismatch(entry, now_ms) is not None:
                     continue
