@@ -40,7 +40,8 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
 
 `WireError`, `CommitStateError`, `BudgetError`, `BadResponse` and `PullQueryError` are also
 `ValueError`s, for callers that catch that.  Private signals that never leave their module
-(``_Invalid``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``) are control
+(``_Invalid``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``,
+``_Refused``) are control
 flow, not errors, and sit outside the tree.
 
 Where third-party exceptions are translated: `KafkaException` in the Kafka adapters only, through

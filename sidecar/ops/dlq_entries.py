@@ -30,6 +30,9 @@ from sidecar.ops.dlq_formats import (
 H_REPLAY_NAME = REPLAY_HEADER_PREFIX + "name"
 H_REPLAY_FROM = REPLAY_HEADER_PREFIX + "from"
 H_REPLAY_COUNT = REPLAY_HEADER_PREFIX + "count"
+# Who asked for the replay and when (the console's redrive sets them; `dlq replay --by` too).
+H_REPLAY_BY = REPLAY_HEADER_PREFIX + "by"
+H_REPLAY_AT = REPLAY_HEADER_PREFIX + "at"
 
 
 Header = tuple[str, bytes | None]
@@ -116,6 +119,10 @@ class DlqEntry:
     @property
     def group(self) -> str | None:
         return self.context.group
+
+    @property
+    def reason(self) -> str | None:
+        return self.context.reason
 
     @property
     def replay_count(self) -> int:

@@ -33,11 +33,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sidecar.kafka.dlq import DLQ_HEADER_PREFIX
 from sidecar.kafka.tools import OffsetFetcher, ReadConsumer, ReadRecord, ToolProducer
 from sidecar.ops.dlq_entries import (
+    H_REPLAY_AT,
+    H_REPLAY_BY,
     H_REPLAY_COUNT,
     H_REPLAY_FROM,
     H_REPLAY_NAME,
@@ -90,6 +93,7 @@ class ReplayOptions:
     limit: int | None = None
     kafka: Mapping[str, str] = field(default_factory=dict)
     fetch_timeout_s: float = 15.0
+    by: str | None = None  # who replays: `__dlq.replay.by` (and `.at`) on every replayed record
 
     @property
     def group(self) -> str:
@@ -174,6 +178,10 @@ class Replayer:
         self._bucket = TokenBucket(options.rate_per_s) if options.rate_per_s else None
         self._fetcher: OffsetFetcher | None = None
         self._producer: ToolProducer | None = None
+        self._stamp: list[Header] = []
+        if options.by is not None:
+            at = datetime.now(UTC).isoformat(timespec="seconds")
+            self._stamp = [(H_REPLAY_BY, options.by.encode()), (H_REPLAY_AT, at.encode())]
         self.total = 0  # DLQ records this run will scan at most (for progress bars)
         self.planned = 0  # records handed to the producer (or planned, in a dry run)
 
@@ -412,6 +420,7 @@ class Replayer:
                 (H_REPLAY_NAME, o.name.encode()),
                 (H_REPLAY_FROM, entry.coordinates().encode()),
                 (H_REPLAY_COUNT, str(previous + 1).encode()),
+                *self._stamp,
             ],
         )
         if count is None:
