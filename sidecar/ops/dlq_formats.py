@@ -266,16 +266,19 @@ _SPRING_BINARY = {SP_PARTITION: 4, SP_OFFSET: 8, SP_TIMESTAMP: 8}
 
 def header_display(name: str, value: bytes | None, fmt: str) -> tuple[str, str]:
     """One header's value as a person reads it, and how it was decoded: ("42", "int32") for Spring's
-    binary partition, ("...", "text") for UTF-8, ("0a ff", "hex") otherwise, ("", "null")."""
+    binary partition, ("...", "text") for printable UTF-8, ("0a ff", "hex") otherwise, ("", "null")."""
     if value is None:
         return "", "null"
     size = _SPRING_BINARY.get(name) if fmt == FORMAT_SPRING else None
     if size is not None and len(value) == size:
         return str(_big_endian(value, size)), "int32" if size == 4 else "int64"
     try:
-        return value.decode("utf-8"), "text"
+        text = value.decode("utf-8")
     except UnicodeDecodeError:
         return value.hex(" "), "hex"
+    if all(ch.isprintable() or ch in "\t\n\r" for ch in text):
+        return text, "text"
+    return value.hex(" "), "hex"  # valid UTF-8 but control bytes: a binary value
 
 
 def strip_context(headers: Sequence[Header], fmt: str) -> list[Header]:

@@ -135,9 +135,12 @@ def console(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shots(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """Where the screenshots go: a pytest tmp dir, its path written to the terminal (not captured)."""
     path = tmp_path_factory.mktemp("console-screenshots")
-    print(f"\nconsole screenshots: {path}")
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"console screenshots: {path}")
     return path
 
 

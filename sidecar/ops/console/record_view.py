@@ -57,7 +57,10 @@ def show_bytes(data: bytes | None) -> Bytes:
     cut = len(data) > MAX_SHOWN_BYTES
     try:
         text = part.decode("utf-8")
+        binary = not all(ch.isprintable() or ch in "\t\n\r" for ch in text)
     except UnicodeDecodeError:
+        binary = True
+    if binary:
         lines = [part[i : i + 16].hex(" ") for i in range(0, len(part), 16)]
         return Bytes(len(data), "hex", "\n".join(lines), cut)
     if not cut:
