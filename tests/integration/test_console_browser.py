@@ -131,7 +131,8 @@ def console(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         proc.wait(15)
         text = log.read_text(errors="replace")
         # Who redrove is in the log; no payload is.
-        assert '{"order"' not in text and "not n:INTEGER" not in text, text[-2000:]
+        assert f"started by {OPERATOR}" in text and "redrive" in text, text[-2000:]
+        assert '{"order"' not in text and "oops" not in text, text[-2000:]
 
 
 @pytest.fixture(scope="module")
