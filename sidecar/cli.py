@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.ops.dlq_command import add_dlq_parser
 
     add_dlq_parser(sub)
+
+    from sidecar.ops.console.command import add_console_parser
+
+    add_console_parser(sub)
     return parser
 
 
@@ -111,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar.ops.dlq_command import cmd_dlq
 
         return cmd_dlq(args)
+    if args.command == "console":
+        from sidecar.ops.console.command import cmd_console
+
+        return cmd_console(args)
     if args.command == "demo":
         from sidecar.ops.demo import cmd_demo
 

@@ -15,6 +15,7 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     │   ├── IllegalTransition .... the call does not apply to the record's state          sidecar.core.ledger.values
     │   └── LedgerClosed ......... the partition was revoked                              sidecar.core.ledger.values
     ├── KafkaClientError ......... librdkafka (`KafkaException`) seen through the sidecar  sidecar.core.errors
+    │   ├── KafkaCallError ....... a broker call of an operator tool failed (exit 1)      sidecar.kafka.errors
     │   ├── SourceError .......... the consumer cannot continue (exit 1)                  sidecar.kafka.source
     │   │   ├── ShareGroupsUnavailable ... the cluster cannot run this share group        sidecar.kafka.share.errors
     │   │   └── ShareGroupLimitUnsafe .... no room to dead-letter before the broker does  sidecar.kafka.share.errors
@@ -34,17 +35,18 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     ├── NotPullMode .............. GET /v1/records on a sidecar that pushes               sidecar.engines.pull
     ├── PullQueryError ........... a bad GET /v1/records query (a 400)                    sidecar.service.api
     ├── DlqToolError ............. what `dlq inspect` and `dlq replay` report             sidecar.ops.dlq_errors
-    │   ├── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq_errors
-    │   └── ToolKafkaError ....... the broker could not be reached or refused (exit 1)    sidecar.ops.dlq_errors
+    │   └── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq_errors
     └── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo_setup
 
 `WireError`, `CommitStateError`, `BudgetError`, `BadResponse` and `PullQueryError` are also
 `ValueError`s, for callers that catch that.  Private signals that never leave their module
-(``_Invalid``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``) are control
+(``_Invalid``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``,
+``_Refused``) are control
 flow, not errors, and sit outside the tree.
 
-Where third-party exceptions are translated: `KafkaException` in `sidecar.kafka.source` (commits
-included), `sidecar.kafka.dlq`, `sidecar.kafka.share` and `sidecar.ops.dlq_errors` (the engines
+Where third-party exceptions are translated: `KafkaException` in the Kafka adapters only, through
+`sidecar.kafka.errors` (`kafka_error`, `translate`): the source (commits included), the DLQ writer, the
+share group and the operator tools' clients (`sidecar.kafka.tools`; the engines and `sidecar.ops`
 import no confluent-kafka); socket errors (`OSError`) in `sidecar.http.exchanges` and the
 pipeline's app probe. The engines catch broadly only around one record's dispatch (a DLQ write,
 one batch of a transaction); the CLI catches at the top. `trio.Cancelled` is never swallowed.

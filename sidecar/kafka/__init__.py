@@ -12,6 +12,10 @@
                      admin client)
     dlq/             the DLQ: records, topics (admin), plain writes (acks=all, idempotent), the
                      transactional protocol (see its `__init__`)
+    tools/           the operator tools' blocking clients (`sidecar.ops`): read-only consumer,
+                     offset fetch, producer, topic admin
+    errors           librdkafka's errors translated, once, for every adapter; `KafkaCallError`
 
-May import `sidecar.core` and `sidecar.config`; never the engines, the HTTP adapters or the service.
+May import `sidecar.core` and `sidecar.config`; never the engines, the HTTP adapters, the service or
+`sidecar.ops`.
 """

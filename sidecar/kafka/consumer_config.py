@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from sidecar.core.budget import split_budget
-from sidecar.kafka.dlq.errors import kafka_error
+from sidecar.kafka.errors import kafka_error
 
 # librdkafka postpones a partition's next fetch by `fetch.queue.backoff.ms` whenever its prefetch
 # queue is over `queued.min.messages` or `queued.max.messages.kbytes`: 1,000 ms unless set

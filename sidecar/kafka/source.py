@@ -31,7 +31,7 @@ from sidecar.kafka.consumer_config import (
     broker_error_reason,
     consumer_properties,
 )
-from sidecar.kafka.dlq.errors import kafka_error
+from sidecar.kafka.errors import kafka_error
 from sidecar.kafka.message import records_of
 
 log = logging.getLogger("sidecar.source")

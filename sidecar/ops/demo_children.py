@@ -93,18 +93,16 @@ class Producing:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        from confluent_kafka import KafkaException, Producer
+        from sidecar.kafka.tools import KafkaCallError, ToolProducer
 
         try:
-            producer = Producer(
-                {"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5}
-            )
+            producer = ToolProducer({"bootstrap.servers": self.bootstrap}, message_timeout_ms=None)
 
-            def on_delivery(err: object, _msg: object) -> None:
-                if err is None:
+            def on_done(failure: str | None) -> None:
+                if failure is None:
                     self.produced += 1
                 else:
-                    self.errors.append(str(err))
+                    self.errors.append(failure)
 
             started = time.monotonic()
             for i, order in enumerate(self.orders):
@@ -114,18 +112,14 @@ class Producing:
                     ahead_s = started + i / self.rate - time.monotonic()
                     if ahead_s > 0:
                         producer.poll(ahead_s)
-                while True:
-                    try:
-                        producer.produce(
-                            self.topic, value=order.value, key=order.key, on_delivery=on_delivery
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-                producer.poll(0)
+                refused = producer.send(
+                    self.topic, value=order.value, key=order.key, on_done=on_done
+                )
+                if refused is not None:
+                    self.errors.append(refused)
             if producer.flush(30) > 0:
                 self.errors.append("records still unsent after 30 s")
-        except KafkaException as exc:
+        except KafkaCallError as exc:
             self.errors.append(str(exc))
         finally:
             self.finished.set()

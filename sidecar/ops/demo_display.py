@@ -1,5 +1,5 @@
 """What the demo shows: live progress (a rich display on a terminal, a plain line per second otherwise)
-and, at the end, a varied pick of the DLQ records it wrote (read with `sidecar.ops.dlq_reader`).
+and, at the end, a varied pick of the DLQ records it wrote (read with the DLQ tools' reader, `sidecar.kafka.tools.ReadConsumer`).
 
 rich is imported where it is used: the CLI imports the demo to build its parser, and
 `dlq-sidecar run` should not pay for rich's import.
@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sidecar.kafka.tools import KafkaCallError, ReadConsumer, ReadRecord
 from sidecar.ops.demo_children import Snapshot
-from sidecar.ops.dlq_errors import ToolKafkaError
-from sidecar.ops.dlq_reader import (
-    _reader,
-    client_properties,
-    dlq_partitions,
-    read_range,
-    watermarks,
-)
+from sidecar.ops.dlq_reader import client_properties, dlq_partitions
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -114,42 +108,36 @@ class Display:
 def read_dlq(bootstrap: str, topic: str, n: int, timeout_s: float = 15) -> list[DlqRecord]:
     """The first `n` DLQ records (by partition, offset) with their headers decoded as UTF-8.
 
-    Read with the DLQ tools' reader (`sidecar.ops.dlq_reader`): committed records only, up to the
+    Read with the DLQ tools' reader (`sidecar.kafka.tools.ReadConsumer`): committed records only, up to the
     ends seen at start; `timeout_s` bounds a broker that stops answering.
     """
-    consumer = _reader(
+    consumer = ReadConsumer(
         client_properties(bootstrap, {}),
         group=f"dlq-sidecar-demo-reader-{uuid.uuid4().hex[:8]}",
     )
     out: list[DlqRecord] = []
     try:
         partitions = dlq_partitions(consumer, topic, timeout_s)
-        ends = watermarks(consumer, topic, partitions, timeout_s)
-        batches = read_range(
-            consumer, topic, ends, stop=lambda: len(out) >= n, stall_timeout_s=timeout_s
+        ends = consumer.watermarks(topic, partitions, timeout_s)
+        batches = consumer.read_range(
+            topic, ends, stop=lambda: len(out) >= n, stall_timeout_s=timeout_s
         )
-        for msg in _until_stalled(batches):
-            raw = msg.headers() or []
-            items = raw.items() if isinstance(raw, dict) else raw
+        for record in _until_stalled(batches):
             headers = [
-                (
-                    name,
-                    value if isinstance(value, str) else (value or b"").decode(errors="replace"),
-                )
-                for name, value in items
+                (name, (value or b"").decode(errors="replace")) for name, value in record.headers
             ]
-            out.append((int(msg.partition() or 0), int(msg.offset() or 0), headers))
+            out.append((record.partition, record.offset, headers))
     finally:
         consumer.close()
     return sorted(out)[:n]
 
 
-def _until_stalled(batches: Iterator[list[Any]]) -> Iterator[Any]:
-    """The messages of `batches`; what arrived before the broker stalled, as the demo shows what it can."""
+def _until_stalled(batches: Iterator[list[ReadRecord]]) -> Iterator[ReadRecord]:
+    """The records of `batches`; what arrived before the broker stalled, as the demo shows what it can."""
     try:
         for batch in batches:
             yield from batch
-    except ToolKafkaError:
+    except KafkaCallError:
         return
 
 

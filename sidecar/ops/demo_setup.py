@@ -161,41 +161,26 @@ def recreate_topic(bootstrap: str, topic: str, dlq_topic: str, partitions: int) 
 
     The DLQ topic is left for the sidecar to create at start-up (errors.deadletterqueue.auto.create.enable).
     """
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
+    from sidecar.kafka.tools import KafkaCallError, TopicAdmin
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
-        existing = set(admin.list_topics(timeout=15).topics)
-    except KafkaException as exc:
+        admin = TopicAdmin({"bootstrap.servers": bootstrap})
+        existing = set(admin.topics())
+    except KafkaCallError as exc:
         raise DemoError(f"the broker at {bootstrap} does not answer: {exc}") from None
-    doomed = [t for t in (topic, dlq_topic) if t in existing]
-    if doomed:
-        for fut in admin.delete_topics(doomed, operation_timeout=30).values():
-            fut.result(timeout=30)
+    admin.delete_topics([t for t in (topic, dlq_topic) if t in existing])
     deadline = time.monotonic() + 60
     while True:
         # Deletion finishes asynchronously; creating too early fails with TOPIC_ALREADY_EXISTS.
         try:
-            admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30)[
-                topic
-            ].result(timeout=30)
+            admin.create_topic(topic, partitions, 1)
             break
-        except KafkaException as exc:
+        except KafkaCallError as exc:
             if time.monotonic() > deadline:
-                raise DemoError(f"cannot create topic {topic}: {exc}") from None
+                raise DemoError(str(exc)) from None
             time.sleep(0.2)
     while time.monotonic() < deadline:
-        md = admin.list_topics(topic, timeout=5).topics.get(topic)
-        gone = dlq_topic not in admin.list_topics(timeout=5).topics
-        if (
-            md
-            and md.error is None
-            and len(md.partitions) == partitions
-            and all(p.leader >= 0 for p in md.partitions.values())
-            and gone
-        ):
+        if admin.leaders_ready(topic, partitions) and dlq_topic not in admin.topics(5):
             return
         time.sleep(0.1)
     raise DemoError(f"topic {topic} has no leader after 60 s")

@@ -5,7 +5,8 @@ Owns the sub-commands' arguments (`add_dlq_parser`, which `sidecar.cli` mounts),
 error printed as one ``dlq-sidecar dlq: ...`` line. `python -m sidecar.ops.dlq_command` runs the same
 commands without the rest of the CLI.
 
-Imports: the standard library, confluent-kafka, rich and the other `sidecar.ops.dlq_*` modules.
+Imports: the standard library, rich, the Kafka adapters' error (`sidecar.kafka.errors`) and the other
+`sidecar.ops.dlq_*` modules; no confluent-kafka.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
 shares only the header names (`sidecar.kafka.dlq`).
 """
@@ -21,13 +22,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from confluent_kafka import KafkaException
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sidecar.core.errors import KafkaClientError
 from sidecar.ops.dlq_entries import DlqEntry
 from sidecar.ops.dlq_errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolError, UsageError
-from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
+from sidecar.ops.dlq_filters import Filters, filters_from_values
 from sidecar.ops.dlq_formats import FORMATS
 from sidecar.ops.dlq_inspect import inspect_dlq
 from sidecar.ops.dlq_render import render_inspect, render_inspect_summary, render_replay_summary
@@ -116,6 +117,26 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="DLQ record time at or after: ISO 8601 (naive = UTC) or 1h/30m/2d",
     )
     f.add_argument("--until", default=None, help="DLQ record time at or before (same forms)")
+    f.add_argument(
+        "--reason",
+        action="append",
+        default=[],
+        help="why the writer gave up, exactly: ours the cause text (__dlq.errors.message), "
+        "Connect's 'stage STAGE'",
+    )
+    f.add_argument(
+        "--message-contains",
+        default=None,
+        metavar="TEXT",
+        help="text in the exception message or cause, any case",
+    )
+    f.add_argument(
+        "--record",
+        action="append",
+        default=[],
+        metavar="P:OFFSET",
+        help="one DLQ record by partition and offset; repeatable",
+    )
 
 
 def add_dlq_parser(subparsers: Any) -> None:
@@ -194,20 +215,29 @@ def add_dlq_parser(subparsers: Any) -> None:
     replay.add_argument(
         "--limit", type=_non_negative_int, default=None, help="replay at most N records this run"
     )
+    replay.add_argument(
+        "--by",
+        default=None,
+        metavar="WHO",
+        help="who replays: written to __dlq.replay.by (with the time in __dlq.replay.at)",
+    )
 
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 
 def filters_from_args(args: argparse.Namespace) -> Filters:
-    return Filters(
-        formats=tuple(args.format),
-        source_topics=tuple(args.source_topic),
-        source_partitions=tuple(args.source_partition),
-        exception_classes=tuple(args.exception_class),
-        since=parse_time(args.since) if args.since else None,
-        until=parse_time(args.until) if args.until else None,
-        offset_range=parse_offset_range(args.offset_range) if args.offset_range else None,
+    return filters_from_values(
+        formats=args.format,
+        source_topics=args.source_topic,
+        source_partitions=args.source_partition,
+        exception_classes=args.exception_class,
+        since=args.since,
+        until=args.until,
+        offset_range=args.offset_range,
+        reasons=args.reason,
+        message_contains=args.message_contains,
+        records=args.record,
     )
 
 
@@ -235,11 +265,9 @@ def cmd_dlq(
     except UsageError as exc:
         errors.print(f"dlq-sidecar dlq: {exc}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_USAGE
-    except DlqToolError as exc:
+    except (DlqToolError, KafkaClientError) as exc:
+        # KafkaClientError: the Kafka adapters' translation of a broker failure (KafkaCallError).
         errors.print(f"dlq-sidecar dlq: {exc}", markup=False, highlight=False, soft_wrap=True)
-        return EXIT_FAILURE
-    except KafkaException as exc:
-        errors.print(f"dlq-sidecar dlq: Kafka error: {exc}", markup=False, highlight=False)
         return EXIT_FAILURE
 
 
@@ -292,6 +320,7 @@ def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
         skip_unrecoverable=args.skip_unrecoverable,
         limit=args.limit,
         kafka=dict(args.kafka_property),
+        by=args.by,
     )
     replayer = Replayer(options)
     if console.is_terminal:

@@ -6,7 +6,8 @@ whether the original record is held or only its headers), its JSON form for `dlq
 as UTF-8 text or base64), and the names of the `__dlq.replay.*` markers a replay adds. Pure: no broker
 calls.
 
-Imports: the standard library, the header names of `sidecar.kafka.dlq` and `sidecar.ops.dlq_formats`.
+Imports: the standard library, the header names of `sidecar.kafka.dlq`, the record type of
+`sidecar.kafka.tools` and `sidecar.ops.dlq_formats`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sidecar.kafka.dlq import H_COPY_DROPPED, REPLAY_HEADER_PREFIX
+from sidecar.kafka.tools.records import ReadRecord
 from sidecar.ops.dlq_formats import (
     FORMAT_DLQ,
     FORMAT_UNKNOWN,
@@ -28,6 +30,9 @@ from sidecar.ops.dlq_formats import (
 H_REPLAY_NAME = REPLAY_HEADER_PREFIX + "name"
 H_REPLAY_FROM = REPLAY_HEADER_PREFIX + "from"
 H_REPLAY_COUNT = REPLAY_HEADER_PREFIX + "count"
+# Who asked for the replay and when (the console's redrive sets them; `dlq replay --by` too).
+H_REPLAY_BY = REPLAY_HEADER_PREFIX + "by"
+H_REPLAY_AT = REPLAY_HEADER_PREFIX + "at"
 
 
 Header = tuple[str, bytes | None]
@@ -116,6 +121,10 @@ class DlqEntry:
         return self.context.group
 
     @property
+    def reason(self) -> str | None:
+        return self.context.reason
+
+    @property
     def replay_count(self) -> int:
         return _int(self.header(H_REPLAY_COUNT)) or 0
 
@@ -176,13 +185,13 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
-def entry_from_message(msg: Any) -> DlqEntry:
+def entry_from_record(record: ReadRecord) -> DlqEntry:
     return DlqEntry(
-        dlq_topic=msg.topic(),
-        dlq_partition=msg.partition(),
-        dlq_offset=msg.offset(),
-        timestamp_ms=msg.timestamp()[1],
-        key=msg.key(),
-        value=msg.value(),
-        headers=tuple(msg.headers() or ()),
+        dlq_topic=record.topic,
+        dlq_partition=record.partition,
+        dlq_offset=record.offset,
+        timestamp_ms=record.timestamp_ms,
+        key=record.key,
+        value=record.value,
+        headers=record.headers,
     )

@@ -1,6 +1,7 @@
 """Which DLQ records a command looks at: the filter set and the parsing of its arguments.
 
-Owns `--format` (which system wrote the record), `--since`/`--until` (an ISO 8601 instant, naive = UTC, or a duration before now: `90m`, `1h30m`,
+Owns `--format` (which system wrote the record), `--reason`, `--message-contains`, `--record` (DLQ
+`partition:offset`), `--since`/`--until` (an ISO 8601 instant, naive = UTC, or a duration before now: `90m`, `1h30m`,
 `2d`), `--offset-range` (`A-B`, `A-`, `-B`, inclusive source offsets) and `Filters`, whose `describe()`
 is the canonical form a replay name's fingerprint is computed from. Pure: callers pass `now_ms`.
 
@@ -10,6 +11,7 @@ Imports: the standard library, `sidecar.ops.dlq_entries` and `sidecar.ops.dlq_er
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +63,14 @@ def parse_time(text: str) -> TimeBound:
     return TimeBound(text=value, absolute_ms=int(when.timestamp() * 1000))
 
 
+def parse_record(text: str) -> tuple[int, int]:
+    """`P:OFFSET` (or `P/OFFSET`): one DLQ record by its partition and offset."""
+    match = re.fullmatch(r"\s*(\d+)\s*[:/]\s*(\d+)\s*", text)
+    if not match:
+        raise UsageError(f"bad record {text!r}: use PARTITION:OFFSET of the DLQ record")
+    return int(match.group(1)), int(match.group(2))
+
+
 def parse_offset_range(text: str) -> tuple[int, int]:
     """`A-B` (inclusive), `A-` (from A) or `-B` (up to B): source offsets."""
     match = re.fullmatch(r"\s*(\d*)\s*-\s*(\d*)\s*", text)
@@ -86,6 +96,9 @@ class Filters:
     since: TimeBound | None = None
     until: TimeBound | None = None
     offset_range: tuple[int, int] | None = None
+    reasons: tuple[str, ...] = ()  # the writer's reason (`DlqContext.reason`), exactly
+    message_contains: str | None = None  # in the exception message or cause text, any case
+    records: tuple[tuple[int, int], ...] = ()  # DLQ (partition, offset): chosen records only
 
     def mismatch(self, entry: DlqEntry, now_ms: int) -> str | None:
         """None when `entry` matches, else the name of the first filter it fails."""
@@ -105,6 +118,15 @@ class Filters:
             or not self.offset_range[0] <= entry.source_offset <= self.offset_range[1]
         ):
             return "offset-range"
+        if self.records and (entry.dlq_partition, entry.dlq_offset) not in self.records:
+            return "record"
+        if self.reasons and entry.reason not in self.reasons:
+            return "reason"
+        if self.message_contains is not None:
+            needle = self.message_contains.casefold()
+            texts = (entry.exception_message or "", entry.cause or "")
+            if not any(needle in text.casefold() for text in texts):
+                return "message-contains"
         if self.since is not None and entry.timestamp_ms < self.since.resolve_ms(now_ms):
             return "since"
         if self.until is not None and entry.timestamp_ms > self.until.resolve_ms(now_ms):
@@ -127,4 +149,39 @@ class Filters:
             out["until"] = self.until.canonical()
         if self.offset_range is not None:
             out["offset_range"] = list(self.offset_range)
+        if self.reasons:
+            out["reasons"] = sorted(self.reasons)
+        if self.message_contains is not None:
+            out["message_contains"] = self.message_contains
+        if self.records:
+            out["records"] = [list(r) for r in sorted(self.records)]
         return out
+
+
+def filters_from_values(
+    *,
+    formats: Iterable[str] = (),
+    source_topics: Iterable[str] = (),
+    source_partitions: Iterable[int] = (),
+    exception_classes: Iterable[str] = (),
+    since: str | None = None,
+    until: str | None = None,
+    offset_range: str | None = None,
+    reasons: Iterable[str] = (),
+    message_contains: str | None = None,
+    records: Iterable[str] = (),
+) -> Filters:
+    """The filter set from the commands' option values (the CLI's arguments, the console's query):
+    times, ranges and records parsed here, a bad one a `UsageError`; empty texts mean "any"."""
+    return Filters(
+        formats=tuple(formats),
+        source_topics=tuple(t for t in source_topics if t),
+        source_partitions=tuple(source_partitions),
+        exception_classes=tuple(c for c in exception_classes if c),
+        since=parse_time(since) if since else None,
+        until=parse_time(until) if until else None,
+        offset_range=parse_offset_range(offset_range) if offset_range else None,
+        reasons=tuple(r for r in reasons if r),
+        message_contains=message_contains or None,
+        records=tuple(parse_record(r) for r in records if r),
+    )

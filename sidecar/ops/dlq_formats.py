@@ -123,6 +123,9 @@ class DlqContext:
     detail: str | None = None  # Connect: task, stage and executing class
     delivery_count: int | None = None
     source_timestamp_ms: int | None = None  # Spring: the original record's timestamp
+    # Why the writer gave up, where it says: ours and share groups' cause text (`__dlq.errors.message`),
+    # Connect's stage; None for Streams and Spring, which record only the exception.
+    reason: str | None = None
 
     @property
     def writer(self) -> str:
@@ -198,6 +201,7 @@ def decode_context(headers: Sequence[Header]) -> DlqContext:
             exception_class=_text(_last(headers, dlq.H_EXC_CLASS)),
             exception_message=_text(_last(headers, dlq.H_EXC_MESSAGE)),
             cause=_text(_last(headers, dlq.H_MESSAGE)),
+            reason=_text(_last(headers, dlq.H_MESSAGE)),
             group=_text(_last(headers, dlq.H_GROUP)),
             delivery_count=_decimal(_last(headers, dlq.H_DELIVERY_COUNT)),
         )
@@ -235,6 +239,7 @@ def decode_context(headers: Sequence[Header]) -> DlqContext:
             exception_message=_text(_first(headers, C_EXC_MESSAGE)),
             group=_text(_first(headers, C_CONNECTOR)),
             detail=detail or None,
+            reason=f"stage {stage}" if stage else None,
         )
     if fmt == FORMAT_SPRING:
         exc_class = _text(_last(headers, SP_EXC_CLASS)) or _text(_last(headers, SP_KEY_EXC_CLASS))
@@ -253,6 +258,27 @@ def decode_context(headers: Sequence[Header]) -> DlqContext:
             source_timestamp_ms=_big_endian(_first(headers, SP_TIMESTAMP), 8),
         )
     return DlqContext()
+
+
+# Spring's binary numbers: header name -> size (4: int, 8: long), big-endian and signed.
+_SPRING_BINARY = {SP_PARTITION: 4, SP_OFFSET: 8, SP_TIMESTAMP: 8}
+
+
+def header_display(name: str, value: bytes | None, fmt: str) -> tuple[str, str]:
+    """One header's value as a person reads it, and how it was decoded: ("42", "int32") for Spring's
+    binary partition, ("...", "text") for printable UTF-8, ("0a ff", "hex") otherwise, ("", "null")."""
+    if value is None:
+        return "", "null"
+    size = _SPRING_BINARY.get(name) if fmt == FORMAT_SPRING else None
+    if size is not None and len(value) == size:
+        return str(_big_endian(value, size)), "int32" if size == 4 else "int64"
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.hex(" "), "hex"
+    if all(ch.isprintable() or ch in "\t\n\r" for ch in text):
+        return text, "text"
+    return value.hex(" "), "hex"  # valid UTF-8 but control bytes: a binary value
 
 
 def strip_context(headers: Sequence[Header], fmt: str) -> list[Header]:

@@ -13,13 +13,14 @@ Owns replaying and its bookkeeping:
   same name would silently miss them);
 - loop protection: replayed records carry `__dlq.replay.*` markers; the DLQ writer keeps them
   (`sidecar.kafka.dlq.REPLAY_HEADER_PREFIX`), and a record whose replay count reached `--max-replays` is skipped;
-- headers-only DLQ records are replayed from the source topic (`sidecar.ops.dlq_fetch`);
+- headers-only DLQ records are replayed from the source topic (`sidecar.kafka.tools.OffsetFetcher`);
 - pacing: `--rate` through `TokenBucket` (pure, the caller passes the clock).
 
 A blocking tool (no trio): every broker call has a timeout.
 
-Imports: the standard library, confluent-kafka and the `sidecar.ops.dlq_*` modules below it (entries,
-errors, fetch, filters, reader); never the rendering or the command layer.
+Imports: the standard library, the Kafka adapters of `sidecar.kafka.tools` (no confluent-kafka) and the
+`sidecar.ops.dlq_*` modules below it (entries, errors, filters, reader); never the rendering or the
+command layer.
 Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
 shares only the header names (`sidecar.kafka.dlq`).
 """
@@ -32,30 +33,25 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
 from sidecar.kafka.dlq import DLQ_HEADER_PREFIX
+from sidecar.kafka.tools import OffsetFetcher, ReadConsumer, ReadRecord, ToolProducer
 from sidecar.ops.dlq_entries import (
+    H_REPLAY_AT,
+    H_REPLAY_BY,
     H_REPLAY_COUNT,
     H_REPLAY_FROM,
     H_REPLAY_NAME,
     DlqEntry,
     Header,
     _int,
-    entry_from_message,
+    entry_from_record,
 )
-from sidecar.ops.dlq_errors import UsageError, _kafka_error
-from sidecar.ops.dlq_fetch import _SourceFetcher
+from sidecar.ops.dlq_errors import UsageError
 from sidecar.ops.dlq_filters import Filters
-from sidecar.ops.dlq_reader import (
-    _reader,
-    client_properties,
-    dlq_partitions,
-    read_range,
-    watermarks,
-)
+from sidecar.ops.dlq_reader import client_properties, dlq_partitions
 
 REPLAY_GROUP_PREFIX = "dlq-replay."
 # Commit metadata: "<version>;<fingerprint>;<filters as JSON>". The JSON is only for error messages.
@@ -97,6 +93,7 @@ class ReplayOptions:
     limit: int | None = None
     kafka: Mapping[str, str] = field(default_factory=dict)
     fetch_timeout_s: float = 15.0
+    by: str | None = None  # who replays: `__dlq.replay.by` (and `.at`) on every replayed record
 
     @property
     def group(self) -> str:
@@ -179,37 +176,36 @@ class Replayer:
         self._blocked: set[int] = set()
         self._target_partitions: dict[str, int | None] = {}
         self._bucket = TokenBucket(options.rate_per_s) if options.rate_per_s else None
-        self._fetcher: _SourceFetcher | None = None
-        self._producer: Producer | None = None
+        self._fetcher: OffsetFetcher | None = None
+        self._producer: ToolProducer | None = None
+        self._stamp: list[Header] = []
+        if options.by is not None:
+            at = datetime.now(UTC).isoformat(timespec="seconds")
+            self._stamp = [(H_REPLAY_BY, options.by.encode()), (H_REPLAY_AT, at.encode())]
         self.total = 0  # DLQ records this run will scan at most (for progress bars)
         self.planned = 0  # records handed to the producer (or planned, in a dry run)
 
     # -- setup --------------------------------------------------------------------------------------
 
-    def prepare(self) -> tuple[Consumer, dict[int, tuple[int, int]]]:
+    def prepare(self) -> tuple[ReadConsumer, dict[int, tuple[int, int]]]:
         """Check the arguments against the cluster and find the offset range each DLQ partition replays."""
         o = self.options
         if o.target_topic is not None and o.target_topic == o.dlq_topic:
             raise UsageError("--to must not be the DLQ topic itself: that would replay in a loop")
-        consumer = _reader(self._props, group=o.group)
+        consumer = ReadConsumer(self._props, group=o.group)
         try:
             parts = dlq_partitions(consumer, o.dlq_topic)
-            marks = watermarks(consumer, o.dlq_topic, parts)
-            try:
-                committed = consumer.committed(
-                    [TopicPartition(o.dlq_topic, p) for p in parts], timeout=15
-                )
-            except KafkaException as exc:
-                raise _kafka_error(f"cannot read the offsets of group {o.group}", exc) from exc
+            marks = consumer.watermarks(o.dlq_topic, parts)
+            committed = consumer.committed(o.dlq_topic, parts)
             ranges: dict[int, tuple[int, int]] = {}
-            for tp in committed:
-                lo, hi = marks[tp.partition]
-                if tp.offset >= 0:
-                    self._check_metadata(tp.partition, tp.offset, tp.metadata)
-                    start = max(tp.offset, lo)
+            for partition, (offset, metadata) in committed.items():
+                lo, hi = marks[partition]
+                if offset >= 0:
+                    self._check_metadata(partition, offset, metadata)
+                    start = max(offset, lo)
                 else:
                     start = lo
-                ranges[tp.partition] = (start, hi)
+                ranges[partition] = (start, hi)
             if o.target_topic is not None and self._partition_count(o.target_topic) is None:
                 raise UsageError(f"target topic {o.target_topic} does not exist")
         except BaseException:
@@ -238,13 +234,13 @@ class Replayer:
     def _partition_count(self, topic: str) -> int | None:
         if topic not in self._target_partitions:
             probe = self._fetcher_or_new()
-            count = probe._partition_count(topic)
+            count = probe.partition_count(topic)
             self._target_partitions[topic] = count if isinstance(count, int) else None
         return self._target_partitions[topic]
 
-    def _fetcher_or_new(self) -> _SourceFetcher:
+    def _fetcher_or_new(self) -> OffsetFetcher:
         if self._fetcher is None:
-            self._fetcher = _SourceFetcher(self._props, self.options.fetch_timeout_s)
+            self._fetcher = OffsetFetcher(self._props, self.options.fetch_timeout_s)
         return self._fetcher
 
     # -- run ----------------------------------------------------------------------------------------
@@ -254,28 +250,19 @@ class Replayer:
         consumer, ranges = self.prepare()
         try:
             if not self.options.dry_run:
-                self._producer = Producer(
-                    {
-                        **self._props,
-                        "enable.idempotence": True,
-                        "acks": "all",
-                        "linger.ms": 5,
-                        "message.timeout.ms": 30000,
-                    }
-                )
+                self._producer = ToolProducer(self._props, linger_ms=5, message_timeout_ms=30000)
             batch = 500
             if self._bucket is not None:
                 # Commit about once a second at low rates, so an interrupted run repeats little.
                 batch = max(1, min(500, int(self._bucket.rate_per_s)))
-            for msgs in read_range(
-                consumer,
+            for records in consumer.read_range(
                 self.options.dlq_topic,
                 ranges,
                 stop=self._limit_reached,
                 skip_partition=lambda p: p in self._blocked,
                 batch=batch,
             ):
-                self._replay_batch(consumer, msgs)
+                self._replay_batch(consumer, records)
         finally:
             if self._producer is not None:
                 self._producer.flush(30)
@@ -289,16 +276,16 @@ class Replayer:
         limit = self.options.limit
         return limit is not None and self.planned >= limit
 
-    def _replay_batch(self, consumer: Consumer, msgs: list[Any]) -> None:
+    def _replay_batch(self, consumer: ReadConsumer, records: list[ReadRecord]) -> None:
         o, s = self.options, self.summary
         now_ms = int(time.time() * 1000)
         # Per DLQ partition, in offset order: (offset, plan or None when the record is skipped).
         decided: dict[int, list[tuple[int, _Planned | None]]] = {}
-        for msg in msgs:
-            p = msg.partition()
+        for record in records:
+            p = record.partition
             if p in self._blocked or self._limit_reached():
                 continue
-            entry = entry_from_message(msg)
+            entry = entry_from_record(record)
             s.scanned += 1
             plan = self._decide(entry, now_ms)
             if isinstance(plan, str):  # "blocked"
@@ -312,7 +299,7 @@ class Replayer:
         if self._producer is not None:
             # A record still unconfirmed after this is treated as failed below: nothing is committed past it.
             self._producer.flush(60)
-        commits: list[TopicPartition] = []
+        commits: dict[int, int] = {}
         for p, items in decided.items():
             next_offset: int | None = None
             for offset, plan in items:
@@ -330,17 +317,10 @@ class Replayer:
                     s.replayed[plan.topic] += 1
                 next_offset = offset + 1
             if next_offset is not None and not o.dry_run:
-                commits.append(
-                    TopicPartition(
-                        o.dlq_topic, p, next_offset, metadata=self.options.commit_metadata()
-                    )
-                )
+                commits[p] = next_offset
                 s.committed[p] = next_offset
         if commits:
-            try:
-                consumer.commit(offsets=commits, asynchronous=False)
-            except KafkaException as exc:
-                raise _kafka_error(f"cannot commit the offsets of group {o.group}", exc) from exc
+            consumer.commit(o.dlq_topic, commits, self.options.commit_metadata())
 
     def _decide(self, entry: DlqEntry, now_ms: int) -> _Planned | str | None:
         """A plan to send, None to skip (and commit past), or "blocked" (stop this DLQ partition here)."""
@@ -387,24 +367,28 @@ class Replayer:
         key, value, headers = entry.key, entry.value, entry.original_headers()
         if entry.headers_only:
             offset = entry.source_offset
-            msg: Any
+            fetched: ReadRecord | None
             reason: str | None
             if offset is None:
-                msg, reason, gone = None, f"no source offset in the {entry.format} headers", True
+                fetched, reason, gone = (
+                    None,
+                    f"no source offset in the {entry.format} headers",
+                    True,
+                )
             else:
                 assert source_topic is not None and source_partition is not None
-                msg, reason, gone = self._fetcher_or_new().fetch(
+                fetched, reason, gone = self._fetcher_or_new().fetch(
                     source_topic, source_partition, offset
                 )
-            if msg is None:
+            if fetched is None:
                 assert reason is not None
                 problem = Problem(entry.coordinates(), _source_of(entry), reason)
                 if not gone:
                     s.failures.append(problem)
                     return "blocked"
                 return self._unrecoverable(problem)
-            key, value = msg.key(), msg.value()
-            original = list(msg.headers() or ())
+            key, value = fetched.key, fetched.value
+            original = list(fetched.headers)
             previous = max(previous, _int(_last(original, H_REPLAY_COUNT)) or 0)
             if previous >= o.max_replays:
                 s.skipped[f"replayed {previous} times already (--max-replays {o.max_replays})"] += 1
@@ -436,6 +420,7 @@ class Replayer:
                 (H_REPLAY_NAME, o.name.encode()),
                 (H_REPLAY_FROM, entry.coordinates().encode()),
                 (H_REPLAY_COUNT, str(previous + 1).encode()),
+                *self._stamp,
             ],
         )
         if count is None:
@@ -468,35 +453,24 @@ class Replayer:
             return
         assert self._producer is not None
         if self._bucket is not None:
-            wait_s = self._bucket.take(time.monotonic())
-            end = time.monotonic() + wait_s
-            while (left := end - time.monotonic()) > 0:
-                self._producer.poll(min(left, 0.05))
+            self._producer.wait_s(self._bucket.take(time.monotonic()))
 
-        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-            if err is None:
+        def on_done(failure: str | None) -> None:
+            if failure is None:
                 plan.delivered = True
             else:
-                plan.error = f"writing to {where} failed: {err.name()}: {err.str()}"
+                plan.error = f"writing to {where} failed: {failure}"
 
-        kwargs: dict[str, Any] = {
-            "key": plan.key,
-            "value": plan.value,
-            "headers": plan.headers,
-            "on_delivery": on_delivery,
-        }
-        if plan.partition is not None:
-            kwargs["partition"] = plan.partition
-        while True:
-            try:
-                self._producer.produce(plan.topic, **kwargs)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-            except KafkaException as exc:
-                plan.error = f"writing to {where} failed: {exc}"
-                break
-        self._producer.poll(0)
+        refused = self._producer.send(
+            plan.topic,
+            key=plan.key,
+            value=plan.value,
+            headers=plan.headers,
+            partition=plan.partition,
+            on_done=on_done,
+        )
+        if refused is not None:
+            plan.error = f"writing to {where} failed: {refused}"
 
 
 def _last(headers: Sequence[Header], name: str) -> bytes | None:

@@ -1,14 +1,15 @@
-"""The DLQ's errors (under `sidecar.core.errors.DlqError`) and the translation of librdkafka's errors.
+"""The DLQ's errors (under `sidecar.core.errors.DlqError`) and which librdkafka errors a DLQ write retries.
 
-Owns which `KafkaError` codes count as retriable for a DLQ write and how a `KafkaException` becomes a
-`KafkaError`; no state. Imports only the pure core and confluent-kafka.
+Owns which `KafkaError` codes count as retriable for a DLQ write; no state. A `KafkaException` is
+unpacked by `sidecar.kafka.errors.kafka_error`, the adapters' one translator. Imports only the pure core
+and confluent-kafka.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 
 from sidecar.core.errors import DlqError
 
@@ -27,12 +28,6 @@ class DlqTxnStuck(DlqTxnAbortable):
 
 class DlqStartupError(DlqError):
     """A DLQ topic is missing, cannot be created, or cannot be described at start-up."""
-
-
-def kafka_error(exc: KafkaException) -> KafkaError:
-    """The `KafkaError` a `KafkaException` carries (librdkafka's), or a generic one."""
-    err = exc.args[0] if exc.args else None
-    return err if isinstance(err, KafkaError) else KafkaError(KafkaError._FAIL, str(exc))
 
 
 def names(parts: Sequence[tuple[str, int]]) -> str:

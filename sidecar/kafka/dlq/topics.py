@@ -17,11 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from sidecar.kafka.dlq.errors import DlqStartupError, kafka_error
+from sidecar.kafka.dlq.errors import DlqStartupError
+from sidecar.kafka.errors import kafka_error
 
 log = logging.getLogger("sidecar.dlq")
 

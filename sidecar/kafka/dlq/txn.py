@@ -31,7 +31,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin._listoffsets import OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
 from sidecar.config import Config
 from sidecar.core.deadletter import FailedRecord
@@ -40,11 +40,11 @@ from sidecar.kafka.dlq.errors import (
     DlqFatalError,
     DlqTxnAbortable,
     DlqTxnStuck,
-    kafka_error,
     names,
 )
 from sidecar.kafka.dlq.record import DlqRecord, estimated_size
 from sidecar.kafka.dlq.writer import PlainDlqWriter
+from sidecar.kafka.errors import kafka_error
 
 log = logging.getLogger("sidecar.dlq")
 

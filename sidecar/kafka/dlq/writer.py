@@ -29,9 +29,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from sidecar.core.deadletter import FailedRecord
-from sidecar.kafka.dlq.errors import RETRIABLE_CODES, DlqFatalError, kafka_error
+from sidecar.kafka.dlq.errors import RETRIABLE_CODES, DlqFatalError
 from sidecar.kafka.dlq.record import DLQ_HEADER_PREFIX, DlqRecord, build_dlq_record, estimated_size
 from sidecar.kafka.dlq.topics import DlqTopics, producer_properties
+from sidecar.kafka.errors import kafka_error
 
 log = logging.getLogger("sidecar.dlq")
 

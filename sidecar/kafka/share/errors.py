@@ -1,13 +1,15 @@
 """The share engine's Kafka errors: the two start-up refusals, and librdkafka's errors translated.
 
-Owns which `KafkaError` codes mean that share groups cannot work here (`refusal_from_error`) and how
-a share consumer's `KafkaException` becomes a `SourceError` (`share_error`); no state.
+Owns which `KafkaError` codes mean that share groups cannot work here (`refusal_from_error`) and what
+a share consumer's `KafkaException` becomes (`share_error`: a refusal, else a `SourceError` through
+`sidecar.kafka.errors.translate`, the adapters' one translator); no state.
 """
 
 from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
+from sidecar.kafka.errors import kafka_error, translate
 from sidecar.kafka.source import SourceError
 
 # Errors a share consumer reports when the broker or the group cannot serve a share group.
@@ -51,13 +53,10 @@ def refusal_from_error(err: KafkaError) -> str | None:
 def share_error(exc: KafkaException, group: str) -> SourceError:
     """A share consumer's error, translated: `ShareGroupsUnavailable` when the broker refused the
     group, else a `SourceError` with librdkafka's name and text."""
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError):
-        reason = refusal_from_error(err)
-        if reason is not None:
-            return ShareGroupsUnavailable(_suggest(reason, group))
-        return SourceError(f"share consumer error: {err.name()}: {err.str()}")
-    return SourceError(f"share consumer error: {exc}")
+    reason = refusal_from_error(kafka_error(exc))
+    if reason is not None:
+        return ShareGroupsUnavailable(_suggest(reason, group))
+    return translate("share consumer error", exc, SourceError, named=True)
 
 
 __all__ = ["ShareGroupLimitUnsafe", "ShareGroupsUnavailable", "refusal_from_error", "share_error"]

@@ -58,6 +58,22 @@ app.kubernetes.io/name: {{ include "dlq-sidecar.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The console's labels: a name of its own, so the workload's selectors never match its pods. */}}
+{{- define "dlq-sidecar.consoleSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-console" (include "dlq-sidecar.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: console
+{{- end }}
+
+{{- define "dlq-sidecar.consoleLabels" -}}
+helm.sh/chart: {{ include "dlq-sidecar.chart" . }}
+{{ include "dlq-sidecar.consoleSelectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
 {{/* Name of the ServiceAccount to use. */}}
 {{- define "dlq-sidecar.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
