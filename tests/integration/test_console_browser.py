@@ -281,6 +281,10 @@ def test_the_console_in_a_browser(
     expect(page.locator("#skipped li.refused")).to_have_count(2)
     expect(page.locator("#skipped")).to_contain_text("replayed 1 times already")
     expect(page.locator("#nothing")).to_be_visible()
+    # The same words as `dlq replay --dry-run` prints them.
+    expect(page.locator("#cli-summary")).to_contain_text(
+        "DRY RUN: would replay 0 of 2 matching records"
+    )
     page.screenshot(path=shots / "loop-guard.png", full_page=True)
 
     # Who redrove is in the console's log; no payload is.
