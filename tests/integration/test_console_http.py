@@ -7,6 +7,7 @@ a file; requests are plain `http.client` calls, as a script or another site woul
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import subprocess
 import sys
@@ -46,7 +47,8 @@ def _console(broker: Broker, tmp: Path, *args: str) -> Iterator[tuple[int, Path]
         yield port, log
     finally:
         proc.terminate()
-        proc.wait(15)
+        # SIGTERM stops it cleanly: exit 0.
+        assert proc.wait(15) == 0, log.read_text(errors="replace")[-2000:]
 
 
 def _call(
@@ -139,3 +141,29 @@ def test_a_write_needs_the_token_the_csrf_value_and_this_site(
             port, "POST", f"/topics/{dlq}/redrive", body, {**form_headers, "cookie": session}
         )
         assert status == 403 and "CSRF" in page
+
+
+def test_bad_arguments_exit_2_with_one_line(broker: Broker, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-token"
+    empty.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "DLQ_CONSOLE_TOKEN")}
+    for args, message in (
+        ([], "no broker"),
+        (
+            ["--bootstrap", broker.bootstrap, "--token-file", str(tmp_path / "missing")],
+            "cannot read",
+        ),
+        (["--bootstrap", broker.bootstrap, "--token-file", str(empty)], "is empty"),
+        (["--bootstrap", broker.bootstrap, "--port", "70000"], "--port"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "sidecar", "console", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("dlq-sidecar console: ") and message in proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -47,7 +47,7 @@ def test_the_console_is_read_only_without_a_token_secret(helm: str) -> None:
     args = container["args"]
     assert args[0] == "console" and "--read-only" in args
     assert args[args.index("--host") + 1] == "0.0.0.0"  # the pod IP, behind a ClusterIP Service
-    assert args[args.index("--bootstrap") + 1]  # from sidecar.config.kafka.bootstrap.servers
+    assert args[args.index("--bootstrap") + 1]  # the sidecar config's kafka bootstrap servers
     assert "env" not in container
 
 

@@ -217,6 +217,8 @@ class PartitionLedger:
         live = self._live
         config = self.config
         room = min(max_n, config.max_record_locks - len(live))
+        # Holdings' ready heap: the one container of a part this module changes itself (the loop
+        # pops what it hands out), because a call per record would cost the hot path.
         ready = holdings.ready
         if room <= 0 or not ready:
             return []

@@ -126,52 +126,75 @@ class ReadConsumer:
         sit on the last offset, so offset `end - 1` may never arrive). Raises KafkaCallError when nothing
         arrives for `stall_timeout_s` while records are still expected.
         """
-        pending = {p: r for p, r in ranges.items() if r[0] < r[1]}
+        return self.read_ranges(
+            {(topic, p): r for p, r in ranges.items()},
+            stop=stop,
+            skip=lambda key: skip_partition(key[1]),
+            batch=batch,
+            stall_timeout_s=stall_timeout_s,
+        )
+
+    def read_ranges(
+        self,
+        ranges: Mapping[tuple[str, int], tuple[int, int]],
+        *,
+        stop: Callable[[], bool] = lambda: False,
+        skip: Callable[[tuple[str, int]], bool] = lambda _key: False,
+        batch: int = 500,
+        stall_timeout_s: float = 30.0,
+    ) -> Iterator[list[ReadRecord]]:
+        """`read_range` over partitions of several topics at once ((topic, partition) -> (start, end)):
+        one assignment, so reading the newest records of many topics costs one round of fetches."""
+        pending = {key: r for key, r in ranges.items() if r[0] < r[1]}
         if not pending:
             return
+        what = ", ".join(dict.fromkeys(t for t, _p in pending))
         try:
             self._consumer.assign(
-                [TopicPartition(topic, p, start) for p, (start, _end) in pending.items()]
+                [TopicPartition(t, p, start) for (t, p), (start, _end) in pending.items()]
             )
         except KafkaException as exc:
-            raise translate(f"cannot read {topic}", exc, KafkaCallError) from exc
+            raise translate(f"cannot read {what}", exc, KafkaCallError) from exc
         last_progress = time.monotonic()
         while pending and not stop():
-            for p in [p for p in pending if skip_partition(p)]:
-                del pending[p]
+            for key in [key for key in pending if skip(key)]:
+                del pending[key]
             if not pending:
                 break
             try:
                 msgs: list[Any] = self._consumer.consume(batch, 0.5)
             except KafkaException as exc:
-                raise translate(f"cannot read {topic}", exc, KafkaCallError) from exc
+                raise translate(f"cannot read {what}", exc, KafkaCallError) from exc
             out = []
             for msg in msgs:
-                p = msg.partition()
+                key = (msg.topic(), msg.partition())
                 err = msg.error()
-                if p not in pending:
+                if key not in pending:
                     continue  # finished, skipped, or prefetched beyond the end
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        del pending[p]
+                        del pending[key]
                         last_progress = time.monotonic()
                         continue
-                    raise KafkaCallError(f"cannot read {topic}[{p}]: {err.str()}")
-                if msg.offset() >= pending[p][1]:
-                    del pending[p]
+                    raise KafkaCallError(f"cannot read {key[0]}[{key[1]}]: {err.str()}")
+                if msg.offset() >= pending[key][1]:
+                    del pending[key]
                     continue
                 out.append(ReadRecord.of(msg))
-                if msg.offset() >= pending[p][1] - 1:
-                    del pending[p]
+                if msg.offset() >= pending[key][1] - 1:
+                    del pending[key]
             if out:
                 last_progress = time.monotonic()
                 yield out
             elif time.monotonic() - last_progress > stall_timeout_s:
+                topics = dict.fromkeys(t for t, _p in pending)
                 waiting = ", ".join(
-                    f"[{p}] up to {end}" for p, (_s, end) in sorted(pending.items())
+                    f"[{p}] up to {end}" if len(topics) == 1 else f"{t}[{p}] up to {end}"
+                    for (t, p), (_s, end) in sorted(pending.items())
                 )
                 raise KafkaCallError(
-                    f"no records from {topic} for {stall_timeout_s:.0f}s while expecting {waiting}"
+                    f"no records from {', '.join(topics)} for {stall_timeout_s:.0f}s "
+                    f"while expecting {waiting}"
                 )
 
 

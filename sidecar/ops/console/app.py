@@ -38,7 +38,7 @@ from sidecar.ops.console.access import SESSION_COOKIE
 from sidecar.ops.console.catalog import Catalog, find_dlq_topics
 from sidecar.ops.console.context import CATALOG_TTL_S, Console
 from sidecar.ops.console.record_view import record_view
-from sidecar.ops.console.redrive import new_replay_name, preview
+from sidecar.ops.console.redrive import new_replay_name, preview, summary_text
 from sidecar.ops.console.timeline import Timeline, svg_chart
 from sidecar.ops.dlq_errors import UsageError
 from sidecar.ops.dlq_filters import Filters, filters_from_values
@@ -406,6 +406,7 @@ async def preview_page(request: Request) -> Response:
         total=total,
         carried=[*carried, ("name", options.name)],
         rate=_one(form, "rate") or "",
+        cli_text=summary_text(summary, options),
     )
 
 
@@ -429,7 +430,9 @@ async def redrive_page(request: Request) -> Response:
     job = _console(request).redrives.get(request.path_params["job"])
     if job is None:
         raise _Refused(404, "no such redrive (the console keeps the last 100)")
-    return _page(request, "redrive.html", job=job, progress=job.progress())
+    done = job.summary is not None and job.state in ("done", "failed")
+    text = summary_text(job.summary, job.options) if done and job.summary is not None else ""
+    return _page(request, "redrive.html", job=job, progress=job.progress(), cli_text=text)
 
 
 async def redrive_progress(request: Request) -> Response:

@@ -4,8 +4,9 @@ carries a known writer's context headers: Spring's `TOPIC-dlt`, a Connect or Str
 group's DLQ under any name).
 
 Each DLQ is shown with its record count (the watermarks' difference, transaction markers included) and
-the writers seen in the sample of newest records. The probe reads at most `SAMPLE_PER_PARTITION` records of
-at most `MAX_PARTITIONS_PROBED` partitions of at most `MAX_TOPICS_PROBED` topics, through the DLQ tools'
+the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
+at most `MAX_PARTITIONS_PROBED` partitions of every topic the prefix names and of at most
+`MAX_TOPICS_PROBED` others, through the DLQ tools'
 reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq_entries`).
 
 Imports: the standard library, `sidecar.kafka.tools` and the `sidecar.ops.dlq_*` modules.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from sidecar.kafka.tools import ReadConsumer, TopicAdmin
 from sidecar.ops.dlq_entries import entry_from_record
 
-MAX_TOPICS_PROBED = 200
+MAX_TOPICS_PROBED = 1000
 MAX_PARTITIONS_PROBED = 8
 SAMPLE_PER_PARTITION = 3
 # Kafka's own topics and the sidecar's replay groups never hold dead letters.
@@ -43,38 +44,36 @@ class Catalog:
 
 
 def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> Catalog:
-    """The DLQ topics of the cluster, by name first, then by their newest records."""
-    names = sorted(n for n in admin.topics() if not n.startswith(_INTERNAL_PREFIXES))
+    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass)."""
+    counts = admin.topics()
+    names = sorted(
+        n for n, parts in counts.items() if parts and not n.startswith(_INTERNAL_PREFIXES)
+    )
     probed = names[:MAX_TOPICS_PROBED]
-    out: list[DlqTopic] = []
-    for name in probed:
-        by_prefix = bool(prefix) and name.startswith(prefix)
-        parts = consumer.partitions(name)
-        if not parts:
-            continue
-        marks = consumer.watermarks(name, parts)
-        records = sum(hi - lo for lo, hi in marks.values())
-        writers: Counter[str] = Counter()
-        ranges = {
-            p: (max(lo, hi - SAMPLE_PER_PARTITION), hi)
-            for p, (lo, hi) in sorted(marks.items())[:MAX_PARTITIONS_PROBED]
-            if hi > lo
-        }
-        for batch in consumer.read_range(name, ranges, stall_timeout_s=10):
-            for record in batch:
-                entry = entry_from_record(record)
-                if entry.is_dlq_record:
-                    writers[entry.format] += 1
-        if by_prefix or writers:
-            out.append(
-                DlqTopic(
-                    name=name,
-                    found_by="prefix" if by_prefix else "format",
-                    partitions=len(parts),
-                    records=records,
-                    writers=writers,
-                )
-            )
+    marks = {name: consumer.watermarks(name, range(counts[name])) for name in probed}
+    sample = {
+        (name, p): (max(lo, hi - SAMPLE_PER_PARTITION), hi)
+        for name in probed
+        for p, (lo, hi) in sorted(marks[name].items())[:MAX_PARTITIONS_PROBED]
+        if hi > lo
+    }
+    writers: dict[str, Counter[str]] = {name: Counter() for name in probed}
+    for batch in consumer.read_ranges(sample, stall_timeout_s=10):
+        for record in batch:
+            entry = entry_from_record(record)
+            if entry.is_dlq_record:
+                writers[record.topic][entry.format] += 1
+    out = [
+        DlqTopic(
+            name=name,
+            found_by="prefix" if prefix and name.startswith(prefix) else "format",
+            partitions=counts[name],
+            records=sum(hi - lo for lo, hi in marks[name].values()),
+            writers=writers[name],
+        )
+        for name in probed
+        if marks[name] and ((prefix and name.startswith(prefix)) or writers[name])
+    ]
     return Catalog(topics=out, probed=len(probed), skipped=len(names) - len(probed))
 
 

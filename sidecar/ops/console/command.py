@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from typing import Any, cast
 
@@ -83,7 +84,8 @@ def _kafka_properties(items: list[str]) -> dict[str, str]:
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    """Run the console until SIGINT/SIGTERM: 0, 1 (cannot serve), 2 (bad arguments)."""
+    """Run the console until SIGINT/SIGTERM: 0 (stopped by a signal), 1 (cannot serve), 2 (bad
+    arguments)."""
     try:
         import trio
         from hypercorn.config import Config as ServerConfig
@@ -124,10 +126,21 @@ def cmd_console(args: argparse.Namespace) -> int:
     config.accesslog = None  # URLs carry filters, which may name message text: not logged
     config.errorlog = logging.getLogger("sidecar.console.server")
 
+    async def until_signalled() -> None:
+        # SIGTERM (Kubernetes) and SIGINT stop intake; Hypercorn lets requests in flight finish.
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _signum in signals:
+                return
+
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(
-                lambda task_status: serve(cast(Any, app), config, task_status=task_status)
+                lambda task_status: serve(
+                    cast(Any, app),
+                    config,
+                    shutdown_trigger=until_signalled,
+                    task_status=task_status,
+                )
             )
             where = ", ".join(binds) if binds else config.bind[0]
             mode = "read-only" if token is None else "redrives need the token"
@@ -137,8 +150,6 @@ def cmd_console(args: argparse.Namespace) -> int:
 
     try:
         trio.run(main)
-    except KeyboardInterrupt:
-        return EXIT_OK
     except OSError as exc:
         print(f"dlq-sidecar console: cannot serve on {config.bind[0]}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

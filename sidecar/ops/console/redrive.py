@@ -8,11 +8,12 @@ redrive). Each redrive is recorded: a log line when it starts (who, when, the to
 rate, the name) and when it ends (the counts), never a payload; and `__dlq.replay.by` / `.at` on every
 record it sends (`ReplayOptions.by`).
 
-Imports: the standard library and the `sidecar.ops.dlq_*` modules.
+Imports: the standard library, rich and the `sidecar.ops.dlq_*` modules.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import secrets
@@ -22,7 +23,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from rich.console import Console as RichConsole
+
 from sidecar.core.errors import SidecarError
+from sidecar.ops.dlq_render import render_replay_summary
 from sidecar.ops.dlq_replay import Replayer, ReplayOptions, ReplaySummary
 
 log = logging.getLogger("sidecar.console")
@@ -30,6 +34,13 @@ log = logging.getLogger("sidecar.console")
 
 def new_replay_name() -> str:
     return f"console-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def summary_text(summary: ReplaySummary, options: ReplayOptions) -> str:
+    """The summary as `dlq replay` prints it (the same renderer), for the preview and redrive pages."""
+    out = io.StringIO()
+    render_replay_summary(RichConsole(file=out, width=160, color_system=None), summary, options)
+    return out.getvalue()
 
 
 def preview(options: ReplayOptions) -> tuple[ReplaySummary, int]:
@@ -169,4 +180,4 @@ class Redrives:
             job.finished_s = time.monotonic()
 
 
-__all__ = ["Job", "Redrives", "new_replay_name", "preview"]
+__all__ = ["Job", "Redrives", "new_replay_name", "preview", "summary_text"]
