@@ -277,11 +277,16 @@ class ConsumerGroupEngine(Scheduling, OffsetCommits, IsolationPasses):
 
     def partitions(self) -> list[dict[str, Any]]:
         lag = self.source.lag() if not self.pipe.stopping else {}
+        high = self.source.high_watermarks() if not self.pipe.stopping else {}
         paused = self.source.paused
         out = []
         for (topic, partition), slot in sorted(self.slots.items()):
             st = slot.ledger.statistics()
             hz = slot.ledger.horizon_status()
+            # Records not finished: from the committed offset (the committable one before this
+            # process's first commit) to the high watermark, held records included.
+            hi = high.get((topic, partition))
+            committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
             out.append(
                 {
                     "topic": topic,
@@ -294,6 +299,7 @@ class ConsumerGroupEngine(Scheduling, OffsetCommits, IsolationPasses):
                     "archiving": st.archiving,
                     "paused": (topic, partition) in paused,
                     "lag": lag.get((topic, partition)),
+                    "committed_lag": None if hi is None else max(0, hi - committed),
                     "horizon_committed": hz.horizon_committed,
                     "isolation": hz.isolation.value,
                     "suspects_left": hz.suspects_left,
