@@ -87,6 +87,8 @@ def test_check_rules_refuses_a_broken_expression(promtool: str, tmp_path: Path) 
 _GRAFANA_VARS = {
     "$__rate_interval": "2m",
     "$__range": "1h",
+    "$cluster": ".*",
+    "$job": ".*",
     "$namespace": ".*",
     "$pod": ".*",
     "$topic": ".*",

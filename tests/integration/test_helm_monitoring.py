@@ -302,6 +302,7 @@ def test_dashboard_rows_and_variables() -> None:
     dashboard = json.loads((CHART / "dashboards" / "dlq-sidecar.json").read_text())
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == [
+        "Health",
         "Records",
         "Dead letters",
         "The app",

@@ -38,8 +38,9 @@ from tests.kafkatools import Broker, Rec
 RULES = ROOT / "deploy" / "prometheus" / "dlq-sidecar-rules.yaml"
 DASHBOARD = CHART / "dashboards" / "dlq-sidecar.json"
 # Labels Prometheus adds to every series of a target (the ServiceMonitor's scrape; a plain
-# Prometheus relabels the Kubernetes pod's namespace and name to the same two).
-TARGET_LABELS = {"namespace", "pod", "service", "job", "instance"}
+# Prometheus relabels the Kubernetes pod's namespace and name to the same two), and `cluster`, the
+# external label a Prometheus of several clusters (or Thanos) adds.
+TARGET_LABELS = {"namespace", "pod", "service", "job", "instance", "cluster"}
 BREAKER = "errors.deadletterqueue.circuit.breaker."
 GOOD = 12
 
