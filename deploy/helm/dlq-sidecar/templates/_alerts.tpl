@@ -93,8 +93,17 @@ The kubelet's crash-loop back-off reaches 300 s; a DLQ write fails for good only
 {{- $sel := include "dlq-sidecar.promSel" (list $s) }}
 {{- /* A fatal exit for a DLQ reason within the window (from the exit record: it survives the restart). */}}
 {{- $dlqExit := printf "time() - max by (namespace, pod) (max_over_time(dlq_sidecar_last_fatal_exit_timestamp_seconds%s[%s]) > 0) < %v" (include "dlq-sidecar.promSel" (list $s `reason=~"dlq_write_failed|dlq_startup_failed"`)) $win $winS }}
-{{- /* Restarts within the window: the sidecar's own count, else kube-state-metrics' (native sidecar or plain container), else a crash-loop back-off. */}}
-{{- $restarts := printf "max by (namespace, pod) (increase(dlq_sidecar_restarts_total%s[%s])) >= %v or max by (namespace, pod) (increase(kube_pod_init_container_status_restarts_total{%s}[%s]) or increase(kube_pod_container_status_restarts_total{%s}[%s])) >= %v or max by (namespace, pod) (max_over_time(kube_pod_init_container_status_waiting_reason{%s,reason=\"CrashLoopBackOff\"}[%s])) == 1" $sel $t.restartsWindow $t.restarts $ksm $t.restartsWindow $ksm $t.restartsWindow $t.restarts $ksm $t.restartsWindow }}
+{{- $rw := $t.restartsWindow }}
+{{- $rwS := include "dlq-sidecar.seconds" $rw | float64 }}
+{{- $dlqReasons := `reason=~"dlq_write_failed|dlq_startup_failed"` }}
+{{- /* Restarts within restartsWindow, whatever their cause: the sidecar's own count (the exit record), kube-state-metrics' (native sidecar or plain container), or a crash-loop back-off. */}}
+{{- $ownRestarts := printf "sum by (namespace, pod) (increase(dlq_sidecar_restarts_total%s[%s]))" $sel $rw }}
+{{- $ksmRestarts := printf "max by (namespace, pod) (increase(kube_pod_init_container_status_restarts_total{%s}[%s]) or increase(kube_pod_container_status_restarts_total{%s}[%s])) >= %v or max by (namespace, pod) (max_over_time(kube_pod_init_container_status_waiting_reason{%s,reason=\"CrashLoopBackOff\"}[%s])) == 1" $ksm $rw $ksm $rw $t.restarts $ksm $rw }}
+{{- $restarts := printf "%s >= %v or %s" $ownRestarts $t.restarts $ksmRestarts }}
+{{- /* The restarts a DLQ failure does not explain: the own count minus the DLQ fatal exits the exit record counts; kube-state-metrics' count only when no DLQ fatal exit falls in the window. */}}
+{{- $dlqExits := printf "sum by (namespace, pod) (increase(dlq_sidecar_fatal_exits_total%s[%s]))" (include "dlq-sidecar.promSel" (list $s $dlqReasons)) $rw }}
+{{- $dlqExitInWindow := printf "time() - max by (namespace, pod) (max_over_time(dlq_sidecar_last_fatal_exit_timestamp_seconds%s[%s]) > 0) < %v" (include "dlq-sidecar.promSel" (list $s $dlqReasons)) $rw $rwS }}
+{{- $otherRestarts := printf "%s - (%s or %s * 0) >= %v or ((%s) unless on (namespace, pod) (%s))" $ownRestarts $dlqExits $ownRestarts $t.restarts $ksmRestarts $dlqExitInWindow }}
 {{- $brokerDown := printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check="broker_reachable"`)) }}
 groups:
   - name: dlq-sidecar
@@ -129,7 +138,7 @@ groups:
       {{- end }}
       - alert: DlqSidecarRestarting
         expr: >-
-          {{ include "dlq-sidecar.perTopicRecent" (list $s (printf "(%s) unless on (namespace, pod) (%s)" $restarts $dlqExit)) }}
+          {{ include "dlq-sidecar.perTopicRecent" (list $s $otherRestarts) }}
         labels:
           severity: critical
         annotations:
