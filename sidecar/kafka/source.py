@@ -741,11 +741,7 @@ class KafkaSource:
             )
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """High watermark minus position per assigned partition, refreshed by the poll thread each second.
-
-        The position passes a record as soon as it is fetched into the buffer: this is what is not
-        fetched yet, not what is not finished (see `high_watermarks`).
-        """
+        """High watermark minus position (not fetched yet) per assigned partition, read each second."""
         return {k: v for k, v in self._lag.items() if k in self.assigned}
 
     def high_watermarks(self) -> dict[tuple[str, int], int]:

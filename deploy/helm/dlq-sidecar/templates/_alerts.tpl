@@ -165,14 +165,15 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecardlqwritefailing" $book }}
       - alert: DlqSidecarBrokerUnreachable
         expr: >-
-          {{ include "dlq-sidecar.perTopic" (list $s $brokerDown) }}
+          {{ include "dlq-sidecar.perTopicRecent" (list $s (printf "max_over_time(dlq_sidecar_readiness_check%s[2m]) == 0" (include "dlq-sidecar.promSel" (list $s `check="broker_reachable"`)))) }}
         for: {{ $t.brokerUnreachableFor }}
         labels:
           severity: critical
         annotations:
           summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the sidecar cannot use the Kafka cluster (source topic {{ $labels.topic }})'`}}
           description: >-
-            The readiness check broker_reachable fails: no broker answers, or the cluster refuses the
+            The readiness check broker_reachable fails (through the restart a stall of the commits
+            causes: the window bridges its missed scrape): no broker answers, or the cluster refuses the
             sidecar's credentials or certificates. Nothing is consumed or dead-lettered meanwhile.
           runbook_url: {{ printf "%s#dlqsidecarbrokerunreachable" $book }}
       - alert: DlqSidecarDeadLetterRateHigh
@@ -214,15 +215,16 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecarcircuitbreakeropen" $book }}
       - alert: DlqSidecarCommitsStalled
         expr: >-
-          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_commits_failing_seconds%s > %v" $sel $t.commitsFailingSeconds)) }}
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_commits_failing_seconds%s > %v unless on (namespace, pod) %s" $sel $t.commitsFailingSeconds $brokerDown)) }}
         labels:
           severity: critical
         annotations:
           summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: every offset commit has failed for {{ $value | humanizeDuration }} (source topic {{ $labels.topic }})'`}}
           description: >-
-            Nothing is handed out or marked done while commits fail (consumer engine); past
-            commit.stall.timeout.ms /healthz fails and the kubelet restarts the sidecar (the chart
-            refuses a threshold that the restart would always beat).
+            Nothing is handed out or marked done while commits fail (consumer engine) with the broker
+            reachable (an unreachable one is DlqSidecarBrokerUnreachable); past commit.stall.timeout.ms
+            /healthz fails and the kubelet restarts the sidecar (the chart refuses a threshold that
+            the restart would always beat).
           runbook_url: {{ printf "%s#dlqsidecarcommitsstalled" $book }}
       - alert: DlqSidecarAppUnreachable
         expr: >-
