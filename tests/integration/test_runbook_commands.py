@@ -3,7 +3,8 @@
 docs/runbook.md gives one Python command for the control API inside the pod (the image has no curl), with the
 path as its last word: `/v1/status`, or `/v1/breaker/close` (a POST). Both are run here with the token in $DLQ_SIDECAR_API_TOKEN, as the
 chart sets it in the sidecar container, against a sidecar with `api.token` and the DLQ circuit breaker on (the
-port is the test's instead of the chart's 8787); without the token the sidecar answers 401.
+port is the test's instead of the chart's 8787); without the token the sidecar answers 401. Its `dlq inspect`
+command (bootstrap, SASL over TLS, the CA) reads a topic of the secured test broker.
 
 Imports: the standard library, trio, pytest, the test harness.
 """
@@ -21,7 +22,7 @@ import trio
 
 from tests.harness import FAST, free_port, running_sidecar
 from tests.integration.test_helm import ROOT
-from tests.kafkatools import Broker
+from tests.kafkatools import Broker, Rec, SecuredKafka
 
 RUNBOOK = ROOT / "docs" / "runbook.md"
 TOKEN = "runbook-token-0123456789abcdef"
@@ -71,3 +72,44 @@ async def test_the_runbooks_status_and_breaker_commands_work_with_the_token(
         assert proc.returncode == 0, proc.stderr
         closed = json.loads(proc.stdout)
         assert closed["circuit_breaker"]["state"] == "closed", closed
+
+
+def inspect_command() -> str:
+    """The shell program of the runbook's `kubectl exec ... sh -c '...'` for `dlq inspect`."""
+    m = re.search(
+        r"-c dlq-sidecar -- sh -c '(dlq-sidecar dlq inspect .*?)'\n", RUNBOOK.read_text(), re.S
+    )
+    assert m, "the runbook's dlq inspect command"
+    return m.group(1)
+
+
+async def test_the_runbooks_dlq_inspect_reads_a_sasl_ssl_cluster(
+    secured_kafka: SecuredKafka, unique: str
+) -> None:
+    """The command as written (BOOTSTRAP, TOPIC and the CA's path filled in), with the credentials in the
+    environment variables the chart gives the sidecar container."""
+    topic = f"dlq.{unique}"
+    plain = Broker(secured_kafka.plain)
+    await trio.to_thread.run_sync(lambda: plain.create_topic(topic))
+    await trio.to_thread.run_sync(plain.produce, topic, [Rec(key=b"k", value=b"v")])
+    program = (
+        inspect_command()
+        .replace("dlq.TOPIC", topic)
+        .replace("BOOTSTRAP", secured_kafka.sasl_ssl)
+        .replace("SCRAM-SHA-512", secured_kafka.sasl_mechanism)
+        .replace("/etc/dlq-sidecar-tls/ca.crt", secured_kafka.ca)
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "DLQ_KAFKA_SASL_USERNAME": secured_kafka.sasl_username,
+        "DLQ_KAFKA_SASL_PASSWORD": secured_kafka.sasl_password,
+    }
+    env.pop("KAFKA_BOOTSTRAP", None)
+    proc = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            ["sh", "-c", program], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 record" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
