@@ -147,3 +147,15 @@ def test_every_alert_has_severity_summary_and_a_runbook_section(helm: str) -> No
         assert name.lower() in anchors, f"{name}: no section in {RUNBOOK}"
     for name, r in rules().items():
         assert r["annotations"]["runbook_url"] == f"docs/runbook.md#{name.lower()}", name
+
+
+def test_every_panel_the_runbook_names_is_on_the_dashboard() -> None:
+    """The runbook names panels as `panel "Title"`; each must be a panel of the dashboard."""
+    titles = {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
+    named = {
+        " ".join(m.split())
+        for m in re.findall(r'panel\s+"([^"]+)"', RUNBOOK.read_text())
+        if m != "..."
+    }
+    assert len(named) >= 12
+    assert named <= titles, f"not on the dashboard: {sorted(named - titles)}"
