@@ -417,6 +417,9 @@ def test_scaled_object_refuses_what_cannot_scale(helm: str) -> None:
     # The Prometheus scaler: no pod, no metric, so never from 0; and never a query that matches nothing.
     error = render_error(helm, ci_file("share-keda"), sets=("keda.minReplicaCount=0",))
     assert "keda.minReplicaCount 0 needs keda.scaler kafka" in error, error
+    explicit = ("keda.scaler=prometheus", "keda.minReplicaCount=0")
+    error = render_error(helm, ci_file("monitoring"), sets=explicit)
+    assert "/keda/minReplicaCount" in error, error  # the schema refuses it before the templates
     error = render_error(helm, ci_file("share-keda"), sets=("serviceMonitor.enabled=false",))
     assert "needs serviceMonitor.enabled" in error, error
     own = ("serviceMonitor.enabled=false", "keda.query=sum(my_lag)")
