@@ -188,6 +188,14 @@ def test_runbook_url_is_absolute_unless_the_user_says_so(helm: str) -> None:
     assert url == "docs/runbook.md#dlqsidecardown"
 
 
+def test_release_scope_needs_the_service_monitor(helm: str) -> None:
+    """The release scope selects the ServiceMonitor's labels: without it nothing would match."""
+    error = render_error(helm, ci_file("monitoring"), sets=("serviceMonitor.enabled=false",))
+    assert "prometheusRule.scope release" in error and "serviceMonitor.enabled" in error, error
+    scope_all = ("serviceMonitor.enabled=false", "prometheusRule.scope=all", "keda.enabled=false")
+    assert only(render(helm, ci_file("monitoring"), sets=scope_all), "PrometheusRule")
+
+
 def test_thresholds_that_cannot_work_with_the_sidecars_timeouts_are_refused(helm: str) -> None:
     """CommitsStalled must fire before the liveness restart resets its gauge; the fatal-exit window
     must bridge two exits of a crash loop; the restart window must hold the restart count."""

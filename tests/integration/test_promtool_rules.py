@@ -37,6 +37,7 @@ def rendered(helm: str, scope: str) -> dict[str, Any]:
             helm,
             ci_file("minimal"),
             sets=(
+                "serviceMonitor.enabled=true",
                 "prometheusRule.enabled=true",
                 f"prometheusRule.scope={scope}",
                 f"prometheusRule.runbookUrl={RUNBOOK_URL}",

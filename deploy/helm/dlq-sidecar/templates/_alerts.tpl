@@ -56,6 +56,9 @@ The kubelet's crash-loop back-off reaches 300 s; a DLQ write fails for good only
 {{- if and (not (regexMatch "^https?://[^/?#]+" $url)) (not $r.allowRelativeRunbookUrl) }}
 {{- fail (printf "prometheusRule.runbookUrl %q is not an absolute http(s) URL: a pager cannot open a relative link (set prometheusRule.allowRelativeRunbookUrl: true to keep it)" $url) }}
 {{- end }}
+{{- if and (eq $r.scope "release") (not .Values.serviceMonitor.enabled) }}
+{{- fail "prometheusRule.scope release selects the namespace and service labels of the chart's ServiceMonitor: enable serviceMonitor.enabled, or set prometheusRule.scope all (every dlq-sidecar the Prometheus scrapes); otherwise no rule matches any series and DlqSidecarAbsent fires for ever" }}
+{{- end }}
 {{- $engine := default "consumer" (index $cfg "engine") }}
 {{- $stallMs := index $cfg "commit.stall.timeout.ms" | default 300000 }}
 {{- if hasKey $cfg "commit.stall.timeout.ms" }}{{ $stallMs = index $cfg "commit.stall.timeout.ms" }}{{ end }}
