@@ -13,7 +13,7 @@ emptyDir) and the next process exports it:
 The file is JSON, replaced atomically (a temporary file and `os.replace`); one that cannot be read
 is started over with a warning, one that cannot be written costs a warning, never the sidecar.
 
-Imports: the standard library and prometheus_client.
+Imports: the standard library and prometheus_client; nothing of the sidecar (the daemon passes the reason in).
 """
 
 from __future__ import annotations
