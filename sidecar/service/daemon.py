@@ -118,7 +118,11 @@ async def run_sidecar(
 
         metrics = Metrics(engine)
         if exits is not None:
-            metrics.registry.register(ExitCollector(exits))
+
+            def lost_now() -> dict[str, int]:
+                return dict(engine.counters.broker_archived)
+
+            metrics.registry.register(ExitCollector(exits, config.source.topics, lost_now))
     api = LocalApi(
         engine,
         metrics.render if metrics else None,

@@ -9,6 +9,13 @@ emptyDir) and the next process exports it:
     dlq_sidecar_restarts_total                             starts before this one
     dlq_sidecar_fatal_exits_total{reason}                  exits with code 1, by reason
     dlq_sidecar_last_fatal_exit_timestamp_seconds{reason}  Unix time of the last one
+    dlq_sidecar_pod_broker_archived_without_dlq_total{topic}
+                                                           records lost in this pod (share engine), so the
+                                                           loss alert outlives a restart
+
+The losses are this process's count (the engine's) plus what earlier processes of the pod counted; the file
+is rewritten at a scrape that sees the count change (a process killed before that scrape leaves the log
+lines, which name each record, as the only trace).
 
 The file is JSON, replaced atomically (a temporary file and `os.replace`); one that cannot be read
 is started over with a warning, one that cannot be written costs a warning, never the sidecar.
@@ -22,7 +29,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +61,10 @@ class ExitRecord:
     path: Path
     starts: int = 0
     exits: dict[str, _Exits] = field(default_factory=dict)
+    # Records the broker archived without a DLQ record, by topic: earlier processes' (`lost_before`) and
+    # the total last written.
+    lost_before: dict[str, int] = field(default_factory=dict)
+    lost_written: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: str) -> ExitRecord:
@@ -64,11 +75,14 @@ class ExitRecord:
             for reason, item in data["exits"].items():
                 if reason in REASONS:
                     record.exits[reason] = _Exits(int(item["count"]), float(item["last_at"]))
+            record.lost_before = {str(t): int(n) for t, n in data.get("lost", {}).items()}
+            record.lost_written = dict(record.lost_before)
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("the exit record %s is unreadable (%s): starting it over", path, exc)
             record.starts, record.exits = 0, {}
+            record.lost_before, record.lost_written = {}, {}
         return record
 
     def started(self) -> None:
@@ -83,10 +97,22 @@ class ExitRecord:
         item.last_at = time.time() if now is None else now
         self._write()
 
+    def losses(self, current: dict[str, int]) -> dict[str, int]:
+        """This pod's losses by topic: `current` (this process's count) plus earlier processes'; the
+        file is rewritten when the total changed."""
+        total = dict(self.lost_before)
+        for topic, n in current.items():
+            total[topic] = total.get(topic, 0) + n
+        if total != self.lost_written:
+            self.lost_written = total
+            self._write()
+        return total
+
     def _write(self) -> None:
         data: dict[str, Any] = {
             "starts": self.starts,
             "exits": {r: {"count": e.count, "last_at": e.last_at} for r, e in self.exits.items()},
+            "lost": self.lost_written,
         }
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
@@ -97,10 +123,15 @@ class ExitRecord:
 
 
 class ExitCollector(Collector):
-    """The record as Prometheus families (every reason from 0, so the first exit is an increase)."""
+    """The record as Prometheus families (every reason and source topic from 0, so the first exit or loss
+    is an increase). `lost_now` reads this process's losses by topic (the engine's counters)."""
 
-    def __init__(self, record: ExitRecord) -> None:
+    def __init__(
+        self, record: ExitRecord, topics: Sequence[str], lost_now: Callable[[], dict[str, int]]
+    ) -> None:
         self.record = record
+        self.topics = tuple(topics)
+        self.lost_now = lost_now
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         r = self.record
@@ -127,6 +158,16 @@ class ExitCollector(Collector):
             last.add_metric([reason], item.last_at)
         yield exits
         yield last
+        lost = CounterMetricFamily(
+            "dlq_sidecar_pod_broker_archived_without_dlq",
+            "Records the broker archived with no DLQ record in this pod, across container restarts"
+            " (share engine; never expected): dlq_sidecar_broker_archived_without_dlq_total of every"
+            " process of the pod.",
+            labels=["topic"],
+        )
+        for topic, n in sorted((dict.fromkeys(self.topics, 0) | r.losses(self.lost_now())).items()):
+            lost.add_metric([topic], n)
+        yield lost
 
 
 def fatal_reason(dlq_failed: int, *, startup: bool = False) -> str:

@@ -20,9 +20,9 @@ from sidecar.service.exits import (
 )
 
 
-def exposition(record: ExitRecord) -> str:
+def exposition(record: ExitRecord, lost: dict[str, int] | None = None) -> str:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExitCollector(record))
+    registry.register(ExitCollector(record, ("orders", "payments"), lambda: dict(lost or {})))
     return generate_latest(registry).decode()
 
 
@@ -76,3 +76,25 @@ def test_the_reason_of_a_fatal_exit() -> None:
     assert fatal_reason(0, startup=True) == DLQ_STARTUP_FAILED
     assert fatal_reason(3) == DLQ_WRITE_FAILED
     assert fatal_reason(0) == OTHER
+
+
+def test_losses_add_up_over_the_processes_of_a_pod(tmp_path: Path) -> None:
+    """Records the broker archived without a DLQ record stay counted after a restart (the loss alert)."""
+    path = str(tmp_path / "exit-record")
+    first = ExitRecord.open(path)
+    first.started()
+    text = exposition(first)
+    assert 'dlq_sidecar_pod_broker_archived_without_dlq_total{topic="orders"} 0.0' in text
+    assert 'dlq_sidecar_pod_broker_archived_without_dlq_total{topic="payments"} 0.0' in text
+    text = exposition(first, {"orders": 3})
+    assert 'dlq_sidecar_pod_broker_archived_without_dlq_total{topic="orders"} 3.0' in text
+
+    second = ExitRecord.open(path)  # e.g. after an OOM kill: this process's count starts at 0
+    second.started()
+    assert 'dlq_sidecar_pod_broker_archived_without_dlq_total{topic="orders"} 3.0' in exposition(
+        second
+    )
+    text = exposition(second, {"orders": 1, "payments": 2})
+    assert 'dlq_sidecar_pod_broker_archived_without_dlq_total{topic="orders"} 4.0' in text
+    assert 'dlq_sidecar_pod_broker_archived_without_dlq_total{topic="payments"} 2.0' in text
+    assert json.loads(Path(path).read_text())["lost"] == {"orders": 4, "payments": 2}

@@ -284,14 +284,15 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecarnotready" $book }}
       - alert: DlqSidecarBrokerArchivedWithoutDlq
         expr: >-
-          sum by (namespace, pod, topic) (dlq_sidecar_broker_archived_without_dlq_total{{ $sel }}) > 0
+          max by (namespace, pod, topic) (max_over_time(dlq_sidecar_pod_broker_archived_without_dlq_total{{ $sel }}[10m]) or max_over_time(dlq_sidecar_broker_archived_without_dlq_total{{ $sel }}[10m])) > 0
         labels:
           severity: critical
         annotations:
           summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the broker archived {{ $value }} records of topic {{ $labels.topic }} with no DLQ record'`}}
           description: >-
             Share engine: records were released on their last delivery and the broker archived them
-            itself; they are in no DLQ. The alert stays while the pod's count is above 0: it ends when
-            the pod is restarted after the group's share.delivery.count.limit is fixed.
+            itself; they are in no DLQ. The alert stays while the pod lives (its exit record keeps the
+            count across container restarts): it ends 10 minutes after the pods are replaced, once the
+            group's share.delivery.count.limit is fixed.
           runbook_url: {{ printf "%s#dlqsidecarbrokerarchivedwithoutdlq" $book }}
 {{- end }}
