@@ -3,7 +3,8 @@
 One table per section (`_Key`: YAML name, value kind, owning dataclass attribute), `_TOP_KEYS` for
 the top level. The seeds' dotted property names (``share.*``, ``errors.*``) are flat top-level
 keys, spelt verbatim; ``kafka:`` is passed through to librdkafka, except the properties the
-sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socket``, ``share.journal.path``,
+sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socket``, ``share.journal.path``
+(and ``metrics.exit.record.path``),
 ``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
 
 Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
@@ -303,7 +304,15 @@ _TRACING_KEYS = (
     _Key("exporter", _Choice(TracingExporter), TracingConfig, "exporter"),
     _Key("service.name", _Str(allow_empty=False), TracingConfig, "service_name"),
 )
-_METRICS_KEYS = (_Key("enable", _Bool(), MetricsConfig, "enable"),)
+_METRICS_KEYS = (
+    _Key("enable", _Bool(), MetricsConfig, "enable"),
+    _Key(
+        "exit.record.path",
+        _Custom(_read_journal_path, "a file path or null"),
+        MetricsConfig,
+        "exit_record_path",
+    ),
+)
 
 _D, _Q, _E = DeliveryConfig, DeadLetterQueueConfig, ErrorsConfig
 _DLQ = "errors.deadletterqueue."

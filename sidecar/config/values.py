@@ -287,6 +287,8 @@ class TracingConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
     enable: bool = True
+    # File that counts this pod's process starts and fatal exits across container restarts (None: off).
+    exit_record_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

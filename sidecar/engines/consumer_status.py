@@ -100,12 +100,18 @@ class ConsumerView:
         }
 
     def partitions(self) -> list[dict[str, Any]]:
-        lag = self._source.lag() if not self._pipe.room().stopping else {}
+        stopping = self._pipe.room().stopping
+        lag = self._source.lag() if not stopping else {}
+        high = self._source.high_watermarks() if not stopping else {}
         paused = self._source.paused
         out = []
         for (topic, partition), slot in sorted(self._slots.items()):
             st = slot.ledger.statistics()
             hz = slot.ledger.horizon_status()
+            # Records not finished: from the committed offset (the committable one before this
+            # process's first commit) to the high watermark, held records included.
+            hi = high.get((topic, partition))
+            committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
             out.append(
                 {
                     "topic": topic,
@@ -118,6 +124,7 @@ class ConsumerView:
                     "archiving": st.archiving,
                     "paused": (topic, partition) in paused,
                     "lag": lag.get((topic, partition)),
+                    "committed_lag": None if hi is None else max(0, hi - committed),
                     "horizon_committed": hz.horizon_committed,
                     "isolation": hz.isolation.value,
                     "suspects_left": hz.suspects_left,

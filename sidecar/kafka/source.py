@@ -171,6 +171,7 @@ class KafkaSource:
         self._busy_poll_timeout_s = 0.001
         self._next_lag_refresh = 0.0
         self._lag: dict[tuple[str, int], int] = {}
+        self._high: dict[tuple[str, int], int] = {}  # high watermarks read with `_lag`
         self._group_metadata: Any = None
         # Callers waiting for an asynchronous commit's result, by what it commits. The result
         # arrives in librdkafka's offset-commit callback, on the poll thread.
@@ -740,11 +741,16 @@ class KafkaSource:
             )
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """High watermark minus position per assigned partition, refreshed by the poll thread each second."""
+        """High watermark minus position (not fetched yet) per assigned partition, read each second."""
         return {k: v for k, v in self._lag.items() if k in self.assigned}
+
+    def high_watermarks(self) -> dict[tuple[str, int], int]:
+        """The high watermark per assigned partition, read with `lag` (librdkafka's cached value)."""
+        return {k: v for k, v in self._high.items() if k in self.assigned}
 
     def _refresh_lag(self, consumer: Consumer) -> None:
         out: dict[tuple[str, int], int] = {}
+        high: dict[tuple[str, int], int] = {}
         for topic, partition in list(self.assigned):
             tp = TopicPartition(topic, partition)
             try:
@@ -752,9 +758,12 @@ class KafkaSource:
                 pos = consumer.position([tp])[0].offset
             except KafkaException:
                 continue
-            if hi >= 0 and pos >= 0:
-                out[(topic, partition)] = max(0, hi - pos)
+            if hi >= 0:
+                high[(topic, partition)] = hi
+                if pos >= 0:
+                    out[(topic, partition)] = max(0, hi - pos)
         self._lag = out
+        self._high = high
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ within `shutdown.drain.timeout.ms` → commit every partition's state → close 
 commits once more and the group sees us leave) → flush the DLQ producer → exit 0. A second signal skips the
 drain; the commits that follow are still safe because a committed offset never passes a record that is not done.
 A fatal error (a DLQ write that cannot succeed, `errors.tolerance: none`) follows the same path without the
-drain and exits 1.
+drain and exits 1; with `metrics.exit.record.path` it is counted there first, for the next process's metrics
+(`sidecar.service.exits`).
 
 The engine (`sidecar.engines.pipeline.Engine`) runs that order itself: this module starts it with
 `nursery.start(engine.run)`, serves the local API beside it, and steers it only through `request_stop()` and
@@ -28,6 +29,7 @@ from sidecar.engines.pipeline import Engine, Pipeline
 from sidecar.http.server import serve_http
 from sidecar.kafka.dlq import DlqStartupError
 from sidecar.service.api import LocalApi, fit_connections, listener_limits
+from sidecar.service.exits import ExitCollector, ExitRecord, fatal_reason
 from sidecar.telemetry.tracing import Tracing
 
 log = logging.getLogger("sidecar.daemon")
@@ -108,11 +110,21 @@ async def run_sidecar(
     if on_engine is not None:
         on_engine(engine)
 
+    exits = None
+    if config.metrics.exit_record_path is not None:
+        exits = ExitRecord.open(config.metrics.exit_record_path)
+        exits.started()
     metrics = None
     if config.metrics.enable:
         from sidecar.service.metrics import Metrics
 
         metrics = Metrics(engine)
+        if exits is not None:
+
+            def lost_now() -> dict[str, int]:
+                return dict(engine.counters.broker_archived)
+
+            metrics.registry.register(ExitCollector(exits, config.source.topics, lost_now))
     api = LocalApi(
         engine,
         metrics.render if metrics else None,
@@ -134,6 +146,8 @@ async def run_sidecar(
                 await engine_tasks.start(engine.run)
             except DlqStartupError as exc:
                 log.error("start-up check failed: %s", exc)
+                if exits is not None:
+                    exits.failed(fatal_reason(0, startup=True))
                 nursery.cancel_scope.cancel()
                 return EXIT_FAILURE
             log.info(
@@ -151,6 +165,8 @@ async def run_sidecar(
         nursery.cancel_scope.cancel()
     if engine.failure:
         log.error("dlq-sidecar stopped: %s", engine.failure)
+        if exits is not None:
+            exits.failed(fatal_reason(engine.counters.dlq_failed))
         return EXIT_FAILURE
     log.info("dlq-sidecar stopped cleanly")
     return EXIT_OK

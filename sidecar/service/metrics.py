@@ -108,7 +108,9 @@ class EngineCollector(Collector):
         share = status.get("engine") == "share"
         lag = GaugeMetricFamily(
             "dlq_sidecar_commit_lag_records",
-            "Records between the committable offset and the partition's high watermark (consumer engine).",
+            "Records between the consumer's fetch position and the partition's high watermark: not yet"
+            " fetched (consumer engine). Records fetched into the sidecar's buffer or in flight are not"
+            " counted: dlq_sidecar_committed_lag_records counts what is not finished.",
             labels=["topic", "partition"],
         )
         share_lag = GaugeMetricFamily(
@@ -123,6 +125,17 @@ class EngineCollector(Collector):
         yield lag
         yield share_lag
         partitions = status.get("partitions") or []
+        committed_lag = GaugeMetricFamily(
+            "dlq_sidecar_committed_lag_records",
+            "Records between the partition's committed offset and its high watermark (consumer engine):"
+            " what the group has not finished, records this pod holds (buffered, in flight, waiting"
+            " for the DLQ) included; the lag the broker reports for the group.",
+            labels=["topic", "partition"],
+        )
+        for p in partitions:
+            if p.get("committed_lag") is not None:
+                committed_lag.add_metric([p["topic"], str(p["partition"])], int(p["committed_lag"]))
+        yield committed_lag
         yield GaugeMetricFamily(
             "dlq_sidecar_buffered_records",
             "Records fetched and held in memory, not yet handed to the app (consumer engine).",

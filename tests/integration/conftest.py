@@ -2,7 +2,8 @@
 
 Started once per session, the first time a test asks for `secured_kafka`, and stopped at the end. It is a
 second broker beside the session's plain one (never KAFKA_BOOTSTRAP's: that one has no secured listeners).
-Also the `helm` binary of the chart tests (test_helm.py, test_helm_monitoring.py, ...).
+Also the `helm` binary of the chart tests (test_helm.py, test_helm_monitoring.py, ...) and the `promtool`
+of the alert-rule tests (test_alert_rules.py, test_promtool_rules.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import KAFKA_SCRIPT
+from tests.integration.test_alert_rules import find_promtool
 from tests.integration.test_helm import find_helm
 from tests.kafkatools import SecuredKafka
 
@@ -28,6 +30,18 @@ def helm() -> str:
     if path is None:
         pytest.fail(
             "helm not found ($DLQ_HELM, ~/.cache/dlq-sidecar/bin/helm, PATH): run scripts/install-helm",
+            pytrace=False,
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    path = find_promtool()
+    if path is None:
+        pytest.fail(
+            "promtool not found ($DLQ_PROMTOOL, ~/.cache/dlq-sidecar/bin/promtool, PATH): "
+            "run scripts/install-promtool",
             pytrace=False,
         )
     return path

@@ -2,8 +2,8 @@
 
 `promtool check rules` on the plain rule file (deploy/prometheus/dlq-sidecar-rules.yaml) and on the
 chart's rendered PrometheusRule; every dashboard query, turned into a recording rule, through the same
-parser; and `promtool test rules` with synthetic series under which each alert fires for one pod and
-stays silent for another (or before its `for:`), with the labels and summaries expected.
+parser; every alert's severity, summary and runbook section. (`promtool test rules`: the files of
+tests/promtool, run by test_promtool_rules.py.)
 
 promtool is found through $DLQ_PROMTOOL, ~/.cache/dlq-sidecar/bin/promtool or PATH;
 `scripts/install-promtool` (run by `make tools`) builds it. A missing tool fails these tests.
@@ -21,7 +21,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.integration.test_helm import CHART, ROOT, ci_file, only, render
@@ -39,18 +38,6 @@ def find_promtool() -> str | None:
     if cached.is_file() and os.access(cached, os.X_OK):
         return str(cached)
     return shutil.which("promtool")
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    path = find_promtool()
-    if path is None:
-        pytest.fail(
-            "promtool not found ($DLQ_PROMTOOL, ~/.cache/dlq-sidecar/bin/promtool, PATH): "
-            "run scripts/install-promtool",
-            pytrace=False,
-        )
-    return path
 
 
 def run_promtool(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -100,6 +87,8 @@ def test_check_rules_refuses_a_broken_expression(promtool: str, tmp_path: Path) 
 _GRAFANA_VARS = {
     "$__rate_interval": "2m",
     "$__range": "1h",
+    "$cluster": ".*",
+    "$job": ".*",
     "$namespace": ".*",
     "$pod": ".*",
     "$topic": ".*",
@@ -137,454 +126,36 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_every_alert_has_severity_summary_and_a_runbook_section() -> None:
+def test_every_alert_has_severity_summary_and_a_runbook_section(helm: str) -> None:
     anchors = {
         _slug(line.lstrip("#")) for line in RUNBOOK.read_text().splitlines() if line.startswith("#")
     }
-    found = rules()
-    assert len(found) >= 10
-    for name, rule in found.items():
-        assert rule["labels"]["severity"] in {"critical", "warning"}, name
-        summary = rule["annotations"]["summary"]
-        assert "$labels.pod" in summary and "$labels.topic" in summary, name
-        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
-        assert page == "docs/runbook.md", name
-        assert anchor == name.lower() and anchor in anchors, f"{name}: no section in {RUNBOOK}"
-
-
-# --- promtool test rules ---------------------------------------------------------------------------
-
-NS = "shop"
-
-
-def series(metric: str, pod: str, values: str, **labels: str) -> dict[str, str]:
-    text = ",".join(
-        f'{k}="{v}"' for k, v in {"namespace": NS, "pod": pod, "job": "dlq", **labels}.items()
+    url = "https://runbooks.example.com/dlq-sidecar/runbook.md"
+    rule = only(
+        render(helm, ci_file("monitoring"), sets=(f"prometheusRule.runbookUrl={url}",)),
+        "PrometheusRule",
     )
-    return {"series": f"{metric}{{{text}}}", "values": values}
+    found = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert len(found) >= 14
+    assert set(rules()) == set(found) - {"DlqSidecarAbsent"}  # the plain file: scope all
+    for name, r in found.items():
+        assert r["labels"]["severity"] in {"critical", "warning"}, name
+        summary = r["annotations"]["summary"]
+        if name != "DlqSidecarAbsent":  # no pod exists to name
+            assert "$labels.pod" in summary and "$labels.topic" in summary, name
+        assert r["annotations"]["runbook_url"] == f"{url}#{name.lower()}", name
+        assert name.lower() in anchors, f"{name}: no section in {RUNBOOK}"
+    for name, r in rules().items():
+        assert r["annotations"]["runbook_url"] == f"docs/runbook.md#{name.lower()}", name
 
 
-def topics(pod: str, *names: str, minutes: int = 60) -> list[dict[str, str]]:
-    return [
-        series(
-            "dlq_sidecar_source_topic_info",
-            pod,
-            f"1x{minutes}",
-            topic=t,
-            engine="consumer",
-            group="orders-app",
-        )
-        for t in names
-    ]
-
-
-def expect(
-    rule: dict[str, Any], pod: str, topic: str, summary: str, **labels: str
-) -> dict[str, Any]:
-    return {
-        "exp_labels": {
-            "severity": rule["labels"]["severity"],
-            "namespace": NS,
-            "pod": pod,
-            "topic": topic,
-            **labels,
-        },
-        "exp_annotations": {
-            "summary": f"{NS}/{pod}: {summary}",
-            "description": rule["annotations"]["description"],
-            "runbook_url": rule["annotations"]["runbook_url"],
-        },
+def test_every_panel_the_runbook_names_is_on_the_dashboard() -> None:
+    """The runbook names panels as `panel "Title"`; each must be a panel of the dashboard."""
+    titles = {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
+    named = {
+        " ".join(m.split())
+        for m in re.findall(r'panel\s+"([^"]+)"', RUNBOOK.read_text())
+        if m != "..."
     }
-
-
-def share_group_alert(rule: dict[str, Any]) -> dict[str, Any]:
-    """The lag alert of the share group behind Service `share` (no pod: the group's lag)."""
-    return {
-        "exp_labels": {"severity": "warning", "namespace": NS, "job": "share", "topic": "orders"},
-        "exp_annotations": {
-            "summary": f"{NS}/share (share group): lag of topic orders keeps growing",
-            "description": rule["annotations"]["description"],
-            "runbook_url": rule["annotations"]["runbook_url"],
-        },
-    }
-
-
-def cases(r: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One promtool test group per alert: series for a firing pod `bad` and a silent pod `good`."""
-    failing = r["DlqSidecarDlqWriteFailing"]
-    ratio = r["DlqSidecarDeadLetterRatioHigh"]
-    rate = r["DlqSidecarDeadLetterRateHigh"]
-    breaker = r["DlqSidecarCircuitBreakerOpen"]
-    stalled = r["DlqSidecarCommitsStalled"]
-    app = r["DlqSidecarAppUnreachable"]
-    lag = r["DlqSidecarLagGrowing"]
-    iso = r["DlqSidecarIsolationPassLong"]
-    ready = r["DlqSidecarNotReady"]
-    archived = r["DlqSidecarBrokerArchivedWithoutDlq"]
-    dlq = "dlq_sidecar_dead_lettered_total"
-    why = {"reason": "rejected", "exception_class": "app.Poison"}
-    return [
-        {
-            "name": "DlqSidecarDlqWriteFailing",
-            "input_series": [
-                *topics("bad", "orders", "payments"),
-                *topics("good", "orders"),
-                *topics("unwritable", "orders"),
-                series("dlq_sidecar_dlq_failed_total", "bad", "0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1"),
-                series("dlq_sidecar_dlq_failed_total", "good", "0x60"),
-                series("dlq_sidecar_dlq_failed_total", "unwritable", "0x60"),
-                series("dlq_sidecar_readiness_check", "bad", "1x60", check="dlq_writable"),
-                series("dlq_sidecar_readiness_check", "good", "1x60", check="dlq_writable"),
-                series("dlq_sidecar_readiness_check", "good", "0x60", check="assigned"),
-                series(
-                    "dlq_sidecar_readiness_check", "unwritable", "1 1 1 0x57", check="dlq_writable"
-                ),
-            ],
-            "alert_rule_test": [
-                {"eval_time": "2m", "alertname": failing["alert"], "exp_alerts": []},
-                {"eval_time": "4m", "alertname": failing["alert"], "exp_alerts": []},  # `for:`
-                {
-                    "eval_time": "6m",
-                    "alertname": failing["alert"],
-                    "exp_alerts": [
-                        expect(failing, p, t, f"DLQ writes are failing (source topic {t})")
-                        for p, t in (
-                            ("bad", "orders"),
-                            ("bad", "payments"),
-                            ("unwritable", "orders"),
-                        )
-                    ],
-                },
-                # Ten minutes after the one failure (and the pod still writable): over.
-                {
-                    "eval_time": "14m",
-                    "alertname": failing["alert"],
-                    "exp_alerts": [
-                        expect(
-                            failing,
-                            "unwritable",
-                            "orders",
-                            "DLQ writes are failing (source topic orders)",
-                        )
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "DlqSidecarDeadLetterRate and Ratio",
-            "input_series": [
-                # bad: 2 DLQ records/s of 10 answers/s (20%); good: 0.5/s of 100/s (0.5%).
-                series(dlq, "bad", "0+120x40", topic="orders", **why),
-                series(
-                    "dlq_sidecar_records_delivered_total",
-                    "bad",
-                    "0+600x40",
-                    topic="orders",
-                    outcome="accept",
-                ),
-                series(dlq, "good", "0+30x40", topic="orders", **why),
-                series(
-                    "dlq_sidecar_records_delivered_total",
-                    "good",
-                    "0+6000x40",
-                    topic="orders",
-                    outcome="accept",
-                ),
-            ],
-            "alert_rule_test": [
-                {
-                    "eval_time": "8m",
-                    "alertname": rate["alert"],
-                    "exp_alerts": [],
-                },  # `for:` not over
-                {
-                    "eval_time": "25m",
-                    "alertname": rate["alert"],
-                    "exp_alerts": [
-                        expect(rate, "bad", "orders", "2 DLQ records/s from topic orders")
-                    ],
-                },
-                {
-                    "eval_time": "25m",
-                    "alertname": ratio["alert"],
-                    "exp_alerts": [
-                        expect(
-                            ratio,
-                            "bad",
-                            "orders",
-                            "20% of the records of topic orders go to the DLQ",
-                        )
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "DlqSidecarCircuitBreakerOpen",
-            "input_series": [
-                *topics("bad", "orders"),
-                *topics("good", "orders"),
-                *topics("disabled", "orders"),  # no breaker: no state series at all
-                # open, half-open (a probe), open again: still not closed throughout.
-                series("dlq_sidecar_circuit_breaker_state", "bad", "1 1 0x30", state="closed"),
-                series(
-                    "dlq_sidecar_circuit_breaker_state", "bad", "0 0 1 1 1 0 0 1x30", state="open"
-                ),
-                series(
-                    "dlq_sidecar_circuit_breaker_state",
-                    "bad",
-                    "0 0 0 0 0 1 1 0x30",
-                    state="half_open",
-                ),
-                series("dlq_sidecar_circuit_breaker_state", "good", "1x30", state="closed"),
-                series("dlq_sidecar_circuit_breaker_state", "good", "0x30", state="open"),
-            ],
-            "alert_rule_test": [
-                {"eval_time": "4m", "alertname": breaker["alert"], "exp_alerts": []},
-                {
-                    "eval_time": "10m",
-                    "alertname": breaker["alert"],
-                    "exp_alerts": [
-                        expect(
-                            breaker,
-                            "bad",
-                            "orders",
-                            "the DLQ circuit breaker is not closed (source topic orders)",
-                        )
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "DlqSidecarCommitsStalled",
-            "input_series": [
-                *topics("bad", "orders"),
-                *topics("good", "orders"),
-                series("dlq_sidecar_commits_failing_seconds", "bad", "0 0 60 120 180 240"),
-                series("dlq_sidecar_commits_failing_seconds", "good", "0 30 60 90 0 0"),
-            ],
-            "alert_rule_test": [
-                {"eval_time": "3m", "alertname": stalled["alert"], "exp_alerts": []},
-                {
-                    "eval_time": "5m",
-                    "alertname": stalled["alert"],
-                    "exp_alerts": [
-                        expect(
-                            stalled,
-                            "bad",
-                            "orders",
-                            "every offset commit has failed for 4m 0s (source topic orders)",
-                        )
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "DlqSidecarAppUnreachable",
-            "input_series": [
-                *topics("bad", "orders"),
-                *topics("blip", "orders"),
-                series("dlq_sidecar_app_reachable", "bad", "1 0x20"),
-                series("dlq_sidecar_app_reachable", "blip", "1 0 1x20"),  # one scrape down
-            ],
-            "alert_rule_test": [
-                {
-                    "eval_time": "5m",
-                    "alertname": app["alert"],
-                    "exp_alerts": [
-                        expect(
-                            app,
-                            "bad",
-                            "orders",
-                            "the app does not accept connections (source topic orders)",
-                        )
-                    ],
-                }
-            ],
-        },
-        {
-            "name": "DlqSidecarLagGrowing",
-            "input_series": [
-                series(
-                    "dlq_sidecar_commit_lag_records",
-                    "bad",
-                    "0+200x60",
-                    topic="orders",
-                    partition="0",
-                ),
-                series(
-                    "dlq_sidecar_commit_lag_records",
-                    "bad",
-                    "0+10x60",
-                    topic="orders",
-                    partition="1",
-                ),
-                series(
-                    "dlq_sidecar_commit_lag_records",
-                    "steady",
-                    "5000x60",
-                    topic="orders",
-                    partition="0",
-                ),
-                series(
-                    "dlq_sidecar_commit_lag_records",
-                    "small",
-                    "0+10x60",
-                    topic="orders",
-                    partition="0",
-                ),
-                # A share group of two pods: the group's lag is the smaller estimate (growing), not
-                # the larger one of the pod that lost the partition; another group's small lag is quiet.
-                *[
-                    series(
-                        "dlq_sidecar_share_lag_records",
-                        pod,
-                        values,
-                        topic="orders",
-                        partition="0",
-                        job=job,
-                    )
-                    for pod, job, values in (
-                        ("share-a", "share", "0+500x60"),
-                        ("share-b", "share", "0+900x60"),
-                        ("quiet-a", "quiet", "0+10x60"),
-                        ("quiet-b", "quiet", "0+5000x60"),
-                    )
-                ],
-            ],
-            "alert_rule_test": [
-                {"eval_time": "12m", "alertname": lag["alert"], "exp_alerts": []},
-                {
-                    "eval_time": "40m",
-                    "alertname": lag["alert"],
-                    "exp_alerts": [
-                        expect(lag, "bad", "orders", "lag of topic orders keeps growing"),
-                        share_group_alert(lag),
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "DlqSidecarIsolationPassLong",
-            "input_series": [
-                *topics("bad", "orders"),
-                *topics("good", "orders"),
-                series("dlq_sidecar_isolation_active", "bad", "1x40"),
-                series("dlq_sidecar_isolation_active", "good", "1x5 0x35"),
-            ],
-            "alert_rule_test": [
-                {
-                    "eval_time": "20m",
-                    "alertname": iso["alert"],
-                    "exp_alerts": [
-                        expect(
-                            iso,
-                            "bad",
-                            "orders",
-                            "an isolation pass has run long (source topic orders)",
-                        )
-                    ],
-                }
-            ],
-        },
-        {
-            "name": "DlqSidecarNotReady",
-            "input_series": [
-                *topics("bad", "orders"),
-                *topics("good", "orders"),
-                series("dlq_sidecar_ready", "bad", "1 0x40"),
-                series("dlq_sidecar_ready", "good", "1 0x5 1x35"),
-            ],
-            "alert_rule_test": [
-                {"eval_time": "6m", "alertname": ready["alert"], "exp_alerts": []},
-                {
-                    "eval_time": "20m",
-                    "alertname": ready["alert"],
-                    "exp_alerts": [
-                        expect(
-                            ready, "bad", "orders", "the sidecar is not ready (source topic orders)"
-                        )
-                    ],
-                },
-            ],
-        },
-        {
-            "name": "DlqSidecarBrokerArchivedWithoutDlq",
-            "input_series": [
-                series(
-                    "dlq_sidecar_broker_archived_without_dlq_total",
-                    "bad",
-                    "0 0 3x40",
-                    topic="orders",
-                ),
-                series(
-                    "dlq_sidecar_broker_archived_without_dlq_total", "good", "0x40", topic="orders"
-                ),
-            ],
-            "alert_rule_test": [
-                {
-                    "eval_time": "5m",
-                    "alertname": archived["alert"],
-                    "exp_alerts": [
-                        expect(
-                            archived,
-                            "bad",
-                            "orders",
-                            "the broker archived records of topic orders with no DLQ record",
-                        )
-                    ],
-                },
-                {"eval_time": "30m", "alertname": archived["alert"], "exp_alerts": []},
-            ],
-        },
-    ]
-
-
-def test_each_alert_fires_for_its_condition_and_stays_silent_otherwise(
-    promtool: str, tmp_path: Path
-) -> None:
-    r = rules()
-    groups = cases(r)
-    tested = {t["alertname"] for g in groups for t in g["alert_rule_test"]}
-    assert tested == set(r), "every alert has a test"
-    for alert in r:
-        checks = [t for g in groups for t in g["alert_rule_test"] if t["alertname"] == alert]
-        assert any(t["exp_alerts"] for t in checks), f"{alert} never fires"
-        fired = {a["exp_labels"].get("pod") for t in checks for a in t["exp_alerts"]}
-        assert "good" not in fired, alert
-    shutil.copy(RULES, tmp_path / "rules.yaml")
-    spec = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {"interval": "1m", **{k: v for k, v in g.items() if k != "name"}} for g in groups
-        ],
-    }
-    path = tmp_path / "rules_test.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    proc = run_promtool(promtool, "test", "rules", str(path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_a_wrong_expectation_fails_promtool(promtool: str, tmp_path: Path) -> None:
-    """The rule tests can fail: the silent pod expected to alert is a failure."""
-    r = rules()
-    [group] = [g for g in cases(r) if g["name"] == "DlqSidecarNotReady"]
-    check = group["alert_rule_test"][-1]
-    check["exp_alerts"].append(
-        expect(
-            r["DlqSidecarNotReady"],
-            "good",
-            "orders",
-            "the sidecar is not ready (source topic orders)",
-        )
-    )
-    shutil.copy(RULES, tmp_path / "rules.yaml")
-    spec = {
-        "rule_files": ["rules.yaml"],
-        "tests": [{"interval": "1m", **{k: v for k, v in group.items() if k != "name"}}],
-    }
-    path = tmp_path / "rules_test.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    proc = run_promtool(promtool, "test", "rules", str(path))
-    assert proc.returncode != 0
-    assert "good" in proc.stdout + proc.stderr
+    assert len(named) >= 12
+    assert named <= titles, f"not on the dashboard: {sorted(named - titles)}"

@@ -155,7 +155,8 @@ def test_prometheus_rule_takes_thresholds_labels_and_runbook_from_values(helm: s
     rule = only(render(helm, ci_file("monitoring")), "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "prometheus"
     found = alerts(rule)
-    assert found["DlqSidecarDeadLetterRatioHigh"]["expr"].endswith("> 0.02")  # the variant's value
+    assert "> 0.02)" in found["DlqSidecarDeadLetterRatioHigh"]["expr"]  # the variant's value
+    assert found["DlqSidecarDeadLetterRatioHigh"]["expr"].endswith(">= 100")  # minimum volume
     assert found["DlqSidecarDeadLetterRateHigh"]["expr"].endswith("> 1")  # the default
     assert "> 120" in found["DlqSidecarCommitsStalled"]["expr"]
     for name, r in found.items():
@@ -173,6 +174,55 @@ def test_prometheus_rule_takes_thresholds_labels_and_runbook_from_values(helm: s
     assert changed["DlqSidecarLagGrowing"]["expr"].count("> 50)") == 2  # both engines
     assert changed["DlqSidecarLagGrowing"]["for"] == "45m"
     assert "> 30" in changed["DlqSidecarCommitsStalled"]["expr"]
+
+
+def test_runbook_url_is_absolute_unless_the_user_says_so(helm: str) -> None:
+    error = render_error(helm, ci_file("monitoring"), sets=("prometheusRule.runbookUrl=",))
+    assert "prometheusRule.runbookUrl is required" in error, error
+    relative = ("prometheusRule.runbookUrl=docs/runbook.md",)
+    error = render_error(helm, ci_file("monitoring"), sets=relative)
+    assert "not an absolute http(s) URL" in error and "allowRelativeRunbookUrl" in error, error
+    allowed = (*relative, "prometheusRule.allowRelativeRunbookUrl=true")
+    rule = only(render(helm, ci_file("monitoring"), sets=allowed), "PrometheusRule")
+    url = alerts(rule)["DlqSidecarDown"]["annotations"]["runbook_url"]
+    assert url == "docs/runbook.md#dlqsidecardown"
+
+
+def test_release_scope_needs_the_service_monitor(helm: str) -> None:
+    """The release scope selects the ServiceMonitor's labels: without it nothing would match."""
+    error = render_error(helm, ci_file("monitoring"), sets=("serviceMonitor.enabled=false",))
+    assert "prometheusRule.scope release" in error and "serviceMonitor.enabled" in error, error
+    scope_all = ("serviceMonitor.enabled=false", "prometheusRule.scope=all", "keda.enabled=false")
+    assert only(render(helm, ci_file("monitoring"), sets=scope_all), "PrometheusRule")
+
+
+def test_thresholds_that_cannot_work_with_the_sidecars_timeouts_are_refused(helm: str) -> None:
+    """CommitsStalled must fire before the liveness restart resets its gauge; the fatal-exit window
+    must bridge two exits of a crash loop; the restart window must hold the restart count."""
+    stall = ("sidecar.config.commit\\.stall\\.timeout\\.ms=100000",)
+    error = render_error(helm, ci_file("monitoring"), sets=stall)
+    assert (
+        "commitsFailingSeconds (120 s)" in error and "commit.stall.timeout.ms (100000 ms)" in error
+    )
+    assert "never fire" in error
+    # 120 s + a 30 s scrape fit in 151 s; a shorter scrape fits in 125 s; a disabled stall check too.
+    for sets in (
+        ("sidecar.config.commit\\.stall\\.timeout\\.ms=151000",),
+        (
+            "sidecar.config.commit\\.stall\\.timeout\\.ms=125000",
+            "serviceMonitor.interval=4s",
+        ),
+        ("sidecar.config.commit\\.stall\\.timeout\\.ms=0",),
+    ):
+        assert only(render(helm, ci_file("monitoring"), sets=sets), "PrometheusRule")
+    error = render_error(
+        helm, ci_file("monitoring"), sets=("prometheusRule.thresholds.fatalExitWindow=6m",)
+    )
+    assert "fatalExitWindow (6m)" in error and "crash-looping" in error, error
+    error = render_error(
+        helm, ci_file("monitoring"), sets=("prometheusRule.thresholds.restartsWindow=10m",)
+    )
+    assert "restartsWindow (10m)" in error, error
 
 
 def test_bad_thresholds_are_refused(helm: str) -> None:
@@ -193,7 +243,12 @@ def test_plain_rule_file_is_the_charts_rules_for_all_pods(helm: str) -> None:
         render(
             helm,
             ci_file("minimal"),
-            sets=("prometheusRule.enabled=true", "prometheusRule.scope=all"),
+            sets=(
+                "prometheusRule.enabled=true",
+                "prometheusRule.scope=all",
+                "prometheusRule.runbookUrl=docs/runbook.md",
+                "prometheusRule.allowRelativeRunbookUrl=true",
+            ),
         ),
         "PrometheusRule",
     )
@@ -255,6 +310,7 @@ def test_dashboard_rows_and_variables() -> None:
     dashboard = json.loads((CHART / "dashboards" / "dlq-sidecar.json").read_text())
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == [
+        "Health",
         "Records",
         "Dead letters",
         "The app",
@@ -264,26 +320,29 @@ def test_dashboard_rows_and_variables() -> None:
         "Local API",
     ]
     variables = [v["name"] for v in dashboard["templating"]["list"]]
-    assert variables == ["datasource", "namespace", "pod", "topic"]
+    assert variables == ["datasource", "cluster", "job", "namespace", "pod", "topic"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             assert 'namespace=~"$namespace"' in target["expr"], panel["title"]
+            assert 'cluster=~"$cluster",job=~"$job"' in target["expr"], panel["title"]
             assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
 
 
 # --- autoscaling -----------------------------------------------------------------------------------
 
 
-def trigger(scaled: Manifest) -> dict[str, Any]:
+def trigger(scaled: Manifest, kind: str = "prometheus") -> dict[str, Any]:
     [t] = scaled["spec"]["triggers"]
-    assert t["type"] == "prometheus"
+    assert t["type"] == kind
     result: dict[str, Any] = t["metadata"]
     return result
 
 
-def test_scaled_object_scales_the_deployment_on_the_consumer_lag(helm: str) -> None:
+def test_scaled_object_scales_the_consumer_group_on_the_brokers_lag(helm: str) -> None:
+    """engine: consumer: KEDA's Kafka scaler reads the group's committed-offset lag from the brokers
+    (no Prometheus needed, so minReplicaCount 0 works); a fallback holds the replicas when blind."""
     manifests = render(helm, ci_file("monitoring"))
     scaled = only(manifests, "ScaledObject")
     deployment = only(manifests, "Deployment")
@@ -295,12 +354,47 @@ def test_scaled_object_scales_the_deployment_on_the_consumer_lag(helm: str) -> N
     assert "replicas" not in deployment["spec"]  # KEDA owns the replica count
     assert scaled["spec"]["maxReplicaCount"] == 12  # the partition count
     assert scaled["spec"]["minReplicaCount"] == 1
-    meta = trigger(scaled)
-    assert meta["query"] == f"sum(dlq_sidecar_commit_lag_records{{{SCOPE}}})"
-    assert meta["threshold"] == "1000"
-    assert meta["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert scaled["spec"]["fallback"] == {
+        "failureThreshold": 3,
+        "replicas": 1,
+        "behavior": "currentReplicasIfHigher",
+    }
+    meta = trigger(scaled, "kafka")
+    assert meta == {
+        "bootstrapServers": "kafka:9092",
+        "consumerGroup": "orders-app",
+        "topic": "orders",
+        "lagThreshold": "1000",
+        "activationLagThreshold": "0",
+        "offsetResetPolicy": "earliest",
+        "allowIdleConsumers": "false",
+    }
+    to_zero = only(
+        render(helm, ci_file("monitoring"), sets=("keda.minReplicaCount=0",)), "ScaledObject"
+    )
+    assert to_zero["spec"]["minReplicaCount"] == 0
+    assert to_zero["spec"]["fallback"]["replicas"] == 1
     override = render(helm, ci_file("monitoring"), sets=("keda.maxReplicaCount=4",))
     assert only(override, "ScaledObject")["spec"]["maxReplicaCount"] == 4
+    secured = ("sidecar.kafka.sasl.enabled=true", "sidecar.kafka.sasl.existingSecret=kafka-user")
+    error = render_error(helm, ci_file("monitoring"), sets=secured)
+    assert "keda.authenticationRef" in error, error
+    auth = render(helm, ci_file("monitoring"), sets=(*secured, "keda.authenticationRef=kafka-auth"))
+    assert only(auth, "ScaledObject")["spec"]["triggers"][0]["authenticationRef"] == {
+        "name": "kafka-auth"
+    }
+
+
+def test_scaled_object_on_the_consumer_engines_committed_lag_metric(helm: str) -> None:
+    scaled = only(
+        render(helm, ci_file("monitoring"), sets=("keda.scaler=prometheus",)), "ScaledObject"
+    )
+    meta = trigger(scaled)
+    assert meta["query"] == (
+        f"sum(max by (topic, partition) (dlq_sidecar_committed_lag_records{{{SCOPE}}}))"
+    )
+    assert meta["threshold"] == "1000"
+    assert meta["serverAddress"] == "http://prometheus-operated.monitoring.svc:9090"
 
 
 def test_scaled_object_on_the_share_groups_lag_estimate(helm: str) -> None:
@@ -315,15 +409,32 @@ def test_scaled_object_on_the_share_groups_lag_estimate(helm: str) -> None:
     assert only(auth, "ScaledObject")["spec"]["triggers"][0]["authenticationRef"] == {
         "name": "prom-auth"
     }
+    error = render_error(helm, ci_file("share-keda"), sets=("keda.scaler=kafka",))
+    assert "engine: share use keda.scaler prometheus" in error, error
 
 
-def test_scaled_object_needs_a_ceiling_and_a_server(helm: str) -> None:
+def test_scaled_object_refuses_what_cannot_scale(helm: str) -> None:
     error = render_error(helm, ci_file("monitoring"), sets=("keda.partitions=null",))
     assert "keda.partitions" in error
-    error = render_error(helm, ci_file("monitoring"), sets=("keda.serverAddress=",))
+    error = render_error(helm, ci_file("share-keda"), sets=("keda.serverAddress=",))
     assert "keda.serverAddress" in error
     error = render_error(helm, ci_file("monitoring"), sets=("keda.minReplicaCount=20",))
     assert "below keda.minReplicaCount" in error
+    error = render_error(helm, ci_file("monitoring"), sets=("keda.maxReplicaCount=13",))
+    assert "keda.maxReplicaCount (13) is above keda.partitions (12)" in error, error
+    # The Prometheus scaler: no pod, no metric, so never from 0; and never a query that matches nothing.
+    error = render_error(helm, ci_file("share-keda"), sets=("keda.minReplicaCount=0",))
+    assert "keda.minReplicaCount 0 needs keda.scaler kafka" in error, error
+    explicit = ("keda.scaler=prometheus", "keda.minReplicaCount=0")
+    error = render_error(helm, ci_file("monitoring"), sets=explicit)
+    assert "/keda/minReplicaCount" in error, error  # the schema refuses it before the templates
+    error = render_error(helm, ci_file("share-keda"), sets=("serviceMonitor.enabled=false",))
+    assert "needs serviceMonitor.enabled" in error, error
+    own = ("serviceMonitor.enabled=false", "keda.query=sum(my_lag)")
+    assert (
+        trigger(only(render(helm, ci_file("share-keda"), sets=own), "ScaledObject"))["query"]
+        == "sum(my_lag)"
+    )
 
 
 def test_schema_refuses_the_hpa_and_the_scaled_object_together(helm: str) -> None:

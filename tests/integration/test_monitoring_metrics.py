@@ -1,11 +1,12 @@
 """The dashboard, the alert rules and the KEDA queries name only what a running sidecar exports.
 
 Two sidecars run side by side against the real broker, one per engine, each with the DLQ circuit
-breaker on: an app accepts a few records, then rejects everything with an exception class, so DLQ
+breaker and the exit record (`metrics.exit.record.path`) on: an app accepts a few records, then rejects everything with an exception class, so DLQ
 records are written and the breaker trips; a request with a foreign Host header is refused by the
 control API. Their `/metrics` is scraped and every metric name and label that the dashboard's queries,
 variables and legends, the alert rules (expressions and annotation templates) and the rendered
-ScaledObjects use must be among what they export (plus the target labels Prometheus adds).
+ScaledObjects (with KEDA's Prometheus scaler) use must be among what they export (plus the target
+labels Prometheus adds; kube-state-metrics' series the rules read are not the sidecar's).
 
 Imports: the standard library, PyYAML, trio, pytest, the test harness and the chart test's helpers.
 """
@@ -37,8 +38,9 @@ from tests.kafkatools import Broker, Rec
 RULES = ROOT / "deploy" / "prometheus" / "dlq-sidecar-rules.yaml"
 DASHBOARD = CHART / "dashboards" / "dlq-sidecar.json"
 # Labels Prometheus adds to every series of a target (the ServiceMonitor's scrape; a plain
-# Prometheus relabels the Kubernetes pod's namespace and name to the same two).
-TARGET_LABELS = {"namespace", "pod", "service", "job", "instance"}
+# Prometheus relabels the Kubernetes pod's namespace and name to the same two), and `cluster`, the
+# external label a Prometheus of several clusters (or Thanos) adds.
+TARGET_LABELS = {"namespace", "pod", "service", "job", "instance", "cluster"}
 BREAKER = "errors.deadletterqueue.circuit.breaker."
 GOOD = 12
 
@@ -82,8 +84,13 @@ _MATCHER = re.compile(r'(\w+)\s*(?:=~|!~|!=|=)\s*"')
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 
 
+# kube-state-metrics' series (restarts, a Deployment's replicas): their labels are not the sidecar's.
+_KSM = re.compile(r"\bkube_\w+\{[^}]*\}")
+
+
 def names_and_labels(expr: str) -> tuple[set[str], set[str]]:
     """The dlq_sidecar_ metrics an expression reads and the labels it matches or groups on."""
+    expr = _KSM.sub("", expr)
     labels = set(_MATCHER.findall(expr))
     for group in _GROUPING.findall(expr):
         labels |= {part.strip() for part in group.split(",") if part.strip()}
@@ -172,8 +179,11 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
 
     async def one(engine: str) -> None:
         app = TurningApp()
+        path = tmp_path / engine
+        path.mkdir()
         extra: dict[str, Any] = {
             **FAST,
+            "metrics": {"exit.record.path": str(path / "exit-record")},
             "engine": engine,
             BREAKER + "enable": True,
             BREAKER + "ratio": 0.5,
@@ -183,13 +193,11 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
         }
         if engine == "share":
             extra |= {"ordering": "none", "delivery.count.limit": 2}
-        path = tmp_path / engine
-        path.mkdir()
         async with running_sidecar(
             broker, path, app.recording, unique=f"{unique}-{engine}", extra=extra
         ) as rig:
             lag = (
-                "dlq_sidecar_commit_lag_records"
+                "dlq_sidecar_committed_lag_records"
                 if engine == "consumer"
                 else "dlq_sidecar_share_lag_records"
             )
@@ -210,11 +218,16 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
     assert 'exception_class="app.Poison"' in texts["consumer"]
     assert 'dlq_sidecar_circuit_breaker_state{state="open"} 1.0' in texts["share"]
     assert {"topic", "partition"} <= consumer["dlq_sidecar_commit_lag_records"]
+    assert {"topic", "partition"} <= consumer["dlq_sidecar_committed_lag_records"]
+    assert {"reason"} <= consumer["dlq_sidecar_last_fatal_exit_timestamp_seconds"]
+    assert "dlq_sidecar_restarts_total 0.0" in texts["share"]
     assert {"topic", "partition"} <= share["dlq_sidecar_share_lag_records"]
     assert {"listener", "reason"} <= consumer["dlq_sidecar_http_refused_total"]
 
+    prometheus_scaler = ("keda.scaler=prometheus",)
     scaled = [
-        only(render(helm, ci_file(name)), "ScaledObject") for name in ("monitoring", "share-keda")
+        only(render(helm, ci_file("monitoring"), sets=prometheus_scaler), "ScaledObject"),
+        only(render(helm, ci_file("share-keda")), "ScaledObject"),
     ]
     found = uses() + [
         ("ScaledObject", so["spec"]["triggers"][0]["metadata"]["query"], set()) for so in scaled

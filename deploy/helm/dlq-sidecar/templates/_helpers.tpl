@@ -255,6 +255,10 @@ for one setting would drift apart (e.g. a listen port the probes do not use).
 {{- $cfg := deepCopy (default (dict) .values.sidecar.config) }}
 {{- /* engine: share counts deaths in a journal on the /tmp emptyDir (survives container restarts). */}}
 {{- if not (hasKey $cfg "share.journal.path") }}{{ $_ := set $cfg "share.journal.path" "/tmp/share-journal" }}{{ end }}
+{{- /* The exit record on the same emptyDir: a fatal exit shows in the next process's metrics. */}}
+{{- $metrics := default (dict) (index $cfg "metrics") }}
+{{- if not (hasKey $metrics "exit.record.path") }}{{ $_ := set $metrics "exit.record.path" "/tmp/exit-record" }}{{ end }}
+{{- $_ := set $cfg "metrics" $metrics }}
 {{- $owned := include "dlq-sidecar.ownedConfig" . | fromYaml }}
 {{- toYaml (mergeOverwrite $cfg $owned) }}
 {{- end }}
