@@ -147,13 +147,14 @@ async def serve_injector(
     settings: InjectorSettings,
     certificates: CertificateStore,
     *,
+    limits: Limits = LIMITS,
     task_status: trio.TaskStatus[int | str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the webhook until cancelled; reports the bound port through ``task_status``."""
     await serve_http(
         handler_for(settings),
         ("tcp", settings.listen_host, settings.listen_port),
-        limits=LIMITS,
+        limits=limits,
         tls=certificates.context,
         task_status=task_status,
     )

@@ -308,8 +308,8 @@ def _listen(raw: object, path: str) -> tuple[str, int]:
     if not isinstance(raw, str) or ":" not in raw:
         raise _Bad(path, f"must be host:port, got {raw!r}")
     host, _, port = raw.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise _Bad(path, f"the port must be 1-65535, got {port!r}")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise _Bad(path, f"the port must be 0-65535 (0: any free one), got {port!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
