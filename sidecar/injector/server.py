@@ -138,6 +138,10 @@ async def _handle(settings: InjectorSettings, request: Request) -> Response:
         log.warning("injector: refused pod %s: %s", pod, decision.note)
     elif decision.patch:
         log.info("injector: injected the sidecar into pod %s", pod)
+    elif decision.note.startswith("already has"):
+        # A pod asked for the sidecar and has it: chart-made, or the API server calling again
+        # (reinvocationPolicy IfNeeded) after a later webhook changed it.
+        log.info("injector: left pod %s alone: %s", pod, decision.note)
     else:
         log.debug("injector: left pod %s alone: %s", pod, decision.note)
     return Response(200, (("Content-Type", "application/json"),), reviewed.body)

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
 import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 import yaml
 
 from sidecar.ops.kafka_broker import free_port
@@ -400,6 +403,109 @@ def test_a_bad_annotation_is_refused_with_its_name_and_reason(
         in refused.value.message
     )
     assert not cluster.exists(f"/api/v1/namespaces/{APPS}/pods/bad")
+
+
+class Labeler:
+    """A second mutating webhook, called after the injector (webhooks run in name order): it adds a label,
+    so the API server calls the injector again (reinvocationPolicy IfNeeded)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ca = trustme.CA()
+        leaf = self.ca.issue_cert("127.0.0.1")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        leaf.configure_cert(context)
+        self.calls = 0
+        labeler = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))[
+                    "request"
+                ]
+                labeler.calls += 1
+                patch = [{"op": "add", "path": "/metadata/labels/relabelled", "value": "yes"}]
+                body = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": {
+                            "uid": request["uid"],
+                            "allowed": True,
+                            "patchType": "JSONPatch",
+                            "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+                        },
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def configuration(self) -> Obj:
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "zz-labeler"},
+            "webhooks": [
+                {
+                    "name": "labeler.test.dlq-sidecar.io",
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "reinvocationPolicy": "Never",
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{self.port}/label",
+                        "caBundle": base64.b64encode(self.ca.cert_pem.bytes()).decode(),
+                    },
+                    "rules": [
+                        {
+                            "operations": ["CREATE"],
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["pods"],
+                        }
+                    ],
+                    "objectSelector": {"matchLabels": {"relabel": "yes"}},
+                }
+            ],
+        }
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def test_a_later_webhook_makes_the_api_server_call_the_injector_again(
+    cluster: KubeCluster, injector: Injector, tmp_path: Path
+) -> None:
+    labeler = Labeler(tmp_path)
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    cluster.create(path, labeler.configuration())
+    try:
+        stored = create_pod(
+            cluster, APPS, new_pod("reinvoked", ANNOTATED, labels={"relabel": "yes"})
+        )
+    finally:
+        cluster.delete(f"{path}/zz-labeler")
+        labeler.close()
+    assert labeler.calls == 1 and stored["metadata"]["labels"]["relabelled"] == "yes"
+    assert len(sidecars(stored)) == 1
+    log = injector.log()
+    assert f"injected the sidecar into pod {APPS}/reinvoked" in log
+    assert f"left pod {APPS}/reinvoked alone: already has a dlq-sidecar container" in log, log[
+        -2000:
+    ]
 
 
 def webhook_ca(cluster: KubeCluster) -> tuple[str, str]:
