@@ -17,6 +17,7 @@ bounded time, then kills (the data directory is thrown away anyway).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
@@ -72,6 +73,10 @@ class KubeCluster:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
+    def port(self) -> int:
+        return int(self.url.rpartition(":")[2])
+
+    @property
     def kubeconfig(self) -> Path:
         return self.directory / "kubeconfig"
 
@@ -91,7 +96,8 @@ class KubeCluster:
             with urllib.request.urlopen(request, context=self._context(), timeout=60) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
-            text = exc.read()
+            with exc:
+                text = exc.read()
             try:
                 parsed = json.loads(text)
             except ValueError:
@@ -134,9 +140,8 @@ class KubeCluster:
         for name in names:
             while True:
                 crd = self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                conditions = {
-                    c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])
-                }
+                found = (crd.get("status") or {}).get("conditions") or []
+                conditions = {c["type"]: c["status"] for c in found}
                 if conditions.get("Established") == "True":
                     break
                 assert time.monotonic() < deadline, f"CRD {name} not Established: {conditions}"
@@ -163,17 +168,23 @@ def _wait_ready(
             if proc.poll() is not None:
                 tail = log.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{tail}")
-        try:
-            if cluster.ca_file.exists():
-                request = urllib.request.Request(cluster.url + "/readyz")
-                request.add_header("Authorization", f"Bearer {cluster.token}")
-                with urllib.request.urlopen(
-                    request, context=cluster._context(), timeout=5
-                ) as response:
-                    if response.status == 200:
-                        return
-        except (OSError, ssl.SSLError) as exc:
-            last = exc
+        if cluster.ca_file.exists():
+            connection = http.client.HTTPSConnection(
+                "127.0.0.1", cluster.port, context=cluster._context(), timeout=5
+            )
+            try:
+                connection.request(
+                    "GET", "/readyz", headers={"Authorization": f"Bearer {cluster.token}"}
+                )
+                response = connection.getresponse()
+                response.read()
+                if response.status == 200:
+                    return
+                last = f"/readyz answered {response.status}"
+            except OSError as exc:  # not listening yet, or its certificate not written yet
+                last = exc
+            finally:
+                connection.close()
         time.sleep(0.5)
     raise RuntimeError(f"kube-apiserver not ready in {START_TIMEOUT_S:g} s: {last}")
 

@@ -175,21 +175,21 @@ class Injector:
             "keyFile": str(self.directory / "tls.key"),
         }
         (self.directory / "injector.yaml").write_text(yaml.safe_dump(config))
-        log = (self.directory / "injector.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "injector",
-                "-c",
-                str(self.directory / "injector.yaml"),
-                "--shutdown-delay",
-                "0",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with (self.directory / "injector.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sidecar",
+                    "injector",
+                    "-c",
+                    str(self.directory / "injector.yaml"),
+                    "--shutdown-delay",
+                    "0",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         context = ssl.create_default_context(cafile=str(self.directory / "ca.crt"))
         deadline = time.monotonic() + 60
         while True:
@@ -266,6 +266,12 @@ def test_an_annotated_pod_is_stored_with_the_sidecar(
     assert volumes["dlq-sidecar-config"]["configMap"]["name"] == "orders"
     app = stored["spec"]["containers"][0]
     assert {"name": "DLQ_SIDECAR_APP_PORT", "value": "9000"} in app["env"]
+    # The namespace really enforces the restricted standard: the same pod without its hardening is refused.
+    loose = new_pod("loose", ANNOTATED)
+    del loose["spec"]["securityContext"], loose["spec"]["containers"][0]["securityContext"]
+    with pytest.raises(ApiError) as refused:
+        create_pod(cluster, APPS, loose)
+    assert refused.value.status == 403 and "restricted" in refused.value.message
     # The stored sidecar's command line is one the real sidecar accepts, with the team's ConfigMap.
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -525,6 +531,9 @@ def test_failure_policy_with_the_injector_stopped_and_an_upgrade_keeps_the_ca(
     # Fail (the default): no pod is created in an opted-in namespace while no injector answers.
     with pytest.raises(ApiError) as refused:
         create_pod(cluster, APPS, new_pod("while-down", ANNOTATED))
+    assert "failed calling webhook" in refused.value.message, refused.value.message
+    with pytest.raises(ApiError) as refused:  # annotated or not: every pod there is sent
+        create_pod(cluster, APPS, new_pod("plain-while-down"))
     assert "failed calling webhook" in refused.value.message, refused.value.message
     assert not cluster.exists(f"/api/v1/namespaces/{APPS}/pods/while-down")
     proc = helm_in(
