@@ -244,6 +244,26 @@ def injector(
         running.stop()
 
 
+def test_why_the_webhook_is_a_url_here_endpoints_refuse_loopback(
+    cluster: KubeCluster, injector: Injector
+) -> None:
+    """The chart's default clientConfig is its Service; the API server reaches a Service through its
+    Endpoints, and those cannot point at this machine's loopback, where the injector runs in the tests."""
+    with pytest.raises(ApiError) as refused:
+        cluster.create(
+            f"/api/v1/namespaces/{SYSTEM}/endpoints",
+            {
+                "metadata": {"name": "loopback"},
+                "subsets": [
+                    {"addresses": [{"ip": "127.0.0.1"}], "ports": [{"port": injector.port}]}
+                ],
+            },
+        )
+    assert refused.value.status == 422 and "loopback" in refused.value.message, (
+        refused.value.message
+    )
+
+
 ANNOTATED = {
     "dlq-sidecar.io/inject": "true",
     "dlq-sidecar.io/config": "orders",
