@@ -11,6 +11,7 @@ into its own config.yaml), `XDG_STATE_HOME=/tmp`, and seccomp on the container i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,52 @@ def test_the_injected_sidecar_is_the_charts_field_by_field(
     assert injected["containers"][0]["env"] == chart_app["env"]
     assert injected["containers"][0].get("volumeMounts") == chart_app.get("volumeMounts")
     assert injected["terminationGracePeriodSeconds"] == chart_pod["terminationGracePeriodSeconds"]
+
+
+def test_one_set_of_defaults_in_the_two_charts_and_the_injector(helm: str) -> None:
+    """The injector's built-in defaults, its chart's `inject` values and the dlq-sidecar chart's values.yaml
+    describe the same sidecar: a default changed in one place only fails here."""
+    rendered = injector_settings(render(helm, CHART))
+    builtin = parse_settings({"tls": {"certFile": "a", "keyFile": "b"}}).sidecar
+    assert dataclasses.replace(rendered.sidecar, image=builtin.image) == builtin
+    chart = yaml.safe_load((SIDECAR_CHART / "values.yaml").read_text())["sidecar"]
+    ours = rendered.sidecar
+    assert (chart["api"]["port"], chart["api"]["observabilityPort"], chart["api"]["exposure"]) == (
+        ours.api_port,
+        ours.observability_port,
+        ours.exposure,
+    )
+    assert chart["shutdown"] == {
+        "drainTimeoutMs": ours.drain_timeout_ms,
+        "marginSeconds": ours.margin_s,
+    }
+    assert chart["resources"] == ours.resources
+    for key, probe in (
+        ("startupProbe", ours.startup_probe),
+        ("livenessProbe", ours.liveness_probe),
+        ("readinessProbe", ours.readiness_probe),
+    ):
+        assert chart[key] == {
+            "enabled": probe.enabled,
+            "periodSeconds": probe.period_s,
+            "failureThreshold": probe.failure_threshold,
+            "timeoutSeconds": probe.timeout_s,
+        }, key
+    app = yaml.safe_load((SIDECAR_CHART / "values.yaml").read_text())["app"]
+    assert (
+        app["transport"],
+        app["port"],
+        app["socketName"],
+        app["pushPath"],
+        app["shutdownSeconds"],
+    ) == (
+        rendered.app.transport,
+        rendered.app.port,
+        rendered.app.socket_name,
+        rendered.app.push_path,
+        rendered.app.shutdown_s,
+    )
+    assert (
+        rendered.sidecar.image.tag
+        == yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    )
