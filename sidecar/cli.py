@@ -34,12 +34,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    overlay_help = (
+        "YAML or JSON mapping merged over the config file (maps key by key, anything else replaced); "
+        "the injector passes the keys it owns this way"
+    )
     run = sub.add_parser("run", help="run the sidecar with a config file")
     run.add_argument("-c", "--config", required=True, help="path to the YAML config file")
+    run.add_argument("--overlay", metavar="YAML", help=overlay_help)
 
     check = sub.add_parser("check-config", help="validate a config file without connecting")
     check.add_argument("-c", "--config", required=True, help="path to the YAML config file")
+    check.add_argument("--overlay", metavar="YAML", help=overlay_help)
     check.add_argument("--print", action="store_true", help="print the effective config as JSON")
+
+    injector = sub.add_parser(
+        "injector",
+        help="serve the Kubernetes admission webhook that adds the sidecar to annotated pods",
+    )
+    injector.add_argument(
+        "-c", "--config", required=True, help="path to the injector's YAML config"
+    )
+    injector.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds to keep answering after SIGTERM (default 5)",
+    )
 
     from sidecar.ops.demo import add_demo_parser
 
@@ -55,11 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(path: str) -> object:
+def _load(path: str, overlay: str | None = None) -> object:
     from sidecar.config import ConfigError, load_config
 
     try:
-        return load_config(path)
+        return load_config(path, overlay=overlay)
     except ConfigError as exc:
         print(f"dlq-sidecar: config error: {exc}", file=sys.stderr)
         return None
@@ -70,24 +91,24 @@ def _load(path: str) -> object:
         return None
 
 
-def cmd_run(config_path: str) -> int:
+def cmd_run(config_path: str, overlay: str | None = None) -> int:
     import trio
 
     from sidecar.config import Config
     from sidecar.service.daemon import run_sidecar
     from sidecar.telemetry.logs import setup_logging
 
-    config = _load(config_path)
+    config = _load(config_path, overlay)
     if not isinstance(config, Config):
         return EXIT_CONFIG
     setup_logging(config.logging.level.value, config.logging.format.value)
     return trio.run(run_sidecar, config)
 
 
-def cmd_check_config(config_path: str, print_config: bool) -> int:
+def cmd_check_config(config_path: str, print_config: bool, overlay: str | None = None) -> int:
     from sidecar.config import Config, dump_config
 
-    config = _load(config_path)
+    config = _load(config_path, overlay)
     if not isinstance(config, Config):
         return EXIT_CONFIG
     for note in config.deprecations:
@@ -101,6 +122,40 @@ def cmd_check_config(config_path: str, print_config: bool) -> int:
     return EXIT_OK
 
 
+def cmd_injector(config_path: str, shutdown_delay_s: float) -> int:
+    import ssl
+
+    import trio
+
+    from sidecar.injector.server import load_settings, run_injector
+    from sidecar.injector.settings import InjectorConfigError
+    from sidecar.telemetry.logs import setup_logging
+
+    try:
+        settings = load_settings(config_path)
+    except InjectorConfigError as exc:
+        print(f"dlq-sidecar: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if shutdown_delay_s < 0:
+        print("dlq-sidecar: --shutdown-delay must not be negative", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging("info", "json")
+    try:
+        return trio.run(run_injector, settings, shutdown_delay_s)
+    except (ssl.SSLError, FileNotFoundError, PermissionError) as exc:
+        print(f"dlq-sidecar: config error: {config_path}: tls: cannot load: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ExceptionGroup as group:
+        bind, rest = group.split(OSError)
+        if bind is None or rest is not None:
+            raise
+        first: BaseException = bind
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        print(f"dlq-sidecar: injector: cannot listen: {first}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -108,9 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     if args.command == "run":
-        return cmd_run(args.config)
+        return cmd_run(args.config, args.overlay)
     if args.command == "check-config":
-        return cmd_check_config(args.config, args.print)
+        return cmd_check_config(args.config, args.print, args.overlay)
+    if args.command == "injector":
+        return cmd_injector(args.config, args.shutdown_delay)
     if args.command == "dlq":
         from sidecar.ops.dlq_command import cmd_dlq
 

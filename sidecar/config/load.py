@@ -47,8 +47,15 @@ def parse_config(
     return config
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read, substitute and validate the YAML file at `path`; raise ConfigError."""
+def load_config(
+    path: str | Path, env: Mapping[str, str] | None = None, *, overlay: str | None = None
+) -> Config:
+    """Read, substitute and validate the YAML file at `path`; raise ConfigError.
+
+    `overlay`: YAML (or JSON) text of a mapping merged over the file before it is read, maps key by key
+    at every depth, anything else replaced (``dlq-sidecar run --overlay``: the injector passes the keys
+    it owns this way, over a ConfigMap the team wrote). Its errors name the file ``--overlay``.
+    """
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -56,8 +63,31 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         raise ConfigError("", f"cannot read the file: {exc.strerror or exc}", file=file) from None
     except UnicodeDecodeError as exc:
         raise ConfigError("", f"the file is not UTF-8: {exc.reason}", file=file) from None
+    data = _parse_yaml(text, file)
+    if overlay is not None:
+        over = _parse_yaml(overlay, "--overlay")
+        if not isinstance(over, Mapping):
+            raise ConfigError("", "must be a mapping of config keys", file="--overlay")
+        if data is not None and not isinstance(data, Mapping):
+            raise ConfigError("", "expected a mapping of keys at the top level", file=file)
+        data = _merged(data or {}, over)
+    return parse_config(data, env, file=file)
+
+
+def _merged(base: Mapping[object, object], over: Mapping[object, object]) -> dict[object, object]:
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(below, Mapping) and isinstance(value, Mapping):
+            out[key] = _merged(below, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _parse_yaml(text: str, file: str) -> object:
     try:
-        data = yaml.load(text, Loader=_Loader)  # _Loader derives from SafeLoader
+        return yaml.load(text, Loader=_Loader)  # _Loader derives from SafeLoader
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         reason = "; ".join(part for part in (exc.context, exc.problem) if part) or "invalid YAML"
@@ -75,4 +105,3 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         raise ConfigError("", f"invalid YAML: {exc}", file=file) from None
     except RecursionError:  # _MAX_DEPTH should make this unreachable; never a traceback
         raise ConfigError("", "invalid YAML: nested too deeply", file=file) from None
-    return parse_config(data, env, file=file)

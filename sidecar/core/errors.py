@@ -36,11 +36,15 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     ├── PullQueryError ........... a bad GET /v1/records query (a 400)                    sidecar.service.api
     ├── DlqToolError ............. what `dlq inspect` and `dlq replay` report             sidecar.ops.dlq_errors
     │   └── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq_errors
-    └── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo_setup
+    ├── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo_setup
+    ├── InjectorConfigError ...... the injector's config file is invalid (exit 2)         sidecar.injector.settings
+    ├── Refusal .................. a pod the injector will not admit (a 400)              sidecar.injector.annotations
+    │   └── BadAnnotation ........ a dlq-sidecar.io/* annotation it cannot follow         sidecar.injector.annotations
+    └── MalformedReview .......... a webhook request that is no AdmissionReview           sidecar.injector.review
 
-`WireError`, `CommitStateError`, `BudgetError`, `BadResponse` and `PullQueryError` are also
+`WireError`, `CommitStateError`, `BudgetError`, `BadResponse`, `PullQueryError` and `MalformedReview` are also
 `ValueError`s, for callers that catch that.  Private signals that never leave their module
-(``_Invalid``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``,
+(``_Invalid``, ``_Bad``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``,
 ``_Refused``) are control
 flow, not errors, and sit outside the tree.
 

@@ -56,10 +56,16 @@ It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.room` and
 :mod:`sidecar.http.sockets` (listening, accepting, idle waits) from this package;
 ``sidecar.service.api`` and the test and example apps build on it.
 
+TLS (``tls``: a callable giving the ``ssl.SSLContext`` for each new connection, so a rotated certificate
+is picked up): each accepted connection is wrapped in a ``trio.SSLStream`` before anything is read, and
+every limit above applies to it as to plain HTTP; the handshake counts against ``idle_timeout_s`` (it is
+what the connection sends first), and a failed handshake closes the connection like a reset.
+
 Usage::
 
     port = await nursery.start(serve_http, handler, ("tcp", "127.0.0.1", 0))
     path = await nursery.start(serve_http, handler, ("unix", "/run/app.sock"))
+    port = await nursery.start(functools.partial(serve_http, tls=lambda: context), handler, listen)
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ import http
 import json
 import logging
 import os
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -682,13 +689,15 @@ async def serve_http(
     limits: Limits | None = None,
     stats: ServerStats | None = None,
     backlog: int = 4096,
+    tls: Callable[[], ssl.SSLContext] | None = None,
     task_status: trio.TaskStatus[int | str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``handler`` on ``listen`` until cancelled.
 
     ``limits`` holds every limit; ``max_request_bytes`` and ``idle_timeout_s`` override its most
     used fields (``idle_timeout_s`` both idle limits: before the first request and between).
-    ``stats``, when given, is kept up to date (for metrics and tests).
+    ``stats``, when given, is kept up to date (for metrics and tests). ``tls``: serve HTTPS with the
+    context it returns (called once per connection).
     Reports the bound port (TCP; useful with port 0) or the socket path (Unix) through
     ``task_status`` once it accepts connections. On cancel, connections are closed and a Unix
     socket file this call created is removed.
@@ -722,8 +731,11 @@ async def serve_http(
     scopes: dict[Seat, trio.CancelScope] = {}
     idle = IdleWatch()
 
-    async def serve_one(stream: trio.SocketStream) -> None:
-        peer = peer_of(stream, via_unix)
+    async def serve_one(sock: trio.SocketStream) -> None:
+        peer = peer_of(sock, via_unix)
+        stream: trio.abc.Stream = sock
+        if tls is not None:
+            stream = trio.SSLStream(sock, tls(), server_side=True, https_compatible=True)
         seat, evicted = room.admit(peer, trio.current_time())
         if evicted is not None:
             stats.cut("evicted", evicted.peer, "closed to make room for a new connection")
