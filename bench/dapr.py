@@ -65,9 +65,8 @@ class DaprSetup:
     bulk_max_messages: int = 100  # the sidecar's batch mode: app.batch.max.records 100
     bulk_max_await_ms: int = 5  # ... and its 5 ms linger
     retries: int = 3  # resiliency: the app's RETRY answered again up to this many times
-    retry_ms: int = (
-        50  # ... this long apart (the sidecar's errors.retry.delay.initial.ms in the runs)
-    )
+    retry_ms: int = 50  # ... this long apart (the sidecar's errors.retry.delay.initial.ms: 50)
+    session_timeout_s: int | None = None  # the component's sessionTimeout (default 10 s)
 
     def component(self) -> str:
         metadata = {
@@ -78,6 +77,9 @@ class DaprSetup:
             "initialOffset": "oldest",
             "version": SARAMA_KAFKA_VERSION,
         }
+        if self.session_timeout_s:
+            metadata["sessionTimeout"] = f"{self.session_timeout_s}s"
+            metadata["heartbeatInterval"] = f"{max(1, self.session_timeout_s // 3)}s"
         return yaml_doc(
             "dapr.io/v1alpha1",
             "Component",
