@@ -39,6 +39,20 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def wakeups(pid: int) -> int:
+    """Voluntary context switches so far of every thread of ``pid`` still alive: how often its
+    threads went to sleep and were woken (a blocking poll, an epoll wait, a futex)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue  # ended meanwhile
+    return total
+
+
 def proc_status_kb(pid: int, name: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

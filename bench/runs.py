@@ -15,7 +15,7 @@ from bench import flood
 from bench.app import App
 from bench.broker import Broker
 from bench.children import run_child
-from bench.measure import cpu_seconds, percentile, proc_status_kb, thread_cpu_seconds
+from bench.measure import cpu_seconds, percentile, proc_status_kb, thread_cpu_seconds, wakeups
 from bench.sidecars import (
     Side,
     api_get,
@@ -138,11 +138,12 @@ def run_latency(
             wait_assigned(api_path, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            threads0 = thread_cpu_seconds(proc.pid)
+            threads0, wakes0 = thread_cpu_seconds(proc.pid), wakeups(proc.pid)
             acks = broker.produce_at_rate(topic, rate, seconds)
             wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
             cpu = cpu_seconds(proc.pid) - cpu0
             threads1 = thread_cpu_seconds(proc.pid)
+            extra["wakeups_per_record"] = (wakeups(proc.pid) - wakes0) / max(1, count)
             # µs per record by thread (10 ms ticks each: a rough split, the total above is exact).
             extra["threads_us_per_record"] = {
                 name: round((threads1[name] - threads0.get(name, 0.0)) / max(1, count) * 1e6)

@@ -33,7 +33,7 @@ from typing import Any
 from bench.app import App
 from bench.broker import PARTITIONS, VALUE_BYTES, Broker
 from bench.dapr import DAPR_VERSION, DaprSetup, running_daprd, wait_group_assigned
-from bench.measure import ROOT, cpu_seconds, percentile, proc_status_kb
+from bench.measure import ROOT, cpu_seconds, percentile, proc_status_kb, wakeups
 from bench.runs import run_idle, run_latency, run_sidecar_throughput
 from bench.sidecars import Side, wait_until
 
@@ -100,10 +100,11 @@ def run_dapr_latency(
     with running_daprd(setup, directory, f"lat-{int(rate)}") as proc:
         wait_group_assigned(broker.bootstrap, group, PARTITIONS, proc)
         time.sleep(1.0)
-        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        cpu0, t0, wakes0 = cpu_seconds(proc.pid), time.monotonic(), wakeups(proc.pid)
         acks = broker.produce_at_rate(topic, rate, seconds)
         wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
         cpu = cpu_seconds(proc.pid) - cpu0
+        wakes = wakeups(proc.pid) - wakes0
         share = cpu / (time.monotonic() - t0)
         rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
     latencies = app.stats()["latencies_ns"]
@@ -119,6 +120,7 @@ def run_dapr_latency(
         "max_ms": max(kept) if kept else float("nan"),
         "sidecar_cpu_share": share,
         "sidecar_cpu_us_per_record": cpu / max(1, count) * 1e6,
+        "wakeups_per_record": wakes / max(1, count),
         "peak_rss_mb": rss_peak_kb / 1024,
     }
 
@@ -218,7 +220,8 @@ def part_dapr(
                     runs.setdefault((f"rate-{rate:g}", who), []).append(r)
                     print(
                         f"  {rate:>7,.0f}/s {who:<8}: {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
-                        f" {r['sidecar_cpu_share'] * 100:.1f} % of a core; p50 {r['p50_ms']:.2f}"
+                        f" {r['sidecar_cpu_share'] * 100:.1f} % of a core,"
+                        f" {r['wakeups_per_record']:.1f} wake-ups; p50 {r['p50_ms']:.2f}"
                         f" p99 {r['p99_ms']:.2f} ms",
                         flush=True,
                     )
@@ -262,6 +265,7 @@ def figures_of(runs: dict[str, Any], latency_rate: float) -> dict[str, dict[str,
             rate = what.removeprefix("rate-")
             put(f"cpu_per_record_{rate}", what, "sidecar_cpu_us_per_record")
             put(f"cpu_share_{rate}", what, "sidecar_cpu_share", 100)
+            put(f"wakeups_{rate}", what, "wakeups_per_record")
     lat = f"rate-{latency_rate:g}"
     raw = runs.get(lat, {}).get("raw")
     if raw and all(who in runs[lat] for who in CONTENDERS):
@@ -311,6 +315,8 @@ LABELS = {
     "cpu_per_record_1000": ("CPU per record at 1,000 records/s offered (µs)", "{:,.0f}"),
     "cpu_share_100": ("share of a core at 100 records/s (%)", "{:.1f}"),
     "cpu_share_1000": ("share of a core at 1,000 records/s (%)", "{:.1f}"),
+    "wakeups_100": ("thread wake-ups per record at 100/s", "{:.1f}"),
+    "wakeups_1000": ("thread wake-ups per record at 1,000/s", "{:.1f}"),
     "p50_1000": ("latency p50 at 1,000/s (ms)", "{:.2f}"),
     "p99_1000": ("latency p99 at 1,000/s (ms)", "{:.2f}"),
     "added_p50_1000": ("added p50 over a raw consumer (ms)", "{:.2f}"),
