@@ -110,7 +110,7 @@ def run_latency(
     """Records offered at ``rate`` for ``seconds``: receive - produce per record, and the CPU."""
     topic = broker.create_topic(f"bench-lat-{scenario}-{uuid.uuid4().hex[:6]}")
     count = int(rate * seconds)
-    extra: dict[str, float] = {}
+    extra: dict[str, Any] = {}
     app.reset(latency=1)
     if scenario in ("a", "b"):
         acks: list[int] = []
