@@ -1,7 +1,7 @@
 """The same poison pattern through the sidecar and through Dapr's sidecar (daprd v1.14.0, Kafka pub/sub).
 
 One topic of 240 records (6 partitions), read by each with a group of its own, in front of the same
-app (``bench.benchapp``, poison mode, every answer held 20 ms so records are in flight): 10 % of the
+app (``bench.benchapp``, poison mode, every answer held 5 ms so records are in flight): 10 % of the
 records rejected (Dapr: DROP), 5 % answered retry (Dapr: RETRY) on the app's first two sightings and
 accepted on the third, the rest accepted. The app counts its sightings itself, by partition and
 offset, for both (Dapr sends no delivery count).
@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 N_RECORDS = 240
 KILLER_INDEX = 180  # late in its partition: other records are done and in flight when it comes
-HOLD_MS = 20
+HOLD_MS = 5
 LIMIT = 3  # the sidecar's share.delivery.count.limit: a record retried twice is accepted on its 3rd
 KILLER_DEATHS = LIMIT + 1  # the sidecar's bound; Dapr is allowed as many deaths, then spared
 INCARNATION_S = 60.0
