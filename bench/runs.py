@@ -15,7 +15,15 @@ from bench import flood
 from bench.app import App
 from bench.broker import Broker
 from bench.children import run_child
-from bench.measure import cpu_seconds, percentile, proc_status_kb, thread_cpu_seconds, wakeups
+from bench.measure import (
+    busiest_thread_shares,
+    cpu_seconds,
+    percentile,
+    proc_status_kb,
+    schedstat,
+    thread_cpu_seconds,
+    wakeups,
+)
 from bench.sidecars import (
     Side,
     api_get,
@@ -69,6 +77,7 @@ def run_sidecar_throughput(
     ):
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
+        sched0, t0 = schedstat(proc.pid), time.monotonic()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
         if share:
             wait_until(lambda: share_idle(api_path), 120, "every record acknowledged", proc)
@@ -76,6 +85,7 @@ def run_sidecar_throughput(
             wait_until(lambda: status_done(api_path, topic, ends), 120, "every offset done", proc)
         end_ns = time.monotonic_ns()
         cpu1, app_cpu1 = cpu_seconds(proc.pid), app.cpu()
+        shares = busiest_thread_shares(sched0, schedstat(proc.pid), time.monotonic() - t0)
         rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
         stats = app.stats()
         status = api_get(api_path, "/v1/status")
@@ -92,6 +102,7 @@ def run_sidecar_throughput(
         "released": stats["released"],
         "counters": status["counters"] if status else None,
         **held.figures(stats["first_ns"]),
+        **shares,
     }
 
 

@@ -33,7 +33,15 @@ from typing import Any
 from bench.app import App
 from bench.broker import PARTITIONS, VALUE_BYTES, Broker
 from bench.dapr import DAPR_VERSION, DaprSetup, running_daprd, wait_group_assigned
-from bench.measure import ROOT, cpu_seconds, percentile, proc_status_kb, wakeups
+from bench.measure import (
+    ROOT,
+    busiest_thread_shares,
+    cpu_seconds,
+    percentile,
+    proc_status_kb,
+    schedstat,
+    wakeups,
+)
 from bench.runs import run_idle, run_latency, run_sidecar_throughput
 from bench.sidecars import Side, wait_until
 
@@ -71,10 +79,11 @@ def run_dapr_throughput(
     setup = DaprSetup(broker.bootstrap, topic, group, app.port, bulk=bulk)
     with running_daprd(setup, directory, name) as proc:
         wait_until(lambda: app.stats()["records"] > 0, 90, "daprd's first record", proc)
-        cpu0 = cpu_seconds(proc.pid)
+        cpu0, sched0, t0 = cpu_seconds(proc.pid), schedstat(proc.pid), time.monotonic()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record (daprd)", proc)
         end_ns = time.monotonic_ns()
         cpu1 = cpu_seconds(proc.pid)
+        shares = busiest_thread_shares(sched0, schedstat(proc.pid), time.monotonic() - t0)
         rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
         stats = app.stats()
     elapsed = (end_ns - stats["first_ns"]) / 1e9
@@ -84,6 +93,7 @@ def run_dapr_throughput(
         "peak_rss_mb": rss_peak_kb / 1024,
         "app_requests": stats["requests"],
         "app_records": stats["records"],
+        **shares,
     }
 
 
@@ -194,7 +204,9 @@ def part_dapr(
                     runs.setdefault((scenario, who), []).append(r)
                     print(
                         f"  {scenario} {who:<8} run {round_no + 1}: {r['records_per_s']:>8,.0f} rec/s"
-                        f"  {r['cpu_s_per_10k'] * 100:.0f} µs/record  {r['peak_rss_mb']:.0f} MB",
+                        f"  {r['cpu_s_per_10k'] * 100:.0f} µs/record  {r['peak_rss_mb']:.0f} MB;"
+                        f" busiest thread ran {r.get('busiest_ran_share', 0) * 100:.0f} %,"
+                        f" waited for a core {r.get('busiest_waited_share', 0) * 100:.0f} %",
                         flush=True,
                     )
     if "dapr-vs-sidecar-rates" in scenarios:
@@ -253,13 +265,15 @@ def figures_of(runs: dict[str, Any], latency_rate: float) -> dict[str, dict[str,
 
     def put(name: str, what: str, key: str, scale: float = 1.0) -> None:
         found = runs.get(what, {})
-        if all(who in found for who in CONTENDERS):
+        if all(who in found and key in found[who]["median"] for who in CONTENDERS):
             out[name] = {who: found[who]["median"][key] * scale for who in CONTENDERS}
 
     put("saturation_single", "dapr-vs-sidecar-single", "records_per_s")
     put("saturation_bulk", "dapr-vs-sidecar-bulk", "records_per_s")
     put("cpu_per_record_single", "dapr-vs-sidecar-single", "cpu_s_per_10k", 100)
     put("cpu_per_record_bulk", "dapr-vs-sidecar-bulk", "cpu_s_per_10k", 100)
+    put("waited_single", "dapr-vs-sidecar-single", "busiest_waited_share", 100)
+    put("waited_bulk", "dapr-vs-sidecar-bulk", "busiest_waited_share", 100)
     for what, found in runs.items():
         if what.startswith("rate-") and "sidecar" in found:
             rate = what.removeprefix("rate-")
@@ -311,6 +325,8 @@ LABELS = {
     "saturation_bulk": ("records/s, batch / bulk (100 records or 5 ms)", "{:,.0f}"),
     "cpu_per_record_single": ("CPU per record at saturation, single (µs)", "{:,.0f}"),
     "cpu_per_record_bulk": ("CPU per record at saturation, batch / bulk (µs)", "{:,.0f}"),
+    "waited_single": ("busiest thread queued for a core, single (%)", "{:.0f}"),
+    "waited_bulk": ("busiest thread queued for a core, batch / bulk (%)", "{:.0f}"),
     "cpu_per_record_100": ("CPU per record at 100 records/s offered (µs)", "{:,.0f}"),
     "cpu_per_record_1000": ("CPU per record at 1,000 records/s offered (µs)", "{:,.0f}"),
     "cpu_share_100": ("share of a core at 100 records/s (%)", "{:.1f}"),
