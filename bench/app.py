@@ -25,7 +25,11 @@ class UnixHTTPConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
+        try:
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()  # not there yet: the caller asks again
+            raise
         self.sock = sock
 
 
@@ -76,6 +80,9 @@ class App:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
 
 
 def measure_app_alone(app: App, seconds: float) -> dict[str, Any]:

@@ -22,6 +22,20 @@ What it does per ``POST`` (any path but ``/stats`` and ``/reset``):
   1); a record whose value starts with
   ``bench-kill`` makes it SIGKILL the sidecar whose pid ``POST /killer?pid=N`` named last
   (set again after each restart; ``/killer`` keeps the counters). Without a pid it answers 200.
+- with ``/reset?poison=1`` (single mode, either contract; the side-by-side test with Dapr), the
+  pattern of ``poison_fate``: 10 % of offsets rejected, another 5 % answered "retry" on the app's own
+  first two sightings of them and accepted on the third (the app counts its sightings itself, by
+  partition and offset, since Dapr sends no delivery count), the rest accepted; every answer is noted
+  by partition and offset (``/stats`` ``"poison"``).
+
+Dapr's contract (``POST /dapr``, ``POST /dapr-bulk``), the same modes: daprd posts each record as a
+CloudEvent (with ``rawPayload``, the record's value in ``data_base64``) and its Kafka metadata as HTTP
+headers (``__partition``, ``__offset``, ``__key`` and the record's own headers, ``bench-ts`` among
+them); the answer is ``{"status": "SUCCESS" | "RETRY" | "DROP"}`` (accept, release, reject). A bulk
+subscription's request holds ``entries``, each with its ``entryId``, ``event`` and ``metadata``; the
+answer is one status per entry. ``GET /dapr/subscribe`` answers ``[]`` (the subscriptions are
+declarative: files in daprd's resources directory) and ``GET /dapr/config`` ``{}``.
+
 ``GET /stats`` returns the counters as JSON; ``POST /reset?...`` clears them and sets the mode.
 """
 
@@ -32,6 +46,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -46,6 +61,26 @@ TS_HEADER = b"bench-ts="
 TS_NAME = "bench-ts"
 KILL_VALUE = b"bench-kill"
 FAIL_PERCENT = 5  # rejects; the same share again is released once
+POISON_REJECT_PERCENT = 10  # poison mode: rejected; the next POISON_RETRY_PERCENT are retried twice
+POISON_RETRY_PERCENT = 5
+POISON_RETRIES = 2
+
+
+def dapr_answer(status: bytes) -> bytes:
+    body = b'{"status":"%s"}' % status
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+# Our contract's answer -> Dapr's (accept, release, reject).
+DAPR_ANSWERS = {
+    b"SUCCESS": dapr_answer(b"SUCCESS"),
+    b"RETRY": dapr_answer(b"RETRY"),
+    b"DROP": dapr_answer(b"DROP"),
+}
+ENTRY_ID = re.compile(rb'"entryId":"([^"]*)"')
 
 
 class Stats:
@@ -72,6 +107,9 @@ class Stats:
         self.seen: dict[tuple[int, int], int] = {}
         self.killer_at: tuple[int, int] | None = None
         self.deliveries = 0
+        self.poison = query.get("poison", ["0"])[0] == "1"
+        # poison mode: (partition, offset) -> the app's sightings and each answer, in order
+        self.answers: dict[tuple[int, int], list[str]] = {}
 
     def as_json(self) -> bytes:
         return json.dumps(
@@ -91,6 +129,7 @@ class Stats:
                     1 for at, count in self.seen.items() if count > 1 and at != self.killer_at
                 ),
                 "deliveries": self.deliveries,
+                "poison": [[p, o, answers] for (p, o), answers in sorted(self.answers.items())],
             }
         ).encode()
 
@@ -108,6 +147,28 @@ def fate(partition: int, offset: int, delivery_count: int) -> bytes:
         STATS.released += 1
         return RELEASE
     return OK
+
+
+def poison_fate(partition: int, offset: int, killer: str | None = None) -> str:
+    """Poison mode: "accept", "release" or "reject" for this sighting of a record (the app's own
+    count, identical for both contracts), noted by partition and offset. The killer record, when it
+    kills nothing (no pid named), is accepted."""
+    bucket = (offset * 7919 + partition * 104729) % 100
+    answers = STATS.answers.setdefault((partition, offset), [])
+    if killer:
+        answer = "killed" if killer == "killed" else "accept"
+    elif bucket < POISON_REJECT_PERCENT:
+        answer = "reject"
+    elif bucket < POISON_REJECT_PERCENT + POISON_RETRY_PERCENT and len(answers) < POISON_RETRIES:
+        answer = "release"
+    else:
+        answer = "accept"
+    answers.append(answer)
+    return answer
+
+
+OURS = {"accept": OK, "release": RELEASE, "reject": REJECT}
+DAPRS = {"accept": b"SUCCESS", "release": b"RETRY", "reject": b"DROP"}
 
 
 class Connection(asyncio.Protocol):
@@ -146,13 +207,16 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # Only what a mode needs is looked at: the app must stay cheap.
-        if STATS.latency and value.startswith(TS_HEADER):
-            self.ts_ns = int(value[len(TS_HEADER) :])
-        elif STATS.fail or STATS.killer:
+        if STATS.latency:
+            if value.startswith(TS_HEADER):
+                self.ts_ns = int(value[len(TS_HEADER) :])
+            elif name.lower() == b"bench-ts":  # Dapr: the record's headers are HTTP headers
+                self.ts_ns = int(value)
+        elif STATS.fail or STATS.killer or STATS.poison:
             lowered = name.lower()
-            if lowered == b"kafka-partition":
+            if lowered in (b"kafka-partition", b"__partition"):
                 self.partition = int(value)
-            elif lowered == b"kafka-offset":
+            elif lowered in (b"kafka-offset", b"__offset"):
                 self.offset = int(value)
             elif lowered == b"kafka-delivery-count":
                 self.delivery_count = int(value)
@@ -187,6 +251,14 @@ class Connection(asyncio.Protocol):
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
             )
             return
+        if path in (b"/dapr/subscribe", b"/dapr/config"):
+            # daprd asks at start-up; the subscriptions are declarative (its resources directory)
+            found = b"[]" if path == b"/dapr/subscribe" else b"{}"
+            self.reply(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+                + found
+            )
+            return
         if method != b"POST":
             self.reply(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
             return
@@ -195,7 +267,11 @@ class Connection(asyncio.Protocol):
             STATS.first_ns = now
         STATS.last_ns = now
         body = b"".join(self.body) if len(self.body) != 1 else self.body[0]
-        if body.startswith(b'{"records"'):
+        if path == b"/dapr":
+            answer = self.dapr_single(body, now)
+        elif path == b"/dapr-bulk":
+            answer = self.dapr_bulk(body, now)
+        elif body.startswith(b'{"records"'):
             STATS.records += body.count(b'"id":')
             if STATS.latency:
                 self.batch_latencies(body, now)
@@ -204,31 +280,75 @@ class Connection(asyncio.Protocol):
             STATS.records += 1
             if self.ts_ns:
                 STATS.latencies_ns.append(now - self.ts_ns)
-            if STATS.killer:
-                self.killer_delivery(body)
-            answer = fate(self.partition, self.offset, self.delivery_count) if STATS.fail else OK
+            killer = self.killer_delivery(body) if STATS.killer else None
+            if STATS.poison:
+                answer = OURS[poison_fate(self.partition, self.offset, killer)]
+            elif STATS.fail:
+                answer = fate(self.partition, self.offset, self.delivery_count)
+            else:
+                answer = OK
         if STATS.delay_s:
             asyncio.get_running_loop().call_later(STATS.delay_s, self.reply, answer)
         else:
             self.reply(answer)
 
-    def killer_delivery(self, body: bytes) -> None:
+    def dapr_single(self, body: bytes, now: int) -> bytes:
+        """One CloudEvent (Dapr's contract): the same modes as ours, Dapr's answers."""
+        STATS.records += 1
+        if self.ts_ns:
+            STATS.latencies_ns.append(now - self.ts_ns)
+        killer = None
+        if STATS.killer:
+            # rawPayload: the record's value is the event's data_base64
+            value = base64.b64decode(json.loads(body).get("data_base64", ""))
+            killer = self.killer_delivery(value)
+        if STATS.poison:
+            return DAPR_ANSWERS[DAPRS[poison_fate(self.partition, self.offset, killer)]]
+        return DAPR_ANSWERS[b"SUCCESS"]
+
+    def dapr_bulk(self, body: bytes, now: int) -> bytes:
+        """A bulk subscription's request: every entry accepted, one status per entry."""
+        if STATS.latency:
+            entries = json.loads(body)["entries"]
+            ids = [entry["entryId"].encode() for entry in entries]
+            for entry in entries:
+                sent = (entry.get("metadata") or {}).get("bench-ts")
+                if sent:
+                    STATS.latencies_ns.append(now - int(sent))
+        else:
+            ids = ENTRY_ID.findall(body)
+        STATS.records += len(ids)
+        statuses = b",".join(b'{"entryId":"%s","status":"SUCCESS"}' % i for i in ids)
+        answer = b'{"statuses":[%s]}' % statuses
+        return (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (
+                len(answer),
+                answer,
+            )
+        )
+
+    def killer_delivery(self, body: bytes) -> str | None:
+        """None for another record; for the killer "killed" (the named process was sent SIGKILL)
+        or "spared" (no pid named)."""
         STATS.deliveries += 1
         at = (self.partition, self.offset)
         STATS.seen[at] = max(STATS.seen.get(at, 0), self.delivery_count)
         if not body.startswith(KILL_VALUE):
-            return
+            return None
         STATS.killer_at = at
         STATS.killer_counts.append(self.delivery_count)
         if STATS.kill_pid:
             # The record "crashes" the sidecar: no answer ever comes back for it, nor for
             # anything else the dead process had in flight.
+            pid, STATS.kill_pid = STATS.kill_pid, 0
             try:
-                os.kill(STATS.kill_pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 STATS.kills += 1
+                return "killed"
             except ProcessLookupError:
                 pass
-            STATS.kill_pid = 0
+        return "spared"
 
     def batch_latencies(self, body: bytes, now: int) -> None:
         for record in json.loads(body)["records"]:

@@ -39,6 +39,49 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def wakeups(pid: int) -> int:
+    """Voluntary context switches so far of every thread of ``pid`` still alive: how often its
+    threads went to sleep and were woken (a blocking poll, an epoll wait, a futex)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue  # ended meanwhile
+    return total
+
+
+def schedstat(pid: int) -> dict[str, tuple[int, int]]:
+    """Per thread of ``pid`` still alive: (ns run on a core, ns waited runnable for one) so far, from
+    /proc/<pid>/task/<tid>/schedstat: on a loaded machine, how much of a run a thread spent queued."""
+    out: dict[str, tuple[int, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ran, waited, _ = (task / "schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue
+        out[task.name] = (int(ran), int(waited))
+    return out
+
+
+def busiest_thread_shares(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], seconds: float
+) -> dict[str, float]:
+    """The thread that ran most between two ``schedstat`` readings: the shares of ``seconds`` it ran
+    and waited runnable."""
+    ran = {t: after[t][0] - before.get(t, (0, 0))[0] for t in after}
+    if not ran or seconds <= 0:
+        return {}
+    top = max(ran, key=lambda t: ran[t])
+    waited = after[top][1] - before.get(top, (0, 0))[1]
+    return {
+        "busiest_ran_share": ran[top] / 1e9 / seconds,
+        "busiest_waited_share": waited / 1e9 / seconds,
+    }
+
+
 def proc_status_kb(pid: int, name: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -401,6 +401,13 @@ def print_comparison(results: dict[str, Any]) -> None:
 def print_report(results: dict[str, Any]) -> None:
     base = results.get("baseline")
     print()
+    if "dapr" in results:
+        from bench.vs_dapr import print_dapr
+
+        print_dapr(results["dapr"])
+        if not results["scenarios"] and not base:
+            print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
+            return
     if base:
         print(f"new: {results.get('path', '.')} ({results.get('commit', '?')})")
     print_table(results)

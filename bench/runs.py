@@ -15,7 +15,15 @@ from bench import flood
 from bench.app import App
 from bench.broker import Broker
 from bench.children import run_child
-from bench.measure import cpu_seconds, percentile, proc_status_kb, thread_cpu_seconds
+from bench.measure import (
+    busiest_thread_shares,
+    cpu_seconds,
+    percentile,
+    proc_status_kb,
+    schedstat,
+    thread_cpu_seconds,
+    wakeups,
+)
 from bench.sidecars import (
     Side,
     api_get,
@@ -69,6 +77,7 @@ def run_sidecar_throughput(
     ):
         wait_until(lambda: app.stats()["records"] > 0, 60, "the first record", proc)
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
+        sched0, t0 = schedstat(proc.pid), time.monotonic()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
         if share:
             wait_until(lambda: share_idle(api_path), 120, "every record acknowledged", proc)
@@ -76,6 +85,7 @@ def run_sidecar_throughput(
             wait_until(lambda: status_done(api_path, topic, ends), 120, "every offset done", proc)
         end_ns = time.monotonic_ns()
         cpu1, app_cpu1 = cpu_seconds(proc.pid), app.cpu()
+        shares = busiest_thread_shares(sched0, schedstat(proc.pid), time.monotonic() - t0)
         rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
         stats = app.stats()
         status = api_get(api_path, "/v1/status")
@@ -92,6 +102,7 @@ def run_sidecar_throughput(
         "released": stats["released"],
         "counters": status["counters"] if status else None,
         **held.figures(stats["first_ns"]),
+        **shares,
     }
 
 
@@ -110,7 +121,7 @@ def run_latency(
     """Records offered at ``rate`` for ``seconds``: receive - produce per record, and the CPU."""
     topic = broker.create_topic(f"bench-lat-{scenario}-{uuid.uuid4().hex[:6]}")
     count = int(rate * seconds)
-    extra: dict[str, float] = {}
+    extra: dict[str, Any] = {}
     app.reset(latency=1)
     if scenario in ("a", "b"):
         acks: list[int] = []
@@ -138,11 +149,12 @@ def run_latency(
             wait_assigned(api_path, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            threads0 = thread_cpu_seconds(proc.pid)
+            threads0, wakes0 = thread_cpu_seconds(proc.pid), wakeups(proc.pid)
             acks = broker.produce_at_rate(topic, rate, seconds)
             wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
             cpu = cpu_seconds(proc.pid) - cpu0
             threads1 = thread_cpu_seconds(proc.pid)
+            extra["wakeups_per_record"] = (wakeups(proc.pid) - wakes0) / max(1, count)
             # µs per record by thread (10 ms ticks each: a rough split, the total above is exact).
             extra["threads_us_per_record"] = {
                 name: round((threads1[name] - threads0.get(name, 0.0)) / max(1, count) * 1e6)

@@ -18,6 +18,8 @@ fresh consumer group and the figure is records/s from the first record seen to t
     f-*         tracing on vs off                              (when the sidecar has tracing)
     g-share     ``engine: share`` (a share group), single mode, TCP, ordering none
     g-share-journal  the same with ``share.journal.path`` (the journal of deaths)
+    dapr-vs-sidecar-*  the sidecar side by side with Dapr's sidecar (``bench.vs_dapr``); named only,
+                never part of ``all``; alone, they run without the parts below
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -92,6 +94,7 @@ from bench.runs import (
     run_sidecar_throughput,
 )
 from bench.sidecars import Side, unavailable
+from bench.vs_dapr import DAPR_SCENARIOS, part_dapr
 
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
 PARTS = ["latency", "rates", "idle", "backlog", "killer"]
@@ -313,7 +316,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios",
         default="all",
         help="throughput and latency scenarios, comma-separated names or prefixes: "
-        + ",".join(ALL_SCENARIOS),
+        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS),
     )
     add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
     add(
@@ -361,7 +364,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         for s in ALL_SCENARIOS
         if "all" in wanted or any(s == w or s.startswith(w) for w in wanted)
     ]
+    args.dapr_selected = [
+        s for s in DAPR_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
     args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
+    if args.dapr_selected and not args.selected:
+        args.skip_parts |= set(PARTS)  # the side-by-side runs alone
     if args.no_latency:
         args.skip_parts.add("latency")
     if args.skip_parts - set(PARTS):
@@ -370,7 +378,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if set(args.variants) - set(KILLER_VARIANTS):
         parser.error(f"--killer-variants: of {list(KILLER_VARIANTS)}")
     args.rate_list = [float(r) for r in args.rates.split(",") if r.strip()]
-    if not args.selected and set(PARTS) <= args.skip_parts:
+    if not args.selected and not args.dapr_selected and set(PARTS) <= args.skip_parts:
         parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
     if args.baseline and not (Path(args.baseline) / "sidecar" / "__main__.py").exists():
         parser.error(f"--baseline {args.baseline}: no sidecar/__main__.py there")
@@ -433,6 +441,8 @@ def main(argv: list[str] | None = None) -> None:
                     part_backlog(bench)
                 if "killer" not in skip:
                     part_killer(bench, args.variants)
+                if args.dapr_selected:
+                    results["dapr"] = part_dapr(broker, app, directory, args, args.dapr_selected)
             finally:
                 app.close()
     finally:
