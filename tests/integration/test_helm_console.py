@@ -101,7 +101,9 @@ def test_the_console_uses_the_sidecars_sasl_and_tls_settings(helm: str) -> None:
     assert props["ssl.ca.location"].startswith("/etc/dlq-sidecar-tls/")
     env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
     assert env["DLQ_KAFKA_SASL_PASSWORD"] == "kafka-credentials"
-    assert "KAFKA_BOOTSTRAP" in env  # sidecar.secretEnv: the bootstrap servers' ${KAFKA_BOOTSTRAP}
+    assert (
+        "KAFKA_BOOTSTRAP" in env
+    )  # the sidecar's secretEnv: the bootstrap servers' ${KAFKA_BOOTSTRAP}
     spec = _console(manifests, "Deployment")["spec"]["template"]["spec"]
     [tls] = [v for v in spec["volumes"] if "secret" in v]
     assert tls["secret"]["secretName"] == "kafka-ca"
