@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from sidecar.ops.dlq_filters import Filters, filters_from_values
 from sidecar.ops.dlq_formats import FORMATS
 from sidecar.ops.dlq_inspect import inspect_dlq
 from sidecar.ops.dlq_render import render_inspect, render_inspect_summary, render_replay_summary
-from sidecar.ops.dlq_replay import Replayer, ReplayOptions, ReplaySummary
+from sidecar.ops.dlq_replay import REPLAY_NAME, Replayer, ReplayOptions, ReplaySummary
 
 
 def _kafka_property(text: str) -> tuple[str, str]:
@@ -223,9 +222,6 @@ def add_dlq_parser(subparsers: Any) -> None:
     )
 
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-
-
 def filters_from_args(args: argparse.Namespace) -> Filters:
     return filters_from_values(
         formats=args.format,
@@ -306,7 +302,7 @@ def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) ->
 
 
 def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
-    if not _NAME.match(args.name):
+    if not REPLAY_NAME.match(args.name):
         raise UsageError(f"bad --name {args.name!r}: use letters, digits, '.', '_' and '-'")
     options = ReplayOptions(
         bootstrap=_bootstrap(args),

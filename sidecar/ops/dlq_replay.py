@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,8 @@ from sidecar.ops.dlq_filters import Filters
 from sidecar.ops.dlq_reader import client_properties, dlq_partitions
 
 REPLAY_GROUP_PREFIX = "dlq-replay."
+# What a replay name may be (it becomes the consumer group `dlq-replay.<name>`).
+REPLAY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 # Commit metadata: "<version>;<fingerprint>;<filters as JSON>". The JSON is only for error messages.
 _METADATA_VERSION = "dlqreplay1"
 _METADATA_MAX_CHARS = 3000  # well under the broker's offset.metadata.max.bytes default of 4096

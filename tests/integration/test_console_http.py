@@ -155,6 +155,10 @@ def test_bad_arguments_exit_2_with_one_line(broker: Broker, tmp_path: Path) -> N
         ),
         (["--bootstrap", broker.bootstrap, "--token-file", str(empty)], "is empty"),
         (["--bootstrap", broker.bootstrap, "--port", "70000"], "--port"),
+        (
+            ["--bootstrap", broker.bootstrap, "-X", "sasl.password=${DLQ_CONSOLE_UNSET_VAR}"],
+            "environment variable DLQ_CONSOLE_UNSET_VAR is not set",
+        ),
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "sidecar", "console", *args],

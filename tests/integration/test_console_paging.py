@@ -95,3 +95,49 @@ def test_pages_cover_the_topic_once_in_order_within_their_budgets(broker: Broker
     assert all(f"to {source}[" in line for line in summary.planned)
     assert summary.committed == {}
     assert broker.count_records(source) == 0
+
+
+def test_a_headers_only_record_shows_its_original_while_the_source_holds_it(broker: Broker) -> None:
+    from sidecar.kafka.tools import OffsetFetcher
+    from sidecar.ops.console.record_view import record_view
+
+    tag = uuid.uuid4().hex[:8]
+    source = broker.create_topic(f"src-{tag}", partitions=1)
+    dlq = broker.create_topic(f"dlq.headers-only-{tag}", partitions=1)
+    broker.produce(
+        source, [Rec(key=b"k", value=b'{"order": 7}', headers=(("h", b"1"),), partition=0)]
+    )
+    [original] = broker.read_topic(source, 1)
+    failed = FailedRecord(
+        topic=source,
+        partition=0,
+        offset=original.offset or 0,
+        key=original.key,
+        value=original.value,
+        headers=original.headers,
+        group="g",
+        delivery_count=3,
+        cause=CAUSE_REJECTED,
+    )
+    rec = build_dlq_record(failed, dlq, 1, False, 1024)  # copy off: headers only
+    broker.produce(
+        dlq, [Rec(key=rec.key, value=rec.value, headers=tuple(rec.headers), partition=0)]
+    )
+    consumer = ReadConsumer({"bootstrap.servers": broker.bootstrap})
+    fetcher = OffsetFetcher({"bootstrap.servers": broker.bootstrap}, timeout_s=15)
+    try:
+        entry = read_entry(consumer, dlq, 0, 0)
+        assert entry is not None and entry.headers_only
+        assert entry.source_offset is not None
+        view = record_view(entry, fetcher.fetch(source, 0, entry.source_offset))
+        assert view.original is not None and view.original_problem is None
+        key, value, headers = view.original
+        assert (key.shown, value.kind) == ("k", "json") and '"order": 7' in value.shown
+        assert [(h.name, h.value) for h in headers] == [("h", "1")]
+        gone = record_view(entry, fetcher.fetch(source, 0, 5))
+        assert gone.original is None and "beyond the high watermark" in (
+            gone.original_problem or ""
+        )
+    finally:
+        fetcher.close()
+        consumer.close()

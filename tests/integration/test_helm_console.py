@@ -86,6 +86,31 @@ def test_the_console_objects_validate_against_kubernetes_schemas(helm: str, kube
         kubernetes_validate.validate(manifest, kube, strict=True)
 
 
+def test_the_console_uses_the_sidecars_sasl_and_tls_settings(helm: str) -> None:
+    manifests = render(helm, ci_file("sasl"), sets=ON)
+    container = _container(manifests)
+    args = container["args"]
+    props = {
+        args[i + 1].split("=", 1)[0]: args[i + 1].split("=", 1)[1]
+        for i, a in enumerate(args)
+        if a == "-X"
+    }
+    assert props["security.protocol"] == "SASL_SSL"
+    # Credentials as placeholders the console reads from its environment: never on the command line.
+    assert props["sasl.password"] == "${DLQ_KAFKA_SASL_PASSWORD}"
+    assert props["ssl.ca.location"].startswith("/etc/dlq-sidecar-tls/")
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    assert env["DLQ_KAFKA_SASL_PASSWORD"] == "kafka-credentials"
+    assert (
+        "KAFKA_BOOTSTRAP" in env
+    )  # the sidecar's secretEnv: the bootstrap servers' ${KAFKA_BOOTSTRAP}
+    spec = _console(manifests, "Deployment")["spec"]["template"]["spec"]
+    [tls] = [v for v in spec["volumes"] if "secret" in v]
+    assert tls["secret"]["secretName"] == "kafka-ca"
+    kubernetes_validate = k8s_validator()
+    kubernetes_validate.validate(_console(manifests, "Deployment"), KUBE_VERSIONS[0], strict=True)
+
+
 def test_console_values_are_checked(helm: str) -> None:
     assert "console" in render_error(helm, ci_file("tcp"), sets=(*ON, "console.port=0"))
     assert "console" in render_error(helm, ci_file("tcp"), sets=(*ON, "console.nope=1"))

@@ -130,3 +130,21 @@ def test_query_parsing_refuses_what_the_cli_refuses() -> None:
     assert _cursor("0:5,1:7") == {0: 5, 1: 7}
     with pytest.raises(UsageError):
         _cursor("0-5")
+
+
+def test_pages_load_nothing_from_elsewhere_and_run_no_inline_script() -> None:
+    """No CDN, no build step: every template and static file refers to the console's own /static files
+    only, and no page holds an inline script (the CSP forbids them; the chart is server-side SVG)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "sidecar" / "ops" / "console"
+    files = [*(root / "templates").glob("*.html"), *(root / "static").glob("*")]
+    assert len(files) >= 10
+    for path in files:
+        text = path.read_text()
+        assert not re.search(r"(?:src|href)=\"(?:https?:)?//", text), path.name
+        assert "@import" not in text and "url(http" not in text, path.name
+        for tag in re.findall(r"<script[^>]*>", text):
+            assert re.fullmatch(r'<script src="/static/[a-z]+\.js" defer>', tag), (path.name, tag)
+        assert not re.search(r"<script[^>]*>\s*[^<\s]", text), f"inline script in {path.name}"
+        assert "javascript:" not in text and " on" + "click=" not in text, path.name

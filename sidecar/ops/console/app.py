@@ -45,7 +45,7 @@ from sidecar.ops.dlq_filters import Filters, filters_from_values
 from sidecar.ops.dlq_formats import FORMATS
 from sidecar.ops.dlq_inspect import InspectResult, inspect_dlq, inspect_page, read_entry
 from sidecar.ops.dlq_render import payload_preview, written_by
-from sidecar.ops.dlq_replay import ReplayOptions
+from sidecar.ops.dlq_replay import REPLAY_NAME, ReplayOptions
 
 T = TypeVar("T")
 Params = Mapping[str, list[str]]
@@ -372,10 +372,13 @@ def _replay_options(c: Console, topic: str, form: Params) -> ReplayOptions:
             raise UsageError(f"rate must be a number, got {rate_text!r}") from None
         if not 0 < rate <= limits.MAX_RATE_PER_S:
             raise UsageError(f"rate must be above 0 and at most {limits.MAX_RATE_PER_S:g}/s")
+    name = _one(form, "name") or new_replay_name()
+    if not REPLAY_NAME.match(name):
+        raise UsageError(f"bad replay name {name!r}: use letters, digits, '.', '_' and '-'")
     return ReplayOptions(
         bootstrap=c.settings.bootstrap,
         dlq_topic=topic,
-        name=_one(form, "name") or new_replay_name(),
+        name=name,
         filters=filters_of(form, records),
         target_topic=_one(form, "to"),
         rate_per_s=rate,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from typing import Any, cast
@@ -44,7 +45,8 @@ def add_console_parser(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="librdkafka property for every client (security.protocol, sasl.*, ssl.*)",
+        help="librdkafka property for every client (security.protocol, sasl.*, ssl.*); "
+        "${NAME} in a value is read from the environment",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
@@ -73,14 +75,32 @@ def add_console_parser(subparsers: Any) -> None:
     )
 
 
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 def _kafka_properties(items: list[str]) -> dict[str, str]:
+    """`-X KEY=VALUE` items; `${NAME}` in a value is the environment variable's value (the chart
+    passes SASL credentials so: never on the command line itself)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"-X expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value
+
+        out[key.strip()] = _expand(f"-X {key.strip()}", value)
     return out
+
+
+def _expand(what: str, value: str) -> str:
+    """`value` with each `${NAME}` replaced by the environment variable; UsageError when unset."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise UsageError(f"{what}: environment variable {name} is not set")
+        return os.environ[name]
+
+    return _PLACEHOLDER.sub(one, value)
 
 
 def cmd_console(args: argparse.Namespace) -> int:
@@ -101,7 +121,10 @@ def cmd_console(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     try:
-        bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP")
+        kafka = _kafka_properties(args.kafka_property)
+        bootstrap = _expand(
+            "--bootstrap", args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP") or ""
+        )
         if not bootstrap:
             raise UsageError("no broker: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
         if not 0 <= args.port <= 65535:
@@ -115,7 +138,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings(
         bootstrap=bootstrap,
-        kafka=_kafka_properties(args.kafka_property),
+        kafka=kafka,
         prefix=args.prefix,
         max_replays=args.max_replays,
     )
