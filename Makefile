@@ -1,7 +1,8 @@
 # The two commands a new user runs on a fresh clone:
 #   make demo   - local broker, example app, sidecar, poison records going to the DLQ
 #   make test   - lint, type-check and the whole test suite against a real local broker
-# Needs only Python 3.11+, Java 17+ and Maven (or KAFKA_BOOTSTRAP=host:port for an existing broker).
+# make demo needs Python 3.11+, Java 17+ and Maven (or KAFKA_BOOTSTRAP=host:port for an existing broker); make test
+# also Go 1.26+, Node.js, openssl and Chromium (README, "Two commands").
 
 PYTHON ?= python3
 VENV   := .venv
