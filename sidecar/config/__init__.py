@@ -13,6 +13,7 @@ error, not a runtime surprise). It turns one YAML file into a tree of frozen dat
     kinds        value kinds (strict typing) and the key-table reader
     schema       the key tables, and the readers of the odd keys (kafka, topics, headers, ...)
     checks       cross-key rules, API listeners, DLQ topic names
+    tiers        the retry tiers: delays, threshold, tier topic names (and their check)
     yamlcore     the strict YAML 1.2 core-schema loader with hard limits
     load         load_config / parse_config: file or data to Config, or ConfigError
     masking      which values are secrets, by name

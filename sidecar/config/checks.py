@@ -14,6 +14,7 @@ from __future__ import annotations
 from sidecar.config.errors import _Invalid
 from sidecar.config.schema import _DLQ
 from sidecar.config.syntax import is_loopback_host, topic_name_error
+from sidecar.config.tiers import check_tier_topics
 from sidecar.config.values import ApiConfig, AppFormat, AppMode, Config, Engine
 from sidecar.core.budget import BudgetError, split_budget
 
@@ -60,6 +61,13 @@ def _check(config: Config) -> None:
     _check_api_limits(config.api)
     _check_circuit_breaker(config)
     _check_dlq_topic(config)
+    check_tier_topics(
+        config.errors.tiers,
+        config.source.topics,
+        prefix=config.errors.dlq.topic_name_prefix,
+        dlq_topic_for=config.dlq_topic_for,
+        prefix_key=_DLQ + "topic.name.prefix",
+    )
     _check_cloudevents_source(config)
     _check_pull_mode(config)
 

@@ -18,6 +18,7 @@ __all__ = ["dump_config"]
 from sidecar.config.kinds import _Key, _Section
 from sidecar.config.masking import _MASK, _masked_kafka, is_secret_header
 from sidecar.config.schema import _TOP_KEYS
+from sidecar.config.tiers import RetryTiersConfig
 from sidecar.config.values import (
     ApiConfig,
     AppConfig,
@@ -63,6 +64,7 @@ def dump_config(config: Config, *, mask_secrets: bool = True) -> dict[str, Any]:
         DeliveryConfig: config.delivery,
         ErrorsConfig: config.errors,
         DeadLetterQueueConfig: config.errors.dlq,
+        RetryTiersConfig: config.errors.tiers,
         SourceConfig: config.source,
         AppConfig: config.app,
         ApiConfig: config.api,

@@ -21,6 +21,7 @@ from sidecar.config.environment import _Context
 from sidecar.config.errors import ConfigError, _Invalid
 from sidecar.config.kinds import _read_table
 from sidecar.config.schema import _TOP_KEYS
+from sidecar.config.tiers import RetryTiersConfig
 from sidecar.config.values import Config, DeadLetterQueueConfig, DeliveryConfig, ErrorsConfig
 from sidecar.config.yamlcore import _Loader
 
@@ -36,6 +37,7 @@ def parse_config(
         values = _read_table(data, "", _TOP_KEYS, ctx)
         errors = values.get(ErrorsConfig, {})
         errors["dlq"] = DeadLetterQueueConfig(**values.get(DeadLetterQueueConfig, {}))
+        errors["tiers"] = RetryTiersConfig(**values.get(RetryTiersConfig, {}))
         top = values.get(Config, {})
         top["delivery"] = DeliveryConfig(**values.get(DeliveryConfig, {}))
         top["errors"] = ErrorsConfig(**errors)

@@ -35,6 +35,7 @@ from sidecar.config.kinds import (
     _Str,
 )
 from sidecar.config.syntax import _unix_path_error, parse_listen, topic_name_error
+from sidecar.config.tiers import RetryTiersConfig, read_tiers
 from sidecar.config.values import (
     ApiConfig,
     AppConfig,
@@ -314,7 +315,7 @@ _METRICS_KEYS = (
     ),
 )
 
-_D, _Q, _E = DeliveryConfig, DeadLetterQueueConfig, ErrorsConfig
+_D, _Q, _E, _T = DeliveryConfig, DeadLetterQueueConfig, ErrorsConfig, RetryTiersConfig
 _DLQ = "errors.deadletterqueue."
 _BREAKER = _DLQ + "circuit.breaker."
 
@@ -356,6 +357,9 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key("errors.retry.delay.max.ms", _Int(0, _MS_DAY), _D, "retry_delay_max_ms"),
     _Key("errors.retry.delay.multiplier", _Float(1.0, 100.0), _D, "retry_delay_multiplier"),
     _Key("errors.retry.delay.jitter", _Float(0.0, 1.0), _D, "retry_delay_jitter"),
+    _Key("errors.retry.tiers", _Custom(read_tiers, "a list of durations"), _T, "delays_ms"),
+    _Key("errors.retry.tier.threshold.ms", _Int(0, 30 * _MS_DAY), _T, "threshold_ms"),
+    _Key("errors.retry.tier.topic.name", _Str(allow_empty=False), _T, "topic_name"),
     _Key(_DLQ + "topic.name", _Str(), _Q, "topic_name"),
     _Key(_DLQ + "topic.name.prefix", _Str(), _Q, "topic_name_prefix"),
     _Key(_DLQ + "copy.record.enable", _Bool(), _Q, "copy_record_enable"),

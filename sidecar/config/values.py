@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
+from sidecar.config.tiers import RetryTiersConfig
 from sidecar.core.ordering import Ordering
 
 __all__ = [
@@ -234,6 +235,7 @@ class DeadLetterQueueConfig:
 class ErrorsConfig:
     tolerance: ErrorsTolerance = ErrorsTolerance.ALL
     dlq: DeadLetterQueueConfig = field(default_factory=DeadLetterQueueConfig)
+    tiers: RetryTiersConfig = field(default_factory=RetryTiersConfig)  # sidecar.config.tiers
     log_enable: bool = False
     log_include_messages: bool = False
 
