@@ -12,7 +12,7 @@ it got; the record is done for WRITTEN and NO_DLQ only. :class:`FailedRecord` is
 :func:`sidecar.kafka.dlq.build_dlq_record` turns into the record's bytes and ``__dlq.errors.*`` headers.
 
 Pure: no trio, no Kafka, no I/O, no clock. Must import only the core (:mod:`sidecar.core.outcome`,
-:mod:`sidecar.core.record`).
+:mod:`sidecar.core.record`, :mod:`sidecar.core.tiers`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 from sidecar.core.outcome import ArchiveReason, ErrorInfo, dead_letter_error
 from sidecar.core.record import Header, Tracked
+from sidecar.core.tiers import TierWrite
 
 __all__ = [
     "ArchiveOutcome",
@@ -57,6 +58,10 @@ class FailedRecord:
     ] = ()  # KIP-1034 custom DLQ record (from the app's reject)
     replacement_value: bytes | None = None
     replacement_value_set: bool = False
+    # Retry tiers (sidecar.core.tiers): the tiers it went through, and, for a write to a tier
+    # rather than to the DLQ, that write's due time and trail.
+    tiers_passed: tuple[str, ...] = ()
+    tier: TierWrite | None = None
 
 
 class ArchiveOutcome(enum.Enum):
@@ -125,6 +130,7 @@ def dead_letter(
         extra_headers=custom.headers if custom else (),
         replacement_value=custom.value if custom else None,
         replacement_value_set=custom.value_set if custom else False,
+        tiers_passed=tracked.tier.tiers if tracked.tier is not None else (),
     )
     return DeadLetterPlan(reason, error, None, dlq_topic, failed)
 

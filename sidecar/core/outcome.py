@@ -98,6 +98,9 @@ class ArchiveReason(enum.Enum):
 
     REJECTED = "REJECTED"
     DELIVERY_COUNT_EXCEEDED = "DELIVERY_COUNT_EXCEEDED"
+    # Not a dead letter: a release whose delay goes to a retry tier (the same write path, to the
+    # tier's topic; sidecar.engines.tier_step). Never the reason of a DLQ record.
+    RETRY_TIER = "RETRY_TIER"
 
     @property
     def cause(self) -> str:
@@ -107,6 +110,8 @@ class ArchiveReason(enum.Enum):
     @property
     def label(self) -> str:
         """The word in metrics, status counters, logs and spans."""
+        if self is ArchiveReason.RETRY_TIER:
+            return "retry_tier"
         return "rejected" if self is ArchiveReason.REJECTED else "delivery_count_exceeded"
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "LiveIds",
     "MessageLike",
     "SourceRecord",
+    "TierTrail",
     "Tracked",
     "custom_dead_letter",
     "is_delivery_id",
@@ -217,6 +218,18 @@ def custom_dead_letter(answer: _CustomParts) -> CustomDeadLetter | None:
     return CustomDeadLetter(answer.dlq_headers, answer.dlq_value, answer.dlq_value_set)
 
 
+@dataclass(frozen=True, slots=True)
+class TierTrail:
+    """A record read back from a retry tier: the tiers it went through (their labels, in order),
+    the tier record's own coordinates and its due time (epoch ms)."""
+
+    tiers: tuple[str, ...]
+    topic: str
+    partition: int
+    offset: int
+    due_ms: int
+
+
 @dataclass(slots=True, eq=False)
 class Tracked:
     """A record in the sidecar's care, with what was learnt about it on the way.
@@ -228,3 +241,5 @@ class Tracked:
     record: SourceRecord
     custom: CustomDeadLetter | None = None
     last_span: Any = field(default=None)
+    # Read from a retry tier (`sidecar.core.tiers`): the tiers it went through, where it was read.
+    tier: TierTrail | None = None

@@ -10,7 +10,8 @@ the engine's table of who may change a ledger.
 Where a record goes: the scheduler's turn → `start` (the ledger's `to_archive`) → `_archive` →
 the outlet's `dead_letter` (the pipeline's DLQ step: stop, skip, hold, or write) → its sink: the DLQ
 writer, or (transactional) the committer's transaction (`Committer.transaction`), which marks it
-done inside the transaction → the ledger (`dlq_written`), or held until the breaker lets it go. Must not import the pipeline, the share
+done inside the transaction → the ledger (`dlq_written`), or held until the breaker lets it go.
+A long release (reason RETRY_TIER) goes the same way to the tier step (`TierWriter.write`). Must not import the pipeline, the share
 engine, or confluent-kafka.
 """
 
@@ -24,10 +25,11 @@ import trio
 
 from sidecar.core import ledger as L
 from sidecar.core.deadletter import ArchiveOutcome
+from sidecar.core.outcome import ArchiveReason
 from sidecar.core.record import Tracked
 from sidecar.engines.consumer_commits import Committer
 from sidecar.engines.consumer_slots import Partitions, Slot, SlotRef, now_ms
-from sidecar.engines.interfaces import Outlet
+from sidecar.engines.interfaces import Outlet, TierWriter
 from sidecar.kafka.dlq import DlqWriter
 
 
@@ -38,6 +40,7 @@ class Archiver:
         self,
         pipe: Outlet[SlotRef],
         dlq: DlqWriter,
+        tiers: TierWriter,
         partitions: Partitions,
         committer: Committer,
         kick: Callable[[], None],
@@ -46,6 +49,7 @@ class Archiver:
     ) -> None:
         self._pipe = pipe
         self._dlq = dlq
+        self._tiers = tiers
         self._partitions = partitions
         self._committer = committer
         self._kick = kick
@@ -88,15 +92,21 @@ class Archiver:
     async def _archive(self, slot: Slot, req: L.ArchiveRequest) -> None:
         # Transactional: the committer marks the record done inside the transaction that commits
         # its offset; otherwise the DLQ writer writes it and the ledger is told here.
+        # A long release (reason RETRY_TIER) takes the same path to its retry tier's topic.
         sink = self._committer.transaction(slot, req.offset) if self._transactional else self._dlq
-        outcome = await self._pipe.dead_letter(
-            cast(Tracked, req.item),
-            req.delivery_count,
-            req.reason,
-            req.error,
-            consequence="stopping with its offset uncommitted",
-            sink=sink,
-        )
+        if req.reason is ArchiveReason.RETRY_TIER:
+            outcome = await self._tiers.write(
+                cast(Tracked, req.item), req.delivery_count, req.delay_ms, req.error, sink=sink
+            )
+        else:
+            outcome = await self._pipe.dead_letter(
+                cast(Tracked, req.item),
+                req.delivery_count,
+                req.reason,
+                req.error,
+                consequence="stopping with its offset uncommitted",
+                sink=sink,
+            )
         owned = self._partitions.owned(slot)
         marked_in_txn = self._transactional and outcome is ArchiveOutcome.WRITTEN
         if outcome.done and not marked_in_txn and owned:

@@ -77,7 +77,7 @@ from sidecar.core import ledger as L
 from sidecar.core.backoff import RetryPolicy
 from sidecar.core.budget import record_bytes, split_budget
 from sidecar.core.outcome import Ack, error_info
-from sidecar.core.record import Tracked, source_record
+from sidecar.core.record import SourceRecord, Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.consumer_archive import Archiver
 from sidecar.engines.consumer_commits import Committer
@@ -93,6 +93,7 @@ from sidecar.engines.consumer_slots import (
     now_ms,
 )
 from sidecar.engines.consumer_status import ConsumerView
+from sidecar.engines.consumer_tiers import TierIntake
 from sidecar.engines.dlq_step import transactional_dlq
 from sidecar.engines.interfaces import Answered, Delivery, EngineParts, PartitionKey, Settled
 from sidecar.kafka.message import Message
@@ -138,13 +139,21 @@ class ConsumerGroupEngine:
                 L.CrashAccounting.WRITE_AHEAD if write_ahead else L.CrashAccounting.HORIZON
             ),
             horizon_window=horizon_window(config),
+            tier_threshold_ms=config.errors.tiers.threshold_ms
+            if config.errors.tiers.enabled
+            else None,
         )
         # The one decision (`transactional_dlq`): the pipeline built the writer by it, with its
         # transactional id (`dlq_writer_for`).
         self._transactional = transactional_dlq(config)
         fix_mmap_threshold()
+        # Its retry tiers' topics are read with the source topics (`TierIntake`).
+        self._tiers = TierIntake(config, self._counters)
         self.source = KafkaSource(
-            config.kafka, config.source.topics, self, max_buffered_bytes=d.max_buffered_bytes
+            config.kafka,
+            (*config.source.topics, *self._tiers.topics),
+            self,
+            max_buffered_bytes=d.max_buffered_bytes,
         )
         # The parts, each given what it uses (see the module docstring).
         partitions = Partitions(
@@ -173,7 +182,13 @@ class ConsumerGroupEngine:
             WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
         )
         self._archiver = Archiver(
-            pipe, parts.dlq, partitions, committer, wakeup.kick, transactional=self._transactional
+            pipe,
+            parts.dlq,
+            parts.tiers,
+            partitions,
+            committer,
+            wakeup.kick,
+            transactional=self._transactional,
         )
         self._scheduler = Scheduler(
             pipe,
@@ -312,9 +327,13 @@ class ConsumerGroupEngine:
 
     def on_messages(self, messages: Sequence[Message]) -> None:
         now = now_ms()
+        tier_topics = self._tiers.topics
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
             key = (record.topic, record.partition)
+            if tier_topics and record.topic in tier_topics:
+                self._take_tier_record(record, now)
+                continue
             slot = self.slots.get(key)
             if slot is None:
                 pending = self._partitions.pending.pop(key, None)
@@ -326,6 +345,32 @@ class ConsumerGroupEngine:
                 # served its last polls: not delivered, not committed; the next owner reads it.
                 continue
             slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
+
+    def _take_tier_record(self, record: SourceRecord, now: int) -> None:
+        """A retry tier's record: into its tier partition's ledger as the original, held there
+        until it is due (`TierIntake.take`); a copy of one already taken is not delivered."""
+        key = (record.topic, record.partition)
+        slot = self.slots.get(key)
+        if slot is None:
+            pending = self._partitions.pending.pop(key, None)
+            if pending is None:
+                return
+            slot = self._partitions.open(key, record.offset, None)
+        elif slot.ledger.revoked:
+            return
+        taken = self._tiers.take(record, now)
+        if taken is None:
+            return  # a gap in the tier partition's ledger: done, committed past
+        slot.ledger.add(
+            record.offset,
+            taken.tracked.record.key,
+            taken.tracked,
+            now,
+            record_bytes(record),
+            base_count=taken.delivery_count,
+            not_before_ms=taken.not_before_ms,
+            error=taken.error,
+        )
 
     def messages_taken(self) -> None:
         # The batches of one hand-over are in the ledgers: one turn sends what it can of them

@@ -57,6 +57,23 @@ Answered = Settled | Literal["unknown", "expired"]
 R = TypeVar("R")  # an adapter's handle on a record's delivery state
 
 
+class TierWriter(Protocol):
+    """Where an adapter writes a long release: its retry tier
+    (:class:`sidecar.engines.tier_step.TierStep`)."""
+
+    async def write(
+        self,
+        tracked: Tracked,
+        delivery_count: int,
+        delay_ms: int,
+        error: ErrorInfo | None,
+        *,
+        sink: DlqSink,
+    ) -> ArchiveOutcome:
+        """Write `tracked` to the tier of `delay_ms` through `sink`: WRITTEN, HANDED_OVER, or
+        FAILED (the sidecar stops)."""
+
+
 class DlqSink(Protocol):
     """Where the DLQ step writes a record: the DLQ writer itself, or a consumer-group transaction
     (:meth:`sidecar.engines.consumer_commits.Committer.transaction`)."""
@@ -86,6 +103,12 @@ class Counters:
     broker_archived: dict[str, int] = field(default_factory=dict)
 
     by_topic: dict[tuple[str, str], int] = field(default_factory=dict)  # (topic, outcome) -> count
+    # Retry tiers (tier label -> records): written to a tier, delivered from one; a tier record
+    # read again with the same original and count (at least once) is skipped, not delivered.
+    tier_written: dict[str, int] = field(default_factory=dict)
+    tier_delivered: dict[str, int] = field(default_factory=dict)
+    tier_duplicates: int = 0
+    tier_failed: int = 0
     # (source topic, reason, exception class) -> DLQ records written; see dlq_step.dead_lettered_key
     dead_lettered: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
@@ -118,6 +141,12 @@ class Counters:
             "commits": self.commits,
             "commit_failures": self.commit_failures,
             "rebalances": self.rebalances,
+            "tiers": {
+                "written": dict(self.tier_written),
+                "delivered": dict(self.tier_delivered),
+                "duplicates": self.tier_duplicates,
+                "failed": self.tier_failed,
+            },
         }
 
 
@@ -226,6 +255,7 @@ class EngineParts(Generic[R]):
     counters: Counters  # the adapter bumps its own: commits, rebalances, metadata pauses
     dlq: DlqWriter
     outlet: Outlet[R]
+    tiers: TierWriter  # the retry tier step (sidecar.engines.tier_step.TierStep)
 
 
 class StateView(Protocol):

@@ -105,6 +105,7 @@ from sidecar.engines.interfaces import (
 )
 from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
+from sidecar.engines.tier_step import TierStep, tier_topics
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync
@@ -138,7 +139,9 @@ class Pipeline:
         )
         self.counters = Counters()
         self.started_at = time.time()
-        self._flags = PipelineFlags(dlq_ready=not config.errors.dlq.enabled)
+        self._flags = PipelineFlags(
+            dlq_ready=not (config.errors.dlq.enabled or config.errors.tiers.enabled)
+        )
         self._reachability = Reachability()
         self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
         app = config.app
@@ -187,7 +190,13 @@ class Pipeline:
             fail=self.fail,
         )
         self._state: StateAdapter = adapter(
-            EngineParts(config, self.counters, self.dlq, self._outlet)
+            EngineParts(
+                config,
+                self.counters,
+                self.dlq,
+                self._outlet,
+                TierStep(config, self.counters, self.fail),
+            )
         )
 
     # ------------------------------------------------------------------------- the Engine face
@@ -238,8 +247,9 @@ class Pipeline:
         if not await self._wait_cluster_usable():
             task_status.started()  # stopped before the cluster could be used: nothing to undo
             return
-        if config.errors.dlq.enabled:
+        if config.errors.dlq.enabled or config.errors.tiers.enabled:
             topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+            topics += tier_topics(config)  # created or checked like the DLQ topics
             await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
             flags.dlq_ready = True
         try:

@@ -30,6 +30,7 @@ class Archive:
         self._queue: deque[int] = deque()  # offsets to hand to the DLQ (stale entries skipped)
         self.n_archiving = 0
         self.archived_total = 0
+        self.tiered_total = 0  # written to a retry tier (reason RETRY_TIER), not archived
 
     def start(self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None) -> None:
         """The record goes to the DLQ (its suspect mark is the ledger's to clear)."""
@@ -62,6 +63,7 @@ class Archive:
                     record.delivery_count,
                     record.reason,
                     record.error,
+                    record.tier_delay_ms,
                 )
             )
         return out
@@ -80,7 +82,10 @@ class Archive:
         record = self._handed_out(offset)
         enter(record, Event.DLQ_WRITTEN)
         self.n_archiving -= 1
-        self.archived_total += 1
+        if record.reason is ArchiveReason.RETRY_TIER:
+            self.tiered_total += 1
+        else:
+            self.archived_total += 1
         return record
 
     def failed(self, offset: int) -> None:

@@ -150,6 +150,7 @@ class _Record:
         "size",
         "state",
         "suspect",
+        "tier_delay_ms",
     )
 
     def __init__(
@@ -181,6 +182,7 @@ class _Record:
         # when its outcome is known), and "may have been delivered before a death, not settled".
         self.pending = False
         self.suspect = False
+        self.tier_delay_ms = 0  # reason RETRY_TIER: the release's delay
 
 
 # -- the isolation pass -----------------------------------------------------------------------

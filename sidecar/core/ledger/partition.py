@@ -134,6 +134,8 @@ class PartitionLedger:
         )
         self._flow = FlowControl(config, holdings, attempts, metadata)
         self._archive = Archive(topic, partition, holdings)
+        # Retry tiers: the latest due time of the records taken (`add`); fetching waits for it.
+        self._waiting_until = 0
 
     @property
     def changes(self) -> int:
@@ -162,9 +164,23 @@ class PartitionLedger:
     # -- intake and hand-outs ----------------------------------------------------------------
 
     def add(
-        self, offset: int, key: bytes | None, item: object, now_ms: int, size_bytes: int = 0
+        self,
+        offset: int,
+        key: bytes | None,
+        item: object,
+        now_ms: int,
+        size_bytes: int = 0,
+        *,
+        base_count: int = 0,
+        not_before_ms: int = 0,
+        error: ErrorInfo | None = None,
     ) -> bool:
         """Take a fetched record.  Offsets must increase (gaps are fine).
+
+        A retry tier's record comes with the count it reached before (``base_count``, unless the
+        restored state counts it), its due time (``not_before_ms``: not handed out before; the
+        partition asks to be paused, ``should_pause``, until every record taken so far is due)
+        and the last error its release gave (the DLQ record's, should it end there).
 
         ``size_bytes`` is what holding it costs (``sidecar.core.budget.record_bytes``): counted in
         ``buffered_bytes`` until the record is done.  Returns False, keeping nothing, for an offset
@@ -190,7 +206,12 @@ class PartitionLedger:
             metadata.done_restored(offset, seq)
             return False
         count = holdings.restored_count(offset) if holdings.restored_counts else 0
+        count = max(count, base_count)
         record = _Record(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
+        if not_before_ms:
+            record.not_before_ms = not_before_ms
+            record.error = error
+            self._waiting_until = max(self._waiting_until, not_before_ms)
         may_go = holdings.hold(record)
         metadata.held(seq)
         crash = self._horizon
@@ -325,6 +346,9 @@ class PartitionLedger:
                 ),
             )
             return
+        if record.not_before_ms > self._now:
+            self._holdings.back_off(record)  # a retry tier's record, not due yet
+            return
         self._holdings.queue(record)
 
     def _start_archiving(
@@ -426,6 +450,19 @@ class PartitionLedger:
         assert isinstance(verdict, Redeliver)
         if error is not None:
             record.error = error
+        threshold = self.config.tier_threshold_ms
+        if threshold is not None and verdict.delay_ms > threshold:
+            # A long delay leaves this ledger: written to a retry tier, then done here.
+            record.tier_delay_ms = verdict.delay_ms
+            self._start_archiving(record, ArchiveReason.RETRY_TIER, record.error)
+            return AnswerResult(
+                attempt_id,
+                record.offset,
+                ack,
+                _ARCHIVING,
+                record.delivery_count,
+                reason=ArchiveReason.RETRY_TIER,
+            )
         enter(record, _RELEASE_EVENT)
         record.not_before_ms = now + verdict.delay_ms
         if verdict.delay_ms <= 0:
@@ -652,12 +689,16 @@ class PartitionLedger:
     def should_pause(self, max_bytes: int | None = None) -> bool:
         """Stop fetching: too many records held, or ``max_bytes`` or more of them (the partition's
         share of the byte budget), locks exhausted, or metadata near its budget."""
+        if self._waiting_until > self._now:
+            return True  # a retry tier's records are not all due: fetch no further yet
         return self._flow.should_pause(max_bytes, self._version)
 
     def may_resume(self, max_bytes: int | None = None) -> bool:
         """Fetch again (hysteresis: half the buffer, half of ``max_bytes``, a free lock, metadata
         under 70%).  Never blocked by one record larger than ``max_bytes``: once it is done the
         partition holds nothing, and an empty partition may always resume."""
+        if self._waiting_until > self._now:
+            return False
         return self._flow.may_resume(max_bytes, self._version)
 
     def update_paused(self, max_bytes: int | None = None) -> bool:

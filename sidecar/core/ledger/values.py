@@ -104,6 +104,9 @@ class LedgerConfig:
     #: ``max_record_locks``).  After a death at most about this many never-delivered records are
     #: suspects besides those in flight; a commit is wanted when half of it is used.
     horizon_window: int | None = None
+    #: Retry tiers: a release whose delay is above this many ms goes to a tier (ARCHIVING with
+    #: reason RETRY_TIER, done once written) instead of backing off here. None: no tiers.
+    tier_threshold_ms: int | None = None
 
     @property
     def window(self) -> int:
@@ -250,6 +253,7 @@ class ArchiveRequest:
     delivery_count: int
     reason: ArchiveReason
     error: ErrorInfo | None
+    delay_ms: int = 0  # reason RETRY_TIER: the release's delay (the tier is chosen by it)
 
 
 @dataclass(frozen=True, slots=True)

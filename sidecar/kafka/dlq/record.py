@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sidecar.core.deadletter import FailedRecord
 from sidecar.core.text import has_utf8
+from sidecar.core.tiers import TIERS_HEADER
 
 H_TOPIC = "__dlq.errors.topic"
 H_PARTITION = "__dlq.errors.partition"
@@ -116,6 +117,8 @@ def build_dlq_record(
         context.append((H_EXC_MESSAGE, _cap_utf8(failed.exception_message, 16384)))
     if failed.stacktrace:
         context.append((H_EXC_STACKTRACE, _cap_utf8(failed.stacktrace, stacktrace_max_bytes)))
+    if failed.tiers_passed:
+        context.append((TIERS_HEADER, _utf8(",".join(failed.tiers_passed))))
     copy = copy_record and drop_copy_reason is None
     if drop_copy_reason is not None:
         context.append((H_COPY_DROPPED, _utf8(drop_copy_reason)))

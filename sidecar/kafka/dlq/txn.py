@@ -224,6 +224,12 @@ class DlqWriter(PlainDlqWriter):
         record = self._dlq_record(failed, dlq_topic)
         limit = self.topics.max_bytes.get(dlq_topic)
         dropped = False
+        if limit is not None and estimated_size(record) > limit and failed.tier is not None:
+            raise DlqFatalError(
+                f"the retry tier record of {failed.topic}[{failed.partition}]@{failed.offset} "
+                f"(about {estimated_size(record)} bytes) is too large for {dlq_topic} "
+                f"(max.message.bytes={limit}); its offset is not committed"
+            )
         if limit is not None and estimated_size(record) > limit:
             record = self._dlq_record(
                 failed,

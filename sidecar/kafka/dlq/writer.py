@@ -31,6 +31,7 @@ from confluent_kafka.admin import AdminClient
 from sidecar.core.deadletter import FailedRecord
 from sidecar.kafka.dlq.errors import RETRIABLE_CODES, DlqFatalError
 from sidecar.kafka.dlq.record import DLQ_HEADER_PREFIX, DlqRecord, build_dlq_record, estimated_size
+from sidecar.kafka.dlq.tier_record import build_tier_record
 from sidecar.kafka.dlq.topics import DlqTopics, producer_properties
 from sidecar.kafka.errors import kafka_error
 
@@ -180,7 +181,10 @@ class PlainDlqWriter:
         self, failed: FailedRecord, dlq_topic: str, drop_copy_reason: str | None = None
     ) -> DlqRecord:
         """The DLQ record for `failed` in `dlq_topic` (whose partitions are known), as configured;
-        with `drop_copy_reason`, the error context headers only."""
+        with `drop_copy_reason`, the error context headers only. A retry tier's record (`failed.tier`
+        set) is `build_tier_record`'s, always whole."""
+        if failed.tier is not None:
+            return build_tier_record(failed, dlq_topic, self.topics.partitions[dlq_topic])
         return build_dlq_record(
             failed,
             dlq_topic,
@@ -205,6 +209,8 @@ class PlainDlqWriter:
                 await trio.to_thread.run_sync(self.prepare_topics_sync, [dlq_topic])
             record = self._dlq_record(failed, dlq_topic, drop_reason)
             limit = self.topics.max_bytes.get(dlq_topic)
+            if failed.tier is not None:
+                limit = None  # a tier record is never cut to headers: the broker's word decides
             if drop_reason is None and limit is not None and estimated_size(record) > limit:
                 drop_reason = (
                     f"record too large for DLQ topic {dlq_topic} (about {estimated_size(record)} bytes, "
@@ -220,6 +226,14 @@ class PlainDlqWriter:
                 return record
             self.failed += 1
             code = err.code()
+            if code == KafkaError.MSG_SIZE_TOO_LARGE and failed.tier is not None:
+                too_large_seen += 1
+                if too_large_seen == 1:
+                    continue  # maybe batched with a larger one: once more on its own
+                raise DlqFatalError(
+                    f"the retry tier record of {failed.topic}[{failed.partition}]@{failed.offset} is "
+                    f"too large for {dlq_topic} ({err.str()}); its offset is not committed"
+                )
             if code == KafkaError.MSG_SIZE_TOO_LARGE and drop_reason is None:
                 too_large_seen += 1
                 if too_large_seen == 1 and limit is not None:
