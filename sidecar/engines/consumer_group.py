@@ -17,7 +17,7 @@ the pipeline never sees a ledger, only `Delivery` values whose `ref` points into
 synchronous and runs in the trio thread, so no two transitions interleave:
 
     task (part)                       ledger calls
-    source callbacks (via trio)       add (on_messages), revoke (on_revoked, on_lost; Partitions),
+    source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
                                       opening a slot (Partitions.open)
     scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
                                       isolate (IsolationStep: horizon mode, nothing in flight)
@@ -360,7 +360,8 @@ class ConsumerGroupEngine:
             return
         taken = self._tiers.take(record, now)
         if taken is None:
-            return  # a gap in the tier partition's ledger: done, committed past
+            slot.ledger.skip(record.offset, now)  # done, committed past
+            return
         slot.ledger.add(
             record.offset,
             taken.tracked.record.key,

@@ -24,7 +24,11 @@ def test_cause_texts_are_kafka_4_4s() -> None:
     )
     assert O.ArchiveReason.REJECTED.cause == O.CAUSE_REJECTED
     assert O.ArchiveReason.DELIVERY_COUNT_EXCEEDED.cause == O.CAUSE_DELIVERY_COUNT
-    assert [r.label for r in O.ArchiveReason] == ["rejected", "delivery_count_exceeded", "retry_tier"]
+    assert [r.label for r in O.ArchiveReason] == [
+        "rejected",
+        "delivery_count_exceeded",
+        "retry_tier",
+    ]
 
 
 def test_the_sidecars_error_classes_are_its_own_namespace() -> None:

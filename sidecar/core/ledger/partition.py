@@ -223,6 +223,20 @@ class PartitionLedger:
             self._make_ready(record)
         return True
 
+    def skip(self, offset: int, now_ms: int) -> bool:
+        """A fetched record done without a delivery (a retry tier's copy of a record already taken):
+        committed past as a done one.  False, doing nothing, where ``add`` would keep nothing."""
+        if self._revoked:
+            self._check_open()
+        holdings = self._holdings
+        if offset <= holdings.last_added or offset < self._start_offset:
+            return False
+        self._tick(now_ms)
+        self._version += 1
+        self._changes += 1
+        self._metadata.done_restored(offset, holdings.fetched(offset))
+        return True
+
     def acquire(self, now_ms: int, max_n: int) -> list[Attempt]:
         """Hand out up to ``max_n`` records that may go now (ordering, backoff, lock limits)."""
         if self._revoked:
