@@ -209,7 +209,13 @@ class ConsumerGroupEngine:
             committer=committer,
         )
         self._view = ConsumerView(
-            config, self.source, partitions, committer, pipe, horizon=self._horizon
+            config,
+            self.source,
+            partitions,
+            committer,
+            pipe,
+            horizon=self._horizon,
+            tier_topics=self._tiers.topics,
         )
 
     @property

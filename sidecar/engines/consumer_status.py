@@ -9,6 +9,7 @@ pipeline, the share engine, or confluent-kafka.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from sidecar.config import Config
@@ -33,6 +34,7 @@ class ConsumerView:
         pipe: Outlet[SlotRef],
         *,
         horizon: bool,
+        tier_topics: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
         self._source = source
@@ -41,6 +43,7 @@ class ConsumerView:
         self._committer = committer
         self._pipe = pipe
         self._horizon = horizon
+        self._tier_topics = tier_topics or {}  # tier topic -> its tier's label
 
     def stalled(self) -> str | None:
         """Why the sidecar cannot make progress and should be restarted (None: it can).
@@ -87,6 +90,30 @@ class ConsumerView:
             "crash_accounting": "horizon" if self._horizon else "write_ahead",
         }
         out.update(self.isolation_summary())
+        if self._tier_topics:
+            out["retry_tiers"] = self.tier_summary()
+        return out
+
+    def tier_summary(self) -> dict[str, dict[str, int | None]]:
+        """Per retry tier (its label): records waiting (written, not yet done: from the tier
+        partitions' committed offsets to their high watermarks; None before any is known) and
+        of those the ones fetched and held until due (`/v1/status`, metrics)."""
+        stopping = self._pipe.room().stopping
+        high = self._source.high_watermarks() if not stopping else {}
+        out: dict[str, dict[str, int | None]] = {
+            label: {"waiting": None, "held": 0} for label in self._tier_topics.values()
+        }
+        for (topic, partition), slot in self._slots.items():
+            label = self._tier_topics.get(topic)
+            if label is None:
+                continue
+            st = slot.ledger.statistics()
+            row = out[label]
+            row["held"] = (row["held"] or 0) + st.buffered
+            hi = high.get((topic, partition))
+            if hi is not None:
+                committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
+                row["waiting"] = (row["waiting"] or 0) + max(0, hi - committed)
         return out
 
     def isolation_summary(self) -> dict[str, Any]:

@@ -224,7 +224,36 @@ class EngineCollector(Collector):
             "Pull mode: deliveries waiting for the next poll (share engine batches a poll did not take).",
             value=int(pull.get("queued", 0)),
         )
+        yield from _tier_families(c.tier_written, c.tier_delivered, status.get("retry_tiers"))
         yield from _breaker_families(status.get("circuit_breaker"))
+
+
+def _tier_families(
+    written: dict[str, int], delivered: dict[str, int], tiers: dict[str, Any] | None
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Retry tiers, by tier (its delay's label): records written, delivered back, waiting."""
+    labels = sorted(set(tiers or {}) | set(written) | set(delivered))
+    out_written = CounterMetricFamily(
+        "dlq_sidecar_tier_written", "Records written to a retry tier.", labels=["tier"]
+    )
+    out_delivered = CounterMetricFamily(
+        "dlq_sidecar_tier_delivered",
+        "Records read back from a retry tier to be delivered when due.",
+        labels=["tier"],
+    )
+    waiting = GaugeMetricFamily(
+        "dlq_sidecar_tier_waiting",
+        "Records in a retry tier not yet done (written, not yet delivered and answered).",
+        labels=["tier"],
+    )
+    for label in labels:
+        out_written.add_metric([label], written.get(label, 0))
+        out_delivered.add_metric([label], delivered.get(label, 0))
+        row = (tiers or {}).get(label) or {}
+        waiting.add_metric([label], row.get("waiting") or 0)
+    yield out_written
+    yield out_delivered
+    yield waiting
 
 
 _BREAKER_STATES = ("closed", "open", "half_open")

@@ -98,8 +98,20 @@ async def test_counts_go_on_across_tiers_due_times_hold_and_the_dlq_names_the_so
         # The source partition's commit moves past the released records while they wait in a tier.
         await wait_committed_at_end(broker, group, topic, 1, timeout_s=30)
         assert all(tiered.wall.get((i, 2)) is None for i in range(3)), "delivered again too soon"
+        # While they wait: /v1/status counts them per tier.
+        waiting = await rig.sc.wait_status(
+            lambda st: sum((r["waiting"] or 0) for r in st["retry_tiers"].values()) >= 1,
+            10,
+            "records waiting in a tier",
+        )
+        assert set(waiting["retry_tiers"]) == set(TIERS)
         dlq = await rig.read_dlq(3, timeout_s=40)
-        stat = await rig.sc.status()
+        stat = await rig.sc.wait_status(
+            lambda st: all(r["waiting"] == 0 for r in st["retry_tiers"].values()),
+            10,
+            "every tier done",
+        )
+        _code, metrics = await rig.sc.get("/metrics")
     assert len(dlq) == 3
     counts: dict[bytes | None, list[int]] = defaultdict(list)
     for d in tiered.app.deliveries:
@@ -137,6 +149,10 @@ async def test_counts_go_on_across_tiers_due_times_hold_and_the_dlq_names_the_so
     assert max(late) <= SLACK_S, late
     print(f"lateness past due: max {max(late):.3f}s, mean {sum(late) / len(late):.3f}s")
     assert stat["counters"]["tiers"]["written"] == {"1s": 3, "2s": 3, "3s": 3}
+    assert stat["counters"]["tiers"]["delivered"] == {"1s": 3, "2s": 3, "3s": 3}
+    for t in TIERS:
+        assert f'dlq_sidecar_tier_written_total{{tier="{t}"}} 3.0' in metrics
+        assert f'dlq_sidecar_tier_waiting{{tier="{t}"}} 0.0' in metrics
 
 
 async def test_kill_9_with_records_in_every_tier_then_restart_delivers_each_once_more(
