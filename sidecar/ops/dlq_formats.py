@@ -25,15 +25,21 @@ exercised against the real writers by tests/integration/test_dlq_*.py):
 The format is that of the last recognised context header: every writer appends its context after the
 original headers it copies. Anything else is `unknown` and shown as it is. Pure: no broker calls.
 
-Imports: the standard library and the header names of `sidecar.kafka.dlq` only.
+A retry tier's record (`__dlq.retry.*`, `sidecar.core.tiers`) reads as the dlq format: its source, count and
+last error, and in `detail` the tiers it went through and its due time; a DLQ record written after tiers
+names them in `detail` too (`__dlq.errors.retry.tiers`).
+
+Imports: the standard library, the header names of `sidecar.kafka.dlq` and of `sidecar.core.tiers` only.
 """
 
 from __future__ import annotations
 
+import datetime
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar.core import tiers  # a retry tier record's header names (`__dlq.retry.*`)
 from sidecar.kafka import dlq  # the dlq format's header names: dlq.H_TOPIC, ...
 from sidecar.kafka.dlq import DLQ_HEADER_PREFIX, REPLAY_HEADER_PREFIX
 
@@ -62,6 +68,7 @@ SPRING_PREFIX = "kafka_dlt-"
 # Which header-name prefix marks which format's context.
 _PREFIXES = (
     (DLQ_CONTEXT_PREFIX, FORMAT_DLQ),
+    (tiers.RETRY_HEADER_PREFIX, FORMAT_DLQ),  # a retry tier's record (sidecar.core.tiers)
     (STREAMS_PREFIX, FORMAT_STREAMS),
     (CONNECT_PREFIX, FORMAT_CONNECT),
     (SPRING_PREFIX, FORMAT_SPRING),
@@ -192,8 +199,12 @@ def detect_format(headers: Sequence[Header]) -> str:
 def decode_context(headers: Sequence[Header]) -> DlqContext:
     """The context of a DLQ record from its headers; `unknown` (all None) when no format is recognised."""
     fmt = detect_format(headers)
+    if fmt == FORMAT_DLQ and _last(headers, tiers.H_DUE) is not None:
+        return _tier_context(headers)
     if fmt == FORMAT_DLQ:
+        passed = _text(_last(headers, tiers.TIERS_HEADER))
         return DlqContext(
+            detail=f"after retry tiers {passed}" if passed else None,
             format=fmt,
             source_topic=_text(_last(headers, dlq.H_TOPIC)),
             source_partition=_decimal(_last(headers, dlq.H_PARTITION)),
@@ -258,6 +269,29 @@ def decode_context(headers: Sequence[Header]) -> DlqContext:
             source_timestamp_ms=_big_endian(_first(headers, SP_TIMESTAMP), 8),
         )
     return DlqContext()
+
+
+def _tier_context(headers: Sequence[Header]) -> DlqContext:
+    """A retry tier's record: where it comes from, its count so far, the tiers and its due time."""
+    due = _decimal(_last(headers, tiers.H_DUE))
+    when = (
+        datetime.datetime.fromtimestamp(due / 1000, datetime.UTC).isoformat(timespec="milliseconds")
+        if due is not None
+        else "?"
+    )
+    return DlqContext(
+        format=FORMAT_DLQ,
+        source_topic=_text(_last(headers, tiers.H_TOPIC)),
+        source_partition=_decimal(_last(headers, tiers.H_PARTITION)),
+        source_offset=_decimal(_last(headers, tiers.H_OFFSET)),
+        exception_class=_text(_last(headers, tiers.H_EXC_CLASS)),
+        exception_message=_text(_last(headers, tiers.H_EXC_MESSAGE)),
+        group=_text(_last(headers, tiers.H_GROUP)),
+        delivery_count=_decimal(_last(headers, tiers.H_COUNT)),
+        source_timestamp_ms=_decimal(_last(headers, tiers.H_TIMESTAMP)),
+        reason="retry tier",
+        detail=f"retry tier record: tiers {_text(_last(headers, tiers.H_TIERS))}, due {when}",
+    )
 
 
 # Spring's binary numbers: header name -> size (4: int, 8: long), big-endian and signed.
