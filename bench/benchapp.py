@@ -17,6 +17,8 @@ What it does per ``POST`` (any path but ``/stats`` and ``/reset``):
 - with ``/reset?fail=1`` (single mode), answers 422 (reject) for 5 % of offsets and 503
   (release) for another 5 % on their first delivery, 200 for the rest;
 - with ``/reset?delay_ms=N``, answers N ms later (the slow app of the backlog test);
+- with ``/reset?tier=1`` (single mode), answers 503 (release) for 10 % of offsets on their first
+  delivery and 200 for the rest, and notes when the last of the rest (the clean records) was answered;
 - with ``/reset?killer=1`` (single mode, the crash-isolation test), notes every delivery's
   partition, offset and ``Kafka-Delivery-Count`` (how many other records came with a count above
   1); a record whose value starts with
@@ -64,6 +66,7 @@ FAIL_PERCENT = 5  # rejects; the same share again is released once
 POISON_REJECT_PERCENT = 10  # poison mode: rejected; the next POISON_RETRY_PERCENT are retried twice
 POISON_RETRY_PERCENT = 5
 POISON_RETRIES = 2
+TIER_PERCENT = 10  # tier mode: released once (to a retry tier, or kept in memory)
 
 
 def dapr_answer(status: bytes) -> bytes:
@@ -108,6 +111,11 @@ class Stats:
         self.killer_at: tuple[int, int] | None = None
         self.deliveries = 0
         self.poison = query.get("poison", ["0"])[0] == "1"
+        # tier mode: TIER_PERCENT of offsets released once (the sidecar's backoff picks the delay);
+        # the clean records' count and the time the last of them was answered
+        self.tier = query.get("tier", ["0"])[0] == "1"
+        self.clean = 0
+        self.clean_last_ns = 0
         # poison mode: (partition, offset) -> the app's sightings and each answer, in order
         self.answers: dict[tuple[int, int], list[str]] = {}
 
@@ -130,6 +138,8 @@ class Stats:
                 ),
                 "deliveries": self.deliveries,
                 "poison": [[p, o, answers] for (p, o), answers in sorted(self.answers.items())],
+                "clean": self.clean,
+                "clean_last_ns": self.clean_last_ns,
             }
         ).encode()
 
@@ -146,6 +156,17 @@ def fate(partition: int, offset: int, delivery_count: int) -> bytes:
     if bucket < 2 * FAIL_PERCENT and delivery_count == 1:
         STATS.released += 1
         return RELEASE
+    return OK
+
+
+def tier_fate(partition: int, offset: int, delivery_count: int, now: int) -> bytes:
+    """Tier mode: TIER_PERCENT of offsets released on their first delivery, the rest accepted."""
+    if delivery_count == 1 and (offset * 7919 + partition * 104729) % 100 < TIER_PERCENT:
+        STATS.released += 1
+        return RELEASE
+    if delivery_count == 1:
+        STATS.clean += 1
+        STATS.clean_last_ns = now
     return OK
 
 
@@ -212,7 +233,7 @@ class Connection(asyncio.Protocol):
                 self.ts_ns = int(value[len(TS_HEADER) :])
             elif name.lower() == b"bench-ts":  # Dapr: the record's headers are HTTP headers
                 self.ts_ns = int(value)
-        elif STATS.fail or STATS.killer or STATS.poison:
+        elif STATS.fail or STATS.killer or STATS.poison or STATS.tier:
             lowered = name.lower()
             if lowered in (b"kafka-partition", b"__partition"):
                 self.partition = int(value)
@@ -285,6 +306,8 @@ class Connection(asyncio.Protocol):
                 answer = OURS[poison_fate(self.partition, self.offset, killer)]
             elif STATS.fail:
                 answer = fate(self.partition, self.offset, self.delivery_count)
+            elif STATS.tier:
+                answer = tier_fate(self.partition, self.offset, self.delivery_count, now)
             else:
                 answer = OK
         if STATS.delay_s:

@@ -38,6 +38,8 @@ ALL_SCENARIOS = [
     "f-on-10pct",
     "g-share",
     "g-share-journal",
+    "t-tiers",
+    "t-memory",
 ]
 DESCRIPTIONS = {
     "a": "raw consumer (ceiling)",
@@ -55,6 +57,8 @@ DESCRIPTIONS = {
     "f-on-10pct": "tracing on, 10 % parent-based",
     "g-share": "engine share, single, TCP, none",
     "g-share-journal": "... with share.journal.path",
+    "t-tiers": "10 % released to a 2 s retry tier",
+    "t-memory": "10 % released, 2 s kept in memory",
 }
 
 

@@ -66,7 +66,8 @@ def run_sidecar_throughput(
     config = flood.configure(
         sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
     )
-    app.reset(fail=1 if scenario.startswith("e") else 0)
+    tiers = scenario.startswith("t-")
+    app.reset(fail=1 if scenario.startswith("e") else 0, tier=1 if tiers else 0)
     env = dict(SIDECAR_ENV.get(scenario, {}))
     if scenario.startswith("f-on"):
         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"http://127.0.0.1:{app.port}/v1/traces"
@@ -79,6 +80,13 @@ def run_sidecar_throughput(
         cpu0, app_cpu0 = cpu_seconds(proc.pid), app.cpu()
         sched0, t0 = schedstat(proc.pid), time.monotonic()
         wait_until(lambda: app.stats()["records"] >= total, 300, "every record", proc)
+        if tiers:  # and every released record back from its tier (or its backoff)
+            wait_until(
+                lambda: (st := app.stats())["records"] >= total + st["released"],
+                300,
+                "every released record again",
+                proc,
+            )
         if share:
             wait_until(lambda: share_idle(api_path), 120, "every record acknowledged", proc)
         else:
@@ -100,6 +108,14 @@ def run_sidecar_throughput(
         "span_exports": stats.get("span_exports", 0),
         "rejected": stats["rejected"],
         "released": stats["released"],
+        **(
+            {
+                "clean_records_per_s": stats["clean"]
+                / ((stats["clean_last_ns"] - stats["first_ns"]) / 1e9)
+            }
+            if tiers and stats["clean_last_ns"] > stats["first_ns"]
+            else {}
+        ),
         "counters": status["counters"] if status else None,
         **held.figures(stats["first_ns"]),
         **shares,

@@ -65,6 +65,8 @@ def sidecar_config(
         transport, scenario_ordering = "tcp", "key"
     if kind == "g":
         transport, scenario_ordering, engine = "tcp", "none", engine or "share"
+    if kind == "t":
+        transport, scenario_ordering = "tcp", "key"
     unix = transport == "unix"
     mode = "batch" if kind == "d" else "single"
     lines = [
@@ -91,6 +93,14 @@ def sidecar_config(
         # A released record is retried after 50 ms rather than the default 1 s, so the run's
         # length is the work done, not one retry timer at the tail of a 5 s run.
         lines.append("errors.retry.delay.initial.ms: 50")
+    if kind == "t":
+        # 10 % released once, 2 s later (no jitter): to a 2 s retry tier (t-tiers, the record's
+        # offset committed meanwhile) or kept in the sidecar's memory as without tiers (t-memory).
+        lines += ["errors.retry.delay.initial.ms: 2000", "errors.retry.delay.jitter: 0.0"]
+        if scenario == "t-tiers":
+            lines += ["errors.retry.tiers: [2s]", "errors.retry.tier.threshold.ms: 1000"]
+            # A tier topic per run: each run's group reads its own tier from the start.
+            lines.append(f"errors.retry.tier.topic.name: {json.dumps('dlq.' + group + '.{tier}')}")
     if scenario == "e-txn":
         lines.append("errors.deadletterqueue.transactional.enable: true")
     if scenario.startswith("f-on"):
@@ -116,6 +126,8 @@ def unavailable(scenario: str, side: Side) -> str | None:
         return "the engine creates no spans: tracing.exporter is parsed but unused"
     if scenario.startswith("g-") and "class Share" not in src:
         return "this sidecar has no share-group engine"
+    if scenario == "t-tiers" and "tier_threshold_ms" not in src:
+        return "this sidecar has no retry tiers (errors.retry.tiers)"
     if scenario == "g-share-journal" and not side.knows_share_journal():
         return "this sidecar has no share.journal.path (no journal of deaths)"
     return None

@@ -69,6 +69,7 @@ class TierRead:
     delivery_count: int
     trail: TierTrail
     error: ErrorInfo | None
+    group: str | None  # the group that wrote it
 
 
 def tier_headers(
@@ -160,4 +161,4 @@ def read_tier_record(tier_record: SourceRecord) -> TierRead | None:
         tier_record.offset,
         due,
     )
-    return TierRead(original, count, trail, error)
+    return TierRead(original, count, trail, error, _text(ours.get(H_GROUP)))

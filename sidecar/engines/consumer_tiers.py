@@ -10,6 +10,9 @@ be paused until then; the scheduler's flow control pauses and resumes it (a sour
 never paused for a tier). Its answer is applied as any record's: accepted (done in the tier
 partition), released again (memory or the next tier), or dead-lettered under its original name.
 
+A tier record written by another group (two groups reading one source topic, one tier topic) is
+skipped: its own group's sidecar delivers it.
+
 At least once without the transactional DLQ: a tier write whose source commit was lost is written
 again after a restart, with the same original coordinates and count. `take` skips such a copy (a
 tier record of another offset with an original and count it has already taken), from a bounded
@@ -51,6 +54,7 @@ class TierIntake:
     def __init__(self, config: Config, counters: Counters) -> None:
         tiers = config.errors.tiers
         self._counters = counters
+        self._group = config.group_id
         # tier topic -> its label
         self.topics: dict[str, str] = {
             tiers.topic(t, i): tiers.label(i)
@@ -73,6 +77,11 @@ class TierIntake:
             )
             return TierTaken(Tracked(record), 0, 0, None)
         original = read.record
+        if read.group is not None and read.group != self._group:
+            # Another group's retry of the same source topic (a tier topic named without the
+            # group): its own sidecar delivers it; here it is done.
+            self._counters.tier_foreign += 1
+            return None
         here = (record.topic, record.partition, record.offset)
         seen = self._seen.get(original.coordinates)
         if seen is not None and seen[0] >= read.delivery_count and seen[1:] != here:

@@ -108,6 +108,7 @@ class Counters:
     tier_written: dict[str, int] = field(default_factory=dict)
     tier_delivered: dict[str, int] = field(default_factory=dict)
     tier_duplicates: int = 0
+    tier_foreign: int = 0  # another group's tier records, skipped
     tier_failed: int = 0
     # (source topic, reason, exception class) -> DLQ records written; see dlq_step.dead_lettered_key
     dead_lettered: dict[tuple[str, str, str], int] = field(default_factory=dict)
@@ -145,6 +146,7 @@ class Counters:
                 "written": dict(self.tier_written),
                 "delivered": dict(self.tier_delivered),
                 "duplicates": self.tier_duplicates,
+                "other_group": self.tier_foreign,
                 "failed": self.tier_failed,
             },
         }

@@ -238,7 +238,8 @@ async def test_a_copy_of_a_tier_record_is_not_delivered_twice(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
     """At least once: a tier write whose source commit was lost is written again, with the same
-    original and count. Two such copies (made here by hand) are delivered once."""
+    original and count. Two such copies (made here by hand) are delivered once; another group's
+    tier record in the same topic is not delivered."""
     topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
     due = str(int(time.time() * 1000)).encode()
     tier_rec = Rec(
@@ -251,11 +252,18 @@ async def test_a_copy_of_a_tier_record_is_not_delivered_twice(
             (H_COUNT, b"2"),
             (H_DUE, due),
             (H_TIERS, b"1s"),
+            ("__dlq.retry.group", f"g-{unique}".encode()),
         ),
+    )
+    # Another group's retry of the same source topic in the same tier topic: not ours.
+    foreign = Rec(
+        key=b"k",
+        value=b"theirs",
+        headers=(*tier_rec.headers[:-1], ("__dlq.retry.group", b"another-group")),
     )
     tier_topic = f"dlq.{topic}.retry.1s"
     await trio.to_thread.run_sync(lambda: broker.create_topic(tier_topic))
-    await trio.to_thread.run_sync(broker.produce, tier_topic, [tier_rec, tier_rec])
+    await trio.to_thread.run_sync(broker.produce, tier_topic, [tier_rec, foreign, tier_rec])
     app = RecordingApp()
     async with running_sidecar(
         broker, tmp_path, app, topic=topic, group=f"g-{unique}", extra=tier_settings()
@@ -264,6 +272,7 @@ async def test_a_copy_of_a_tier_record_is_not_delivered_twice(
         stat = await rig.sc.status()
     assert [(d.topic, d.offset, d.delivery_count) for d in app.deliveries] == [(topic, 7, 3)]
     assert stat["counters"]["tiers"]["duplicates"] == 1
+    assert stat["counters"]["tiers"]["other_group"] == 1
 
 
 async def test_a_tier_topic_that_cannot_be_written_stops_the_sidecar_without_committing(
