@@ -51,12 +51,6 @@ def _check(config: Config) -> None:
             _DLQ + "transactional.enable",
             "needs engine: consumer (share groups cannot commit acknowledgements in a transaction)",
         )
-    if config.errors.tiers.enabled and config.engine is Engine.SHARE:
-        raise _Invalid(
-            "errors.retry.tiers",
-            "needs engine: consumer for now (the share engine does not read retry tiers yet); "
-            "set errors.retry.tiers: [] with engine: share",
-        )
     try:
         # librdkafka's prefetch counts against the byte budget: what the user set under `kafka:`
         # must leave the sidecar's own buffer its part.

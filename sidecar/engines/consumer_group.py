@@ -114,7 +114,15 @@ POLL_STOP_WAIT_S = 5.0
 class ConsumerGroupEngine:
     """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits (see above)."""
 
-    def __init__(self, parts: EngineParts[SlotRef], *, write_ahead: bool = False) -> None:
+    def __init__(
+        self,
+        parts: EngineParts[SlotRef],
+        *,
+        write_ahead: bool = False,
+        tiers_of: str | None = None,
+    ) -> None:
+        """`tiers_of`: read only the retry tiers this group writes (a share group's tier reader,
+        `sidecar.engines.share_tiers`), not the source topics."""
         config = parts.config
         pipe = parts.outlet
         self._pipe = pipe
@@ -148,10 +156,10 @@ class ConsumerGroupEngine:
         self._transactional = transactional_dlq(config)
         fix_mmap_threshold()
         # Its retry tiers' topics are read with the source topics (`TierIntake`).
-        self._tiers = TierIntake(config, self._counters)
+        self._tiers = TierIntake(config, self._counters, group=tiers_of or config.group_id)
         self.source = KafkaSource(
             config.kafka,
-            (*config.source.topics, *self._tiers.topics),
+            (*(config.source.topics if tiers_of is None else ()), *self._tiers.topics),
             self,
             max_buffered_bytes=d.max_buffered_bytes,
         )

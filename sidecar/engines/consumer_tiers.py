@@ -51,10 +51,11 @@ class TierTaken(NamedTuple):
 class TierIntake:
     """Tier records back to their originals (see the module docstring)."""
 
-    def __init__(self, config: Config, counters: Counters) -> None:
+    def __init__(self, config: Config, counters: Counters, *, group: str) -> None:
+        """`group`: the group whose tier records these are (the others' are skipped)."""
         tiers = config.errors.tiers
         self._counters = counters
-        self._group = config.group_id
+        self._group = group
         # tier topic -> its label
         self.topics: dict[str, str] = {
             tiers.topic(t, i): tiers.label(i)

@@ -41,8 +41,7 @@ Invariants kept here:
   releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`;
   a record not even sent by then is released unsent (no attempt: `_NOT_SENT`).
 
-Must not import the ledger or the consumer-group source's consumer: state lives in the broker, not in offset
-metadata.
+Must not import the ledger or the consumer-group source's consumer (state lives in the broker).
 """
 
 from __future__ import annotations
@@ -78,6 +77,7 @@ from sidecar.engines.interfaces import Answered, Delivery, EngineParts, Settled,
 from sidecar.engines.share_batch import Acquired, Batch, SuspectRun, coordinates, isolation_order
 from sidecar.engines.share_journal import Coord, journal_path
 from sidecar.engines.share_recovery import DeathAccount
+from sidecar.engines.share_tier_write import TierDelay, to_tier_then_accept
 from sidecar.kafka.message import Message
 from sidecar.kafka.share import AckCommit, ShareSettings, ShareSource, Step
 from sidecar.kafka.share.admin import GROUP_LOCK_DURATION_MS
@@ -98,6 +98,7 @@ class ShareGroupEngine:
         self.config = config
         self.counters = parts.counters
         self.dlq = parts.dlq
+        self.tiers, self._tier_delay = parts.tiers, TierDelay(parts)  # retry tiers (share_tiers)
         self.consumer_count = share_consumer_count(config.app.max_in_flight)
         self.source = ShareSource(config, self, self.consumer_count)
         self.settings: ShareSettings | None = None
@@ -630,6 +631,9 @@ class ShareGroupEngine:
         """Each answered delivery's decision into `out`: at once where none needs a DLQ write (no
         task per record), in a task of its own where one does."""
         for d in deliveries:
+            if (delay := self._tier_delay.of(d)) is not None:  # a long release: to its tier
+                nursery.start_soon(to_tier_then_accept, self.tiers, self.dlq, d, delay, out)
+                continue
             archive = self._decide(d, out)
             if archive is not None:
                 reason, error = archive
@@ -785,8 +789,6 @@ class ShareGroupEngine:
         deadline = min(d.ref.batch.deadline for d in deliveries)
         return await self.pipe.wait(Until.APP_REACHABLE, deadline)
 
-
-# ------------------------------------------------------------------------------- helpers
 
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again
 _ISOLATION_POLL_S = 0.02  # how often a waiting suspect checks that nothing else is unsettled

@@ -82,9 +82,9 @@ def open_engine(
 ) -> Engine:
     """The engine `config.engine` names: the pipeline around that engine's delivery state."""
     if config.engine is EngineKind.SHARE:
-        from sidecar.engines.share_group import ShareGroupEngine
+        from sidecar.engines.share_tiers import share_adapter
 
-        return Pipeline(config, ShareGroupEngine, tracing=tracing)
+        return Pipeline(config, share_adapter, tracing=tracing)
     from sidecar.engines.consumer_group import ConsumerGroupEngine
 
     return Pipeline(

@@ -339,3 +339,50 @@ def _topic_config(topic: str, name: str, value: str) -> Any:
         ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
     )
     return resource
+
+
+async def test_share_engine_writes_long_releases_to_a_tier_accepts_them_and_reads_them_back(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """engine: share: a long release goes to its tier and is ACCEPTed on the share group (the broker
+    never redelivers it); the tier reader (consumer group `<group>.tiers`) delivers it as the original
+    when due, its count going on (1s tier, then 2s, then the DLQ at the limit, naming the source)."""
+    recs = [Rec(key=f"k{i}".encode(), value=f"retry-{i}".encode()) for i in range(2)]
+    recs += [Rec(key=b"c", value=b"ok")]
+    tiered = TieredApp()
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        tiered.app,
+        unique=unique,
+        extra=tier_settings(**{"engine": "share", "ordering": "none", "delivery.count.limit": 3}),
+        produce_first=recs,
+    ) as rig:
+        await wait_until(
+            lambda: sum(1 for d in tiered.app.deliveries if d.delivery_count == 3) >= 2,
+            30,
+            "both records at count 3",
+        )
+        dlq = await rig.read_dlq(2, timeout_s=30)
+        stat = await rig.sc.status()
+        topic, group = rig.topic, rig.group
+        tier_recs = await trio.to_thread.run_sync(read_tier, broker, f"dlq.{topic}.retry.1s", 2)
+        await trio.sleep(1.0)  # a broker redelivery by mistake would show here
+    counts: dict[bytes | None, list[int]] = defaultdict(list)
+    for d in tiered.app.deliveries:
+        counts[d.value].append(d.delivery_count)
+        assert (d.topic, d.partition) == (topic, 0)
+    assert counts[b"retry-0"] == [1, 2, 3] and counts[b"retry-1"] == [1, 2, 3], dict(counts)
+    assert counts[b"ok"] == [1]
+    assert {d.offset for d in tiered.app.deliveries if d.value == b"retry-1"} == {1}
+    assert all(r.header("__dlq.retry.group") == group for r in tier_recs)
+    for rec in dlq:
+        assert rec.header("__dlq.errors.topic") == topic
+        assert rec.header(TIERS_HEADER) == "1s,2s"
+    assert stat["counters"]["tiers"]["written"] == {"1s": 2, "2s": 2}
+    assert set(stat["retry_tiers"]) == set(TIERS)
+    late = [
+        tiered.wall[(int(r.header(H_OFFSET) or -1), 2)] - int(r.header(H_DUE) or 0) / 1000
+        for r in tier_recs
+    ]
+    assert all(0 <= x <= SLACK_S for x in late), late

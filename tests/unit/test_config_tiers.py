@@ -74,11 +74,6 @@ def test_dump_reads_back_equal(tmp_path: Path) -> None:
         ({"errors.retry.tiers": [50]}, "errors.retry.tiers[0]", "between 100ms and 30d"),
         ({"errors.retry.tiers": [True]}, "errors.retry.tiers[0]", "expected a duration"),
         (
-            {"errors.retry.tiers": ["1h"], "engine": "share"},
-            "errors.retry.tiers",
-            "needs engine: consumer",
-        ),
-        (
             {"errors.retry.tiers": ["1m"], "errors.retry.tier.threshold.ms": 60000},
             "errors.retry.tier.threshold.ms",
             "must be below the longest tier",
