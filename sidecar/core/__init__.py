@@ -13,6 +13,7 @@
     text         the one UTF-8 check
     wire/        the HTTP wire contract with the app: requests, CloudEvents, answers, the ack API
     deadletter   the DLQ step: archived record -> plan -> FailedRecord -> outcome
+    tiers        retry tiers: the tier record's headers, the original read back from them
 
 Imports the standard library only, and nothing from the rest of `sidecar`; every other layer may
 import it. Both are checked by import-linter contracts in pyproject.toml, with one more: no import
