@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from confluent_kafka import KafkaException
 
 from sidecar.core.tiers import H_COUNT, H_DUE, H_OFFSET, H_TIERS, H_TOPIC, TIERS_HEADER
 from sidecar.http.server import Response
@@ -386,3 +387,67 @@ async def test_share_engine_writes_long_releases_to_a_tier_accepts_them_and_read
         for r in tier_recs
     ]
     assert all(0 <= x <= SLACK_S for x in late), late
+
+
+async def test_share_engine_kill_9_with_records_in_every_tier_then_restart(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """engine: share: record i released at count 1 into tier i and ACCEPTed on the share group; the
+    sidecar is killed once all three wait in their tiers and the ACCEPTs reached the broker, then
+    restarted: each comes once more from its tier, at count 2 (the share group never redelivers)."""
+    recs = [Rec(key=f"k{i}".encode(), value=f"wait-{i}".encode()) for i in range(3)]
+    seen: dict[bytes | None, list[int]] = defaultdict(list)
+
+    def policy(d: Delivery) -> Response:
+        seen[d.value].append(d.delivery_count)
+        if d.delivery_count == 1:
+            i = int((d.value or b"0")[5:])
+            return json_answer({"ack": "release", "retry_after_ms": 1000 * (i + 1)})
+        return Response(200)
+
+    settings = tier_settings(**{"engine": "share", "ordering": "none"})
+    kafka = restartable_member(unique)  # the tier reader's; the share consumers drop these
+    app = RecordingApp(policy=policy)
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        extra=settings,
+        kafka_extra=kafka,
+        produce_first=recs,
+    ) as rig:
+        topic, group = rig.topic, rig.group
+
+        def waiting_in_tiers() -> bool:
+            try:
+                ends = [broker.end_offsets(f"dlq.{topic}.retry.{t}", [0])[0] for t in TIERS]
+            except KafkaException:  # not created yet
+                return False
+            return ends == [1, 1, 1]
+
+        with trio.fail_after(30):
+            while not await trio.to_thread.run_sync(waiting_in_tiers):
+                await trio.sleep(0.05)
+        await rig.sc.wait_status(
+            lambda st: st["counters"]["commits"] >= 1 and st["in_flight"] == 0,
+            5,
+            "the ACCEPTs acknowledged",
+        )
+        assert await rig.sc.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert dict(seen) == {r.value: [1] for r in recs}, dict(seen)
+    app2 = RecordingApp(policy=policy)
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app2,
+        topic=topic,
+        group=group,
+        config_name="again.yaml",
+        extra=settings,
+        kafka_extra=kafka,
+    ):
+        await wait_until(lambda: len(app2.deliveries) >= 3, 40, "the three tier records delivered")
+        await trio.sleep(1.5)  # room for a double delivery to show
+    assert dict(seen) == {r.value: [1, 2] for r in recs}, dict(seen)
+    assert all((d.topic, d.offset) == (topic, int((d.value or b"")[5:])) for d in app2.deliveries)
