@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["RETRY_AFTER_MAX_MS", "RetryPolicy"]
+__all__ = ["RETRY_AFTER_MAX_MS", "RetryPolicy", "jitter_rand"]
 
 #: An application's ``retry_after_ms`` is honoured up to this bound (one hour): a typo such as
 #: ``retry_after_ms: 86400000000`` must not park a record (and, in key order, its whole key) for years.
@@ -72,3 +72,19 @@ class RetryPolicy:
             return min(max(retry_after_ms, 0), self.retry_after_max_ms)
         base = self.base_delay_ms(delivery_count)
         return int(base * (1.0 - self.jitter * rand))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def jitter_rand(offset: int, delivery_count: int) -> float:
+    """A deterministic ``rand`` in [0, 1) per (offset, attempt): the splitmix64 finaliser.
+
+    The ledger has no random source (it must be reproducible); mixing the offset spreads the
+    retries of records released together, which is all jitter is for.
+    """
+    x = (offset * 0x9E3779B97F4A7C15 + delivery_count) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return (x >> 11) / float(1 << 53)

@@ -1,6 +1,6 @@
 """`PartitionLedger`: the delivery state of one assigned partition (sans-IO).
 
-This module holds the record lifecycle (SPEC §2): intake (``add``), hand-outs (``acquire``), the
+This module holds the record lifecycle: intake (``add``), hand-outs (``acquire``), the
 application's answers (``answer``, ``not_attempted``), lock expiry (``expire``) and ``revoke``.
 What an answer does is `sidecar.core.outcome.decide`'s verdict; the state change it makes is
 `sidecar.core.ledger.machine`'s table.  The ledger is built of parts, one module each, which its
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 
+from sidecar.core.backoff import jitter_rand
 from sidecar.core.commitstate import MAX_OFFSET, CommitState
 from sidecar.core.ledger.archive import Archive
 from sidecar.core.ledger.attempts import Attempts
@@ -72,20 +73,6 @@ _REJECTED = ArchiveReason.REJECTED
 _ACQUIRE = Event.ACQUIRE
 _ACCEPT = Event.ACCEPT
 _RELEASE_EVENT = Event.RELEASE
-_MASK64 = (1 << 64) - 1
-
-
-def _jitter_rand(offset: int, delivery_count: int) -> float:
-    """A deterministic value in [0, 1) per (offset, attempt): splitmix64 finaliser.
-
-    The ledger has no random source (it must be reproducible); mixing the offset spreads the
-    retries of records released together, which is all jitter is for.
-    """
-    x = (offset * 0x9E3779B97F4A7C15 + delivery_count) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    x ^= x >> 31
-    return (x >> 11) / float(1 << 53)
 
 
 class PartitionLedger:
@@ -499,7 +486,7 @@ class PartitionLedger:
             count,
             self.config.delivery_count_limit,
             retry=self.config.retry,
-            rand=_jitter_rand(record.offset, count),
+            rand=jitter_rand(record.offset, count),
             retry_after_ms=retry_after_ms,
         )
 
