@@ -57,6 +57,8 @@ class FailedRecord:
     ] = ()  # KIP-1034 custom DLQ record (from the app's reject)
     replacement_value: bytes | None = None
     replacement_value_set: bool = False
+    exception_cause_class: str | None = None
+    route_refused: str | None = None  # the DLQ topic the app named and may not use (routes)
 
 
 class ArchiveOutcome(enum.Enum):
@@ -95,8 +97,10 @@ def dead_letter(
     dlq_topic: str | None,
     tolerate: bool,
     consequence: str,
+    route_refused: str | None = None,
 ) -> DeadLetterPlan:
-    """Plan the DLQ step for ``tracked`` (``consequence``: what stopping means for the record)."""
+    """Plan the DLQ step for ``tracked`` (``consequence``: what stopping means for the record;
+    ``route_refused``: the DLQ topic the app named that its routes refused)."""
     error = dead_letter_error(reason, error)
     rec = tracked.record
     if not tolerate:
@@ -125,6 +129,8 @@ def dead_letter(
         extra_headers=custom.headers if custom else (),
         replacement_value=custom.value if custom else None,
         replacement_value_set=custom.value_set if custom else False,
+        exception_cause_class=error.cause_class if error else None,
+        route_refused=route_refused,
     )
     return DeadLetterPlan(reason, error, None, dlq_topic, failed)
 

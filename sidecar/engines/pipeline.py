@@ -88,7 +88,7 @@ from sidecar.engines.delivery import (
     attempt_view,
     end_attempt_span,
 )
-from sidecar.engines.dlq_step import DlqStep, dlq_writer_for
+from sidecar.engines.dlq_step import DlqStep, dlq_topics, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,
     AdapterFactory,
@@ -239,7 +239,7 @@ class Pipeline:
             task_status.started()  # stopped before the cluster could be used: nothing to undo
             return
         if config.errors.dlq.enabled:
-            topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+            topics = dlq_topics(config)  # the default DLQs and every routed topic
             await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
             flags.dlq_ready = True
         try:
@@ -373,6 +373,7 @@ class Pipeline:
             **view.status_fields(),
             **self._pull_status(),
             "circuit_breaker": self.breaker_status(),
+            "dlq_routes": self._dlq_step.route_status(),
             "counters": self.counters.snapshot(),
         }
 
