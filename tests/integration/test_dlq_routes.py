@@ -1,0 +1,190 @@
+"""DLQ routes on the real broker with a real HTTP app, both engines: by exception class and by its
+cause, by reason and source topic, an app naming an allowed and a forbidden DLQ topic, the routed
+topics' partitions, the transactional DLQ, `/v1/status`, and replay from a routed topic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from sidecar.http.server import Response
+from sidecar.kafka.dlq.record import H_EXC_CAUSE_CLASS, H_ROUTE_REFUSED
+from tests.harness import Delivery, RecordingApp, json_answer, running_sidecar
+from tests.harness import wait_until_thread as _wait_thread
+from tests.integration.test_dlqtool import dlq_cli
+from tests.kafkatools import Broker, Rec
+
+KINDS = ("schema", "wrapped", "flaky", "bad", "manual", "forbid", "ok")
+PER_KIND = 2  # records of each kind per source topic
+
+
+def _reject(cls: str, **more: Any) -> Response:
+    error: dict[str, Any] = {"class": cls, "message": "no"}
+    if "cause" in more:
+        error["cause_class"] = more.pop("cause")
+    return json_answer({"ack": "reject", "error": error, **more})
+
+
+def policy(d: Delivery) -> Response:
+    kind = (d.value or b"").split(b":")[0].decode()
+    if kind == "schema":
+        return _reject("app.SchemaError")
+    if kind == "wrapped":
+        return _reject("app.Wrapper", cause="app.SchemaError")
+    if kind == "flaky":
+        return json_answer({"ack": "release", "error": {"class": "app.Flaky", "message": "later"}})
+    if kind == "bad":
+        return _reject("app.Bad")
+    if kind == "manual":
+        return _reject("app.Bad", dlq={"topic": f"dlq.{d.topic}.manual"})
+    if kind == "forbid":
+        return _reject("app.Bad", dlq={"topic": "dlq.elsewhere"})
+    return Response(200)
+
+
+def _records(partitions: int) -> list[Rec]:
+    n = len(KINDS) * PER_KIND
+    return [
+        Rec(
+            key=f"k{i}".encode(),
+            value=f"{KINDS[i % len(KINDS)]}:{i}".encode(),
+            partition=i % partitions,
+        )
+        for i in range(n)
+    ]
+
+
+def _h(rec: Rec, name: str) -> str | None:
+    value = rec.headers_by_name().get(name)
+    return value[0].decode() if value and value[0] is not None else None
+
+
+def _kinds(recs: list[Rec]) -> list[str]:
+    return sorted((r.value or b"").split(b":")[0].decode() for r in recs)
+
+
+@pytest.mark.parametrize("engine", ["consumer-txn", "share"])
+async def test_routes_choose_the_dlq_topic(
+    broker: Broker, unique: str, tmp_path: Path, engine: str
+) -> None:
+    orders, pay = f"src-{unique}", f"pay-{unique}"
+    for t in (orders, pay):
+        await trio.to_thread.run_sync(lambda t=t: broker.create_topic(t, partitions=3))
+    # A routed topic with 2 partitions: a record's partition is its source partition modulo 2.
+    schema_orders = f"dlq.{orders}.schema"
+    await trio.to_thread.run_sync(lambda: broker.create_topic(schema_orders, partitions=2))
+    engine_keys: dict[str, Any] = (
+        {"engine": "share", "ordering": "none"}
+        if engine == "share"
+        else {"errors.deadletterqueue.transactional.enable": True}
+    )
+    app = RecordingApp(policy=policy)
+    extra = {
+        **engine_keys,
+        "delivery.count.limit": 2,
+        "errors.deadletterqueue.copy.record.enable": True,
+        "errors.deadletterqueue.routes": [
+            {"exception.class": "app.SchemaError", "topic.name": "dlq.{topic}.schema"},
+            {
+                "reason": "delivery_count_exceeded",
+                "source.topic": pay,
+                "topic.name": f"dlq.{pay}.exhausted",
+            },
+        ],
+        "errors.deadletterqueue.routes.app.allowed": ["dlq.{topic}.manual"],
+    }
+    expected = {
+        schema_orders: ["schema", "schema", "wrapped", "wrapped"],
+        f"dlq.{orders}": ["bad", "bad", "flaky", "flaky", "forbid", "forbid"],
+        f"dlq.{orders}.manual": ["manual", "manual"],
+        f"dlq.{pay}.schema": ["schema", "schema", "wrapped", "wrapped"],
+        f"dlq.{pay}.exhausted": ["flaky", "flaky"],
+        f"dlq.{pay}": ["bad", "bad", "forbid", "forbid"],
+        f"dlq.{pay}.manual": ["manual", "manual"],
+    }
+    async with running_sidecar(
+        broker, tmp_path, app, topics=[orders, pay], group=f"g-{unique}", path="/", extra=extra
+    ) as rig:
+        await trio.to_thread.run_sync(lambda: broker.produce(orders, _records(3)))
+        await trio.to_thread.run_sync(lambda: broker.produce(pay, _records(3)))
+        for topic, kinds in expected.items():
+            await _wait_thread(
+                lambda topic=topic, kinds=kinds: broker.count_records(topic) >= len(kinds),
+                60,
+                f"{len(kinds)} records in {topic}",
+            )
+        st = await rig.sc.status()
+        rc, out, err = await dlq_cli(
+            broker,
+            "inspect",
+            "--config",
+            str(rig.config_path),
+            "--exception-class",
+            "app.SchemaError",
+        )
+        assert rc == 0, out + err
+        # Every topic the config can write to, one after the other: only the two schema topics
+        # hold SchemaError records (their own class, or their cause's).
+        assert out.count("DLQ dlq.") == len(set(routes_topics(st))), out
+        assert out.count("4 matching of 4 records read") == 2, out
+        assert out.count("0 matching of") == len(set(routes_topics(st))) - 2, out
+        if engine == "consumer-txn":
+            await _replay_from_a_routed_topic(broker, rig.config_path, orders, schema_orders)
+        assert await rig.sc.stop(timeout_s=60) == 0, rig.sc.log_text()[-3000:]
+
+    got = {
+        t: await trio.to_thread.run_sync(broker.read_topic, t, len(k), 20)
+        for t, k in expected.items()
+    }
+    if engine == "consumer-txn":  # the replayed records came back to the same routed topic
+        got[schema_orders] = [r for r in got[schema_orders] if not _h(r, "__dlq.replay.count")]
+    assert {t: _kinds(recs) for t, recs in got.items()} == expected
+    assert not await trio.to_thread.run_sync(broker.topic_exists, "dlq.elsewhere")
+    for topic, recs in got.items():
+        for r in recs:
+            kind = _kinds([r])[0]
+            source = _h(r, "__dlq.errors.topic")
+            assert source in (orders, pay) and topic.startswith(f"dlq.{source}")
+            if topic == schema_orders:
+                assert r.partition == int(_h(r, "__dlq.errors.partition") or "") % 2
+            if kind == "wrapped":
+                assert _h(r, "__dlq.errors.exception.class.name") == "app.Wrapper"
+                assert _h(r, H_EXC_CAUSE_CLASS) == "app.SchemaError"
+            if kind == "flaky":
+                assert (
+                    _h(r, "__dlq.errors.message") == "Offset delivery count exceeded the threshold."
+                )
+            assert _h(r, H_ROUTE_REFUSED) == ("dlq.elsewhere" if kind == "forbid" else None)
+    routes = st["dlq_routes"]
+    assert routes["default"] == "dlq.{topic}"
+    assert [r["topic"] for r in routes["rules"]] == ["dlq.{topic}.schema", f"dlq.{pay}.exhausted"]
+    assert routes["written_by_dlq_topic"][f"dlq.{pay}.exhausted"] == 2
+    assert routes["refused_by_source_topic"] == {orders: 2, pay: 2}
+    assert set(expected) <= set(routes["topics"])
+
+
+def routes_topics(st: dict[str, Any]) -> list[str]:
+    return list(st["dlq_routes"]["topics"])
+
+
+async def _replay_from_a_routed_topic(
+    broker: Broker, config_path: Path, orders: str, schema_orders: str
+) -> None:
+    """Replay the routed topic's records to their source, with the sidecar running: the app
+    rejects them again, they come back to the same routed topic with the replay history, and a
+    second replay of every routed topic skips them (the loop guard)."""
+    only = ("--source-topic", orders, "--exception-class", "app.SchemaError")
+    rc, out, err = await dlq_cli(broker, "replay", "--from", schema_orders, "--name", "r", *only)
+    assert rc == 0 and "replayed 4 of 4" in out, out + err
+    await _wait_thread(lambda: broker.count_records(schema_orders) >= 8, 60, "rejected again")
+    end = broker.end_offsets(orders, [0, 1, 2])
+    rc, out, err = await dlq_cli(
+        broker, "replay", "--config", str(config_path), "--name", "r", *only
+    )
+    assert rc == 0, out + err
+    assert out.count("skipped, replayed too often: 4") == 1, out
+    assert f"replayed 0 of 4 matching records (4 read from {schema_orders})" in out, out
+    assert broker.end_offsets(orders, [0, 1, 2]) == end  # nothing sent again
