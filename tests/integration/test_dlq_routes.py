@@ -13,7 +13,6 @@ import trio
 from sidecar.http.server import Response
 from sidecar.kafka.dlq.record import H_EXC_CAUSE_CLASS, H_ROUTE_REFUSED
 from tests.harness import Delivery, RecordingApp, json_answer, running_sidecar
-from tests.harness import wait_until_thread as _wait_thread
 from tests.integration.test_dlqtool import dlq_cli
 from tests.kafkatools import Broker, Rec
 
@@ -110,13 +109,8 @@ async def test_routes_choose_the_dlq_topic(
     ) as rig:
         await trio.to_thread.run_sync(lambda: broker.produce(orders, _records(3)))
         await trio.to_thread.run_sync(lambda: broker.produce(pay, _records(3)))
-        for topic, kinds in expected.items():
-            await _wait_thread(
-                lambda topic=topic, kinds=kinds: broker.count_records(topic) >= len(kinds),
-                60,
-                f"{len(kinds)} records in {topic}",
-            )
-        st = await rig.sc.status()
+        want = {t: len(k) for t, k in expected.items()}
+        st = await _wait_written(rig.sc, want)
         rc, out, err = await dlq_cli(
             broker,
             "inspect",
@@ -132,13 +126,14 @@ async def test_routes_choose_the_dlq_topic(
         assert out.count("4 matching of 4 records read") == 2, out
         assert out.count("0 matching of") == len(set(routes_topics(st))) - 2, out
         if engine == "consumer-txn":
-            await _replay_from_a_routed_topic(broker, rig.config_path, orders, schema_orders)
+            await _replay_from_a_routed_topic(
+                rig.sc, broker, rig.config_path, orders, schema_orders
+            )
         assert await rig.sc.stop(timeout_s=60) == 0, rig.sc.log_text()[-3000:]
 
-    got = {
-        t: await trio.to_thread.run_sync(broker.read_topic, t, len(k), 20)
-        for t, k in expected.items()
-    }
+    # Read committed: with the transactional DLQ, a routed topic's records are in committed
+    # transactions too.
+    got = {t: await trio.to_thread.run_sync(broker.read_committed_to_end, t) for t in expected}
     if engine == "consumer-txn":  # the replayed records came back to the same routed topic
         got[schema_orders] = [r for r in got[schema_orders] if not _h(r, "__dlq.replay.count")]
     assert {t: _kinds(recs) for t, recs in got.items()} == expected
@@ -166,12 +161,24 @@ async def test_routes_choose_the_dlq_topic(
     assert set(expected) <= set(routes["topics"])
 
 
+async def _wait_written(sc: Any, want: dict[str, int], timeout_s: float = 60) -> dict[str, Any]:
+    """The status once at least `want` DLQ records are confirmed in each DLQ topic."""
+    deadline = trio.current_time() + timeout_s
+    while True:
+        st: dict[str, Any] = await sc.status()
+        written = st["dlq_routes"]["written_by_dlq_topic"]
+        if all(written.get(t, 0) >= n for t, n in want.items()):
+            return st
+        assert trio.current_time() < deadline, f"DLQ records written {written}, want {want}"
+        await trio.sleep(0.2)
+
+
 def routes_topics(st: dict[str, Any]) -> list[str]:
     return list(st["dlq_routes"]["topics"])
 
 
 async def _replay_from_a_routed_topic(
-    broker: Broker, config_path: Path, orders: str, schema_orders: str
+    sc: Any, broker: Broker, config_path: Path, orders: str, schema_orders: str
 ) -> None:
     """Replay the routed topic's records to their source, with the sidecar running: the app
     rejects them again, they come back to the same routed topic with the replay history, and a
@@ -179,7 +186,7 @@ async def _replay_from_a_routed_topic(
     only = ("--source-topic", orders, "--exception-class", "app.SchemaError")
     rc, out, err = await dlq_cli(broker, "replay", "--from", schema_orders, "--name", "r", *only)
     assert rc == 0 and "replayed 4 of 4" in out, out + err
-    await _wait_thread(lambda: broker.count_records(schema_orders) >= 8, 60, "rejected again")
+    await _wait_written(sc, {schema_orders: 8})  # rejected again
     end = broker.end_offsets(orders, [0, 1, 2])
     rc, out, err = await dlq_cli(
         broker, "replay", "--config", str(config_path), "--name", "r", *only
