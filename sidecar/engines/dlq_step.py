@@ -1,7 +1,8 @@
 """The pipeline's DLQ step: one record archived (stopped, skipped, held, or written) and its trace.
 
 Owns what happens between an adapter deciding a record is done with (`Outlet.dead_letter`) and its
-DLQ record being confirmed: the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
+DLQ record being confirmed: the record's DLQ topic (the routes, :class:`sidecar.core.routes.DlqRoutes`,
+the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
 breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
 line, the DLQ write's span, the counters, and building the DLQ writer from the configuration,
 including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
