@@ -93,7 +93,8 @@ async def test_routes_choose_the_dlq_topic(
                 "topic.name": f"dlq.{pay}.exhausted",
             },
         ],
-        "errors.deadletterqueue.routes.app.allowed": ["dlq.{topic}.manual"],
+        # `.unused`: no record names it, so only the start-up creates it.
+        "errors.deadletterqueue.routes.app.allowed": ["dlq.{topic}.manual", "dlq.{topic}.unused"],
     }
     expected = {
         schema_orders: ["schema", "schema", "wrapped", "wrapped"],
@@ -137,6 +138,8 @@ async def test_routes_choose_the_dlq_topic(
         got[schema_orders] = [r for r in got[schema_orders] if not _h(r, "__dlq.replay.count")]
     assert {t: _kinds(recs) for t, recs in got.items()} == expected
     assert not await trio.to_thread.run_sync(broker.topic_exists, "dlq.elsewhere")
+    for t in (orders, pay):
+        assert await trio.to_thread.run_sync(broker.topic_exists, f"dlq.{t}.unused")
     for topic, recs in got.items():
         for r in recs:
             kind = _kinds([r])[0]
@@ -195,3 +198,52 @@ async def _replay_from_a_routed_topic(
     assert out.count("skipped, replayed too often: 4") == 1, out
     assert f"replayed 0 of 4 matching records (4 read from {schema_orders})" in out, out
     assert broker.end_offsets(orders, [0, 1, 2]) == end  # nothing sent again
+
+
+async def test_routed_topic_missing_or_unwritable_stops_without_commit(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """With auto-create off, a routed topic missing at start-up is a start-up error naming it; one
+    deleted while the sidecar runs stops it at the record routed there, its offset not committed
+    (as an unwritable default DLQ does), while the default DLQ kept working."""
+    orders = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    routed = f"dlq.{orders}.schema"
+    await trio.to_thread.run_sync(lambda: broker.create_topic(f"dlq.{orders}"))
+    extra = {
+        "errors.deadletterqueue.auto.create.enable": False,
+        "errors.deadletterqueue.produce.retries.timeout.ms": 3000,
+        "errors.deadletterqueue.routes": [
+            {"exception.class": "app.SchemaError", "topic.name": "dlq.{topic}.schema"}
+        ],
+    }
+    app = RecordingApp(policy=policy)
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=orders,
+        group=f"g-{unique}",
+        path="/",
+        extra=extra,
+        wait="none",
+    ) as rig:
+        assert await rig.sc.wait_exit(30) != 0
+        assert routed in rig.sc.log_text() and "do not exist" in rig.sc.log_text()
+    await trio.to_thread.run_sync(lambda: broker.create_topic(routed))
+    async with running_sidecar(
+        broker, tmp_path, app, topic=orders, group=f"g-{unique}", path="/", extra=extra
+    ) as rig:
+        await trio.to_thread.run_sync(
+            lambda: broker.produce(orders, [Rec(None, b"bad:0"), Rec(None, b"ok:1")])
+        )
+        await _wait_written(rig.sc, {f"dlq.{orders}": 1})
+        await trio.to_thread.run_sync(lambda: broker.delete_topic(routed))
+        await trio.to_thread.run_sync(
+            lambda: broker.produce(orders, [Rec(None, b"schema:2"), Rec(None, b"ok:3")])
+        )
+        assert await rig.sc.wait_exit(60) != 0
+        log = rig.sc.log_text()
+        assert f"DLQ topic {routed} does not exist and auto-create is off" in log, log[-3000:]
+    committed = await trio.to_thread.run_sync(broker.committed, f"g-{unique}", orders, [0])
+    assert committed[0][0] <= 2  # never past the record that could not be dead-lettered
+    assert not await trio.to_thread.run_sync(broker.topic_exists, routed)

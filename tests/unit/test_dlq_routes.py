@@ -5,9 +5,13 @@ record's route headers."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -256,6 +260,26 @@ def test_bad_routes_name_the_key(keys: dict[str, Any], path: str, reason: str) -
     error = config_error(**keys)
     assert error.path == path
     assert reason in error.reason
+
+
+def test_check_config_exits_2_naming_the_rule(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    bad = {
+        ROUTES: [
+            {"reason": "rejected", "topic.name": "dlq.ok"},
+            {"reason": "x", "topic.name": "dlq.y"},
+        ]
+    }
+    path.write_text(yaml.safe_dump({**MINIMAL, **bad}), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar", "check-config", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"{ROUTES}[1].reason: must be one of delivery_count_exceeded, rejected" in done.stderr
 
 
 # ------------------------------------------------------------------------------- the wire
