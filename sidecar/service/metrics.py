@@ -66,7 +66,10 @@ class EngineCollector(Collector):
             " that errors.deadletterqueue.routes.app.allowed does not list, by source topic.",
             labels=["topic"],
         )
-        for topic, n in sorted(c.route_refused.items()):
+        # Every source topic from the start (0 until a refusal), so a rate or an alert has a series.
+        for topic, n in sorted(
+            (dict.fromkeys(e.config.source.topics, 0) | c.route_refused).items()
+        ):
             refused.add_metric([topic], n)
         yield refused
         broker_archived = CounterMetricFamily(
