@@ -4,6 +4,7 @@ topics' partitions, the transactional DLQ, `/v1/status`, and replay from a route
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from sidecar.http.server import Response
 from sidecar.kafka.dlq.record import H_EXC_CAUSE_CLASS, H_ROUTE_REFUSED
 from tests.harness import Delivery, RecordingApp, json_answer, running_sidecar
 from tests.integration.test_dlqtool import dlq_cli
+from tests.integration.test_pull_mode import pull_all, pull_sidecar, wait_pull_api
 from tests.kafkatools import Broker, Rec
+from tests.pulltools import PullClient, api_listen_of, value_of
 
 KINDS = ("schema", "wrapped", "flaky", "bad", "manual", "forbid", "ok")
 PER_KIND = 2  # records of each kind per source topic
@@ -247,3 +250,46 @@ async def test_routed_topic_missing_or_unwritable_stops_without_commit(
     committed = await trio.to_thread.run_sync(broker.committed, f"g-{unique}", orders, [0])
     assert committed[0][0] <= 2  # never past the record that could not be dead-lettered
     assert not await trio.to_thread.run_sync(broker.topic_exists, routed)
+
+
+async def test_pull_mode_acks_name_the_topic_and_the_cause(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """`POST /v1/acks` carries the same `dlq.topic` and `error.cause_class` as a push answer."""
+    recs = [
+        Rec(None, f"{kind}:{i}".encode()) for i, kind in enumerate(("manual", "forbid", "wrapped"))
+    ]
+    extra = {
+        "errors.deadletterqueue.routes": [
+            {"exception.class": "app.SchemaError", "topic.name": "dlq.{topic}.schema"}
+        ],
+        "errors.deadletterqueue.routes.app.allowed": ["dlq.{topic}.manual"],
+    }
+    async with pull_sidecar(broker, tmp_path, unique, extra=extra, records=recs) as (sc, topic, _):
+        client = PullClient(api_listen_of(sc.config_path))
+        with contextlib.closing(client):
+            await _pull_and_ack(client, sc, topic)
+        want = {f"dlq.{topic}.manual": 1, f"dlq.{topic}": 1, f"dlq.{topic}.schema": 1}
+        await _wait_written(sc, want)
+        assert await sc.stop() == 0
+    read = {t: await trio.to_thread.run_sync(broker.read_committed_to_end, t) for t in want}
+    assert {t: len(r) for t, r in read.items()} == want
+    assert _h(read[f"dlq.{topic}"][0], H_ROUTE_REFUSED) == f"dlq.{topic}.nope"
+    assert _h(read[f"dlq.{topic}.schema"][0], H_EXC_CAUSE_CLASS) == "app.SchemaError"
+    assert _h(read[f"dlq.{topic}.manual"][0], "__dlq.errors.offset") == "0"
+
+
+async def _pull_and_ack(client: PullClient, sc: Any, topic: str) -> None:
+    await wait_pull_api(client, sc)
+    got = await pull_all(client, 3)
+    by_kind = {(value_of(r) or b"").split(b":")[0].decode(): r["id"] for r in got}
+    acks = [
+        {"id": by_kind["manual"], "ack": "reject", "dlq": {"topic": f"dlq.{topic}.manual"}},
+        {"id": by_kind["forbid"], "ack": "reject", "dlq": {"topic": f"dlq.{topic}.nope"}},
+        {
+            "id": by_kind["wrapped"],
+            "ack": "reject",
+            "error": {"class": "app.Wrapper", "cause_class": "app.SchemaError"},
+        },
+    ]
+    assert await trio.to_thread.run_sync(client.ack, acks) == ["ok", "ok", "ok"]
