@@ -1,7 +1,7 @@
 """The DLQ step of both engines, sans-IO: an archived record → its DLQ write request → the outcome.
 
     Tracked record + delivery count + ArchiveReason + ErrorInfo
-        │  dead_letter()                      (errors.tolerance, the DLQ topic for the source topic)
+        │  dead_letter()                      (errors.tolerance, the DLQ topic the routes chose)
         ▼
     DeadLetterPlan ── stop ─────────────▶ STOPPED       errors.tolerance: none: nothing written
                    ── failed is None ───▶ NO_DLQ        no DLQ topic: logged and skipped (KIP-1191)
