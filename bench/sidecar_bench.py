@@ -15,6 +15,7 @@ fresh consumer group and the figure is records/s from the first record seen to t
     d-tcp-key   the sidecar, batch mode (100 records, 5 ms linger)
     e-tcp-key   the sidecar, 5 % rejects + 5 % releases (DLQ path active)
     e-txn       ... with the transactional DLQ mode            (when the engine supports it)
+    e-routes    ... with DLQ routes: 3 rules, every DLQ record routed (when the sidecar has routes)
     f-*         tracing on vs off                              (when the sidecar has tracing)
     g-share     ``engine: share`` (a share group), single mode, TCP, ordering none
     g-share-journal  the same with ``share.journal.path`` (the journal of deaths)

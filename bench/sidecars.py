@@ -61,7 +61,7 @@ def sidecar_config(
     transport, _, scenario_ordering = rest.partition("-")
     if kind in ("e", "f") and not scenario_ordering:
         transport, scenario_ordering = "tcp", "key"
-    if scenario in ("e-txn", "f-off", "f-on", "f-on-10pct"):
+    if scenario in ("e-txn", "e-routes", "f-off", "f-on", "f-on-10pct"):
         transport, scenario_ordering = "tcp", "key"
     if kind == "g":
         transport, scenario_ordering, engine = "tcp", "none", engine or "share"
@@ -103,6 +103,15 @@ def sidecar_config(
             lines.append(f"errors.retry.tier.topic.name: {json.dumps('dlq.' + group + '.{tier}')}")
     if scenario == "e-txn":
         lines.append("errors.deadletterqueue.transactional.enable: true")
+    if scenario == "e-routes":
+        # Every DLQ record routed: the first rule never matches, the second takes the releases at
+        # the limit (503), the third the rejects (422, sidecar.HttpStatus422).
+        lines += [
+            "errors.deadletterqueue.routes:",
+            '  - {exception.class: [app.Never, app.NeverEither], topic.name: "dlq.{topic}.never"}',
+            '  - {reason: delivery_count_exceeded, topic.name: "dlq.{topic}.exhausted"}',
+            '  - {exception.class: sidecar.HttpStatus422, topic.name: "dlq.{topic}.rejected"}',
+        ]
     if scenario.startswith("f-on"):
         lines += ["tracing:", "  exporter: otlp-http"]
     if scenario == "g-share-journal":
@@ -122,6 +131,8 @@ def unavailable(scenario: str, side: Side) -> str | None:
     src = "\n".join(p.read_text() for p in sorted((side.root / "sidecar").rglob("*.py")))
     if scenario == "e-txn" and "transactional_enable" not in src:
         return "errors.deadletterqueue.transactional.enable is parsed but not used by the engine"
+    if scenario == "e-routes" and "class DlqRoutes" not in src:
+        return "this sidecar has no DLQ routes (errors.deadletterqueue.routes)"
     if scenario.startswith("f-") and "start_attempt" not in src and "start_span" not in src:
         return "the engine creates no spans: tracing.exporter is parsed but unused"
     if scenario.startswith("g-") and "class Share" not in src:

@@ -118,7 +118,9 @@ def cmd_check_config(config_path: str, print_config: bool, overlay: str | None =
     else:
         topics = ", ".join(config.source.topics)
         dlq = {t: config.dlq_topic_for(t) or "(none)" for t in config.source.topics}
-        print(f"{config_path}: ok — group {config.group_id}, topics {topics}, DLQ {dlq}")
+        routes = len(config.errors.dlq.routes)
+        routed = f", {routes} DLQ route{'s' if routes != 1 else ''}" if routes else ""
+        print(f"{config_path}: ok — group {config.group_id}, topics {topics}, DLQ {dlq}{routed}")
     return EXIT_OK
 
 

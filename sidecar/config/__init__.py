@@ -14,6 +14,7 @@ error, not a runtime surprise). It turns one YAML file into a tree of frozen dat
     schema       the key tables, and the readers of the odd keys (kafka, topics, headers, ...)
     checks       cross-key rules, API listeners, DLQ topic names
     tiers        the retry tiers: delays, threshold, tier topic names (and their check)
+    routes       errors.deadletterqueue.routes and routes.app.allowed: read, checked, DlqRoutes
     yamlcore     the strict YAML 1.2 core-schema loader with hard limits
     load         load_config / parse_config: file or data to Config, or ConfigError
     masking      which values are secrets, by name
@@ -29,6 +30,7 @@ from sidecar.config.dump import dump_config
 from sidecar.config.errors import ConfigError
 from sidecar.config.load import load_config, parse_config
 from sidecar.config.masking import is_secret_header, is_secret_kafka_property
+from sidecar.config.routes import dlq_routes
 from sidecar.config.syntax import ListenAddress, is_loopback_host, parse_listen, topic_name_error
 from sidecar.config.values import *  # noqa: F403 (its __all__, re-exported below)
 from sidecar.config.values import __all__ as _values_all
@@ -38,6 +40,7 @@ __all__ = [
     "ConfigError",
     "ListenAddress",
     "Ordering",
+    "dlq_routes",
     "dump_config",
     "is_loopback_host",
     "is_secret_header",

@@ -5,13 +5,14 @@ backoff's max at least its initial value, transactions only with the consumer en
 prefetch within ``max.buffered.bytes``), the two API listeners, and the start-up half of SPEC §7: a
 bad DLQ topic name (for any source topic) is a configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
 
-Imports: the standard library and the `sidecar.config` modules errors, syntax, values and schema
-(for the DLQ key prefix), and `sidecar.core.budget`; not load, yamlcore, masking or dump.
+Imports: the standard library and the `sidecar.config` modules errors, syntax, values, schema
+(for the DLQ key prefix) and routes (`check_routes`), and `sidecar.core.budget`; not load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations
 
 from sidecar.config.errors import _Invalid
+from sidecar.config.routes import check_routes
 from sidecar.config.schema import _DLQ
 from sidecar.config.syntax import is_loopback_host, topic_name_error
 from sidecar.config.tiers import check_tier_topics
@@ -68,6 +69,7 @@ def _check(config: Config) -> None:
         dlq_topic_for=config.dlq_topic_for,
         prefix_key=_DLQ + "topic.name.prefix",
     )
+    check_routes(config)
     _check_cloudevents_source(config)
     _check_pull_mode(config)
 

@@ -3,8 +3,8 @@
 `dump_config` walks the key tables (`sidecar.config.schema`), so every key that can be read is also
 written, and masks secrets with `sidecar.config.masking` unless told not to.
 
-Imports: the standard library and the `sidecar.config` modules values, kinds, schema and masking
-(none of them imports this one).
+Imports: the standard library, the `sidecar.config` modules values, kinds, schema, masking and
+routes (none of them imports this one), and `sidecar.core.routes`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ __all__ = ["dump_config"]
 
 from sidecar.config.kinds import _Key, _Section
 from sidecar.config.masking import _MASK, _masked_kafka, is_secret_header
+from sidecar.config.routes import route_plain
 from sidecar.config.schema import _TOP_KEYS
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.config.values import (
@@ -31,6 +32,7 @@ from sidecar.config.values import (
     SourceConfig,
     TracingConfig,
 )
+from sidecar.core.routes import RouteRule
 
 
 def _plain(value: object) -> Any:
@@ -38,6 +40,8 @@ def _plain(value: object) -> Any:
         return value.value
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, RouteRule):
+        return route_plain(value)
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value

@@ -8,7 +8,7 @@ sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socke
 ``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
 
 Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
-values and kinds; not checks, load, yamlcore, masking or dump.
+values, kinds and routes (the DLQ routes' readers); not checks, load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from sidecar.config.kinds import (
     _Section,
     _Str,
 )
+from sidecar.config.routes import _read_allowed, _read_routes
 from sidecar.config.syntax import _unix_path_error, parse_listen, topic_name_error
 from sidecar.config.tiers import RetryTiersConfig, read_tiers
 from sidecar.config.values import (
@@ -381,6 +382,14 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key(_BREAKER + "window.ms", _Int(1000, _MS_DAY), _Q, "circuit_breaker_window_ms"),
     _Key(_BREAKER + "min.records", _Int(1, 10_000_000), _Q, "circuit_breaker_min_records"),
     _Key(_BREAKER + "cooldown.ms", _Int(1000, _MS_DAY), _Q, "circuit_breaker_cooldown_ms"),
+    # DLQ routes (sidecar.config.routes): ordered rules, and the topics a reject may name.
+    _Key(_DLQ + "routes", _Custom(_read_routes, "a list of rules"), _Q, "routes"),
+    _Key(
+        _DLQ + "routes.app.allowed",
+        _Custom(_read_allowed, "a list of topic names"),
+        _Q,
+        "routes_app_allowed",
+    ),
     _Key("errors.log.enable", _Bool(), _E, "log_enable"),
     _Key("errors.log.include.messages", _Bool(), _E, "log_include_messages"),
     _Key("offset.metadata.max.bytes", _Int(128, 1_048_576), Config, "offset_metadata_max_bytes"),

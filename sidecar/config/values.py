@@ -4,8 +4,8 @@ Defaults live here only: a key is required exactly when its attribute has no def
 `sidecar.config.schema`), so the two can never disagree. The values are immutable, compare by
 value, and derive what they can (`AppConfig.host`, `ApiConfig.address`) with `sidecar.config.syntax`.
 
-Imports: the standard library, `sidecar.config.syntax` and `sidecar.core.ordering` (`Ordering`, the
-one copy). Never `sidecar.config.dump` or `sidecar.config.schema`: they read these classes (the
+Imports: the standard library, `sidecar.config.syntax`, `sidecar.core.ordering` (`Ordering`, the
+one copy) and `sidecar.core.routes` (`RouteRule`). Never `sidecar.config.dump` or `sidecar.config.schema`: they read these classes (the
 effective configuration as plain data is `sidecar.config.dump.dump_config`).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.core.ordering import Ordering
+from sidecar.core.routes import RouteRule
 
 __all__ = [
     "JOURNAL_AUTO",
@@ -219,6 +220,10 @@ class DeadLetterQueueConfig:
     circuit_breaker_window_ms: int = 60_000
     circuit_breaker_min_records: int = 100
     circuit_breaker_cooldown_ms: int = 30_000
+    # errors.deadletterqueue.routes (ordered rules) and .routes.app.allowed (the DLQ topics a reject
+    # may name): sidecar.config.routes reads and checks them, sidecar.core.routes applies them.
+    routes: tuple[RouteRule, ...] = ()
+    routes_app_allowed: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:

@@ -1,7 +1,7 @@
 """The DLQ step of both engines, sans-IO: an archived record → its DLQ write request → the outcome.
 
     Tracked record + delivery count + ArchiveReason + ErrorInfo
-        │  dead_letter()                      (errors.tolerance, the DLQ topic for the source topic)
+        │  dead_letter()                      (errors.tolerance, the DLQ topic the routes chose)
         ▼
     DeadLetterPlan ── stop ─────────────▶ STOPPED       errors.tolerance: none: nothing written
                    ── failed is None ───▶ NO_DLQ        no DLQ topic: logged and skipped (KIP-1191)
@@ -62,6 +62,8 @@ class FailedRecord:
     # rather than to the DLQ, that write's due time and trail.
     tiers_passed: tuple[str, ...] = ()
     tier: TierWrite | None = None
+    exception_cause_class: str | None = None
+    route_refused: str | None = None  # the DLQ topic the app named and may not use (routes)
 
 
 class ArchiveOutcome(enum.Enum):
@@ -100,8 +102,10 @@ def dead_letter(
     dlq_topic: str | None,
     tolerate: bool,
     consequence: str,
+    route_refused: str | None = None,
 ) -> DeadLetterPlan:
-    """Plan the DLQ step for ``tracked`` (``consequence``: what stopping means for the record)."""
+    """Plan the DLQ step for ``tracked`` (``consequence``: what stopping means for the record;
+    ``route_refused``: the DLQ topic the app named that its routes refused)."""
     error = dead_letter_error(reason, error)
     rec = tracked.record
     if not tolerate:
@@ -131,6 +135,8 @@ def dead_letter(
         replacement_value=custom.value if custom else None,
         replacement_value_set=custom.value_set if custom else False,
         tiers_passed=tracked.tier.tiers if tracked.tier is not None else (),
+        exception_cause_class=error.cause_class if error else None,
+        route_refused=route_refused,
     )
     return DeadLetterPlan(reason, error, None, dlq_topic, failed)
 

@@ -126,6 +126,7 @@ class ErrorInfo:
     class_name: str | None = None
     message: str | None = None
     stacktrace: str | None = None
+    cause_class: str | None = None  # the class of the error's cause, when the app says it
 
 
 class _AppErrorLike(Protocol):
@@ -135,13 +136,17 @@ class _AppErrorLike(Protocol):
     def message(self) -> str: ...
     @property
     def stacktrace(self) -> str | None: ...
+    @property
+    def cause_class(self) -> str | None: ...
 
 
 def error_info(error: _AppErrorLike | ErrorInfo | None) -> ErrorInfo | None:
     """The one conversion from the wire's account of an error (``wire.AppError``) to ours."""
     if error is None or isinstance(error, ErrorInfo):
         return error
-    return ErrorInfo(error.class_name or None, error.message or None, error.stacktrace)
+    return ErrorInfo(
+        error.class_name or None, error.message or None, error.stacktrace, error.cause_class or None
+    )
 
 
 def dead_letter_error(reason: ArchiveReason, error: ErrorInfo | None) -> ErrorInfo | None:

@@ -200,6 +200,7 @@ class CustomDeadLetter:
     headers: tuple[tuple[str, bytes], ...] = ()
     value: bytes | None = None
     value_set: bool = False  # with value None: a null DLQ value
+    topic: str | None = None  # the DLQ topic the app named (the routes' allow-list decides)
 
 
 class _CustomParts(Protocol):
@@ -209,13 +210,17 @@ class _CustomParts(Protocol):
     def dlq_value(self) -> bytes | None: ...
     @property
     def dlq_value_set(self) -> bool: ...
+    @property
+    def dlq_topic(self) -> str | None: ...
 
 
 def custom_dead_letter(answer: _CustomParts) -> CustomDeadLetter | None:
     """The custom DLQ parts of an answer (``wire.Answer`` or ``wire.AckItem``), None without any."""
-    if not answer.dlq_headers and not answer.dlq_value_set:
+    if not answer.dlq_headers and not answer.dlq_value_set and answer.dlq_topic is None:
         return None
-    return CustomDeadLetter(answer.dlq_headers, answer.dlq_value, answer.dlq_value_set)
+    return CustomDeadLetter(
+        answer.dlq_headers, answer.dlq_value, answer.dlq_value_set, answer.dlq_topic
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The pipeline's DLQ step: one record archived (stopped, skipped, held, or written) and its trace.
 
 Owns what happens between an adapter deciding a record is done with (`Outlet.dead_letter`) and its
-DLQ record being confirmed: the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
+DLQ record being confirmed: the record's DLQ topic (the routes, :class:`sidecar.core.routes.DlqRoutes`,
+the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
 breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
 line, the DLQ write's span, the counters, and building the DLQ writer from the configuration,
 including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 from opentelemetry import trace
 
-from sidecar.config import Config, ErrorsTolerance
+from sidecar.config import Config, ErrorsTolerance, dlq_routes
 from sidecar.config import Engine as EngineKind
 from sidecar.core.deadletter import (
     ArchiveOutcome,
@@ -29,8 +30,9 @@ from sidecar.core.deadletter import (
     archived_log_fields,
     dead_letter,
 )
-from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo
+from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo, dead_letter_error
 from sidecar.core.record import Tracked
+from sidecar.core.routes import RouteChoice
 from sidecar.engines.breaker_gate import BreakerGate
 from sidecar.engines.interfaces import Counters, DlqSink
 from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
@@ -44,8 +46,9 @@ DEAD_LETTERED_CLASSES_MAX = 50
 _CLASS_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.$:-]{0,127}")
 
 
-def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, str, str]:
-    """The labels of one DLQ record: source topic, reason, exception class.
+def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, str, str, str]:
+    """The labels of one DLQ record: source topic, reason, exception class, DLQ topic (one of the
+    topics the routes can name: bounded by the configuration).
 
     The class is `none` when nobody said one, and `other` when it does not look like a class name or
     when DEAD_LETTERED_CLASSES_MAX distinct classes are already counted (a metric must stay bounded).
@@ -61,7 +64,14 @@ def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, st
         seen = {k[2] for k in counters.dead_lettered}
         if label not in seen and len(seen) >= DEAD_LETTERED_CLASSES_MAX:
             label = "other"
-    return topic, plan.reason.label, label
+    return topic, plan.reason.label, label, plan.dlq_topic or ""
+
+
+def dlq_topics(config: Config) -> list[str]:
+    """Every DLQ topic the configuration can write to (sorted): the default DLQ of each source
+    topic, the routes' topics and the names a reject may choose (`errors.deadletterqueue.routes*`)."""
+    routes = dlq_routes(config)
+    return routes.topics_for(config.source.topics) if routes is not None else []
 
 
 def transactional_dlq(config: Config) -> bool:
@@ -106,6 +116,7 @@ class DlqStep:
         self._gate = gate
         self._fail = fail
         self._observe: Callable[[float], None] = _ignore
+        self._routes = dlq_routes(config)
 
     def observe_latency(self, observe: Callable[[float], None]) -> None:
         """The DLQ writes' latency observer (seconds; a Prometheus histogram)."""
@@ -130,15 +141,17 @@ class DlqStep:
         caller cannot keep it (`may_hold` False: the share engine on the broker's last delivery).
         """
         config = self.config
+        route = self._route(tracked, reason, error)
         plan = dead_letter(
             tracked,
             delivery_count,
             reason,
             error,
             group=config.group_id,
-            dlq_topic=config.dlq_topic_for(tracked.record.topic),
+            dlq_topic=route.topic if route is not None else None,
             tolerate=config.errors.tolerance != ErrorsTolerance.NONE,
             consequence=consequence,
+            route_refused=route.refused if route is not None else None,
         )
         if plan.stop is not None:
             self._fail(plan.stop)
@@ -178,7 +191,48 @@ class DlqStep:
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason.label)
         self.counters.bump(self.counters.dead_lettered, dead_lettered_key(self.counters, plan))
+        if failed.route_refused is not None:
+            self.counters.bump(self.counters.route_refused, failed.topic)
         return ArchiveOutcome.WRITTEN
+
+    def _route(
+        self, tracked: Tracked, reason: ArchiveReason, error: ErrorInfo | None
+    ) -> RouteChoice | None:
+        """The DLQ topic of one record (None: no DLQ): the app's allowed name, the first rule that
+        matches (on the error the DLQ record carries), or the default DLQ."""
+        if self._routes is None:
+            return None
+        custom = tracked.custom
+        return self._routes.choose(
+            tracked.record.topic,
+            reason,
+            dead_letter_error(reason, error),
+            custom.topic if custom is not None else None,
+        )
+
+    def route_status(self) -> dict[str, object]:
+        """`/v1/status`'s `dlq_routes`: the rules in order, the names a reject may choose, and
+        the DLQ records written per DLQ topic and refused names per source topic so far."""
+        routes = self._routes
+        written: dict[str, int] = {}
+        for key, n in self.counters.dead_lettered.items():
+            written[key[3]] = written.get(key[3], 0) + n
+        return {
+            "default": routes.default if routes is not None else None,
+            "rules": [
+                {
+                    "exception_class": list(r.exception_classes),
+                    "reason": list(r.reasons),
+                    "source_topic": list(r.source_topics),
+                    "topic": r.topic_name,
+                }
+                for r in (routes.rules if routes is not None else ())
+            ],
+            "app_allowed": list(routes.app_allowed) if routes is not None else [],
+            "topics": dlq_topics(self.config),
+            "written_by_dlq_topic": dict(sorted(written.items())),
+            "refused_by_source_topic": dict(sorted(self.counters.route_refused.items())),
+        }
 
     def _start_dlq_span(
         self, tracked: Tracked, plan: DeadLetterPlan, failed: FailedRecord, dlq_topic: str
@@ -220,4 +274,4 @@ def _ignore(_seconds: float) -> None:
     return None
 
 
-__all__ = ["DlqStep", "dlq_writer_for", "transactional_dlq"]
+__all__ = ["DlqStep", "dlq_topics", "dlq_writer_for", "transactional_dlq"]

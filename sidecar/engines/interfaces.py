@@ -110,8 +110,11 @@ class Counters:
     tier_duplicates: int = 0
     tier_foreign: int = 0  # another group's tier records, skipped
     tier_failed: int = 0
-    # (source topic, reason, exception class) -> DLQ records written; see dlq_step.dead_lettered_key
-    dead_lettered: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # (source topic, reason, exception class, DLQ topic) -> DLQ records written; see
+    # dlq_step.dead_lettered_key
+    dead_lettered: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    # source topic -> DLQ records in the default DLQ because the app named a topic not allowed
+    route_refused: dict[str, int] = field(default_factory=dict)
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n

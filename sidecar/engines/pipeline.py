@@ -88,7 +88,7 @@ from sidecar.engines.delivery import (
     attempt_view,
     end_attempt_span,
 )
-from sidecar.engines.dlq_step import DlqStep, dlq_writer_for
+from sidecar.engines.dlq_step import DlqStep, dlq_topics, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,
     AdapterFactory,
@@ -248,8 +248,8 @@ class Pipeline:
             task_status.started()  # stopped before the cluster could be used: nothing to undo
             return
         if config.errors.dlq.enabled or config.errors.tiers.enabled:
-            topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
-            topics += tier_topics(config)  # created or checked like the DLQ topics
+            # The default DLQs, every routed topic and the tier topics: created or checked alike.
+            topics = dlq_topics(config) + tier_topics(config)
             await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
             flags.dlq_ready = True
         try:
@@ -383,6 +383,7 @@ class Pipeline:
             **view.status_fields(),
             **self._pull_status(),
             "circuit_breaker": self.breaker_status(),
+            "dlq_routes": self._dlq_step.route_status(),
             "counters": self.counters.snapshot(),
         }
 

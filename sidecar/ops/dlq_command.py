@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sidecar.config import ConfigError, dlq_routes, load_config
 from sidecar.core.errors import KafkaClientError
 from sidecar.ops.dlq_entries import DlqEntry
 from sidecar.ops.dlq_errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolError, UsageError
@@ -156,7 +157,13 @@ def add_dlq_parser(subparsers: Any) -> None:
             "the records that match the filters, with counts by exception class and source topic."
         ),
     )
-    inspect.add_argument("--topic", required=True, help="the DLQ topic")
+    inspect.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        help="a DLQ topic; repeatable (one table each)",
+    )
+    _add_config(inspect)
     _add_common(inspect)
     inspect.add_argument(
         "--limit", type=_non_negative_int, default=None, help="show at most N records"
@@ -178,7 +185,14 @@ def add_dlq_parser(subparsers: Any) -> None:
             "stands for one filter set. Headers-only records are read back from the source topic."
         ),
     )
-    replay.add_argument("--from", dest="from_topic", required=True, help="the DLQ topic")
+    replay.add_argument(
+        "--from",
+        dest="from_topic",
+        action="append",
+        default=[],
+        help="a DLQ topic; repeatable (replayed one after the other, under the same --name)",
+    )
+    _add_config(replay)
     replay.add_argument(
         "--to",
         default=None,
@@ -222,6 +236,51 @@ def add_dlq_parser(subparsers: Any) -> None:
     )
 
 
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="the sidecar's configuration: add every DLQ topic it can write to (the default DLQ "
+        "of each source topic, errors.deadletterqueue.routes and routes.app.allowed; for inspect "
+        "also its retry tier topics); its "
+        "kafka.bootstrap.servers is the broker when neither --bootstrap nor $KAFKA_BOOTSTRAP is set",
+    )
+
+
+def _dlq_topics(args: argparse.Namespace, given: list[str], *, tiers: bool = False) -> list[str]:
+    """The DLQ topics to read: those given, then those of `--config` not given (in order, once);
+    with `tiers` (inspect, never replay: a tier record is still on its way) its retry tier topics
+    too."""
+    topics = list(dict.fromkeys(given))
+    if args.config is not None:
+        config = _config(args)
+        routes = dlq_routes(config)
+        if routes is None:
+            raise UsageError(
+                f"--config {args.config}: errors.deadletterqueue.topic.name is blank (no DLQ)"
+            )
+        topics.extend(t for t in routes.topics_for(config.source.topics) if t not in topics)
+        if tiers and config.errors.tiers.enabled:
+            ladder = config.errors.tiers
+            named = [
+                ladder.topic(t, i)
+                for t in config.source.topics
+                for i in range(len(ladder.delays_ms))
+            ]
+            topics.extend(t for t in dict.fromkeys(named) if t not in topics)
+    if not topics:
+        raise UsageError("no DLQ topic: pass --topic/--from (repeatable) or --config FILE")
+    return topics
+
+
+def _config(args: argparse.Namespace) -> Any:
+    try:
+        return load_config(args.config, os.environ)
+    except ConfigError as exc:
+        raise UsageError(f"--config: {exc}") from None
+
+
 def filters_from_args(args: argparse.Namespace) -> Filters:
     return filters_from_values(
         formats=args.format,
@@ -239,6 +298,8 @@ def filters_from_args(args: argparse.Namespace) -> Filters:
 
 def _bootstrap(args: argparse.Namespace) -> str:
     bootstrap: str | None = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP")
+    if not bootstrap and args.config is not None:
+        bootstrap = str(_config(args).kafka["bootstrap.servers"])
     if not bootstrap:
         raise UsageError("no broker: pass --bootstrap HOST:PORT or set KAFKA_BOOTSTRAP")
     return bootstrap
@@ -280,33 +341,47 @@ def _width(stream: TextIO) -> int | None:
 
 def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) -> int:
     filters = filters_from_args(args)
+    topics = _dlq_topics(args, args.topic, tiers=True)
     bootstrap = _bootstrap(args)
 
     def emit(entry: DlqEntry) -> None:
         console.file.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
 
-    result = inspect_dlq(
-        bootstrap,
-        args.topic,
-        filters,
-        limit=args.limit,
-        kafka=dict(args.kafka_property),
-        on_entry=emit if args.json else None,
-    )
-    if args.json:
-        console.file.flush()
-        render_inspect_summary(errors, result)
-    else:
-        render_inspect(console, result, args.topic)
+    for topic in topics:  # one topic after the other; --limit applies to each
+        result = inspect_dlq(
+            bootstrap,
+            topic,
+            filters,
+            limit=args.limit,
+            kafka=dict(args.kafka_property),
+            on_entry=emit if args.json else None,
+        )
+        if args.json:
+            console.file.flush()
+            if len(topics) > 1:
+                errors.print(f"DLQ {topic}", markup=False, highlight=False)
+            render_inspect_summary(errors, result)
+        else:
+            render_inspect(console, result, topic)
     return EXIT_OK
 
 
 def _cmd_replay(args: argparse.Namespace, console: Console) -> int:
     if not REPLAY_NAME.match(args.name):
         raise UsageError(f"bad --name {args.name!r}: use letters, digits, '.', '_' and '-'")
+    topics = _dlq_topics(args, args.from_topic)
+    bootstrap = _bootstrap(args)
+    worst = EXIT_OK
+    for topic in topics:  # one topic after the other, each with its own progress under the name
+        if _replay_one(args, console, bootstrap, topic) != EXIT_OK:
+            worst = EXIT_FAILURE
+    return worst
+
+
+def _replay_one(args: argparse.Namespace, console: Console, bootstrap: str, topic: str) -> int:
     options = ReplayOptions(
-        bootstrap=_bootstrap(args),
-        dlq_topic=args.from_topic,
+        bootstrap=bootstrap,
+        dlq_topic=topic,
         name=args.name,
         filters=filters_from_args(args),
         target_topic=args.to,

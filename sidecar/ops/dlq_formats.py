@@ -124,7 +124,9 @@ class DlqContext:
     source_offset: int | None = None
     exception_class: str | None = None
     exception_message: str | None = None
-    cause_class: str | None = None  # Spring: the root cause's class
+    cause_class: str | None = (
+        None  # Spring: the root cause's class; ours: the app's error.cause_class
+    )
     cause: str | None = None  # ours: Kafka 4.4's cause text
     group: str | None = None  # consumer group (ours, Spring) or connector name (Connect)
     detail: str | None = None  # Connect: task, stage and executing class
@@ -211,6 +213,7 @@ def decode_context(headers: Sequence[Header]) -> DlqContext:
             source_offset=_decimal(_last(headers, dlq.H_OFFSET)),
             exception_class=_text(_last(headers, dlq.H_EXC_CLASS)),
             exception_message=_text(_last(headers, dlq.H_EXC_MESSAGE)),
+            cause_class=_text(_last(headers, dlq.H_EXC_CAUSE_CLASS)),
             cause=_text(_last(headers, dlq.H_MESSAGE)),
             reason=_text(_last(headers, dlq.H_MESSAGE)),
             group=_text(_last(headers, dlq.H_GROUP)),

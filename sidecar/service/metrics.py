@@ -52,13 +52,26 @@ class EngineCollector(Collector):
         yield archived
         dead_lettered = CounterMetricFamily(
             "dlq_sidecar_dead_lettered",
-            "DLQ records confirmed by the broker, by source topic, reason and exception class (`none`:"
-            " not said; `other`: not a class name, or past the first 50 distinct classes).",
-            labels=["topic", "reason", "exception_class"],
+            "DLQ records confirmed by the broker, by source topic, reason, exception class (`none`:"
+            " not said; `other`: not a class name, or past the first 50 distinct classes) and the DLQ"
+            " topic the routes chose.",
+            labels=["topic", "reason", "exception_class", "dlq_topic"],
         )
-        for (topic, reason, exception_class), n in sorted(c.dead_lettered.items()):
-            dead_lettered.add_metric([topic, reason, exception_class], n)
+        for (topic, reason, exception_class, dlq_topic), n in sorted(c.dead_lettered.items()):
+            dead_lettered.add_metric([topic, reason, exception_class, dlq_topic], n)
         yield dead_lettered
+        refused = CounterMetricFamily(
+            "dlq_sidecar_dlq_route_refused",
+            "DLQ records written to the default DLQ because the app's reject named a DLQ topic"
+            " that errors.deadletterqueue.routes.app.allowed does not list, by source topic.",
+            labels=["topic"],
+        )
+        # Every source topic from the start (0 until a refusal), so a rate or an alert has a series.
+        for topic, n in sorted(
+            (dict.fromkeys(e.config.source.topics, 0) | c.route_refused).items()
+        ):
+            refused.add_metric([topic], n)
+        yield refused
         broker_archived = CounterMetricFamily(
             "dlq_sidecar_broker_archived_without_dlq",
             "Records the broker archived on its own, with no DLQ record (share engine; never expected).",

@@ -213,8 +213,10 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
             have.setdefault(name, set()).update(labels)
     # What the scenario made each sidecar export (so the check below is against real samples).
     consumer, share = exported(texts["consumer"]), exported(texts["share"])
-    assert {"topic", "reason", "exception_class"} <= consumer["dlq_sidecar_dead_lettered_total"]
-    assert {"topic", "reason", "exception_class"} <= share["dlq_sidecar_dead_lettered_total"]
+    dead_lettered = {"topic", "reason", "exception_class", "dlq_topic"}
+    assert dead_lettered <= consumer["dlq_sidecar_dead_lettered_total"]
+    assert dead_lettered <= share["dlq_sidecar_dead_lettered_total"]
+    assert {"topic"} <= share["dlq_sidecar_dlq_route_refused_total"]
     assert 'exception_class="app.Poison"' in texts["consumer"]
     assert 'dlq_sidecar_circuit_breaker_state{state="open"} 1.0' in texts["share"]
     assert {"topic", "partition"} <= consumer["dlq_sidecar_commit_lag_records"]

@@ -32,8 +32,9 @@ def test_dead_lettered_labels_name_topic_reason_and_class() -> None:
         "orders",
         "rejected",
         "com.example.Invalid$Order",
+        "dlq.orders",
     )
-    assert dead_lettered_key(c, plan(None, "pay")) == ("pay", "rejected", "none")
+    assert dead_lettered_key(c, plan(None, "pay")) == ("pay", "rejected", "none", "dlq.pay")
     # Not a class name (spaces, quotes, a whole message): one label for all of them.
     assert dead_lettered_key(c, plan('bad "class" name'))[2] == "other"
     assert dead_lettered_key(c, plan("x" * 200))[2] == "other"

@@ -15,6 +15,7 @@ from sidecar.core.wire.answers import (
     _load_json,
     _Malformed,
     _parse_dlq,
+    _parse_dlq_topic,
     _parse_error,
     _parse_retry_after,
 )
@@ -61,6 +62,7 @@ def parse_ack_request(body: bytes) -> list[AckItem]:
             error = _parse_error(entry.get("error"), where)
             retry_after_ms = _parse_retry_after(entry.get("retry_after_ms"), where)
             dlq_headers, dlq_value, dlq_value_set = _parse_dlq(entry.get("dlq"), where)
+            dlq_topic = _parse_dlq_topic(entry.get("dlq"), where)
         except _Malformed as exc:
             raise WireError(str(exc)) from None
         items.append(
@@ -72,6 +74,7 @@ def parse_ack_request(body: bytes) -> list[AckItem]:
                 dlq_headers,
                 dlq_value,
                 dlq_value_set,
+                dlq_topic,
             )
         )
     return items

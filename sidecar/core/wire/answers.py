@@ -147,7 +147,12 @@ def _parse_error(obj: object, where: str) -> AppError | None:
         if not isinstance(stacktrace, str):
             raise _Malformed(f"{where}.error.stacktrace must be a string or null")
         _checked_text(stacktrace, f"{where}.error.stacktrace")
-    return AppError(fields[0], fields[1], stacktrace)
+    cause = obj.get("cause_class")
+    if cause is not None:
+        if not isinstance(cause, str):
+            raise _Malformed(f"{where}.error.cause_class must be a string or null")
+        _checked_text(cause, f"{where}.error.cause_class")
+    return AppError(fields[0], fields[1], stacktrace, cause or None)
 
 
 def _parse_retry_after(obj: object, where: str) -> int | None:
@@ -193,6 +198,22 @@ def _parse_dlq(obj: object, where: str) -> tuple[tuple[tuple[str, bytes], ...], 
     return tuple(headers), value, True
 
 
+# A Kafka topic name is at most 249 characters; a longer `dlq.topic` is no name at all.
+_TOPIC_NAME_MAX = 249
+
+
+def _parse_dlq_topic(obj: object, where: str) -> str | None:
+    """The DLQ topic a reject names (``dlq.topic``); whether it may is the sidecar's routes' call."""
+    if not isinstance(obj, dict):
+        return None  # no dlq object (a bad one is _parse_dlq's error)
+    topic = obj.get("topic")
+    if topic is None:
+        return None
+    if not isinstance(topic, str) or not topic or len(topic) > _TOPIC_NAME_MAX:
+        raise _Malformed(f"{where}.dlq.topic must be a topic name (1..249 characters) or null")
+    return _checked_text(topic, f"{where}.dlq.topic")
+
+
 def _answer_from_object(
     obj: dict[str, object], where: str, fallback: AckWord, fallback_error: AppError | None
 ) -> Answer:
@@ -209,6 +230,7 @@ def _answer_from_object(
         ack = cast(AckWord, ack_word)
         reason = f"JSON ack {ack}"
     dlq_headers, dlq_value, dlq_value_set = _parse_dlq(obj.get("dlq"), where)
+    dlq_topic = _parse_dlq_topic(obj.get("dlq"), where)
     if error is None and ack != "accept":
         # A JSON release under a 5xx without its own error still says what went wrong.
         error = fallback_error
@@ -220,6 +242,7 @@ def _answer_from_object(
         dlq_value,
         dlq_value_set,
         reason,
+        dlq_topic,
     )
 
 
@@ -277,6 +300,7 @@ def _with_retry_after(answer: Answer, retry_after_ms: int) -> Answer:
         answer.dlq_value,
         answer.dlq_value_set,
         answer.reason,
+        answer.dlq_topic,
     )
 
 

@@ -81,6 +81,7 @@ class AppError:
     class_name: str
     message: str
     stacktrace: str | None = None
+    cause_class: str | None = None  # the class of the error's cause (``error.cause_class``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,7 @@ class Answer:
     dlq_value: bytes | None = None
     dlq_value_set: bool = False
     reason: str = ""
+    dlq_topic: str | None = None  # the DLQ topic a reject names (allowed only from a list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class AckItem:
     dlq_headers: tuple[tuple[str, bytes], ...] = ()
     dlq_value: bytes | None = None
     dlq_value_set: bool = False
+    dlq_topic: str | None = None
 
 
 def _is_header_safe(text: str) -> bool:

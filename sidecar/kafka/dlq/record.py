@@ -27,6 +27,10 @@ H_EXC_STACKTRACE = "__dlq.errors.exception.stacktrace"
 H_MESSAGE = "__dlq.errors.message"
 # Ours, in the same namespace: set when the copy of the original record had to be dropped.
 H_COPY_DROPPED = "__dlq.errors.copy.dropped"
+# Ours: the class of the error's cause (the app's `error.cause_class`), and the DLQ topic the app
+# named in its reject that the routes' allow-list refused (the record is in the default DLQ).
+H_EXC_CAUSE_CLASS = "__dlq.errors.exception.cause.class.name"
+H_ROUTE_REFUSED = "__dlq.errors.route.refused"
 DLQ_HEADER_PREFIX = "__dlq."
 # Markers `dlq-sidecar dlq replay` puts on a replayed record (sidecar/ops/dlq_replay.py). They are the record's
 # replay history: a DLQ record must keep them even when the original headers are not copied, so a record
@@ -115,6 +119,10 @@ def build_dlq_record(
         failed.exception_class or failed.exception_message
     ):
         context.append((H_EXC_MESSAGE, _cap_utf8(failed.exception_message, 16384)))
+    if failed.exception_cause_class:
+        context.append((H_EXC_CAUSE_CLASS, _utf8(failed.exception_cause_class)))
+    if failed.route_refused is not None:
+        context.append((H_ROUTE_REFUSED, _utf8(failed.route_refused)))
     if failed.stacktrace:
         context.append((H_EXC_STACKTRACE, _cap_utf8(failed.stacktrace, stacktrace_max_bytes)))
     if failed.tiers_passed:
