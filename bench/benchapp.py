@@ -19,6 +19,9 @@ What it does per ``POST`` (any path but ``/stats`` and ``/reset``):
 - with ``/reset?delay_ms=N``, answers N ms later (the slow app of the backlog test);
 - with ``/reset?tier=1`` (single mode), answers 503 (release) for 10 % of offsets on their first
   delivery and 200 for the rest, and notes when the last of the rest (the clean records) was answered;
+  with ``&trace=1`` also, by partition and offset, each record's deliveries, accepts and the wall-clock
+  time (µs) a delivery with ``Kafka-Delivery-Count`` above 1 was received (``/stats`` ``"tier_trace"``:
+  the side-by-side test with Spring's retry topics, ``bench.vs_spring``);
 - with ``/reset?killer=1`` (single mode, the crash-isolation test), notes every delivery's
   partition, offset and ``Kafka-Delivery-Count`` (how many other records came with a count above
   1); a record whose value starts with
@@ -116,6 +119,9 @@ class Stats:
         self.tier = query.get("tier", ["0"])[0] == "1"
         self.clean = 0
         self.clean_last_ns = 0
+        # tier mode with trace=1: (partition, offset) -> [deliveries, accepts, retry received µs or 0]
+        self.trace = query.get("trace", ["0"])[0] == "1"
+        self.tier_trace: dict[tuple[int, int], list[int]] = {}
         # poison mode: (partition, offset) -> the app's sightings and each answer, in order
         self.answers: dict[tuple[int, int], list[str]] = {}
 
@@ -140,6 +146,7 @@ class Stats:
                 "poison": [[p, o, answers] for (p, o), answers in sorted(self.answers.items())],
                 "clean": self.clean,
                 "clean_last_ns": self.clean_last_ns,
+                "tier_trace": [[p, o, *seen] for (p, o), seen in self.tier_trace.items()],
             }
         ).encode()
 
@@ -161,7 +168,15 @@ def fate(partition: int, offset: int, delivery_count: int) -> bytes:
 
 def tier_fate(partition: int, offset: int, delivery_count: int, now: int) -> bytes:
     """Tier mode: TIER_PERCENT of offsets released on their first delivery, the rest accepted."""
-    if delivery_count == 1 and (offset * 7919 + partition * 104729) % 100 < TIER_PERCENT:
+    release = delivery_count == 1 and (offset * 7919 + partition * 104729) % 100 < TIER_PERCENT
+    if STATS.trace:
+        seen = STATS.tier_trace.setdefault((partition, offset), [0, 0, 0])
+        seen[0] += 1
+        if not release:
+            seen[1] += 1
+        if delivery_count > 1:
+            seen[2] = time.time_ns() // 1000
+    if release:
         STATS.released += 1
         return RELEASE
     if delivery_count == 1:

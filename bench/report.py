@@ -411,9 +411,13 @@ def print_report(results: dict[str, Any]) -> None:
         from bench.vs_dapr import print_dapr
 
         print_dapr(results["dapr"])
-        if not results["scenarios"] and not base:
-            print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
-            return
+    if "spring" in results:
+        from bench.vs_spring import print_spring
+
+        print_spring(results["spring"])
+    if ("dapr" in results or "spring" in results) and not results["scenarios"] and not base:
+        print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
+        return
     if base:
         print(f"new: {results.get('path', '.')} ({results.get('commit', '?')})")
     print_table(results)

@@ -21,6 +21,8 @@ fresh consumer group and the figure is records/s from the first record seen to t
     g-share-journal  the same with ``share.journal.path`` (the journal of deaths)
     dapr-vs-sidecar-*  the sidecar side by side with Dapr's sidecar (``bench.vs_dapr``); named only,
                 never part of ``all``; alone, they run without the parts below
+    spring-vs-tiers  the sidecar's retry tiers side by side with Spring Kafka's retry topics
+                (``bench.vs_spring``; Java 17+); named only, like the Dapr ones
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -96,6 +98,7 @@ from bench.runs import (
 )
 from bench.sidecars import Side, unavailable
 from bench.vs_dapr import DAPR_SCENARIOS, part_dapr
+from bench.vs_spring import SPRING_SCENARIOS, part_spring
 
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
 PARTS = ["latency", "rates", "idle", "backlog", "killer"]
@@ -317,7 +320,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios",
         default="all",
         help="throughput and latency scenarios, comma-separated names or prefixes: "
-        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS),
+        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS),
     )
     add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
     add(
@@ -368,8 +371,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.dapr_selected = [
         s for s in DAPR_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
     ]
+    args.spring_selected = [
+        s for s in SPRING_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
     args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
-    if args.dapr_selected and not args.selected:
+    if (args.dapr_selected or args.spring_selected) and not args.selected:
         args.skip_parts |= set(PARTS)  # the side-by-side runs alone
     if args.no_latency:
         args.skip_parts.add("latency")
@@ -379,7 +385,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if set(args.variants) - set(KILLER_VARIANTS):
         parser.error(f"--killer-variants: of {list(KILLER_VARIANTS)}")
     args.rate_list = [float(r) for r in args.rates.split(",") if r.strip()]
-    if not args.selected and not args.dapr_selected and set(PARTS) <= args.skip_parts:
+    if (
+        not args.selected
+        and not args.dapr_selected
+        and not args.spring_selected
+        and set(PARTS) <= args.skip_parts
+    ):
         parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
     if args.baseline and not (Path(args.baseline) / "sidecar" / "__main__.py").exists():
         parser.error(f"--baseline {args.baseline}: no sidecar/__main__.py there")
@@ -444,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
                     part_killer(bench, args.variants)
                 if args.dapr_selected:
                     results["dapr"] = part_dapr(broker, app, directory, args, args.dapr_selected)
+                if args.spring_selected:
+                    results["spring"] = part_spring(broker, app, directory, args)
             finally:
                 app.close()
     finally:
