@@ -30,6 +30,10 @@ sidecar process, from the first record to every offset committed; the sidecar's 
 lateness p50 / p99 / max, records lost (never accepted) or delivered more than the pattern needs
 (once, or twice for the 10 %), DLT records, and peak RSS (VmHWM). The medians over the rounds are
 printed in one table.
+
+``BENCH_SPRING_JAVA_OPTS`` adds options to the JVM's command line (e.g. ``-Xmx256m``, or
+``-Dbench.consumer.fetch.max.wait.ms=10``: a ``bench.consumer.*`` property is a consumer setting of
+the Spring side); the figures of record use none.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 # The original's coordinates on a retry record: Spring's (binary, big-endian) and the sidecar's (text).
 SPRING_PARTITION, SPRING_OFFSET = "kafka_original-partition", "kafka_original-offset"
 TIER_PARTITION, TIER_OFFSET = "__dlq.retry.partition", "__dlq.retry.offset"
+# The due time each writes on its retry record (epoch ms): Spring's back-off timestamp (a Java
+# BigInteger's bytes: signed big-endian, as long as it needs) and the sidecar's (decimal text).
+SPRING_DUE, TIER_DUE = "retry_topic-backoff-timestamp", "__dlq.retry.due"
 
 
 def selected(wanted: list[str]) -> list[str]:
@@ -97,20 +104,36 @@ def retry_origin(headers: Iterable[tuple[str, bytes | None]]) -> tuple[int, int]
     return None
 
 
+def retry_due(headers: Iterable[tuple[str, bytes | None]]) -> int | None:
+    """The due time (epoch ms) a retry record carries, Spring's or the sidecar's; the last counts."""
+    due: int | None = None
+    for name, value in headers:
+        if value is None:
+            continue
+        if name == SPRING_DUE:
+            due = int.from_bytes(value, "big", signed=True)
+        elif name == TIER_DUE:
+            due = int(value)
+    return due
+
+
 def outcome(
     ends: dict[int, int],
     trace: Sequence[Sequence[int]],
     written_ms: dict[tuple[int, int], int],
+    own_due_ms: dict[tuple[int, int], int] | None = None,
     delay_ms: int = DELAY_MS,
 ) -> dict[str, Any]:
     """The records' fate from one run: ``trace`` rows are [partition, offset, deliveries, accepts,
     retry received µs or 0] per source record seen; ``written_ms`` maps an original to its retry
     record's write time (epoch ms). Lost: a source record never accepted; doubled: delivered more than
     the pattern needs (once; twice when it has a retry record) or accepted more than once. Lateness of
-    each retried record: received - (written + delay), in ms."""
+    each retried record: received - (written + delay), in ms; and against the due time the retry
+    record itself carries (``own_due_ms``: each contender's own clock, before the broker's write)."""
     seen = {(int(r[0]), int(r[1])): r for r in trace}
     lost = doubled = 0
     late: list[float] = []
+    own_late: list[float] = []
     for partition, end in ends.items():
         for offset in range(end):
             row = seen.get((partition, offset))
@@ -123,6 +146,9 @@ def outcome(
             if retried and int(row[4]):
                 due_us = (written_ms[partition, offset] + delay_ms) * 1000
                 late.append((int(row[4]) - due_us) / 1000)
+                own = (own_due_ms or {}).get((partition, offset))
+                if own is not None:
+                    own_late.append((int(row[4]) - own * 1000) / 1000)
     return {
         "lost": lost,
         "doubled": doubled,
@@ -130,17 +156,21 @@ def outcome(
         "late_p50_ms": percentile(late, 50),
         "late_p99_ms": percentile(late, 99),
         "late_max_ms": max(late) if late else float("nan"),
-        "early": sum(1 for v in late if v < 0),
+        "late_min_ms": min(late) if late else float("nan"),
+        "own_late_p99_ms": percentile(own_late, 99),
+        "own_late_min_ms": min(own_late) if own_late else float("nan"),
     }
 
 
 # ------------------------------------------------------------------------------- broker reads
 
 
-def retry_writes(broker: Broker, topic: str) -> tuple[dict[tuple[int, int], int], int]:
-    """Every record of a retry topic: original -> its write time (the broker's LogAppendTime, ms), and
-    how many records there were (a second retry record of one original would show as more records
-    than originals)."""
+def retry_writes(
+    broker: Broker, topic: str
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int], int]:
+    """Every record of a retry topic: original -> its write time (the broker's LogAppendTime, ms),
+    original -> the due time the record carries, and how many records there were (a second retry
+    record of one original would show as more records than originals)."""
     from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -151,6 +181,7 @@ def retry_writes(broker: Broker, topic: str) -> tuple[dict[tuple[int, int], int]
         }
     )
     out: dict[tuple[int, int], int] = {}
+    dues: dict[tuple[int, int], int] = {}
     count = 0
     try:
         ends = {}
@@ -171,11 +202,14 @@ def retry_writes(broker: Broker, topic: str) -> tuple[dict[tuple[int, int], int]
                 if origin is None:
                     raise RuntimeError(f"{topic}: a record naming no original")
                 out.setdefault(origin, ms)
+                due = retry_due(msg.headers() or ())
+                if due is not None:
+                    dues.setdefault(origin, due)
         if count < want:
             raise TimeoutError(f"read {count} of {want} records of {topic}")
     finally:
         consumer.close()
-    return out, count
+    return out, dues, count
 
 
 def committed_all(broker: Broker, group: str, targets: dict[str, dict[int, int]]) -> bool:
@@ -364,7 +398,7 @@ def run_spring(
         spring.stop()
     if retry_topic not in assigned:
         raise RuntimeError(f"the JVM read {assigned}, not the retry topic {retry_topic}")
-    written, retry_records = retry_writes(broker, retry_topic)
+    written, dues, retry_records = retry_writes(broker, retry_topic)
     dlt_records = sum(end_offsets(broker, dlt).values())
     clean_s = (st["clean_last_ns"] - st["first_ns"]) / 1e9
     return {
@@ -373,7 +407,7 @@ def run_spring(
         "peak_rss_mb": rss_peak_kb / 1024,
         "retry_records": retry_records,
         "dlt_records": dlt_records,
-        **outcome(ends, trace, written),
+        **outcome(ends, trace, written, dues),
     }
 
 
@@ -408,7 +442,7 @@ def run_tiers(
         cpu1, app_cpu1 = cpu_seconds(proc.pid), app.cpu()
         rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
         stats = app.stats()
-    written, retry_records = retry_writes(broker, tier_topic)
+    written, dues, retry_records = retry_writes(broker, tier_topic)
     clean_s = (stats["clean_last_ns"] - stats["first_ns"]) / 1e9
     return {
         "clean_records_per_s": stats["clean"] / clean_s if clean_s > 0 else float("nan"),
@@ -417,7 +451,7 @@ def run_tiers(
         "peak_rss_mb": rss_peak_kb / 1024,
         "retry_records": retry_records,
         "dlt_records": 0,  # the sidecar's DLQ is not created: nothing reaches the limit
-        **outcome(ends, stats["tier_trace"], written),
+        **outcome(ends, stats["tier_trace"], written, dues),
     }
 
 
@@ -480,7 +514,9 @@ LABELS = [
     ("late_p50_ms", "retried: late against due, p50 (ms)", "{:,.0f}"),
     ("late_p99_ms", "retried: late against due, p99 (ms)", "{:,.0f}"),
     ("late_max_ms", "retried: late against due, max (ms)", "{:,.0f}"),
-    ("early", "retried: delivered before due", "{:,.0f}"),
+    ("late_min_ms", "retried: late against due, min (ms)", "{:,.0f}"),
+    ("own_late_p99_ms", "... against the due time on the record, p99 (ms)", "{:,.0f}"),
+    ("own_late_min_ms", "... against the due time on the record, min (ms)", "{:,.0f}"),
     ("retried", "records retried (retry records' originals)", "{:,.0f}"),
     ("lost", "records lost (never accepted)", "{:,.0f}"),
     ("doubled", "records delivered more than needed", "{:,.0f}"),

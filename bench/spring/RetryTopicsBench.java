@@ -1,7 +1,7 @@
-import java.nio.ByteBuffer;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.time.Instant;
 import java.util.Collection;
@@ -19,7 +19,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.springframework.context.annotation.AnnotationConfigApplicationContext;
 import org.springframework.context.annotation.Bean;
 import org.springframework.context.annotation.Configuration;
-import org.springframework.kafka.annotation.EnableKafkaRetryTopic;
+import org.springframework.context.annotation.Import;
+import org.springframework.kafka.annotation.EnableKafka;
 import org.springframework.kafka.annotation.KafkaListener;
 import org.springframework.kafka.config.ConcurrentKafkaListenerContainerFactory;
 import org.springframework.kafka.config.KafkaListenerEndpointRegistry;
@@ -30,6 +31,7 @@ import org.springframework.kafka.core.KafkaTemplate;
 import org.springframework.kafka.listener.MessageListenerContainer;
 import org.springframework.kafka.retrytopic.RetryTopicConfiguration;
 import org.springframework.kafka.retrytopic.RetryTopicConfigurationBuilder;
+import org.springframework.kafka.retrytopic.RetryTopicConfigurationSupport;
 import org.springframework.kafka.support.KafkaHeaders;
 import org.springframework.scheduling.TaskScheduler;
 import org.springframework.scheduling.concurrent.ThreadPoolTaskScheduler;
@@ -42,7 +44,8 @@ import org.springframework.scheduling.concurrent.ThreadPoolTaskScheduler;
  * accepts every record at once, except 10 % of the source offsets (the same function of partition and
  * offset as bench/benchapp.py) which it fails on their first sighting and accepts from the retry topic.
  *
- * <p>System properties: bench.bootstrap, bench.topic, bench.group, bench.retrySuffix, bench.dltSuffix.
+ * <p>System properties: bench.bootstrap, bench.topic, bench.group, bench.retrySuffix, bench.dltSuffix, and
+ * bench.consumer.KEY for any consumer setting and bench.verifyPartition (experiments only).
  * The retry and dead-letter topics are created by the bench (message.timestamp.type=LogAppendTime, so a
  * retry record's timestamp is the time the broker wrote it), not by Spring. Protocol on stdin, one answer
  * line on stdout each: "stats" (JSON counters), "dump" (JSON: each source record's sightings, accepts
@@ -123,10 +126,26 @@ public final class RetryTopicsBench {
         }
     }
 
+    /** The retry topics' infrastructure, as @EnableKafkaRetryTopic would give it; with
+     * -Dbench.verifyPartition=false (an experiment; the figures use Spring's default, true) the recoverer
+     * that writes the retry records does not look up the retry topic's partitions before each write. */
+    @Configuration
+    public static class RetrySupport extends RetryTopicConfigurationSupport {
+        @Override
+        protected void configureCustomizers(final CustomizersConfigurer customizers) {
+            final String verify = System.getProperty("bench.verifyPartition");
+            if (verify != null) {
+                customizers.customizeDeadLetterPublishingRecoverer(
+                    recoverer -> recoverer.setVerifyPartition(Boolean.parseBoolean(verify)));
+            }
+        }
+    }
+
     /** The context: producer and consumer factories, the container factory, the scheduler the retry
      * topics' back-off needs, and the retry topic configuration. */
     @Configuration
-    @EnableKafkaRetryTopic
+    @EnableKafka
+    @Import(RetrySupport.class)
     public static class Config {
         private static String bootstrap() {
             return System.getProperty("bench.bootstrap");
@@ -143,11 +162,17 @@ public final class RetryTopicsBench {
 
         @Bean
         public ConsumerFactory<byte[], byte[]> consumerFactory() {
-            final Map<String, Object> props = Map.of(
+            final Map<String, Object> props = new HashMap<>(Map.of(
                 ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap(),
                 ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest",
                 ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class,
-                ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class);
+                ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class));
+            // bench.consumer.KEY=VALUE: a consumer setting (for experiments; the figures use none)
+            for (final String name : System.getProperties().stringPropertyNames()) {
+                if (name.startsWith("bench.consumer.")) {
+                    props.put(name.substring("bench.consumer.".length()), System.getProperty(name));
+                }
+            }
             return new DefaultKafkaConsumerFactory<>(props);
         }
 
