@@ -372,10 +372,7 @@ class ConsumerGroupEngine:
             slot = self._partitions.open(key, record.offset, None)
         elif slot.ledger.revoked:
             return
-        # The due time moves from the wall clock to the engine's with both read now: `now` was read
-        # once for the whole hand-over, and a late record of a large one would otherwise be due
-        # early by the time the records before it took.
-        taken = self._tiers.take(record, now_ms())
+        taken = self._tiers.take(record)
         if taken is None:
             slot.ledger.skip(record.offset, now)  # done, committed past
             return

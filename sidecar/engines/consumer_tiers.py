@@ -30,6 +30,7 @@ from sidecar.config import Config
 from sidecar.core.outcome import ErrorInfo
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.tiers import read_tier_record
+from sidecar.engines.consumer_slots import now_ms
 from sidecar.engines.interfaces import Counters
 from sidecar.engines.tier_step import wall_ms
 
@@ -65,7 +66,7 @@ class TierIntake:
         # (original topic, partition, offset) -> (count, tier topic, partition, offset)
         self._seen: OrderedDict[tuple[str, int, int], tuple[int, str, int, int]] = OrderedDict()
 
-    def take(self, record: SourceRecord, now_ms: int) -> TierTaken | None:
+    def take(self, record: SourceRecord) -> TierTaken | None:
         """The original behind `record` (fetched from a tier topic), or None to skip it: a copy
         of one already taken. One that is not a tier record of ours is delivered as it is."""
         read = read_tier_record(record)
@@ -100,8 +101,11 @@ class TierIntake:
             self._seen.popitem(last=False)
         label = self.topics.get(record.topic, "")
         self._counters.bump(self._counters.tier_delivered, label)
-        # Due on the wall clock; the ledger's clock is monotonic: moved across once, here.
-        not_before = now_ms + max(0, read.trail.due_ms - wall_ms())
+        # Due on the wall clock; the ledger's clock is monotonic: moved across once, here, the
+        # wall clock read first: a pause between the two reads (another thread holding the GIL,
+        # a busy core) then makes the record due later, never earlier.
+        remaining = read.trail.due_ms - wall_ms()
+        not_before = now_ms() + max(0, remaining) + 1  # + 1: both clocks are cut to whole ms
         return TierTaken(
             Tracked(original, tier=read.trail), read.delivery_count, max(not_before, 1), read.error
         )
