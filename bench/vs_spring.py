@@ -157,7 +157,9 @@ def outcome(
         "late_p99_ms": percentile(late, 99),
         "late_max_ms": max(late) if late else float("nan"),
         "late_min_ms": min(late) if late else float("nan"),
+        "own_late_p50_ms": percentile(own_late, 50),
         "own_late_p99_ms": percentile(own_late, 99),
+        "own_late_max_ms": max(own_late) if own_late else float("nan"),
         "own_late_min_ms": min(own_late) if own_late else float("nan"),
     }
 
@@ -514,9 +516,11 @@ LABELS = [
     ("late_p50_ms", "retried: late against due, p50 (ms)", "{:,.0f}"),
     ("late_p99_ms", "retried: late against due, p99 (ms)", "{:,.0f}"),
     ("late_max_ms", "retried: late against due, max (ms)", "{:,.0f}"),
-    ("late_min_ms", "retried: late against due, min (ms)", "{:,.0f}"),
+    ("late_min_ms", "retried: late against due, min (ms)", "{:,.1f}"),
+    ("own_late_p50_ms", "... against the due time on the record, p50 (ms)", "{:,.0f}"),
     ("own_late_p99_ms", "... against the due time on the record, p99 (ms)", "{:,.0f}"),
-    ("own_late_min_ms", "... against the due time on the record, min (ms)", "{:,.0f}"),
+    ("own_late_max_ms", "... against the due time on the record, max (ms)", "{:,.0f}"),
+    ("own_late_min_ms", "... against the due time on the record, min (ms)", "{:,.1f}"),
     ("retried", "records retried (retry records' originals)", "{:,.0f}"),
     ("lost", "records lost (never accepted)", "{:,.0f}"),
     ("doubled", "records delivered more than needed", "{:,.0f}"),
