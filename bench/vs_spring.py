@@ -33,7 +33,8 @@ printed in one table.
 
 ``BENCH_SPRING_JAVA_OPTS`` adds options to the JVM's command line (e.g. ``-Xmx256m``, or
 ``-Dbench.consumer.fetch.max.wait.ms=10``: a ``bench.consumer.*`` property is a consumer setting of
-the Spring side); the figures of record use none.
+the Spring side; ``-Dbench.verifyPartition=false``: its recoverer does not look up the retry topic's
+partitions; ``-Dbench.failPercent=0``: its listener fails nothing); the figures of record use none.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ import org.springframework.scheduling.concurrent.ThreadPoolTaskScheduler;
  * offset as bench/benchapp.py) which it fails on their first sighting and accepts from the retry topic.
  *
  * <p>System properties: bench.bootstrap, bench.topic, bench.group, bench.retrySuffix, bench.dltSuffix, and
- * bench.consumer.KEY for any consumer setting and bench.verifyPartition (experiments only).
+ * bench.consumer.KEY for any consumer setting, bench.verifyPartition and bench.failPercent (experiments
+ * only).
  * The retry and dead-letter topics are created by the bench (message.timestamp.type=LogAppendTime, so a
  * retry record's timestamp is the time the broker wrote it), not by Spring. Protocol on stdin, one answer
  * line on stdout each: "stats" (JSON counters), "dump" (JSON: each source record's sightings, accepts
@@ -53,7 +54,8 @@ import org.springframework.scheduling.concurrent.ThreadPoolTaskScheduler;
  * topics the listener containers are assigned); end of input stops the context and exits.
  */
 public final class RetryTopicsBench {
-    static final int TIER_PERCENT = 10;
+    // -Dbench.failPercent=N: another share failed once (an experiment; the figures use 10)
+    static final int TIER_PERCENT = Integer.getInteger("bench.failPercent", 10);
 
     /** What the listener saw; one lock, held for a few field updates per record. */
     static final class Seen {
