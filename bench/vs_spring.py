@@ -326,9 +326,11 @@ def start_spring(
         "bench.retrySuffix": f"-retry-{run}",
         "bench.dltSuffix": f"-dlt-{run}",
     }
+    extra = os.environ.get("BENCH_SPRING_JAVA_OPTS", "").split()
     cmd = [
         "java",
         *(f"-D{k}={v}" for k, v in props.items()),
+        *extra,
         "-cp",
         f"{classes}:{libs}/*",
         MAIN_CLASS,
