@@ -8,7 +8,7 @@ sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socke
 ``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
 
 Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
-values and kinds; not checks, load, yamlcore, masking or dump.
+values, kinds, suggest and librdkafka (librdkafka's own check of ``kafka:``); not checks, load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from sidecar.config.kinds import (
     _Section,
     _Str,
 )
+from sidecar.config.librdkafka import check_properties
+from sidecar.config.suggest import closest
 from sidecar.config.syntax import _unix_path_error, parse_listen, topic_name_error
 from sidecar.config.values import (
     ApiConfig,
@@ -62,7 +64,7 @@ from sidecar.core.ordering import Ordering
 
 
 # Properties the sidecar must own: it stores offsets and commits them itself, only past records
-# that are done (SPEC §3); librdkafka's auto-commit would commit records still in flight.
+# that are done; librdkafka's auto-commit would commit records still in flight.
 _KAFKA_OWNED = {
     "enable.auto.commit": "the sidecar commits offsets itself, only past records that are done",
     "enable.auto.offset.store": "the sidecar stores offsets itself, only for records that are done",
@@ -95,9 +97,15 @@ def _read_kafka(raw: object, path: str, ctx: _Context) -> Mapping[str, str | int
             raise _Invalid(
                 key_path, f"expected a string, integer or boolean, got {_describe(value)}"
             )
+    check_properties(out, path)
     for name in _KAFKA_REQUIRED:
         value = out.get(name)
         if value is None:
+            typo = closest(name, [n for n in out if n not in _KAFKA_REQUIRED])
+            if typo is not None:
+                raise _Invalid(
+                    _join(path, typo), f"unknown key; did you mean '{name}'? (a required key)"
+                )
             raise _Invalid(_join(path, name), "required key is missing (a string)")
         if not isinstance(value, str) or not value.strip():
             raise _Invalid(
