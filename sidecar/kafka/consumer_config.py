@@ -8,7 +8,6 @@ be used (`broker_error_reason`), and `check_cluster_sync`, run before anything j
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from sidecar.core.budget import split_budget
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import connection_problem, librdkafka_logger
 
 # librdkafka postpones a partition's next fetch by `fetch.queue.backoff.ms` whenever its prefetch
 # queue is over `queued.min.messages` or `queued.max.messages.kbytes`: 1,000 ms unless set
@@ -98,7 +98,7 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
     props = consumer_properties(kafka)
     props["error_cb"] = errors.append
     try:
-        consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
+        consumer = Consumer(props, logger=librdkafka_logger())
     except KafkaException:
         return None  # settings only the real client takes: it reports its own errors
     deadline = time.monotonic() + timeout_s
@@ -115,6 +115,9 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
                     continue  # nothing definite yet: the broker may still be starting
                 cause = causes[-1] if causes else err
                 reason = broker_error_reason(cause) if cause is not None else None
+                said = connection_problem()
+                if said is not None and (cause is None or cause.code() == KafkaError._TRANSPORT):
+                    reason = said  # which broker, and why: its name, a refusal, no answer
                 return reason or f"cannot read the cluster's metadata: {exc}"
     finally:
         consumer.close()

@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sidecar.kafka.dlq.errors import DlqStartupError
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import librdkafka_logger
 
 log = logging.getLogger("sidecar.dlq")
 
@@ -101,7 +102,7 @@ class DlqTopics:
     def admin(self) -> AdminClient:
         """A new admin client on the producer's connection settings (keep it referenced until its
         futures are resolved: a dropped client never answers)."""
-        return AdminClient(producer_properties(self._kafka))
+        return AdminClient(producer_properties(self._kafka), logger=librdkafka_logger())
 
     def prepare_sync(self, topics: Sequence[str]) -> dict[str, int]:
         """Make sure every DLQ topic exists (creating it when allowed) and learn its partition count."""

@@ -33,6 +33,7 @@ from sidecar.kafka.dlq.errors import RETRIABLE_CODES, DlqFatalError
 from sidecar.kafka.dlq.record import DLQ_HEADER_PREFIX, DlqRecord, build_dlq_record, estimated_size
 from sidecar.kafka.dlq.topics import DlqTopics, producer_properties
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import librdkafka_logger
 
 log = logging.getLogger("sidecar.dlq")
 
@@ -105,7 +106,7 @@ class PlainDlqWriter:
     def _new_producer(self) -> Producer:
         return Producer(
             producer_properties(self._kafka, self.transactional_id),
-            logger=logging.getLogger("sidecar.librdkafka"),
+            logger=librdkafka_logger(),
         )
 
     async def _started(self) -> None:
