@@ -105,9 +105,10 @@ from sidecar.engines.interfaces import (
 )
 from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
+from sidecar.engines.source_topics import SourceTopics
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
 from sidecar.http.exchanges import Exchange
-from sidecar.kafka.consumer_config import check_cluster_sync
+from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
@@ -160,6 +161,7 @@ class Pipeline:
         self._stop = trio.Event()
         # Why the cluster cannot be used at start-up (authentication, TLS, connection), while it cannot.
         self._cluster_error: str | None = None
+        self._sources = SourceTopics(config.kafka, config.source.topics, missing_topics_sync)
         self._drain_cancel = trio.CancelScope()
         self._skip_drain = False
         self._nursery: trio.Nursery | None = None
@@ -238,8 +240,10 @@ class Pipeline:
         if not await self._wait_cluster_usable():
             task_status.started()  # stopped before the cluster could be used: nothing to undo
             return
+        await self._sources.check_now()
         if config.errors.dlq.enabled:
-            topics = sorted({t for s in config.source.topics if (t := config.dlq_topic_for(s))})
+            # Not for a source topic that does not exist (the writer prepares it at its first record).
+            topics = sorted({t for s in self._sources.existing() if (t := config.dlq_topic_for(s))})
             await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
             flags.dlq_ready = True
         try:
@@ -250,6 +254,7 @@ class Pipeline:
                 self.start_requests(nursery)
                 if self._gate is not None:
                     nursery.start_soon(self._gate.run_timer)
+                nursery.start_soon(self._sources.watch)
                 task_status.started()
                 await self._stop.wait()
                 flags.intake_stopped = True
@@ -335,12 +340,17 @@ class Pipeline:
             **state,
             "app_reachable": self._reachability.reachable,
             "dlq_writable": self._flags.dlq_ready and self._flags.failure is None,
+            "source_topics_exist": not self._sources.missing,
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
         if self._gate is not None:
             checks["circuit_breaker_closed"] = self._gate.closed
         return checks
+
+    def missing_topics_reason(self) -> str | None:
+        """Which source topics do not exist on the cluster (None: all do, or not asked yet)."""
+        return self._sources.reason()
 
     def stalled(self) -> str | None:
         """Why the sidecar cannot make progress and should be restarted (None: it can)."""
@@ -369,6 +379,7 @@ class Pipeline:
             "uptime_s": round(time.time() - self.started_at, 3),
             "in_flight": self.in_flight_records(),
             "paused_partitions": [f"{t}[{p}]" for t, p in sorted(view.paused())],
+            "missing_topics": list(self._sources.missing),
             "partitions": view.partitions(),
             **view.status_fields(),
             **self._pull_status(),

@@ -3,13 +3,14 @@ start-up metadata check (:mod:`sidecar.kafka.source` runs the consumer itself).
 
 Owns which properties the sidecar sets for the user (`consumer_properties`: the byte budget's part,
 cooperative-sticky, the owned offset-store settings), which librdkafka errors say why a cluster cannot
-be used (`broker_error_reason`), and `check_cluster_sync`, run before anything joins the group.
+be used (`broker_error_reason`), and `check_cluster_sync`, run before anything joins the group, and
+`missing_topics_sync` (which source topics the cluster does not have).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
@@ -131,3 +132,30 @@ __all__ = [
     "check_cluster_sync",
     "consumer_properties",
 ]
+
+
+def missing_topics_sync(
+    kafka: Mapping[str, Any], topics: Sequence[str], timeout_s: float = 10.0
+) -> list[str] | None:
+    """Which of `topics` the cluster does not have (blocking); None when it did not answer.
+
+    Asked with the sidecar's client settings, like `check_cluster_sync`; a topic the metadata
+    answer lists with an error other than "unknown topic" (e.g. not authorised) counts as present:
+    the consumer reports that itself.
+    """
+    consumer = Consumer(consumer_properties(kafka), logger=librdkafka_logger())
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+    except KafkaException:
+        return None
+    finally:
+        consumer.close()
+    missing = []
+    for topic in topics:
+        found = metadata.topics.get(topic)
+        unknown = found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+        if unknown:
+            missing.append(topic)
+    return missing

@@ -169,7 +169,12 @@ class DlqTopics:
             )
             try:
                 admin.create_topics([new], operation_timeout=30)[topic].result(timeout=30)
-                log.info("created DLQ topic %s (%d partitions)", topic, self.topic_partitions)
+                log.info(
+                    "created DLQ topic %s (%d partition%s)",
+                    topic,
+                    self.topic_partitions,
+                    "" if self.topic_partitions == 1 else "s",
+                )
                 return
             except KafkaException as exc:
                 err = kafka_error(exc)
