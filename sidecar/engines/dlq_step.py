@@ -3,7 +3,7 @@
 Owns what happens between an adapter deciding a record is done with (`Outlet.dead_letter`) and its
 DLQ record being confirmed: the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
 breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
-line, the DLQ write's span, the counters, and building the DLQ writer from the configuration,
+line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters, and building the DLQ writer from the configuration,
 including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
 write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
 consumer engine) its committer's transaction. Must not import either engine, the pipeline, the
@@ -32,6 +32,7 @@ from sidecar.core.deadletter import (
 from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo
 from sidecar.core.record import Tracked
 from sidecar.engines.breaker_gate import BreakerGate
+from sidecar.engines.dlq_summary import DlqSummary
 from sidecar.engines.interfaces import Counters, DlqSink
 from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
 from sidecar.telemetry.tracing import Tracing
@@ -106,6 +107,8 @@ class DlqStep:
         self._gate = gate
         self._fail = fail
         self._observe: Callable[[float], None] = _ignore
+        # One log line per burst of DLQ writes (its `run` is the pipeline's task).
+        self.summary = DlqSummary()
 
     def observe_latency(self, observe: Callable[[float], None]) -> None:
         """The DLQ writes' latency observer (seconds; a Prometheus histogram)."""
@@ -177,7 +180,9 @@ class DlqStep:
             span.end()
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason.label)
-        self.counters.bump(self.counters.dead_lettered, dead_lettered_key(self.counters, plan))
+        key = dead_lettered_key(self.counters, plan)
+        self.counters.bump(self.counters.dead_lettered, key)
+        self.summary.written(key[0], plan.dlq_topic, key[1], key[2])
         return ArchiveOutcome.WRITTEN
 
     def _start_dlq_span(

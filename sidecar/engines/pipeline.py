@@ -255,6 +255,7 @@ class Pipeline:
                 if self._gate is not None:
                     nursery.start_soon(self._gate.run_timer)
                 nursery.start_soon(self._sources.watch)
+                nursery.start_soon(self._dlq_step.summary.run)
                 task_status.started()
                 await self._stop.wait()
                 flags.intake_stopped = True
