@@ -38,7 +38,7 @@ from sidecar.core.wire import AckItem, Answer, RecordView
 from sidecar.kafka.dlq import DlqWriter
 
 PartitionKey = tuple[str, int]
-AckResult = Literal["ok", "unknown", "expired"]
+AckResult = Literal["ok", "unknown", "expired", "already"]
 
 
 class Settled(enum.Enum):

@@ -391,15 +391,15 @@ class Pipeline:
     # ------------------------------------------------------------------------- answers
 
     def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
-        """`POST /v1/acks`: apply each answer; per id ok / unknown / expired."""
+        """`POST /v1/acks`: apply each answer; per id ok / already / expired / unknown."""
         return [(item.delivery_id, self.answer(item.delivery_id, item)) for item in items]
 
     def answer(self, delivery_id: str, answer: Answer | AckItem) -> AckResult:
-        """Apply an app answer; 'ok', 'unknown' or 'expired' (the /v1/acks result words).
+        """Apply an app answer; 'ok', 'already', 'expired' or 'unknown' (the /v1/acks result words).
 
-        An id that is not live is `expired` when it has the shape of our ids (answered already,
-        lock expired, fenced by a rebalance, or issued before a restart) and `unknown` otherwise:
-        the answer says nothing about which, nor about any other id.
+        An id that is not live is `already` when it was answered (one of the last answered ids),
+        `expired` when it has the shape of our ids (lock expired, fenced by a rebalance, or issued
+        before a restart) and `unknown` otherwise: the answer says nothing about any other id.
         """
         delivery = self._live.get(delivery_id)
         if delivery is None:
@@ -424,6 +424,7 @@ class Pipeline:
             if self._gate is not None:
                 self._gate.answered(delivery, settled)
             self._outlet.retire(delivery)
+            self._live.answered(delivery.id)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:
                 delivery.tracked.custom = custom_dead_letter(answer)
