@@ -2,7 +2,7 @@
 #   make demo   - local broker, example app, sidecar, poison records going to the DLQ
 #   make test   - lint, type-check and the whole test suite against a real local broker
 # make demo needs Python 3.11+, Java 17+ and Maven (or KAFKA_BOOTSTRAP=host:port for an existing broker); make test
-# also Go 1.26+, Node.js, openssl and Chromium (README, "Two commands").
+# also Go 1.26+, Node.js, openssl and Chromium (docs/development.md, "Two commands").
 
 PYTHON ?= python3
 VENV   := .venv

@@ -9,8 +9,10 @@ constructor once the service is starting. Two things librdkafka takes silently a
 they would make a client that misbehaves for ever: an integer property with trailing text
 (``session.timeout.ms: "45s"``, which librdkafka reads as 45 ms) and one past librdkafka's integer
 range (which it wraps). Then a consumer and a producer are built from the whole set, with no broker
-to reach, and destroyed at once: what ``rd_kafka_new`` refuses (a CA file it cannot read, SASL
-without credentials, `acks` against idempotence) is reported the same way. The "did you mean" picks from librdkafka's own property list
+to reach, and destroyed at once: what ``rd_kafka_new`` refuses (SASL without credentials, `acks`
+against idempotence, a setting the group protocol does not take) is reported the same way. That
+build leaves out the properties that name files (they may exist only in the pod: at run time the
+start-up check reports and retries them) and is skipped with OIDC (its client fetches a token). The "did you mean" picks from librdkafka's own property list
 (``rd_kafka_conf_properties_show``), read once; nothing here keeps a list of property names.
 
 The library is found through the confluent-kafka distribution's file list, without importing
@@ -44,8 +46,13 @@ _TYPE = re.compile(r"\*Type: ([^*]+)\*")
 _PRODUCER, _CONSUMER = 0, 1  # rd_kafka_type_t
 _DESTROY_F_NO_CONSUMER_CLOSE = 0x8
 # What the check's clients are built with on top of the file's properties: no broker to connect
-# to, no log of their own, and the consumer's offset settings as the sidecar sets them.
-_CHECK_CLIENT = {"bootstrap.servers": "", "log_level": "0"}
+# to, no log of their own, no Kerberos ticket refresh (kinit), and the consumer's offset settings
+# as the sidecar sets them.
+_CHECK_CLIENT = {
+    "bootstrap.servers": "",
+    "log_level": "0",
+    "sasl.kerberos.min.time.before.relogin": "0",
+}
 _SIDECAR_CONSUMER = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 
 
@@ -259,15 +266,34 @@ def check_properties(props: Mapping[str, str | int | bool], path: str) -> None:
         problem = _integer_problem(lib, name, _text(value))
         if problem is not None:
             raise _Invalid(f"{path}.{name}" if path else name, problem)
+    if not _buildable(texts):
+        return
+    # `debug` would turn the check clients' log back on (on stderr); its value is checked above.
+    checked = {n: v for n, v in texts.items() if not _names_a_file(n) and n != "debug"}
     for kind, extra, what in (
         (_CONSUMER, _SIDECAR_CONSUMER, "consumer"),
         (_PRODUCER, {}, "producer"),
     ):
-        refused = lib.client_error(kind, {**texts, **extra})
+        refused = lib.client_error(kind, {**checked, **extra})
         if refused is not None:
             raise _Invalid(
                 _blamed(refused, texts, path), f"librdkafka refuses the {what}: {refused}"
             )
+
+
+def _names_a_file(name: str) -> bool:
+    """A property naming a file (a CA, a certificate, a key, a keytab): left out of the build check.
+
+    Those files are read when a client is built, and may not be there yet where the file is checked (a
+    Secret mounted only in the pod); at run time a file that cannot be read is the start-up check's
+    reason, retried until it can be (a Secret volume updated in place).
+    """
+    return name.endswith((".location", ".keytab")) or name == "plugin.library.paths"
+
+
+def _buildable(props: Mapping[str, str]) -> bool:
+    """False when building a client would reach out (OIDC fetches a token when the client starts)."""
+    return props.get("sasl.oauthbearer.method", "").strip().lower() != "oidc"
 
 
 def _blamed(reason: str, props: Mapping[str, str], path: str) -> str:
