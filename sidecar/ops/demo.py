@@ -72,6 +72,10 @@ DEFAULT_APP_PORT = 8080
 DLQ_HEADER_PREFIX = "__dlq.errors."
 
 
+class _Refused(DemoError):
+    """Topics the demo would replace on a broker it did not start, and no yes: nothing was started."""
+
+
 class _Stop(Exception):
     """SIGTERM or Ctrl-C: stop everything the demo started."""
 
@@ -111,6 +115,8 @@ class Demo:
     def run(self) -> int:
         try:
             return self._run()
+        except _Refused:
+            raise  # nothing ran: no logs to keep
         except DemoError:
             self.keep_workdir = True  # the logs explain the failure
             raise
@@ -214,18 +220,19 @@ class Demo:
         if not there or self.o.yes:
             return
         names = " and ".join(there)
+        them, their = ("it", "its") if len(there) == 1 else ("them", "their")
         question = (
             f"the broker at {bootstrap} was not started by the demo and has {names}: "
-            "the demo deletes and recreates them (their records are lost)"
+            f"the demo deletes and recreates {them} ({their} records are lost)"
         )
         if not sys.stdin.isatty():
-            raise DemoError(
+            raise _Refused(
                 f"{question}. Run again with --yes to allow that, or with --topic NAME "
                 "for a topic of the demo's own"
             )
         answer = self.console.input(f"demo: {question}. Go on? [y/N] ", markup=False)
         if answer.strip().lower() not in ("y", "yes"):
-            raise DemoError("nothing was changed; --topic NAME runs the demo on a topic of its own")
+            raise _Refused("nothing was changed; --topic NAME runs the demo on a topic of its own")
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
         assert self.layout is not None

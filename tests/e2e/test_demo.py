@@ -286,6 +286,7 @@ def test_demo_asks_before_replacing_topics_on_a_broker_it_did_not_start(
     assert refused.returncode == 1, out
     assert f"was not started by the demo and has {topic}" in out, out
     assert "--yes" in out and "--topic NAME" in out
+    assert "logs kept" not in out  # nothing was started
     assert broker.count_records(topic) == 1  # untouched
 
     proc = run_demo(bootstrap, "--yes", "--records", "150", "--topic", topic, "--show-dlq", "3")
