@@ -10,6 +10,7 @@ every client of the service is given (``logger=``), with `_Summary` as its filte
   ``(after 3ms in state CONNECT)``, librdkafka's own "N identical error(s) suppressed");
 - the first line of a condition goes out; its repeats for `INTERVAL_S` are counted, and the first
   repeat after that goes out once, with how many there were (``repeats=193 interval_s=30``);
+- lines below a warning (shown only when `kafka.debug` asks for them) go out as they are, every one;
 - a failure to reach a broker is a warning (librdkafka retries it; the sidecar is not ready until it
   answers), and before its first line the sidecar says, in its own words, which broker, what
   failed (its name does not resolve, the connection is refused, no answer, TLS, authentication)
@@ -139,6 +140,8 @@ class _Summary(logging.Filter):
             return self._problem
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True  # shown only with `kafka.debug` set: every line, as librdkafka wrote it
         facility, text = _parts(record)
         condition = _condition(text)
         kind = _connection_kind(facility, condition)
@@ -159,7 +162,7 @@ class _Summary(logging.Filter):
             say = self._own_line(kind, condition, now)
         if say is not None:
             own_log.warning(say[0], extra={"fields": say[1]})
-        _rewrite(record, facility, condition, repeats, self._interval_s)
+        _rewrite(record, facility, _client(record), condition, repeats, self._interval_s)
         return True
 
     def _own_line(
@@ -190,15 +193,25 @@ def _parts(record: logging.LogRecord) -> tuple[str, str]:
     return "", record.getMessage()
 
 
+def _client(record: logging.LogRecord) -> str:
+    args = record.args
+    return str(args[1]) if isinstance(args, tuple) and len(args) == 3 else ""
+
+
 def _rewrite(
-    record: logging.LogRecord, facility: str, condition: str, repeats: int, interval_s: float
+    record: logging.LogRecord,
+    facility: str,
+    client: str,
+    condition: str,
+    repeats: int,
+    interval_s: float,
 ) -> None:
-    record.msg, record.args = "%s %s", (facility, condition)
+    record.msg, record.args = "%s [%s] %s", (facility, client, condition)
     if repeats:
         fields = {"repeats": repeats, "interval_s": interval_s}
         record.__dict__["fields"] = fields
-        record.msg = "%s %s (and %d more like it in the last %g s)"
-        record.args = (facility, condition, repeats, interval_s)
+        record.msg = "%s [%s] %s (and %d more like it in the last %g s)"
+        record.args = (facility, client, condition, repeats, interval_s)
 
 
 _lock = threading.Lock()

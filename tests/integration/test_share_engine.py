@@ -64,8 +64,9 @@ def _produce_in_small_batches(broker: Broker, topic: str, n: int, per_batch: int
 
 
 # librdkafka's cgrp debug line for each share assignment a consumer gets (librdkafka 2.16).
+# librdkafka's debug line, as the sidecar logs it ("CGRPOP [rdkafka#consumer-1] [thrd:main]: ...").
 _SHARE_ASSIGNMENT = re.compile(
-    r"\|([^|]+)\| \[thrd:main\]: Share assignment served: (\d+) partition"
+    r"\[([^\]|]+)\] \[thrd:main\]: Share assignment served: (\d+) partition"
 )
 
 

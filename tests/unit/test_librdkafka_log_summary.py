@@ -43,7 +43,7 @@ def test_repeats_are_counted_and_shown_once_per_interval(caplog: pytest.LogCaptu
     assert len(passed) == 1
     first = passed[0]
     assert first.levelno == logging.WARNING  # retried by librdkafka: not an error of its own
-    assert "consumer-3" not in first.getMessage() and "after" not in first.getMessage()
+    assert "(after" not in first.getMessage() and "[thrd:" not in first.getMessage()
     own = [r for r in caplog.records if r.name == "sidecar.kafka"]
     assert len(own) == 1
     assert "127.0.0.1:1 refuses connections" in own[0].getMessage()
@@ -82,3 +82,12 @@ def test_other_lines_keep_their_level_and_memory_is_bounded() -> None:
     for i in range(5000):
         summary.filter(_line("c", f"distinct condition {i}", logging.WARNING))
     assert len(summary._seen) <= 256
+
+
+def test_debug_lines_asked_for_go_out_as_they_are() -> None:
+    summary = _Summary(30.0, _Clock())
+    text = "[thrd:main]: Share assignment served: 1 partition(s)"
+    for _ in range(3):
+        record = _line("rdkafka#consumer-1", text, logging.DEBUG)
+        assert summary.filter(record)
+        assert record.getMessage() == f"FAIL [rdkafka#consumer-1] {text}"
