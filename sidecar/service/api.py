@@ -1,4 +1,4 @@
-"""The sidecar's own local HTTP API (SPEC §6), on two listeners; owns routing and request guards.
+"""The sidecar's own local HTTP API (docs/app-contract.md, docs/security.md), on two listeners; owns routing and request guards.
 
 The engine does the work. Two handlers over one route table:
 

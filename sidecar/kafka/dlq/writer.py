@@ -1,6 +1,6 @@
 """Plain DLQ writes (at-least-once): the producer handle, its delivery reports, `write()`.
 
-Writing follows seed 004: an idempotent acks=all producer, retriable failures retried, a record too large
+Writing never loops and never drops silently (docs/guarantees.md): an idempotent acks=all producer, retriable failures retried, a record too large
 retried once as headers only, anything else fatal — never an infinite loop and never a silent drop.
 
 `PlainDlqWriter` owns the producer handle: `run()` creates it and serves its delivery reports; every call
