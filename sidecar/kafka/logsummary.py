@@ -37,6 +37,8 @@ INTERVAL_S = 30.0
 MAX_CONDITIONS = 256
 
 own_log = logging.getLogger("sidecar.kafka")
+# The counts said at the stop: a child of LOGGER_NAME, so they pass its level but not its filter.
+_final = logging.getLogger(LOGGER_NAME + ".summary")
 
 # What differs between two repeats of one condition.
 _VOLATILE = (
@@ -108,6 +110,7 @@ _FACILITIES_OF_CONNECTION = frozenset({"FAIL", "ERROR", "CONNECT", "SSL", "SASL"
 @dataclass(slots=True)
 class _Seen:
     shown_at: float
+    text: str  # the line as last shown (client, condition), for the count at the stop
     repeats: int = 0
 
 
@@ -135,6 +138,25 @@ class _Summary(logging.Filter):
         self._told: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._problem: str | None = None
 
+    def flush(self) -> None:
+        """Say the repeats counted since each condition's last line (at the stop)."""
+        now = self._clock()
+        said: list[tuple[int, str, int, float]] = []
+        with self._lock:
+            for (level, _condition), seen in self._seen.items():
+                if seen.repeats:
+                    said.append((level, seen.text, seen.repeats, now - seen.shown_at))
+                    seen.repeats, seen.shown_at = 0, now
+        for level, text, repeats, age_s in said:
+            _final.log(
+                level,
+                "%s (and %d more like it in the last %.0f s)",
+                text,
+                repeats,
+                age_s,
+                extra={"fields": {"repeats": repeats, "interval_s": round(age_s, 1)}},
+            )
+
     def problem(self) -> str | None:
         with self._lock:
             return self._problem
@@ -155,7 +177,7 @@ class _Summary(logging.Filter):
                 seen.repeats += 1
                 return False
             repeats = seen.repeats if seen is not None else 0
-            self._seen[key] = _Seen(now)
+            self._seen[key] = _Seen(now, f"{facility} [{_client(record)}] {condition}")
             self._seen.move_to_end(key)
             while len(self._seen) > MAX_CONDITIONS:
                 self._seen.popitem(last=False)
@@ -229,6 +251,14 @@ def librdkafka_logger(
             _summary = _Summary(interval_s, clock)
             logger.addFilter(_summary)
     return logger
+
+
+def flush_summary() -> None:
+    """At the stop: one line per condition whose repeats were counted and not said yet."""
+    with _lock:
+        summary = _summary
+    if summary is not None:
+        summary.flush()
 
 
 def connection_problem() -> str | None:

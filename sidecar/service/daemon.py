@@ -28,6 +28,7 @@ from sidecar.core import compiled, core_build
 from sidecar.engines.pipeline import Engine, Pipeline
 from sidecar.http.server import serve_http
 from sidecar.kafka.dlq import DlqStartupError
+from sidecar.kafka.logsummary import flush_summary
 from sidecar.service.api import LocalApi, fit_connections, listener_limits
 from sidecar.service.exits import ExitCollector, ExitRecord, fatal_reason
 from sidecar.telemetry.tracing import Tracing
@@ -176,6 +177,7 @@ async def run_sidecar(
                 )
         # The engine has drained, committed and closed (see `Pipeline.run`): stop serving.
         nursery.cancel_scope.cancel()
+    flush_summary()  # librdkafka's repeats not said yet, with their counts
     if engine.failure:
         log.error("dlq-sidecar stopped: %s", engine.failure)
         if exits is not None:

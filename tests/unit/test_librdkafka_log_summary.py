@@ -91,3 +91,20 @@ def test_debug_lines_asked_for_go_out_as_they_are() -> None:
         record = _line("rdkafka#consumer-1", text, logging.DEBUG)
         assert summary.filter(record)
         assert record.getMessage() == f"FAIL [rdkafka#consumer-1] {text}"
+
+
+def test_the_stop_says_the_repeats_not_said_yet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    clock = _Clock()
+    summary = _Summary(30.0, clock)
+    for i in range(5):
+        clock.now = i * 0.5
+        summary.filter(_line("rdkafka#consumer-3", REFUSED.format(ms=i)))
+    clock.now = 4.0
+    summary.flush()
+    final = [r for r in caplog.records if r.name == "sidecar.librdkafka.summary"]
+    assert len(final) == 1
+    assert final[0].levelno == logging.WARNING
+    assert "(and 4 more like it in the last 4 s)" in final[0].getMessage()
+    summary.flush()  # said once
+    assert len([r for r in caplog.records if r.name == "sidecar.librdkafka.summary"]) == 1
