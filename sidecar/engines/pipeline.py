@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
 CLUSTER_RETRY_MAX_S = 10.0
+# How long one start-up check of the cluster waits for an answer (a stop ends it sooner).
+CLUSTER_CHECK_S = 10.0
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
@@ -159,6 +162,7 @@ class Pipeline:
         self._answers_closed = False  # shutting down: answers arriving now are dropped
         self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
         self._stop = trio.Event()
+        self._stop_sync = threading.Event()
         # Why the cluster cannot be used at start-up (authentication, TLS, connection), while it cannot.
         self._cluster_error: str | None = None
         self._sources = SourceTopics(config.kafka, config.source.topics, missing_topics_sync)
@@ -280,7 +284,11 @@ class Pipeline:
         a crash loop that hides the cause."""
         delay_s = 1.0
         while True:
-            reason = await trio.to_thread.run_sync(check_cluster_sync, self.config.kafka)
+            reason = await trio.to_thread.run_sync(
+                check_cluster_sync, self.config.kafka, CLUSTER_CHECK_S, self._stop_sync
+            )
+            if self._stop.is_set():
+                return False  # a stop during the check: say nothing more, stop
             self._cluster_error = reason
             if reason is None:
                 return True
@@ -308,6 +316,7 @@ class Pipeline:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._stop_sync.set()  # the start-up check's worker thread sees it too
         self._wake()
 
     def skip_drain(self) -> None:

@@ -9,6 +9,7 @@ be used (`broker_error_reason`), and `check_cluster_sync`, run before anything j
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -88,8 +89,13 @@ def consumer_properties(
     return props
 
 
-def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str | None:
+def check_cluster_sync(
+    kafka: Mapping[str, Any], timeout_s: float = 10.0, stop: threading.Event | None = None
+) -> str | None:
     """Ask the cluster for its metadata with the sidecar's client settings (blocking).
+
+    `stop`, once set, ends the wait within about a second (a SIGTERM while the cluster cannot be
+    used); the answer is then the reason known so far.
 
     Returns None when it answered, else why not: the authentication or TLS failure librdkafka
     reported, or the connection failure. Run before anything joins the group or writes, so a wrong
@@ -112,7 +118,8 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
                 err = kafka_error(exc)
                 consumer.poll(0)  # serves the error callbacks, which say why the request failed
                 causes = [e for e in errors if e.code() in NOT_TRANSIENT]
-                if not causes and time.monotonic() < deadline:
+                stopping = stop is not None and stop.is_set()
+                if not causes and time.monotonic() < deadline and not stopping:
                     continue  # nothing definite yet: the broker may still be starting
                 cause = causes[-1] if causes else err
                 reason = broker_error_reason(cause) if cause is not None else None
