@@ -1,6 +1,6 @@
 """Faults in the app: deferred answers given out of offset order and then a kill -9, garbage answers, a hang.
 
-What each app answer means is the contract's (SPEC §2, §5; README "app contract"): a request that was sent and
+What each app answer means is the contract's (docs/app-contract.md): a request that was sent and
 then failed — unparseable HTTP, a body declared JSON that does not parse, a truncated answer, a connection
 closed mid-answer, no answer within `app.timeout.ms` — is an attempt and a release; a 2xx with a body that is
 not declared JSON is an accept. So records that got only such failures up to the delivery limit are archived
