@@ -72,7 +72,7 @@ DEFAULT_APP_PORT = 8080
 DLQ_HEADER_PREFIX = "__dlq.errors."
 
 
-class _Refused(DemoError):
+class DemoRefused(DemoError):
     """Topics the demo would replace on a broker it did not start, and no yes: nothing was started."""
 
 
@@ -115,7 +115,7 @@ class Demo:
     def run(self) -> int:
         try:
             return self._run()
-        except _Refused:
+        except DemoRefused:
             raise  # nothing ran: no logs to keep
         except DemoError:
             self.keep_workdir = True  # the logs explain the failure
@@ -226,13 +226,15 @@ class Demo:
             f"the demo deletes and recreates {them} ({their} records are lost)"
         )
         if not sys.stdin.isatty():
-            raise _Refused(
+            raise DemoRefused(
                 f"{question}. Run again with --yes to allow that, or with --topic NAME "
                 "for a topic of the demo's own"
             )
         answer = self.console.input(f"demo: {question}. Go on? [y/N] ", markup=False)
         if answer.strip().lower() not in ("y", "yes"):
-            raise _Refused("nothing was changed; --topic NAME runs the demo on a topic of its own")
+            raise DemoRefused(
+                "nothing was changed; --topic NAME runs the demo on a topic of its own"
+            )
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
         assert self.layout is not None
