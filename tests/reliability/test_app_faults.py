@@ -320,7 +320,7 @@ async def test_out_of_order_acks_then_kill_9(bootstrap: str, tmp_path: Path) -> 
     redelivered = [d.coord for d in after]
     assert len(redelivered) == len(set(redelivered)), "a record delivered twice after the restart"
     assert set(redelivered) == produced - done
-    # Delivery counts survive the kill and the kill charges no one (SPEC §3): a hole, in flight at
+    # Delivery counts survive the kill and the kill charges no one (docs/guarantees.md): a hole, in flight at
     # the kill, is delivered again at the same count; a record never handed out starts at 1.
     count_before = {d.coord: d.count for d in holes}
     for d in after:

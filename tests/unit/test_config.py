@@ -623,7 +623,7 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str, str]] = [
         "errors.deadletterqueue.transactional.enable",
         "engine: consumer",
     ),
-    # DLQ topic name (SPEC §7)
+    # DLQ topic name (docs/dlq-records.md)
     (
         "dlq __",
         {
