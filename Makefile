@@ -2,7 +2,7 @@
 #   make demo   - local broker, example app, sidecar, poison records going to the DLQ
 #   make test   - lint, type-check and the whole test suite against a real local broker
 # make demo needs Python 3.11+, Java 17+ and Maven (or KAFKA_BOOTSTRAP=host:port for an existing broker); make test
-# also Go 1.26+, Node.js, openssl and Chromium (README, "Two commands").
+# also Go 1.26+, Node.js, openssl and Chromium (docs/development.md, "Two commands").
 
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is needed"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	DLQ_SIDECAR_MYPYC=0 $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@# The build backend's notes (setuptools' editable-install warning box) go to a log, shown on failure only.
+	DLQ_SIDECAR_MYPYC=0 $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]' \
+		> $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; exit 1; }
 	touch $(STAMP)
 
 venv: $(STAMP)

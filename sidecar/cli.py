@@ -101,7 +101,11 @@ def cmd_run(config_path: str, overlay: str | None = None) -> int:
     config = _load(config_path, overlay)
     if not isinstance(config, Config):
         return EXIT_CONFIG
-    setup_logging(config.logging.level.value, config.logging.format.value)
+    setup_logging(
+        config.logging.level.value,
+        config.logging.format.value,
+        librdkafka_debug="debug" in config.kafka,
+    )
     return trio.run(run_sidecar, config)
 
 

@@ -10,12 +10,12 @@ offsets — and reports:
 - lost: produced, never accepted by the app and not in the DLQ;
 - duplicate DLQ records (the same source coordinates dead-lettered twice; allowed only at-least-once);
 - commits ahead: a committed offset past a record that is not done;
-- deliveries beyond the bound (`limit + crashes`: SPEC §3 allows one lost attempt per crash);
+- deliveries beyond the bound (`limit + crashes`: docs/guarantees.md allows one lost attempt per crash);
 - DLQ mismatches: wrong headers, payload not the original (copy mode) or present when it must not be;
 - unexpected DLQ records: dead-lettered although the app never refused the record;
 - counts charged by a crash (`crash_charged`, informational): a delivery whose count is above one plus
   the earlier answers that count an attempt (anything but accept, or an answer the sidecar's death
-  swallowed: `unanswered`, `killed`). SPEC §3 promises none except for the record that kills the sidecar;
+  swallowed: `unanswered`, `killed`). docs/guarantees.md promises none except for the record that kills the sidecar;
   a scenario whose app answers are all seen by the sidecar asserts the list holds that record alone;
 - the distribution of deliveries per record.
 
@@ -41,7 +41,7 @@ from typing import Any
 Coord = tuple[str, int, int]  # source topic, partition, offset
 
 # What a fault line's kind must be for it to widen the delivery bound: a crash of the sidecar loses at
-# most one attempt's worth of state (SPEC §3); other faults (broker, network, app) must not.
+# most one attempt's worth of state (docs/guarantees.md); other faults (broker, network, app) must not.
 CRASH_FAULTS = frozenset({"sidecar_kill"})
 
 CAUSE_REJECTED = "Offset rejected by client."

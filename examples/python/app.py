@@ -73,7 +73,7 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 def post_acks(body: bytes) -> str:
-    """POST /v1/acks to the sidecar; the one result word (ok, unknown or expired)."""
+    """POST /v1/acks to the sidecar; the one result word (ok, already, expired or unknown)."""
     conn: http.client.HTTPConnection
     if SIDECAR_API.startswith("unix:"):
         conn = UnixHTTPConnection(SIDECAR_API.removeprefix("unix:"), timeout=5)

@@ -180,7 +180,9 @@ def work(max_records: int, wait_ms: int) -> None:
                 results = post_acks(conn, acks)
                 late = [item["id"] for i, item in enumerate(acks) if results[i] != "ok"]
                 if late:
-                    log(f"answers not applied (lock expired first): {len(late)}")
+                    log(
+                        f"answers not applied (lock expired first, or answered already): {len(late)}"
+                    )
         except (OSError, http.client.HTTPException, RuntimeError, ValueError) as exc:
             # The sidecar is not up (yet), or restarting: whatever was pulled and not answered
             # comes back when its lock expires.

@@ -1,7 +1,7 @@
 """The sidecar's configuration: the YAML schema, `${ENV}` substitution, validation and typed values.
 
-This package owns SPEC §9 and the start-up half of §7 (a bad DLQ topic name is a configuration
-error, not a runtime surprise). It turns one YAML file into a tree of frozen dataclasses, or raises
+This package owns the configuration file (docs/configuration.md) and the start-up checks of the DLQ
+(a bad DLQ topic name is a configuration error, not a runtime surprise). It turns one YAML file into a tree of frozen dataclasses, or raises
 `ConfigError` naming the offending key's dotted path and the reason; the CLI prints
 ``str(error)`` and exits 2. The public names are re-exported here; import them from
 ``sidecar.config``, not from the modules below.
@@ -12,6 +12,8 @@ error, not a runtime surprise). It turns one YAML file into a tree of frozen dat
     environment  ${NAME} / ${NAME:-default} substitution; every value has a UTF-8 encoding
     kinds        value kinds (strict typing) and the key-table reader
     schema       the key tables, and the readers of the odd keys (kafka, topics, headers, ...)
+    suggest      the "did you mean" of an unknown name (edit distance)
+    librdkafka   the `kafka:` properties checked by librdkafka itself (ctypes, no broker)
     checks       cross-key rules, API listeners, DLQ topic names
     tiers        the retry tiers: delays, threshold, tier topic names (and their check)
     routes       errors.deadletterqueue.routes and routes.app.allowed: read, checked, DlqRoutes
@@ -20,8 +22,8 @@ error, not a runtime surprise). It turns one YAML file into a tree of frozen dat
     masking      which values are secrets, by name
     dump         dump_config: the effective configuration as plain data, masked
 
-Imports: the standard library, PyYAML and `sidecar.core` (``Ordering``) only; every other layer may
-import this one.
+Imports: the standard library, PyYAML and `sidecar.core` (``Ordering``) only (librdkafka is loaded
+through ctypes, not imported); every other layer may import this one.
 """
 
 from __future__ import annotations

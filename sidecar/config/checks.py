@@ -2,7 +2,7 @@
 
 Owns the rules that relate keys to each other (``app.timeout.ms`` below the lock duration, a
 backoff's max at least its initial value, transactions only with the consumer engine, librdkafka's
-prefetch within ``max.buffered.bytes``), the two API listeners, and the start-up half of SPEC §7: a
+prefetch within ``max.buffered.bytes``), the two API listeners, and the start-up checks of the DLQ: a
 bad DLQ topic name (for any source topic) is a configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
 
 Imports: the standard library and the `sidecar.config` modules errors, syntax, values, schema

@@ -7,14 +7,13 @@ is converted. `_read_table` reads a mapping against a tuple of `_Key` (YAML name
 dataclass attribute): unknown keys first (with a suggestion), then each key in table order, and
 a key is required exactly when its attribute has no default.
 
-Imports: the standard library, `sidecar.config.errors` and `sidecar.config.environment`; not the
-tables themselves (`sidecar.config.schema`).
+Imports: the standard library, `sidecar.config.errors`, `sidecar.config.environment` and
+`sidecar.config.suggest`; not the tables themselves (`sidecar.config.schema`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import Any
 
 from sidecar.config.environment import _Context, _encodable
 from sidecar.config.errors import _Invalid
+from sidecar.config.suggest import closest
 
 
 def _int_text(value: int) -> str:
@@ -295,8 +295,8 @@ def _unknown_key_reason(name: str, path: str, keys: tuple[_Key, ...]) -> str:
                 rest = name[len(key.name) + 1 :]
                 if any(k.name == rest for k in key.kind.keys):
                     return f"unknown key; write it as '{rest}' under '{key.name}:'"
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    close = closest(name, names)
     if close:
-        return f"unknown key; did you mean '{close[0]}'?"
+        return f"unknown key; did you mean '{close}'?"
     where = f"'{path}'" if path else "the top level"
     return f"unknown key; the keys allowed at {where} are: {', '.join(names)}"

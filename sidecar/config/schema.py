@@ -8,7 +8,8 @@ sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socke
 ``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
 
 Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
-values, kinds and routes (the DLQ routes' readers); not checks, load, yamlcore, masking or dump.
+values, kinds, routes (the DLQ routes' readers), tiers (the retry tiers' reader), suggest and
+librdkafka (librdkafka's own check of ``kafka:``); not checks, load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from sidecar.config.kinds import (
     _Section,
     _Str,
 )
+from sidecar.config.librdkafka import check_properties
 from sidecar.config.routes import _read_allowed, _read_routes
+from sidecar.config.suggest import closest
 from sidecar.config.syntax import _unix_path_error, parse_listen, topic_name_error
 from sidecar.config.tiers import RetryTiersConfig, read_tiers
 from sidecar.config.values import (
@@ -64,7 +67,7 @@ from sidecar.core.ordering import Ordering
 
 
 # Properties the sidecar must own: it stores offsets and commits them itself, only past records
-# that are done (SPEC §3); librdkafka's auto-commit would commit records still in flight.
+# that are done; librdkafka's auto-commit would commit records still in flight.
 _KAFKA_OWNED = {
     "enable.auto.commit": "the sidecar commits offsets itself, only past records that are done",
     "enable.auto.offset.store": "the sidecar stores offsets itself, only for records that are done",
@@ -97,9 +100,15 @@ def _read_kafka(raw: object, path: str, ctx: _Context) -> Mapping[str, str | int
             raise _Invalid(
                 key_path, f"expected a string, integer or boolean, got {_describe(value)}"
             )
+    check_properties(out, path)
     for name in _KAFKA_REQUIRED:
         value = out.get(name)
         if value is None:
+            typo = closest(name, [n for n in out if n not in _KAFKA_REQUIRED])
+            if typo is not None:
+                raise _Invalid(
+                    _join(path, typo), f"unknown key; did you mean '{name}'? (a required key)"
+                )
             raise _Invalid(_join(path, name), "required key is missing (a string)")
         if not isinstance(value, str) or not value.strip():
             raise _Invalid(

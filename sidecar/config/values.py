@@ -247,7 +247,7 @@ class ErrorsConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiConfig:
-    """The two listeners (SPEC §6).
+    """The two listeners (docs/security.md).
 
     ``listen`` is the control API (acks, status: it changes and reveals record state): loopback
     or a Unix socket only. ``observability_listen`` ("" = none) serves only the read-only

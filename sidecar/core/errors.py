@@ -37,6 +37,7 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     ├── DlqToolError ............. what `dlq inspect` and `dlq replay` report             sidecar.ops.dlq_errors
     │   └── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq_errors
     ├── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo_setup
+    │   └── DemoRefused .......... topics it would replace on a broker it did not start   sidecar.ops.demo
     ├── InjectorConfigError ...... the injector's config file is invalid (exit 2)         sidecar.injector.settings
     ├── Refusal .................. a pod the injector will not admit (a 400)              sidecar.injector.annotations
     │   └── BadAnnotation ........ a dlq-sidecar.io/* annotation it cannot follow         sidecar.injector.annotations

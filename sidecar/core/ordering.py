@@ -1,4 +1,4 @@
-"""`ordering` (SPEC §4): which records of a partition may be in flight together.
+"""`ordering` (docs/guarantees.md): which records of a partition may be in flight together.
 
 One enum, used by the configuration and the ledger alike, so there is one copy; it lives in its
 own module so that `sidecar.config` does not import the ledger for it.
@@ -14,7 +14,7 @@ __all__ = ["Ordering"]
 
 
 class Ordering(enum.StrEnum):
-    """`ordering` (SPEC §4); the configuration uses this enum too, so there is one copy."""
+    """`ordering` (docs/guarantees.md); the configuration uses this enum too, so there is one copy."""
 
     KEY = "key"  # one record in flight per key (records without a key are not ordered)
     PARTITION = "partition"  # one record in flight per partition

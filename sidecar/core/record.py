@@ -54,6 +54,8 @@ _ID_CHARS = len(base64.urlsafe_b64encode(bytes(DELIVERY_ID_BYTES)).rstrip(b"="))
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 _ID_ALPHABET = frozenset(string.ascii_letters + string.digits + "-_")
 _IDS_PER_FETCH = 256
+# How many answered ids are remembered, so a second answer for one says `already` (not `expired`).
+ANSWERED_REMEMBERED = 8192
 
 
 def new_delivery_id(random_bytes: Callable[[int], bytes]) -> str:
@@ -77,9 +79,11 @@ T = TypeVar("T")
 class LiveIds(Generic[T]):
     """The live attempts by delivery id, and the answer for an id that is not live.
 
-    An id that is not live answers `expired` when it has the shape of our ids (answered already,
-    lock expired, fenced, issued before a restart — or guessed) and `unknown` otherwise: nothing
-    tells a spent id from a guessed one, so the answers reveal nothing about other ids.
+    An id that is not live answers `already` when it was answered (one of the last
+    `ANSWERED_REMEMBERED`), `expired` when it has the shape of our ids (lock expired, fenced, issued
+    before a restart, answered longer ago — or guessed) and `unknown` otherwise: nothing tells a
+    spent id from a guessed one, and `already` needs the id itself (128 random bits), so the
+    answers reveal nothing about other ids.
     """
 
     def __init__(self, random_bytes: Callable[[int], bytes]) -> None:
@@ -89,6 +93,8 @@ class LiveIds(Generic[T]):
         # per fetch, not per id), and how many of them are used.
         self._pool = b""
         self._used = 0
+        # Answered ids, oldest first (a dict keeps insertion order), at most ANSWERED_REMEMBERED.
+        self._answered: dict[str, None] = {}
 
     def _take(self, n: int) -> bytes:
         if self._used + n > len(self._pool):
@@ -115,8 +121,15 @@ class LiveIds(Generic[T]):
         if self._live.get(delivery_id) is value:
             del self._live[delivery_id]
 
-    @staticmethod
-    def not_live_answer(delivery_id: str) -> Literal["expired", "unknown"]:
+    def answered(self, delivery_id: str) -> None:
+        """The app answered `delivery_id`: another answer for it says `already`."""
+        self._answered[delivery_id] = None
+        if len(self._answered) > ANSWERED_REMEMBERED:
+            del self._answered[next(iter(self._answered))]
+
+    def not_live_answer(self, delivery_id: str) -> Literal["already", "expired", "unknown"]:
+        if delivery_id in self._answered:
+            return "already"
         return "expired" if is_delivery_id(delivery_id) else "unknown"
 
     def __len__(self) -> int:

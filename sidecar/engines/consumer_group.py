@@ -30,7 +30,7 @@ synchronous and runs in the trio thread, so no two transitions interleave:
                                       isolated attempt), committable_offset, encode_metadata
 
 Invariants kept here (the ledger keeps the rest):
-- horizon mode (the default, SPEC §3): no record waits for a commit in steady state; while any
+- horizon mode (the default, docs/guarantees.md): no record waits for a commit in steady state; while any
   partition's isolation pass has a suspect ready, charged, in flight or settling, nothing is acquired
   on any partition, and a suspect is isolated only with nothing in flight in the process, so a death
   charges exactly the isolated record (a killer reaches the DLQ after at most `limit + 1` deaths);

@@ -4,7 +4,7 @@ Owns what happens between an adapter deciding a record is done with (`Outlet.dea
 DLQ record being confirmed: the record's DLQ topic (the routes, :class:`sidecar.core.routes.DlqRoutes`,
 the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
 breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
-line, the DLQ write's span, the counters, and building the DLQ writer from the configuration,
+line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters, and building the DLQ writer from the configuration,
 including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
 write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
 consumer engine) its committer's transaction. Must not import either engine, the pipeline, the
@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from opentelemetry import trace
 
@@ -34,6 +34,7 @@ from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo, dea
 from sidecar.core.record import Tracked
 from sidecar.core.routes import RouteChoice
 from sidecar.engines.breaker_gate import BreakerGate
+from sidecar.engines.dlq_summary import DlqSummary
 from sidecar.engines.interfaces import Counters, DlqSink
 from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
 from sidecar.telemetry.tracing import Tracing
@@ -67,11 +68,14 @@ def dead_lettered_key(counters: Counters, plan: DeadLetterPlan) -> tuple[str, st
     return topic, plan.reason.label, label, plan.dlq_topic or ""
 
 
-def dlq_topics(config: Config) -> list[str]:
+def dlq_topics(config: Config, sources: Sequence[str] | None = None) -> list[str]:
     """Every DLQ topic the configuration can write to (sorted): the default DLQ of each source
-    topic, the routes' topics and the names a reject may choose (`errors.deadletterqueue.routes*`)."""
+    topic, the routes' topics and the names a reject may choose (`errors.deadletterqueue.routes*`);
+    of `sources` only when given (the source topics that exist)."""
     routes = dlq_routes(config)
-    return routes.topics_for(config.source.topics) if routes is not None else []
+    if routes is None:
+        return []
+    return routes.topics_for(config.source.topics if sources is None else sources)
 
 
 def transactional_dlq(config: Config) -> bool:
@@ -117,6 +121,8 @@ class DlqStep:
         self._fail = fail
         self._observe: Callable[[float], None] = _ignore
         self._routes = dlq_routes(config)
+        # One log line per burst of DLQ writes (its `run` is the pipeline's task).
+        self.summary = DlqSummary()
 
     def observe_latency(self, observe: Callable[[float], None]) -> None:
         """The DLQ writes' latency observer (seconds; a Prometheus histogram)."""
@@ -190,9 +196,11 @@ class DlqStep:
             span.end()
         self.counters.dlq_written += 1
         self.counters.bump(self.counters.archived, reason.label)
-        self.counters.bump(self.counters.dead_lettered, dead_lettered_key(self.counters, plan))
+        key = dead_lettered_key(self.counters, plan)
+        self.counters.bump(self.counters.dead_lettered, key)
         if failed.route_refused is not None:
             self.counters.bump(self.counters.route_refused, failed.topic)
+        self.summary.written(key[0], key[3], key[1], key[2])
         return ArchiveOutcome.WRITTEN
 
     def _route(

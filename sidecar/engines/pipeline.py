@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,15 +106,18 @@ from sidecar.engines.interfaces import (
 )
 from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
+from sidecar.engines.source_topics import SourceTopics
 from sidecar.engines.tier_step import TierStep, tier_topics
 from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
 from sidecar.http.exchanges import Exchange
-from sidecar.kafka.consumer_config import check_cluster_sync
+from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
 CLUSTER_RETRY_MAX_S = 10.0
+# How long one start-up check of the cluster waits for an answer (a stop ends it sooner).
+CLUSTER_CHECK_S = 10.0
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
@@ -161,8 +165,10 @@ class Pipeline:
         self._answers_closed = False  # shutting down: answers arriving now are dropped
         self._pull: PullQueue | None = PullQueue() if app.mode == AppMode.PULL else None
         self._stop = trio.Event()
+        self._stop_sync = threading.Event()
         # Why the cluster cannot be used at start-up (authentication, TLS, connection), while it cannot.
         self._cluster_error: str | None = None
+        self._sources = SourceTopics(config.kafka, config.source.topics, missing_topics_sync)
         self._drain_cancel = trio.CancelScope()
         self._skip_drain = False
         self._nursery: trio.Nursery | None = None
@@ -247,9 +253,13 @@ class Pipeline:
         if not await self._wait_cluster_usable():
             task_status.started()  # stopped before the cluster could be used: nothing to undo
             return
+        await self._sources.check_now()
         if config.errors.dlq.enabled or config.errors.tiers.enabled:
-            # The default DLQs, every routed topic and the tier topics: created or checked alike.
-            topics = dlq_topics(config) + tier_topics(config)
+            # The default DLQs, every routed topic and the tier topics, created or checked alike;
+            # none for a source topic that does not exist (the writer prepares its topic at its
+            # first record, should it appear).
+            existing = self._sources.existing()
+            topics = dlq_topics(config, existing) + tier_topics(config, existing)
             await trio.to_thread.run_sync(self.dlq.prepare_topics_sync, topics)
             flags.dlq_ready = True
         try:
@@ -260,6 +270,8 @@ class Pipeline:
                 self.start_requests(nursery)
                 if self._gate is not None:
                     nursery.start_soon(self._gate.run_timer)
+                nursery.start_soon(self._sources.watch)
+                nursery.start_soon(self._dlq_step.summary.run)
                 task_status.started()
                 await self._stop.wait()
                 flags.intake_stopped = True
@@ -284,7 +296,11 @@ class Pipeline:
         a crash loop that hides the cause."""
         delay_s = 1.0
         while True:
-            reason = await trio.to_thread.run_sync(check_cluster_sync, self.config.kafka)
+            reason = await trio.to_thread.run_sync(
+                check_cluster_sync, self.config.kafka, CLUSTER_CHECK_S, self._stop_sync
+            )
+            if self._stop.is_set():
+                return False  # a stop during the check: say nothing more, stop
             self._cluster_error = reason
             if reason is None:
                 return True
@@ -312,6 +328,7 @@ class Pipeline:
 
     def request_stop(self) -> None:
         self._stop.set()
+        self._stop_sync.set()  # the start-up check's worker thread sees it too
         self._wake()
 
     def skip_drain(self) -> None:
@@ -345,12 +362,17 @@ class Pipeline:
             **state,
             "app_reachable": self._reachability.reachable,
             "dlq_writable": self._flags.dlq_ready and self._flags.failure is None,
+            "source_topics_exist": not self._sources.missing,
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
         if self._gate is not None:
             checks["circuit_breaker_closed"] = self._gate.closed
         return checks
+
+    def missing_topics_reason(self) -> str | None:
+        """Which source topics do not exist on the cluster (None: all do, or not asked yet)."""
+        return self._sources.reason()
 
     def stalled(self) -> str | None:
         """Why the sidecar cannot make progress and should be restarted (None: it can)."""
@@ -379,6 +401,7 @@ class Pipeline:
             "uptime_s": round(time.time() - self.started_at, 3),
             "in_flight": self.in_flight_records(),
             "paused_partitions": [f"{t}[{p}]" for t, p in sorted(view.paused())],
+            "missing_topics": list(self._sources.missing),
             "partitions": view.partitions(),
             **view.status_fields(),
             **self._pull_status(),
@@ -390,15 +413,15 @@ class Pipeline:
     # ------------------------------------------------------------------------- answers
 
     def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
-        """`POST /v1/acks`: apply each answer; per id ok / unknown / expired."""
+        """`POST /v1/acks`: apply each answer; per id ok / already / expired / unknown."""
         return [(item.delivery_id, self.answer(item.delivery_id, item)) for item in items]
 
     def answer(self, delivery_id: str, answer: Answer | AckItem) -> AckResult:
-        """Apply an app answer; 'ok', 'unknown' or 'expired' (the /v1/acks result words).
+        """Apply an app answer; 'ok', 'already', 'expired' or 'unknown' (the /v1/acks result words).
 
-        An id that is not live is `expired` when it has the shape of our ids (answered already,
-        lock expired, fenced by a rebalance, or issued before a restart) and `unknown` otherwise:
-        the answer says nothing about which, nor about any other id.
+        An id that is not live is `already` when it was answered (one of the last answered ids),
+        `expired` when it has the shape of our ids (lock expired, fenced by a rebalance, or issued
+        before a restart) and `unknown` otherwise: the answer says nothing about any other id.
         """
         delivery = self._live.get(delivery_id)
         if delivery is None:
@@ -423,6 +446,7 @@ class Pipeline:
             if self._gate is not None:
                 self._gate.answered(delivery, settled)
             self._outlet.retire(delivery)
+            self._live.answered(delivery.id)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:
                 delivery.tracked.custom = custom_dead_letter(answer)

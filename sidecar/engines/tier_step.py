@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sidecar.config import Config
 from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
@@ -29,12 +29,12 @@ from sidecar.kafka.dlq import DlqFatalError
 log = logging.getLogger("sidecar.engine")
 
 
-def tier_topics(config: Config) -> list[str]:
-    """Every tier topic of the configuration (each source topic's, every tier), sorted."""
+def tier_topics(config: Config, sources: Sequence[str] | None = None) -> list[str]:
+    """Every tier topic of the configuration (each source topic's, every tier; of `sources` only
+    when given), sorted."""
     tiers = config.errors.tiers
-    return sorted(
-        {tiers.topic(t, i) for t in config.source.topics for i in range(len(tiers.delays_ms))}
-    )
+    names = config.source.topics if sources is None else sources
+    return sorted({tiers.topic(t, i) for t in names for i in range(len(tiers.delays_ms))})
 
 
 def wall_ms() -> int:

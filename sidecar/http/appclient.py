@@ -1,4 +1,4 @@
-"""The HTTP client that pushes records to the application (SPEC §5), on trio.
+"""The HTTP client that pushes records to the application (docs/app-contract.md), on trio.
 
 This module turns records into requests and responses into answers (the bytes and their meaning
 come from :mod:`sidecar.core.wire`) and opens the connections; the keep-alive pool (TCP loopback

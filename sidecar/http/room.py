@@ -9,8 +9,8 @@ cap does not apply to it). A connection is in one of three states::
     busy     a handler runs for it, or its response is being written
 
 When a new connection finds its peer at its cap, or the listener full, it is not refused: one
-connection is closed to make room for it (SPEC §6: a full listener makes room rather than
-refusing a probe). The victim is, within the peer when the peer is at its cap, else among all,
+connection is closed to make room for it (a full listener makes room rather than refusing a
+probe: docs/security.md). The victim is, within the peer when the peer is at its cap, else among all,
 the connection that has gone longest without a request answered: of the one waiting longest
 and the one reading a request for longest, whichever entered its state first. Busy connections
 are never closed; when every one is busy, the new connection is refused (503).

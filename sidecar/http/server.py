@@ -5,7 +5,7 @@ keep-alive, content-length and chunked request bodies, ``Expect: 100-continue``,
 and listening on TCP or on a Unix socket (removing a stale socket file first). It knows nothing of
 Kafka, acks or the wire contract: handlers get a :class:`Request` and return a :class:`Response`.
 
-Every limit is hard (SPEC §6), set by :class:`Limits`, answered with a clear status or a close,
+Every limit is hard (docs/security.md), set by :class:`Limits`, answered with a clear status or a close,
 counted in :class:`ServerStats` and logged: refusals at most once a second per reason, cuts (a
 connection the server closes on its own) at most once per peer per 10 s::
 

@@ -3,20 +3,22 @@ start-up metadata check (:mod:`sidecar.kafka.source` runs the consumer itself).
 
 Owns which properties the sidecar sets for the user (`consumer_properties`: the byte budget's part,
 cooperative-sticky, the owned offset-store settings), which librdkafka errors say why a cluster cannot
-be used (`broker_error_reason`), and `check_cluster_sync`, run before anything joins the group.
+be used (`broker_error_reason`), and `check_cluster_sync`, run before anything joins the group, and
+`missing_topics_sync` (which source topics the cluster does not have).
 """
 
 from __future__ import annotations
 
-import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from sidecar.core.budget import split_budget
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import connection_problem, librdkafka_logger
 
 # librdkafka postpones a partition's next fetch by `fetch.queue.backoff.ms` whenever its prefetch
 # queue is over `queued.min.messages` or `queued.max.messages.kbytes`: 1,000 ms unless set
@@ -87,8 +89,13 @@ def consumer_properties(
     return props
 
 
-def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str | None:
+def check_cluster_sync(
+    kafka: Mapping[str, Any], timeout_s: float = 10.0, stop: threading.Event | None = None
+) -> str | None:
     """Ask the cluster for its metadata with the sidecar's client settings (blocking).
+
+    `stop`, once set, ends the wait within about a second (a SIGTERM while the cluster cannot be
+    used); the answer is then the reason known so far.
 
     Returns None when it answered, else why not: the authentication or TLS failure librdkafka
     reported, or the connection failure. Run before anything joins the group or writes, so a wrong
@@ -98,7 +105,7 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
     props = consumer_properties(kafka)
     props["error_cb"] = errors.append
     try:
-        consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
+        consumer = Consumer(props, logger=librdkafka_logger())
     except KafkaException:
         return None  # settings only the real client takes: it reports its own errors
     deadline = time.monotonic() + timeout_s
@@ -111,10 +118,14 @@ def check_cluster_sync(kafka: Mapping[str, Any], timeout_s: float = 10.0) -> str
                 err = kafka_error(exc)
                 consumer.poll(0)  # serves the error callbacks, which say why the request failed
                 causes = [e for e in errors if e.code() in NOT_TRANSIENT]
-                if not causes and time.monotonic() < deadline:
+                stopping = stop is not None and stop.is_set()
+                if not causes and time.monotonic() < deadline and not stopping:
                     continue  # nothing definite yet: the broker may still be starting
                 cause = causes[-1] if causes else err
                 reason = broker_error_reason(cause) if cause is not None else None
+                said = connection_problem()
+                if said is not None and (cause is None or cause.code() == KafkaError._TRANSPORT):
+                    reason = said  # which broker, and why: its name, a refusal, no answer
                 return reason or f"cannot read the cluster's metadata: {exc}"
     finally:
         consumer.close()
@@ -128,3 +139,30 @@ __all__ = [
     "check_cluster_sync",
     "consumer_properties",
 ]
+
+
+def missing_topics_sync(
+    kafka: Mapping[str, Any], topics: Sequence[str], timeout_s: float = 10.0
+) -> list[str] | None:
+    """Which of `topics` the cluster does not have (blocking); None when it did not answer.
+
+    Asked with the sidecar's client settings, like `check_cluster_sync`; a topic the metadata
+    answer lists with an error other than "unknown topic" (e.g. not authorised) counts as present:
+    the consumer reports that itself.
+    """
+    consumer = Consumer(consumer_properties(kafka), logger=librdkafka_logger())
+    try:
+        metadata = consumer.list_topics(timeout=timeout_s)
+    except KafkaException:
+        return None
+    finally:
+        consumer.close()
+    missing = []
+    for topic in topics:
+        found = metadata.topics.get(topic)
+        unknown = found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+        if unknown:
+            missing.append(topic)
+    return missing

@@ -32,6 +32,7 @@ from sidecar.kafka.consumer_config import (
     consumer_properties,
 )
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.message import records_of
 
 log = logging.getLogger("sidecar.source")
@@ -196,7 +197,7 @@ class KafkaSource:
         props = dict(self._props)
         props["error_cb"] = self._on_error
         props["on_commit"] = self._on_commit
-        self._consumer = Consumer(props, logger=logging.getLogger("sidecar.librdkafka"))
+        self._consumer = Consumer(props, logger=librdkafka_logger())
         self._consumer.subscribe(
             self._topics,
             on_assign=self._cb_assign,

@@ -1,4 +1,4 @@
-"""Operator tools: reading and replaying DLQ topics (SPEC §10), and the local demo.
+"""Operator tools: reading and replaying DLQ topics (docs/dlq-operations.md), and the local demo.
 
     dlq_errors    DlqToolError, UsageError; exit codes
     dlq_filters   --format/--since/--until/--offset-range parsing and the filter set

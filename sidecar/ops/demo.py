@@ -4,7 +4,8 @@ This module owns the demo's orchestration and nothing else (the pieces it orches
 it: `demo_setup` files, ports, config and broker; `demo_orders` the order stream; `demo_children` the
 producer, the child processes and the status reads; `demo_display` the progress and the DLQ records
 shown). It finds (or starts) a broker through the
-launcher behind `scripts/kafka` (`sidecar.ops.kafka_broker`), recreates the `orders` topic, derives a
+launcher behind `scripts/kafka` (`sidecar.ops.kafka_broker`), recreates the `orders` topic (on a broker it
+did not start, only after asking when the topic or its DLQ topic is there, or with `--yes`), derives a
 config from `config.example.yaml`, runs the example app (`examples/python/app.py`) and the sidecar as
 subprocesses — exactly as a user runs them — produces a seeded stream of orders (ok, poison, flaky,
 slow), shows progress read from the sidecar's `GET /v1/status`, and ends with a summary and the first
@@ -43,6 +44,7 @@ from sidecar.ops.demo_setup import (
     DemoError,
     Layout,
     derive_config,
+    existing_topics,
     find_layout,
     find_or_start_broker,
     pick_port,
@@ -70,6 +72,10 @@ DEFAULT_APP_PORT = 8080
 DLQ_HEADER_PREFIX = "__dlq.errors."
 
 
+class DemoRefused(DemoError):
+    """Topics the demo would replace on a broker it did not start, and no yes: nothing was started."""
+
+
 class _Stop(Exception):
     """SIGTERM or Ctrl-C: stop everything the demo started."""
 
@@ -90,6 +96,7 @@ class Options:
     timeout_s: float
     show_dlq: int
     api_port: int | None = None
+    yes: bool = False
 
 
 class Demo:
@@ -108,6 +115,8 @@ class Demo:
     def run(self) -> int:
         try:
             return self._run()
+        except DemoRefused:
+            raise  # nothing ran: no logs to keep
         except DemoError:
             self.keep_workdir = True  # the logs explain the failure
             raise
@@ -119,6 +128,8 @@ class Demo:
         layout = self.layout = find_layout()
         bootstrap, self.broker_started = find_or_start_broker(layout, self.say)
         dlq_topic = f"dlq.{o.topic}"
+        if not self.broker_started:
+            self._may_replace(bootstrap, [o.topic, dlq_topic])
         self.say(f"recreating topic {o.topic} ({PARTITIONS} partitions); {dlq_topic} is emptied")
         recreate_topic(bootstrap, o.topic, dlq_topic, PARTITIONS)
 
@@ -202,6 +213,28 @@ class Demo:
         return EXIT_OK
 
     # -- steps
+
+    def _may_replace(self, bootstrap: str, topics: list[str]) -> None:
+        """On a broker the demo did not start: ask before deleting topics that are there already."""
+        there = existing_topics(bootstrap, topics)
+        if not there or self.o.yes:
+            return
+        names = " and ".join(there)
+        them, their = ("it", "its") if len(there) == 1 else ("them", "their")
+        question = (
+            f"the broker at {bootstrap} was not started by the demo and has {names}: "
+            f"the demo deletes and recreates {them} ({their} records are lost)"
+        )
+        if not sys.stdin.isatty():
+            raise DemoRefused(
+                f"{question}. Run again with --yes to allow that, or with --topic NAME "
+                "for a topic of the demo's own"
+            )
+        answer = self.console.input(f"demo: {question}. Go on? [y/N] ", markup=False)
+        if answer.strip().lower() not in ("y", "yes"):
+            raise DemoRefused(
+                "nothing was changed; --topic NAME runs the demo on a topic of its own"
+            )
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Child:
         assert self.layout is not None
@@ -341,8 +374,8 @@ class Demo:
 
         records = pick_varied(read_dlq(bootstrap, dlq_topic, min(written, 1000)), n)
         self.console.print(
-            f"\nFirst {len(records)} records of {dlq_topic}, one per kind of failure first "
-            "(headers decoded):",
+            f"\n{len(records)} records of {dlq_topic}: the first of each kind of failure (cause and "
+            "exception class), then the next ones by offset (headers decoded):",
             markup=False,
             highlight=False,
         )
@@ -422,7 +455,8 @@ def add_demo_parser(subparsers: Any) -> None:
             "config derived from config.example.yaml, produce a stream of orders of which some "
             "are poison (rejected), flaky (released, then accepted or archived at the delivery "
             "limit) or slow (acknowledged later through POST /v1/acks), show live progress, and "
-            "end with a summary and the first DLQ records. KAFKA_BOOTSTRAP selects a broker."
+            "end with a summary and the first DLQ records. KAFKA_BOOTSTRAP selects a broker; on a broker "
+            "it did not start, the demo asks before it deletes topics that are there (--yes)."
         ),
     )
     demo.add_argument(
@@ -460,6 +494,14 @@ def add_demo_parser(subparsers: Any) -> None:
     )
     demo.add_argument(
         "--topic", default=DEFAULT_TOPIC, help="source topic (default orders; recreated)"
+    )
+    demo.add_argument(
+        "--yes",
+        action="store_true",
+        help=(
+            "on a broker the demo did not start (KAFKA_BOOTSTRAP, or one already running), "
+            "delete and recreate the topic and its DLQ topic without asking"
+        ),
     )
     demo.add_argument("--seed", type=int, default=7, help="seed of the order mix (default 7)")
     demo.add_argument(
@@ -501,6 +543,7 @@ def cmd_demo(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         timeout_s=args.timeout,
         show_dlq=args.show_dlq,
         api_port=args.api_port,
+        yes=args.yes,
     )
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     demo: Demo | None = None

@@ -142,7 +142,8 @@ def _until_stalled(batches: Iterator[list[ReadRecord]]) -> Iterator[ReadRecord]:
 
 
 def pick_varied(records: list[DlqRecord], n: int) -> list[DlqRecord]:
-    """The first record of each kind of failure (cause and error class), then the next ones, by offset."""
+    """The first record of each kind of failure (cause and error class), in offset order, then the
+    next ones by offset: the kinds come first, as the demo's listing says."""
     seen: set[tuple[str, str]] = set()
     first_of_kind: list[DlqRecord] = []
     for rec in records:
@@ -151,9 +152,8 @@ def pick_varied(records: list[DlqRecord], n: int) -> list[DlqRecord]:
         if kind not in seen:
             seen.add(kind)
             first_of_kind.append(rec)
-    chosen = first_of_kind[:n]
-    chosen += [r for r in records if r not in chosen][: n - len(chosen)]
-    return sorted(chosen)
+    chosen = sorted(first_of_kind)[:n]
+    return chosen + sorted(r for r in records if r not in chosen)[: n - len(chosen)]
 
 
 __all__ = ["Display", "DlqRecord", "pick_varied", "read_dlq"]

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,17 @@ def find_or_start_broker(layout: Layout, say: Callable[[str], None]) -> tuple[st
     return bootstrap, True
 
 
+def existing_topics(bootstrap: str, names: Sequence[str]) -> list[str]:
+    """Which of `names` the broker at `bootstrap` has (the ones the demo would delete)."""
+    from sidecar.kafka.tools import KafkaCallError, TopicAdmin
+
+    try:
+        existing = set(TopicAdmin({"bootstrap.servers": bootstrap}).topics())
+    except KafkaCallError as exc:
+        raise DemoError(f"the broker at {bootstrap} does not answer: {exc}") from None
+    return [name for name in names if name in existing]
+
+
 def recreate_topic(bootstrap: str, topic: str, dlq_topic: str, partitions: int) -> None:
     """Delete the topic and its DLQ if they exist, so each run starts from empty, then create the topic.
 
@@ -190,6 +201,7 @@ __all__ = [
     "DemoError",
     "Layout",
     "derive_config",
+    "existing_topics",
     "find_layout",
     "find_or_start_broker",
     "pick_port",

@@ -1,4 +1,4 @@
-"""One record read back from a DLQ topic, with its context decoded whichever system wrote it (SPEC §10).
+"""One record read back from a DLQ topic, with its context decoded whichever system wrote it (docs/dlq-operations.md).
 
 Owns `DlqEntry` (the writer's format and the fields every format shares, decoded by
 `sidecar.ops.dlq_formats`: source coordinates, exception, group or connector; the replay markers;

@@ -1,4 +1,4 @@
-"""The sidecar's own local HTTP API (SPEC §6), on two listeners; owns routing and request guards.
+"""The sidecar's own local HTTP API (docs/app-contract.md, docs/security.md), on two listeners; owns routing and request guards.
 
 The engine does the work. Two handlers over one route table:
 
@@ -319,6 +319,9 @@ class LocalApi:
         reason = self.engine.broker_error()
         if not checks.get("broker_reachable", True) and reason:
             body["reason"] = reason
+        missing = self.engine.missing_topics_reason()
+        if not checks.get("source_topics_exist", True) and missing:
+            body["reason"] = f"{body['reason']}; {missing}" if "reason" in body else missing
         if not checks.get("circuit_breaker_closed", True):
             breaker = self.engine.breaker_status() or {}
             why = f"the DLQ circuit breaker is {breaker.get('state')}: {breaker.get('reason')}"

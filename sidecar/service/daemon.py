@@ -22,12 +22,13 @@ from collections.abc import Callable
 
 import trio
 
-from sidecar.config import Config
+from sidecar.config import Config, ListenAddress
 from sidecar.config import Engine as EngineKind
 from sidecar.core import compiled, core_build
 from sidecar.engines.pipeline import Engine, Pipeline
 from sidecar.http.server import serve_http
 from sidecar.kafka.dlq import DlqStartupError
+from sidecar.kafka.logsummary import flush_summary
 from sidecar.service.api import LocalApi, fit_connections, listener_limits
 from sidecar.service.exits import ExitCollector, ExitRecord, fatal_reason
 from sidecar.telemetry.tracing import Tracing
@@ -52,11 +53,12 @@ async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config)
             stats=api.control_stats,
         )
     )
+    shown = _shown(config.api.address, where)
     log.info(
         "control API listening on %s%s",
-        where,
+        shown,
         " (token required on /v1/*)" if config.api.token else "",
-        extra={"fields": {"api": str(where)}},
+        extra={"fields": {"api": shown}},
     )
     if observability is None:
         return
@@ -70,11 +72,20 @@ async def _start_listeners(nursery: trio.Nursery, api: LocalApi, config: Config)
             stats=api.observability_stats,
         )
     )
+    shown = _shown(observability, where)
     log.info(
         "observability listener (healthz, readyz, metrics) on %s",
-        where,
-        extra={"fields": {"observability": str(where)}},
+        shown,
+        extra={"fields": {"observability": shown}},
     )
+
+
+def _shown(address: ListenAddress, bound: int | str) -> str:
+    """``host:port`` (``[v6]:port``) with the port bound, or ``unix:/path``, for the log."""
+    if address[0] == "unix":
+        return f"unix:{bound}"
+    host = address[1]
+    return f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
 
 
 def open_engine(
@@ -139,7 +150,8 @@ async def run_sidecar(
         # and readiness can say why a cluster cannot be used yet (see `Pipeline.run`).
         await _start_listeners(nursery, api, config)
         # Signals from the start: a SIGTERM while the cluster cannot be used yet stops cleanly.
-        nursery.start_soon(_watch_signals, engine)
+        signalled = trio.Event()
+        nursery.start_soon(_watch_signals, engine, signalled)
         async with trio.open_nursery() as engine_tasks:
             try:
                 # Returns once the DLQ topics are checked and the engine is subscribed and running.
@@ -150,19 +162,22 @@ async def run_sidecar(
                     exits.failed(fatal_reason(0, startup=True))
                 nursery.cancel_scope.cancel()
                 return EXIT_FAILURE
-            log.info(
-                "dlq-sidecar running (%s)",
-                core_build(),  # compiled by mypyc, or pure Python (see sidecar.core.compiled)
-                extra={
-                    "fields": {
-                        "group": config.group_id,
-                        "topics": list(config.source.topics),
-                        "core": "compiled" if compiled() else "pure",
-                    }
-                },
-            )
+            # Stopped before it ran (e.g. the broker was never reached): no "running" line.
+            if not signalled.is_set():
+                log.info(
+                    "dlq-sidecar running (%s)",
+                    core_build(),  # compiled by mypyc, or pure Python (see sidecar.core.compiled)
+                    extra={
+                        "fields": {
+                            "group": config.group_id,
+                            "topics": list(config.source.topics),
+                            "core": "compiled" if compiled() else "pure",
+                        }
+                    },
+                )
         # The engine has drained, committed and closed (see `Pipeline.run`): stop serving.
         nursery.cancel_scope.cancel()
+    flush_summary()  # librdkafka's repeats not said yet, with their counts
     if engine.failure:
         log.error("dlq-sidecar stopped: %s", engine.failure)
         if exits is not None:
@@ -172,14 +187,15 @@ async def run_sidecar(
     return EXIT_OK
 
 
-async def _watch_signals(engine: Engine) -> None:
-    """The first SIGTERM/SIGINT drains; a second one stops without waiting."""
+async def _watch_signals(engine: Engine, signalled: trio.Event) -> None:
+    """The first SIGTERM/SIGINT drains (and sets `signalled`); a second one stops without waiting."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         stopping = False
         async for signum in signals:
             name = signal.Signals(signum).name
             if not stopping:
                 stopping = True
+                signalled.set()
                 log.info("received %s: draining", name)
                 engine.request_stop()
             else:

@@ -78,7 +78,11 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup_logging(level: str = "info", fmt: str = "json") -> None:
+def setup_logging(
+    level: str = "info", fmt: str = "json", *, librdkafka_debug: bool = False
+) -> None:
+    """One handler on stderr in `fmt`; librdkafka's lines from warnings up, or all of them with
+    `librdkafka_debug` (the config sets `kafka.debug`: the user asked for librdkafka's debug lines)."""
     formatter: logging.Formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(
         fmt, TextFormatter
     )()
@@ -88,4 +92,5 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # librdkafka's own log lines are chatty at info; keep its warnings.
-    logging.getLogger("sidecar.librdkafka").setLevel(max(logging.WARNING, root.level))
+    floor = logging.DEBUG if librdkafka_debug else max(logging.WARNING, root.level)
+    logging.getLogger("sidecar.librdkafka").setLevel(floor)

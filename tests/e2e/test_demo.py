@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from tests.harness import ROOT, free_port
+from tests.kafkatools import Broker, Rec
 
 
 def demo_command() -> list[str]:
@@ -270,3 +271,29 @@ def test_expected_outcomes_follow_the_apps_rule() -> None:
     # With a limit of 2, flaky orders cannot reach their accepting 3rd delivery.
     low = expected_outcomes(orders, 2)
     assert (low.accepted, low.exhausted) == (127 + 7, 5 + 6)
+
+
+def test_demo_asks_before_replacing_topics_on_a_broker_it_did_not_start(
+    broker: Broker, bootstrap: str, unique: str
+) -> None:
+    """A broker the demo did not start (KAFKA_BOOTSTRAP) with the topic there: no TTY to ask, so the
+    demo stops before touching it; with --yes it goes on, and its listing shows each kind first."""
+    topic = f"orders-{unique}"
+    broker.create_topic(topic, partitions=1)
+    broker.produce(topic, [Rec(b"k", b"someone else's order")])
+    refused = run_demo(bootstrap, "--records", "150", "--topic", topic)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 1, out
+    assert f"was not started by the demo and has {topic}" in out, out
+    assert "--yes" in out and "--topic NAME" in out
+    assert "logs kept" not in out  # nothing was started
+    assert broker.count_records(topic) == 1  # untouched
+
+    proc = run_demo(bootstrap, "--yes", "--records", "150", "--topic", topic, "--show-dlq", "3")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "the first of each kind of failure" in out
+    classes = re.findall(r"__dlq\.errors\.exception\.class\.name\s+│ (\w+)", out)
+    assert len(classes) == 3, out
+    # Two kinds in the demo's mix (rejected, archived at the limit): both come first.
+    assert set(classes[:2]) == {"OrderValidationError", "InventoryUnavailable"}, classes

@@ -4,7 +4,7 @@
 loop (requests parsed with httptools, as the real server does) and, per mode, either lets the `JournalApp`
 answer (healthy: the same answers and journal lines as `AppServer`), writes broken bytes, or hangs.
 
-What the sidecar must make of each garbage answer is SPEC §5 and the README's "app contract": a request that
+What the sidecar must make of each garbage answer is docs/app-contract.md's: a request that
 was sent and then failed is an attempt and a release, never an accept — except a 2xx whose body is not
 declared JSON, which is an accept by its status. Every variant below carries that expected meaning (the word
 the app journals) and the error class the sidecar reports for it (`sidecar/http/appclient.py`,

@@ -247,7 +247,7 @@ class JournalApp:
     ok -> 200 (accept); poison -> JSON reject with an error; release -> JSON release. `delay_s` keeps records
     in flight so faults land mid-attempt. `up` is False while the app is "down" (its listener closed).
 
-    With `defer` set, the app answers 202 (deferred, SPEC §5) and parks the record in `pending`; the test
+    With `defer` set, the app answers 202 (deferred, docs/app-contract.md) and parks the record in `pending`; the test
     answers later through the sidecar's `POST /v1/acks` (`ack_items()` and `journal_answer()`), in whatever
     order it likes. A deferred delivery is journaled when it is answered, with that answer, or — if the
     sidecar dies first — by `journal_unanswered()`, so the journal still has one line per delivery.

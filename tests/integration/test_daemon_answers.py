@@ -249,7 +249,8 @@ async def test_delivery_ids_cannot_be_guessed_and_acks_reveal_nothing(
     """Issue 20: ids were `topic/partition/offset/epoch.seq`, and `/v1/acks` told an id of a seq
     already issued (`expired`) from one not yet issued (`unknown`), so a few probes found live ids.
     Now every attempt gets 128 random bits, and an id that is not live is `expired` if it has our
-    shape and `unknown` if not: the same answer for a spent id and a guessed one.
+    shape and `unknown` if not: the same answer for a spent id and a guessed one. An id answered
+    before (which only its holder knows) is `already`.
     """
     app = RecordingApp(policy=lambda _d: Response(202))
     async with rig(broker, unique, tmp_path, app) as r:
@@ -280,7 +281,7 @@ async def test_delivery_ids_cannot_be_guessed_and_acks_reveal_nothing(
             "unknown",
             "unknown",
             "expired",
-            "expired",
+            "already",  # answered: a second answer is ignored and says so
         ], body
         # Nothing was applied: the live records are still waiting for their answers.
         code, body = await r.sc.post_json("/v1/acks", [{"id": i, "ack": "accept"} for i in ids[1:]])
@@ -358,9 +359,9 @@ async def test_deferred_answers_through_the_ack_api(
         assert [x["result"] for x in body["results"]] == ["expired"], body
         code, body = await sc.post_json("/v1/acks", [{"id": ids("late")[1], "ack": "accept"}])
         assert [x["result"] for x in body["results"]] == ["ok"], body
-        # An answered id is spent.
+        # An answered id is spent: a second answer says `already`.
         code, body = await sc.post_json("/v1/acks", [{"id": ids("accept")[0], "ack": "accept"}])
-        assert [x["result"] for x in body["results"]] == ["expired"], body
+        assert [x["result"] for x in body["results"]] == ["already"], body
 
         await r.committed_at_end()
         dlq = await r.read_dlq(1)

@@ -1,6 +1,6 @@
 """The daemon across restarts and rebalances: SIGTERM, kill -9, and two sidecars sharing one group.
 
-What must hold (SPEC §3): an accepted record is never delivered again after a clean stop, delivery counts
+What must hold (docs/guarantees.md): an accepted record is never delivered again after a clean stop, delivery counts
 continue where they were (write-ahead), nothing accepted-and-committed is lost after a crash, and every
 record ends accepted.
 """
@@ -125,7 +125,7 @@ async def test_sigterm_with_deferred_and_released_records_then_restart(
     assert len(after) == 20
     for value, counts in after.items():
         # Released records were charged for their answered attempts; a deferred one never answered
-        # is not charged for the stop (SPEC §3: in flight at a stop, delivered again uncharged).
+        # is not charged for the stop (docs/guarantees.md: in flight at a stop, delivered again uncharged).
         charged = 1 if value.startswith(b"rel") else 0
         expected = [max(before_counts[value]) + charged]
         assert counts == expected, (value, before_counts[value], counts)
@@ -187,7 +187,7 @@ async def test_kill_9_mid_stream_loses_nothing(broker: Broker, unique: str, tmp_
     # Every record was delivered and, at the end, accepted (committed offsets at the ends).
     assert app1.seen() | again == {(i % 2, i // 2) for i in range(n)}
     assert st["counters"]["delivered"].get("accept", 0) == len(app2.deliveries)
-    # Delivery counts never go backwards across the crash, and the crash charges no one (SPEC §3:
+    # Delivery counts never go backwards across the crash, and the crash charges no one (docs/guarantees.md:
     # every attempt here was accepted; those whose answers died are delivered again, uncharged).
     first = {(d.partition, d.offset): d.delivery_count for d in app1.deliveries}
     for d in app2.deliveries:

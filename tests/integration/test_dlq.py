@@ -360,7 +360,7 @@ async def test_poison_that_kills_the_sidecar_reaches_the_dlq(
         else:
             raise AssertionError("the poison record kept killing the sidecar")
     kills = [d for d in app.deliveries if d.value == b"kill"]
-    # Bounded: limit + 1 deaths (SPEC §3). The first happens in normal delivery and charges no one;
+    # Bounded: limit + 1 deaths (docs/guarantees.md). The first happens in normal delivery and charges no one;
     # every later one with the poison record isolated, alone in flight and counted before it left.
     assert [d.delivery_count for d in kills] == [1, *range(1, limit + 1)]
     assert restarts == limit + 1

@@ -308,7 +308,7 @@ async def test_upgrade_request_is_answered_then_closed(transport: str, tmp_path:
 
 
 # ---------------------------------------------------------------------------------------------
-# Hard limits (SPEC §6): trailers, the header cap, connections, slow requests, slow readers
+# Hard limits (docs/security.md): trailers, the header cap, connections, slow requests, slow readers
 
 
 def rss_bytes() -> int:

@@ -1,4 +1,4 @@
-"""Floods of idle, slow and half-open connections on both listeners (SPEC §6), the sidecar as a subprocess.
+"""Floods of idle, slow and half-open connections on both listeners (docs/security.md), the sidecar as a subprocess.
 
 For each flood, on the control API and the observability listener, over TCP and over a Unix
 socket: more connections than ``api.max.connections`` (1,024) are opened; as soon as they are

@@ -1,4 +1,4 @@
-"""The sidecar's two listeners (SPEC §6), against the real broker, the sidecar as a subprocess.
+"""The sidecar's two listeners (docs/security.md), against the real broker, the sidecar as a subprocess.
 
 The control API (acks, status) on loopback or a Unix socket with an optional token, Host and
 Content-Type guards; the observability listener with the read-only endpoints only; the body and

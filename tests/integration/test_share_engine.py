@@ -64,8 +64,9 @@ def _produce_in_small_batches(broker: Broker, topic: str, n: int, per_batch: int
 
 
 # librdkafka's cgrp debug line for each share assignment a consumer gets (librdkafka 2.16).
+# librdkafka's debug line, as the sidecar logs it ("CGRPOP [rdkafka#consumer-1] [thrd:main]: ...").
 _SHARE_ASSIGNMENT = re.compile(
-    r"\|([^|]+)\| \[thrd:main\]: Share assignment served: (\d+) partition"
+    r"\[([^\]|]+)\] \[thrd:main\]: Share assignment served: (\d+) partition"
 )
 
 
@@ -406,7 +407,7 @@ async def test_ordering_warning_and_lock_warning_at_start_up(
 async def test_deferred_answers_through_the_ack_api(
     broker: Broker, unique: str, tmp_path: Path
 ) -> None:
-    """202 then /v1/acks within the batch's lifetime; a second answer for the same id is expired."""
+    """202 then /v1/acks within the batch's lifetime; a second answer for the same id is `already`."""
     topic = broker.create_topic(f"def-{unique}", partitions=1)
     group = f"g-{unique}"
     app = RecordingApp(policy=lambda d: Response(202))
@@ -445,7 +446,7 @@ async def test_deferred_answers_through_the_ack_api(
         )
         second = next(d for d in app.deliveries if d.offset == 2 and d.delivery_count == 2)
         code, body = await sc.post_json("/v1/acks", {"acks": [{"id": ids[0], "ack": "accept"}]})
-        assert body["results"][0]["result"] == "expired"
+        assert body["results"][0]["result"] == "already"
         code, body = await sc.post_json(
             "/v1/acks", {"acks": [{"id": second.delivery_id, "ack": "release"}]}
         )

@@ -20,7 +20,7 @@ policy retrying the app's RETRY 3 times 50 ms apart, session timeout 6 s) is mea
 where its code is deterministic: a DROP goes to the dead-letter topic; the killer has no delivery count,
 so it is delivered again after every restart and never dead-lettered (the test stops letting it kill
 after as many deaths as the sidecar's bound, limit + 1, and then the app accepts it). The printed table
-(``pytest -s``) is the README's "Compared with Dapr" behaviour rows. The sidecar runs twice: at its default
+(``pytest -s``) is docs/comparison.md's behaviour rows. The sidecar runs twice: at its default
 commit interval (1 s, as sarama's auto-commit under Dapr's component) and at 100 ms.
 """
 

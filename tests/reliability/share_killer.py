@@ -1,4 +1,4 @@
-"""The share engine's crash isolation through the real path (SPEC §3), for tests/reliability/test_share_isolation_*.
+"""The share engine's crash isolation through the real path (docs/guarantees.md), for tests/reliability/test_share_isolation_*.
 
 A record makes the app SIGKILL the sidecar the moment it is delivered; every other record is held
 `delay_s` by the app, then accepted. The sidecar (engine share, a journal on `share.journal.path`

@@ -1,6 +1,6 @@
 """Faults in the app: deferred answers given out of offset order and then a kill -9, garbage answers, a hang.
 
-What each app answer means is the contract's (SPEC §2, §5; README "app contract"): a request that was sent and
+What each app answer means is the contract's (docs/app-contract.md): a request that was sent and
 then failed — unparseable HTTP, a body declared JSON that does not parse, a truncated answer, a connection
 closed mid-answer, no answer within `app.timeout.ms` — is an attempt and a release; a 2xx with a body that is
 not declared JSON is an accept. So records that got only such failures up to the delivery limit are archived
@@ -320,7 +320,7 @@ async def test_out_of_order_acks_then_kill_9(bootstrap: str, tmp_path: Path) -> 
     redelivered = [d.coord for d in after]
     assert len(redelivered) == len(set(redelivered)), "a record delivered twice after the restart"
     assert set(redelivered) == produced - done
-    # Delivery counts survive the kill and the kill charges no one (SPEC §3): a hole, in flight at
+    # Delivery counts survive the kill and the kill charges no one (docs/guarantees.md): a hole, in flight at
     # the kill, is delivered again at the same count; a record never handed out starts at 1.
     count_before = {d.coord: d.count for d in holes}
     for d in after:

@@ -1,4 +1,4 @@
-"""A record that kills the sidecar on every delivery (SPEC §3 crash isolation), both engines.
+"""A record that kills the sidecar on every delivery (docs/guarantees.md crash isolation), both engines.
 
 The app SIGKILLs the sidecar whenever the killer record reaches it, holds every other record a
 while (so many are in flight at each death), and the sidecar is restarted after each death.

@@ -137,7 +137,7 @@ def test_deliveries_beyond_limit_plus_crashes() -> None:
     ds = [delivery(0, "release", c) for c in (1, 2, 3)] + [delivery(0, "accept", 4)]
     r = check(journal(prod, ds), Observed((), {(T, 0): 1}))
     assert [f.kind for f in r.violations] == ["over_bound"]
-    # One sidecar crash widens the bound by one attempt (SPEC §3).
+    # One sidecar crash widens the bound by one attempt (docs/guarantees.md).
     crash = [Fault("sidecar_kill", 1.0)]
     r2 = check(journal(prod, ds, crash), Observed((), {(T, 0): 1}))
     assert r2.ok and r2.bound == 4 and r2.crashes == 1

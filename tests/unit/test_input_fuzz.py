@@ -195,7 +195,7 @@ def test_interpret_single_always_returns_a_safe_answer(
         except (ValueError, RecursionError):
             parsed = None
         if not isinstance(parsed, dict):
-            # A JSON body that does not parse, or is not an object, is never an accept (SPEC §5).
+            # A JSON body that does not parse, or is not an object, is never an accept (docs/app-contract.md).
             assert answer.ack == "release"
             assert answer.error is not None and answer.error.class_name == MALFORMED_ANSWER
 

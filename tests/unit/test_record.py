@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sidecar.core.record import (
+    ANSWERED_REMEMBERED,
     DELIVERY_ID_BYTES,
     CustomDeadLetter,
     LiveIds,
@@ -200,3 +201,21 @@ class LiveIdsMachine(RuleBasedStateMachine):
 
 
 TestLiveIds = LiveIdsMachine.TestCase
+
+
+def test_an_answered_id_says_already_and_only_the_last_ones_are_remembered() -> None:
+    ids: LiveIds[object] = LiveIds(secrets.token_bytes)
+    issued = [ids.issue(lambda i: i) for _ in range(ANSWERED_REMEMBERED + 2)]
+    for delivery_id in issued:
+        assert isinstance(delivery_id, str)
+        ids.retire(delivery_id, delivery_id)
+        ids.answered(delivery_id)
+    assert ids.not_live_answer(str(issued[-1])) == "already"
+    assert ids.not_live_answer(str(issued[2])) == "already"
+    # The oldest are forgotten (bounded memory): they answer by their shape again.
+    assert ids.not_live_answer(str(issued[0])) == "expired"
+    assert ids.not_live_answer(str(issued[1])) == "expired"
+    # A retired id that was never answered (lock expired, fenced) stays `expired`.
+    other = ids.issue(lambda i: i)
+    ids.retire(str(other), other)
+    assert ids.not_live_answer(str(other)) == "expired"

@@ -325,7 +325,7 @@ def test_batch_body_equals_json_of_the_schema_dicts(records: list[RecordView]) -
 
 
 # ---------------------------------------------------------------------------------------------
-# Single-mode answers: SPEC §5's precedence, row by row
+# Single-mode answers: docs/app-contract.md's precedence, row by row
 
 JSON = b"application/json"
 

@@ -1,7 +1,7 @@
 """The per-partition delivery ledger (sans-IO): record states, delivery counts, what to commit.
 
 One :class:`PartitionLedger` per assigned partition tracks the records fetched from it through the
-lifecycle of SPEC §2 (a KIP-932 share group, run by the sidecar itself)::
+lifecycle of docs/guarantees.md (a KIP-932 share group, run by the sidecar itself)::
 
     AVAILABLE --acquire (delivery_count += 1)--> ACQUIRED --accept--> ACKNOWLEDGED        (done)
         ^                                          |
@@ -29,7 +29,7 @@ The ledger is one object, :class:`PartitionLedger`, built of parts that each own
                 the calls that touch several parts
     attempts    ``Attempts``: the attempts in flight, their ids, their lock-deadline order
     holdings    ``Holdings``: the records held, their heaps and key queues, the restored state
-    horizon     ``Horizon``: crash accounting: the horizon, suspects, the isolation pass (SPEC §3)
+    horizon     ``Horizon``: crash accounting: the horizon, suspects, the isolation pass (docs/guarantees.md)
     metadata    ``CommitMetadata``: the state to commit, its size bound, commit points
     flow        ``FlowControl``: pause / resume, the next deadline
     archive     ``Archive``: the DLQ side of archiving: to_archive, dlq_written / failed / withheld

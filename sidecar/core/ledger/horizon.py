@@ -1,6 +1,6 @@
 """Crash accounting: how deliveries are charged against a death, the horizon and the isolation pass.
 
-SPEC §3: a record that kills the process (or the pod) on every delivery reaches the DLQ after at
+docs/guarantees.md: a record that kills the process (or the pod) on every delivery reaches the DLQ after at
 most ``limit + 1`` deaths, and no other record is dead-lettered, or has its count raised, because
 of those deaths.  ``LedgerConfig.crash_accounting`` selects how:
 

@@ -3,7 +3,7 @@
 Like h11's ``_state.py``: the transitions are one table, :data:`TRANSITIONS`, of
 ``(state, event) -> state``, and one function, :func:`enter`, applies it.  An event the table
 lacks for the record's state raises :class:`IllegalTransition` and leaves the record unchanged;
-nothing else assigns ``_Record.state``.  SPEC §2's lifecycle, as the table holds it::
+nothing else assigns ``_Record.state``.  docs/guarantees.md's lifecycle, as the table holds it::
 
     state       event          next state     made by (sidecar.core.ledger.*)
     AVAILABLE   ACQUIRE        ACQUIRED       acquire; committed (an isolated hand-out)

@@ -1,4 +1,4 @@
-"""The HTTP wire contract between the sidecar and the application (SPEC §5, §6), sans-IO.
+"""The HTTP wire contract between the sidecar and the application (docs/app-contract.md), sans-IO.
 
 This package owns the exact bytes of the requests the sidecar sends to the app (single and batch
 mode, in the sidecar's raw format or as CloudEvents: binary mode for one record, the JSON batch

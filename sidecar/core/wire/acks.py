@@ -81,7 +81,7 @@ def parse_ack_request(body: bytes) -> list[AckItem]:
 
 
 def format_ack_response(results: Iterable[tuple[str, str]]) -> bytes:
-    """The ``POST /v1/acks`` response body: one ``{"id", "result": ok|unknown|expired}`` each."""
+    """The ``POST /v1/acks`` response body: one ``{"id", "result": ok|already|expired|unknown}`` each."""
     return json.dumps(
         {"results": [{"id": delivery_id, "result": result} for delivery_id, result in results]},
         separators=(",", ":"),

@@ -1,4 +1,4 @@
-"""The app's answers (SPEC §6): status codes, JSON bodies and `Retry-After`, interpreted into
+"""The app's answers (docs/app-contract.md): status codes, JSON bodies and `Retry-After`, interpreted into
 `Answer` values the same way for both formats.  Answers never raise: a malformed answer is a
 release carrying a ``sidecar.MalformedAnswer`` error.
 
@@ -263,7 +263,7 @@ def interpret_single(
 ) -> Answer:
     """Turn the app's HTTP answer to a single-mode delivery into an :class:`Answer`.
 
-    Precedence (SPEC §5): a JSON body's ``ack`` wins; else the status (after ``mapping``).
+    Precedence (docs/app-contract.md): a JSON body's ``ack`` wins; else the status (after ``mapping``).
     A body declared as JSON that does not parse, is not an object, or names an unknown ack is
     a release with a ``sidecar.MalformedAnswer`` error — never an accept, whatever the status.
     An empty body is no body, whatever its Content-Type.

@@ -1,4 +1,4 @@
-"""Requests to the app (SPEC §5): the exact bytes of single and batch requests in the sidecar's raw
+"""Requests to the app (docs/app-contract.md): the exact bytes of single and batch requests in the sidecar's raw
 format (CloudEvents requests are built by `sidecar.core.wire.cloudevents`), the `X-Kafka-*`
 header encodings, and the pull API's response body.
 

@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from sidecar.kafka.dlq.errors import DlqStartupError
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import librdkafka_logger
 
 log = logging.getLogger("sidecar.dlq")
 
@@ -101,7 +102,7 @@ class DlqTopics:
     def admin(self) -> AdminClient:
         """A new admin client on the producer's connection settings (keep it referenced until its
         futures are resolved: a dropped client never answers)."""
-        return AdminClient(producer_properties(self._kafka))
+        return AdminClient(producer_properties(self._kafka), logger=librdkafka_logger())
 
     def prepare_sync(self, topics: Sequence[str]) -> dict[str, int]:
         """Make sure every DLQ topic exists (creating it when allowed) and learn its partition count."""
@@ -168,7 +169,12 @@ class DlqTopics:
             )
             try:
                 admin.create_topics([new], operation_timeout=30)[topic].result(timeout=30)
-                log.info("created DLQ topic %s (%d partitions)", topic, self.topic_partitions)
+                log.info(
+                    "created DLQ topic %s (%d partition%s)",
+                    topic,
+                    self.topic_partitions,
+                    "" if self.topic_partitions == 1 else "s",
+                )
                 return
             except KafkaException as exc:
                 err = kafka_error(exc)

@@ -1,6 +1,6 @@
 """Plain DLQ writes (at-least-once): the producer handle, its delivery reports, `write()`.
 
-Writing follows seed 004: an idempotent acks=all producer, retriable failures retried, a record too large
+Writing never loops and never drops silently (docs/guarantees.md): an idempotent acks=all producer, retriable failures retried, a record too large
 retried once as headers only, anything else fatal — never an infinite loop and never a silent drop.
 
 `PlainDlqWriter` owns the producer handle: `run()` creates it and serves its delivery reports; every call
@@ -34,6 +34,7 @@ from sidecar.kafka.dlq.record import DLQ_HEADER_PREFIX, DlqRecord, build_dlq_rec
 from sidecar.kafka.dlq.tier_record import build_tier_record
 from sidecar.kafka.dlq.topics import DlqTopics, producer_properties
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.logsummary import librdkafka_logger
 
 log = logging.getLogger("sidecar.dlq")
 
@@ -106,7 +107,7 @@ class PlainDlqWriter:
     def _new_producer(self) -> Producer:
         return Producer(
             producer_properties(self._kafka, self.transactional_id),
-            logger=logging.getLogger("sidecar.librdkafka"),
+            logger=librdkafka_logger(),
         )
 
     async def _started(self) -> None:

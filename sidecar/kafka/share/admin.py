@@ -27,6 +27,7 @@ from confluent_kafka.admin import (
 from sidecar.config import Config
 from sidecar.core.share_limits import required_group_limit, share_consumer_count
 from sidecar.kafka.dlq.topics import producer_properties
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.share.errors import ShareGroupLimitUnsafe, ShareGroupsUnavailable
 
 # Group configs (KIP-932 / KIP-1191) and their broker-wide defaults.
@@ -281,7 +282,7 @@ def _raise_group_limit(
 def share_admin(kafka: Mapping[str, Any]) -> AdminClient:
     """An admin client on the sidecar's connection settings (those of the DLQ producer; keep it
     referenced until its futures are resolved: a dropped client never answers)."""
-    return AdminClient(producer_properties(kafka))
+    return AdminClient(producer_properties(kafka), logger=librdkafka_logger())
 
 
 __all__ = [

@@ -44,6 +44,7 @@ from confluent_kafka.admin import AdminClient
 
 from sidecar.config import Config
 from sidecar.core.outcome import Ack
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.message import records_of
 from sidecar.kafka.share.admin import ShareSettings, read_share_settings, share_admin
 from sidecar.kafka.share.errors import refusal_from_error, share_error
@@ -297,6 +298,7 @@ class ShareSource:
         props = share_consumer_properties(config.kafka, budget)
         props["client.id"] = f"{props.get('client.id', 'dlq-sidecar')}-share-{index}"
         props["error_cb"] = self._on_client_error
+        props["logger"] = librdkafka_logger()
         try:
             consumer = ShareConsumer(props)
         except KafkaException as exc:

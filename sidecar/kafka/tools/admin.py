@@ -1,7 +1,8 @@
 """The operator tools' admin client: topic names and partition counts, deleting and creating topics.
 
-Used by the demo (a fresh topic each run) and the console (the topics a DLQ may be in). Blocking,
-every call has a timeout; every `KafkaException` leaves as `KafkaCallError`.
+Used by the demo (a fresh topic each run) and the console (the topics a DLQ may be in, and their
+watermarks, read for every partition at once). Blocking, every call has a timeout; every
+`KafkaException` leaves as `KafkaCallError`.
 
 Imports confluent-kafka, the pure core and `sidecar.kafka.errors` only.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sidecar.kafka.errors import KafkaCallError, translate
 
@@ -35,6 +36,34 @@ class TopicAdmin:
         return {
             name: (len(t.partitions) if t.error is None else 0) for name, t in md.topics.items()
         }
+
+    def watermarks(
+        self, partitions: Sequence[tuple[str, int]], timeout_s: float = 15
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Each partition's (low, high) watermark, read in two requests for all of them (the
+        earliest and the latest offsets; librdkafka sends one request per leader). A partition
+        the broker cannot answer for now (its topic deleted meanwhile, no leader) is left out
+        rather than waited for."""
+        if not partitions:
+            return {}
+        ends: list[dict[tuple[str, int], int]] = []
+        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
+            try:
+                futures = self._admin.list_offsets(
+                    {TopicPartition(t, p): spec for t, p in partitions},
+                    request_timeout=timeout_s,
+                )
+            except KafkaException as exc:
+                raise translate("cannot read the offsets", exc, KafkaCallError) from exc
+            found: dict[tuple[str, int], int] = {}
+            for tp, fut in futures.items():
+                try:
+                    found[(tp.topic, tp.partition)] = int(fut.result(timeout=timeout_s).offset)
+                except KafkaException:
+                    continue  # not answerable now: left out, as the docstring says
+            ends.append(found)
+        low, high = ends
+        return {k: (low[k], high[k]) for k in low if k in high}
 
     def delete_topics(self, names: Sequence[str], timeout_s: float = 30) -> None:
         """Delete `names` (deletion then finishes asynchronously on the broker)."""

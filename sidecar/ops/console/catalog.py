@@ -50,7 +50,12 @@ def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> C
         n for n, parts in counts.items() if parts and not n.startswith(_INTERNAL_PREFIXES)
     )
     probed = names[:MAX_TOPICS_PROBED]
-    marks = {name: consumer.watermarks(name, range(counts[name])) for name in probed}
+    # Every partition's watermarks in one pass (a round trip per partition would take minutes
+    # on a cluster of a thousand topics); a topic the broker cannot answer for now has none.
+    every = admin.watermarks([(name, p) for name in probed for p in range(counts[name])])
+    marks: dict[str, dict[int, tuple[int, int]]] = {name: {} for name in probed}
+    for (name, p), ends in every.items():
+        marks[name][p] = ends
     sample = {
         (name, p): (max(lo, hi - SAMPLE_PER_PARTITION), hi)
         for name in probed
