@@ -193,6 +193,10 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
         }
         if engine == "share":
             extra |= {"ordering": "none", "delivery.count.limit": 2}
+        else:
+            # Retry tiers configured (nothing is released long enough to use them): their
+            # families are exported with a series per tier, as the dashboard reads them.
+            extra |= {"errors.retry.tiers": ["2s", "4s"], "errors.retry.tier.threshold.ms": 1000}
         async with running_sidecar(
             broker, path, app.recording, unique=f"{unique}-{engine}", extra=extra
         ) as rig:
@@ -225,6 +229,8 @@ async def test_dashboard_rules_and_scaler_use_only_exported_metrics_and_labels(
     assert "dlq_sidecar_restarts_total 0.0" in texts["share"]
     assert {"topic", "partition"} <= share["dlq_sidecar_share_lag_records"]
     assert {"listener", "reason"} <= consumer["dlq_sidecar_http_refused_total"]
+    assert {"tier"} <= consumer["dlq_sidecar_tier_waiting"]
+    assert {"tier"} <= consumer["dlq_sidecar_tier_written_total"]
 
     prometheus_scaler = ("keda.scaler=prometheus",)
     scaled = [
