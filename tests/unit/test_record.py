@@ -219,3 +219,17 @@ def test_an_answered_id_says_already_and_only_the_last_ones_are_remembered() -> 
     other = ids.issue(lambda i: i)
     ids.retire(str(other), other)
     assert ids.not_live_answer(str(other)) == "expired"
+
+
+def test_an_id_answered_twice_is_remembered_once() -> None:
+    """A second answer for one id takes no second place: the others are not forgotten sooner."""
+    ids: LiveIds[object] = LiveIds(secrets.token_bytes)
+    issued = [str(ids.issue(lambda i: i)) for _ in range(ANSWERED_REMEMBERED)]
+    for delivery_id in issued:
+        ids.answered(delivery_id)
+    for _ in range(10):
+        ids.answered(issued[-1])
+    assert all(ids.not_live_answer(d) == "already" for d in issued)
+    ids.answered(str(ids.issue(lambda i: i)))  # one more new id forgets the oldest only
+    assert ids.not_live_answer(issued[0]) == "expired"
+    assert ids.not_live_answer(issued[1]) == "already"
