@@ -656,6 +656,9 @@ async def _serve_connection(
         return  # the client went away, or stopped reading; nothing to tell it
     finally:
         room.leave(seat)
+        # The parser holds the collector's methods, the collector the parser: break the cycle, or
+        # every connection's objects wait for the cyclic garbage collector.
+        collector.parser = None
         await trio.aclose_forcefully(stream)
 
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -340,6 +346,11 @@ class Metrics:
     def __init__(self, engine: Engine) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineCollector(engine))
+        # The process's own: CPU, memory, file descriptors (`process_*`) and the cyclic garbage
+        # collector (`python_gc_*`: the record path makes no cycles, so its objects collected stay
+        # flat while records flow).
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.app_latency = Histogram(
             "dlq_sidecar_app_request_duration_seconds",
             "Time from sending a delivery to the app until its answer was read.",
