@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 runtime failure (e.g. a DLQ write that cannot succeed), 2 ba
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -106,7 +107,7 @@ def cmd_run(config_path: str, overlay: str | None = None) -> int:
         config.logging.format.value,
         librdkafka_debug="debug" in config.kafka,
     )
-    return trio.run(run_sidecar, config)
+    return trio.run(functools.partial(run_sidecar, config, own_process=True))
 
 
 def cmd_check_config(config_path: str, print_config: bool, overlay: str | None = None) -> int:
