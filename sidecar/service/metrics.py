@@ -1,25 +1,20 @@
 """Prometheus metrics, read from the engine at scrape time (one shape for both engines).
 
 A custom collector keeps the hot path free of metric calls: the engine counts in plain integers and this
-module turns them into Prometheus families when `/metrics` is scraped. The latency histograms are fed the
-same way: the engine's observers append to a plain list (`_Batched`), folded into the histogram at each
-scrape or every `_FOLD_AT` observations, so a request costs a list append, not the histogram's locks and
-bucket search. It reads the engine only through the `sidecar.engines.pipeline.Engine` interface.
+module turns them into Prometheus families when `/metrics` is scraped. The latency histograms are the
+module's own (`LatencyHistogram`): an observation is a bisection and two additions, not prometheus-client's
+`Histogram.observe` with its locks. It reads the engine only through the `sidecar.engines.pipeline.Engine` interface.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    GCCollector,
-    Histogram,
-    ProcessCollector,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, GCCollector, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -312,34 +307,37 @@ _DLQ_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 _ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-# Observations a `_Batched` keeps before folding them into its histogram without a scrape (bounds its
-# memory when nothing scrapes).
-_FOLD_AT = 1024
-
-
-class _Batched:
-    """A histogram's observations, kept in a list on the hot path and folded in once per batch.
+class LatencyHistogram(Collector):
+    """A latency histogram the engine observes into at the cost of one bisection (C) and two
+    additions, exported as prometheus-client's `Histogram` would write it (`_bucket{le}`, `_count`,
+    `_sum`): no lock, no per-observation call into prometheus-client on the record path.
 
     Every call runs in trio's thread (the engine observes, `/metrics` renders), so no lock.
     """
 
-    __slots__ = ("_histogram", "_pending")
-
-    def __init__(self, histogram: Histogram) -> None:
-        self._histogram = histogram
-        self._pending: list[float] = []
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = (*buckets, math.inf)
+        # `le` as prometheus-client writes it: the float's repr, `+Inf` for the last.
+        self._labels = ["+Inf" if b == math.inf else repr(float(b)) for b in self._bounds]
+        self._counts = [0] * len(self._bounds)  # per bucket, not cumulative
+        self._sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        pending = self._pending
-        pending.append(seconds)
-        if len(pending) >= _FOLD_AT:
-            self.fold()
+        # The first bucket whose upper bound is >= seconds (Prometheus buckets are `le`).
+        self._counts[bisect_left(self._bounds, seconds)] += 1
+        self._sum += seconds
 
-    def fold(self) -> None:
-        pending, self._pending = self._pending, []
-        observe = self._histogram.observe
-        for seconds in pending:
-            observe(seconds)
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        buckets: list[tuple[str, float]] = []
+        total = 0
+        for label, count in zip(self._labels, self._counts, strict=True):
+            total += count
+            buckets.append((label, total))
+        yield HistogramMetricFamily(
+            self._name, self._documentation, buckets=buckets, sum_value=self._sum
+        )
 
 
 class Metrics:
@@ -351,30 +349,27 @@ class Metrics:
         # flat while records flow).
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self.app_latency = Histogram(
+        self.app_latency = LatencyHistogram(
             "dlq_sidecar_app_request_duration_seconds",
             "Time from sending a delivery to the app until its answer was read.",
-            buckets=_APP_BUCKETS,
-            registry=self.registry,
+            _APP_BUCKETS,
         )
-        self.dlq_latency = Histogram(
+        self.dlq_latency = LatencyHistogram(
             "dlq_sidecar_dlq_write_duration_seconds",
             "Time from starting a DLQ write until the broker confirmed it (acks=all), retries included.",
-            buckets=_DLQ_BUCKETS,
-            registry=self.registry,
+            _DLQ_BUCKETS,
         )
-        self.ack_delay = Histogram(
+        self.ack_delay = LatencyHistogram(
             "dlq_sidecar_app_ack_delay_seconds",
             "Time from handing a record to the app for a later answer (a pull, or a push answered"
             " deferred) until its accept, release or reject arrived through POST /v1/acks.",
-            buckets=_ACK_BUCKETS,
-            registry=self.registry,
+            _ACK_BUCKETS,
         )
-        self._batched = [_Batched(h) for h in (self.app_latency, self.dlq_latency, self.ack_delay)]
-        app, dlq, acks = self._batched
-        engine.observe_latencies(app.observe, dlq.observe, acks.observe)
+        for histogram in (self.app_latency, self.dlq_latency, self.ack_delay):
+            self.registry.register(histogram)
+        engine.observe_latencies(
+            self.app_latency.observe, self.dlq_latency.observe, self.ack_delay.observe
+        )
 
     def render(self) -> tuple[bytes, str]:
-        for batched in self._batched:
-            batched.fold()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
