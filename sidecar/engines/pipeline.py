@@ -329,6 +329,10 @@ class Pipeline:
     def request_stop(self) -> None:
         self._stop.set()
         self._stop_sync.set()  # the start-up check's worker thread sees it too
+        if self._pull is not None:
+            # The waiting polls return (empty) now, whether or not the engine got to run: a stop
+            # during start-up never reaches the drain that releases them too.
+            self._pull.release_waiters()
         self._wake()
 
     def skip_drain(self) -> None:

@@ -122,6 +122,10 @@ def fit_connections(api: ApiConfig, listeners: int) -> int:
     return fitted
 
 
+# A stop: how long the polls released by the drain may take to return, and then to be sent.
+POLL_ANSWER_WAIT_S = 2.0
+POLL_ANSWER_SEND_S = 0.05
+
 # GET /v1/records (pull mode): the bounds of its two parameters, and their defaults.
 PULL_MAX_RECORDS = 10_000
 PULL_MAX_WAIT_MS = 60_000
@@ -195,6 +199,9 @@ class LocalApi:
         self.max_ack_items = max_ack_items
         self.control_stats = ServerStats("control")
         self.observability_stats = ServerStats("observability")
+        # Pull mode: GET /v1/records calls not returned yet (a stop lets them answer first).
+        self._polls_open = 0
+        self._polls_done = trio.Event()
         self._routes: dict[tuple[str, str], Route] = {
             ("POST", "/v1/acks"): self.acks,
             ("GET", "/v1/records"): self.records,
@@ -287,6 +294,7 @@ class LocalApi:
             max_records, wait_ms = parse_pull_query(request.query)
         except PullQueryError as exc:
             return json_response({"error": str(exc)}, 400)
+        self._polls_open += 1
         try:
             if wait_ms:
                 # A long poll stops when its client closes the connection (PeerClosed, raised to
@@ -298,10 +306,27 @@ class LocalApi:
                 pulled = await self.engine.pull(max_records, 0)
         except NotPullMode as exc:
             return json_response({"error": str(exc)}, 409)
+        finally:
+            self._polls_open -= 1
+            if not self._polls_open:
+                self._polls_done.set()
+                self._polls_done = trio.Event()
         body = format_pull_response([(p.view, int(p.lock_remaining_s * 1000)) for p in pulled])
         return Response(
             200, (("Content-Type", "application/json"), ("Cache-Control", "no-store")), body
         )
+
+    async def polls_answered(self, timeout_s: float) -> None:
+        """A stop: wait (at most `timeout_s`) for the polls the drain released to return, then
+        let their connections send the answers before the listeners are cancelled; under load
+        those tasks had not run yet and their clients saw the connection closed instead."""
+        if not self._polls_open:
+            return
+        with trio.move_on_after(timeout_s):
+            while self._polls_open:
+                await self._polls_done.wait()
+            # The answers are written by the connections' tasks once the handler returns.
+            await trio.sleep(POLL_ANSWER_SEND_S)
 
     async def healthz(self, _request: Request) -> Response:
         if self.engine.failure:

@@ -30,7 +30,12 @@ from sidecar.engines.pipeline import Engine, Pipeline
 from sidecar.http.server import serve_http
 from sidecar.kafka.dlq import DlqStartupError
 from sidecar.kafka.logsummary import flush_summary
-from sidecar.service.api import LocalApi, fit_connections, listener_limits
+from sidecar.service.api import (
+    POLL_ANSWER_WAIT_S,
+    LocalApi,
+    fit_connections,
+    listener_limits,
+)
 from sidecar.service.exits import ExitCollector, ExitRecord, fatal_reason
 from sidecar.telemetry.tracing import Tracing
 
@@ -185,7 +190,9 @@ async def run_sidecar(
                         }
                     },
                 )
-        # The engine has drained, committed and closed (see `Pipeline.run`): stop serving.
+        # The engine has drained, committed and closed (see `Pipeline.run`): stop serving, once
+        # the long polls the drain released have their (empty) answers on the way.
+        await api.polls_answered(POLL_ANSWER_WAIT_S)
         nursery.cancel_scope.cancel()
     flush_summary()  # librdkafka's repeats not said yet, with their counts
     if engine.failure:
