@@ -152,24 +152,30 @@ def running_daprd(
     Its log is ``<directory>/dapr-<name>.log``."""
     resources = setup.write(Path(directory) / f"dapr-{name}")
     log_path = os.path.join(directory, f"dapr-{name}.log")
-    command = [
-        daprd or daprd_binary(),
-        "--app-id", f"bench-{name}",
-        "--app-port", str(setup.app_port),
-        "--app-protocol", "http",
-        "--app-channel-address", "127.0.0.1",
-        "--resources-path", str(resources),
-        "--dapr-http-port", str(free_port()),
-        "--dapr-grpc-port", str(free_port()),
-        "--dapr-internal-grpc-port", str(free_port()),
-        "--metrics-port", str(free_port()),
-        "--dapr-listen-addresses", "127.0.0.1",
-        "--placement-host-address", "",
-        "--scheduler-host-address", "",
-        "--log-level", "warn",
-    ]  # fmt: skip
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    # A port picked free can be taken by another process before daprd binds it (tests run in
+    # parallel): daprd then exits at once ("address already in use"); start it again on new ports.
+    for _attempt in range(BIND_ATTEMPTS):
+        http_port = free_port()
+        command = [
+            daprd or daprd_binary(),
+            "--app-id", f"bench-{name}",
+            "--app-port", str(setup.app_port),
+            "--app-protocol", "http",
+            "--app-channel-address", "127.0.0.1",
+            "--resources-path", str(resources),
+            "--dapr-http-port", str(http_port),
+            "--dapr-grpc-port", str(free_port()),
+            "--dapr-internal-grpc-port", str(free_port()),
+            "--metrics-port", str(free_port()),
+            "--dapr-listen-addresses", "127.0.0.1",
+            "--placement-host-address", "",
+            "--scheduler-host-address", "",
+            "--log-level", "warn",
+        ]  # fmt: skip
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        if not _lost_a_port(proc, http_port, log_path):
+            break
     try:
         yield proc
     finally:
@@ -180,6 +186,22 @@ def running_daprd(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+BIND_ATTEMPTS = 3
+
+
+def _lost_a_port(proc: subprocess.Popen[bytes], http_port: int, log_path: str) -> bool:
+    """Whether daprd exited because a port it was given was taken meanwhile; waits until its HTTP
+    API (bound once its other ports are) answers, it exits, or 15 s pass."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return "address already in use" in Path(log_path).read_text(errors="replace")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", http_port), 0.2):
+            return False
+        time.sleep(0.05)
+    return False
 
 
 def dapr_log_tail(directory: str, name: str, chars: int = 1500) -> str:
