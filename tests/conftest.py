@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.ops.kafka_broker import PORT_RANGE_ENV, default_pick_range
+from sidecar.ops.broker import PORT_RANGE_ENV, default_pick_range
 from tests.kafkatools import Broker
 
 ROOT = Path(__file__).resolve().parent.parent

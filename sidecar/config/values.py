@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 # `share.journal.path`'s default: the journal's path derived from the group id at start-up
-# (sidecar.engines.share_journal.default_journal_path).
+# (sidecar.engines.share.journal.default_journal_path).
 JOURNAL_AUTO = "auto"
 
 # --------------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class DeliveryConfig:
     delivery_count_limit: int = 5
     lock_duration_ms: int = 30000
     partition_max_record_locks: int = 2000
-    # engine share: the deaths journal (sidecar.engines.share_journal); `auto` (JOURNAL_AUTO): a
+    # engine share: the deaths journal (sidecar.engines.share.journal); `auto` (JOURNAL_AUTO): a
     # file named after the group under the user's state directory; None (null): no journal.
     journal_path: str | None = JOURNAL_AUTO
     max_in_flight_records: int = 10000
