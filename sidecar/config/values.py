@@ -17,6 +17,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from sidecar.config.schemas import SchemasConfig
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.core.ordering import Ordering
@@ -317,6 +318,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    schemas: SchemasConfig = field(default_factory=SchemasConfig)
     # What reading the file noted without failing: old key names still read, one line each (the
     # daemon logs them at start, check-config prints them). Not a setting: not compared, not dumped.
     deprecations: tuple[str, ...] = field(default=(), compare=False)

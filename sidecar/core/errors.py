@@ -29,6 +29,7 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     ├── AppClientError ........... talking to the app over HTTP                           sidecar.http.exchanges
     │   ├── AppNotReachable ...... nothing listening: not an attempt                      sidecar.http.exchanges
     │   └── AppRequestFailed ..... sent, then failed: an attempt                          sidecar.http.exchanges
+    ├── RegistryUnreachable ...... the Schema Registry cannot be used now: pause, retry  sidecar.kafka.schemas.catalog
     ├── LimitExceeded ............ an HTTP message's head or chunk framing over budget    sidecar.http.limits
     ├── PeerClosed ............... the API client closed its connection mid-request       sidecar.http.server
     ├── BadResponse .............. a handler's response that cannot be written (a 500)    sidecar.http.server
