@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = ROOT / "scripts" / "install-registry"

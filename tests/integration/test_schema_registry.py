@@ -153,7 +153,7 @@ async def test_records_that_do_not_decode_say_why(
 async def test_an_unreachable_registry_raises_and_keeps_nothing(
     decoders: Callable[..., SchemaDecoder], unique: str
 ) -> None:
-    from sidecar.ops.kafka_broker import free_port
+    from sidecar.ops.broker import free_port
 
     url = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
     decoder = decoders(url, [unique], timeout_s=1.0, **{"max.retries": 0})
