@@ -13,7 +13,7 @@ that cannot be reached marks it down (intake pauses as for an unreachable app, `
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -31,11 +31,25 @@ _PROBE_MAX_S = 10.0
 
 
 class SchemaStep:
-    """Decoding for the pipeline (see the module docstring)."""
+    """Decoding for the pipeline (see the module docstring).
 
-    def __init__(self, decoder: Any) -> None:
+    Given by the pipeline: `reject` (answer a delivery with a reject carrying the error, as if the
+    app had: the record goes to the DLQ, never to the app), `intake_changed` (the adapter hears that
+    the registry went down or came back), `stopping` (the pipeline is stopping)."""
+
+    def __init__(
+        self,
+        decoder: Any,
+        *,
+        reject: Callable[[Delivery[Any], AppError], object],
+        intake_changed: Callable[[], object],
+        stopping: Callable[[], bool],
+    ) -> None:
         # sidecar.kafka.schemas.decoder.SchemaDecoder, imported only when a topic decodes.
         self._decoder = decoder
+        self._reject = reject
+        self._intake_changed = intake_changed
+        self._stopping = stopping
         self.registry = Reachability()
         self.url = decoder.catalog.settings.url
         self.reason: str | None = None  # why the registry cannot be used, while it cannot
@@ -69,6 +83,53 @@ class SchemaStep:
                 bad.append((d, AppError(found.exception_class, found.message)))
         return ready, bad, missing
 
+    def ready(self, live: Sequence[Delivery[Any]]) -> tuple[list[Delivery[Any]], set[int]]:
+        """The deliveries of `live` that can be sent now, and the schema ids the others wait for;
+        the undecodable ones are rejected (to the DLQ) at once."""
+        ready, bad, missing = self.sort(live)
+        for d, error in bad:
+            self._reject(d, error)
+        return ready, missing
+
+    async def load_or_probe(self, schema_ids: set[int], nursery: trio.Nursery) -> bool:
+        """Load `schema_ids`; when the registry cannot be used, pause intake and probe it in
+        `nursery` until it answers (intake resumes then). Whether they are loaded."""
+        if await self.load(schema_ids):
+            return True
+        self._intake_changed()
+        nursery.start_soon(self._probe_then_resume, schema_ids)
+        return False
+
+    async def _probe_then_resume(self, schema_ids: set[int]) -> None:
+        if await self.probe(schema_ids, self._stopping):
+            self._intake_changed()
+
+    async def ready_pulled(
+        self,
+        taken: list[Delivery[Any]],
+        is_live: Callable[[Delivery[Any]], bool],
+        nursery: trio.Nursery,
+        not_reached: Callable[[list[Delivery[Any]]], Awaitable[bool]],
+        put_back: Callable[[Delivery[Any]], object],
+    ) -> list[Delivery[Any]]:
+        """Pull mode: the deliveries of a poll that can be handed out, their schemas loaded first.
+        With the registry down the rest are not an attempt: back to their adapter (or, when it says
+        they may go again now, back in the pull queue)."""
+        out: list[Delivery[Any]] = []
+        todo = taken
+        while todo:
+            ready, missing = self.ready([d for d in todo if is_live(d)])
+            out.extend(ready)
+            todo = [d for d in todo if d not in ready and is_live(d)]
+            if not missing or not todo:
+                break
+            if not await self.load_or_probe(missing, nursery):
+                if await not_reached(todo):
+                    for d in todo:
+                        put_back(d)
+                break
+        return out
+
     async def load(self, schema_ids: set[int]) -> bool:
         """Load the schemas of `schema_ids`; False (and the registry marked down) if it cannot."""
         from sidecar.kafka.schemas.catalog import RegistryUnreachable
@@ -87,7 +148,7 @@ class SchemaStep:
             return False
         return True
 
-    async def probe(self, schema_ids: set[int], stopping: Any) -> bool:
+    async def probe(self, schema_ids: set[int], stopping: Callable[[], bool]) -> bool:
         """Try `schema_ids` again with backoff until the registry answers (True) or `stopping()`."""
         if self._probing:
             return False
@@ -136,7 +197,13 @@ def _decoded(tracked: Tracked, found: Any) -> Decoded:
     )
 
 
-def decoding_for(config: Config) -> SchemaStep | None:
+def decoding_for(
+    config: Config,
+    *,
+    reject: Callable[[Delivery[Any], AppError], object],
+    intake_changed: Callable[[], object],
+    stopping: Callable[[], bool],
+) -> SchemaStep | None:
     """The decoding step `config` asks for; None when no topic decodes (nothing imported then)."""
     schemas = config.schemas
     if not schemas.enabled:
@@ -147,4 +214,9 @@ def decoding_for(config: Config) -> SchemaStep | None:
     registry = schemas.registry
     settings = RegistrySettings(registry.url, registry.timeout_ms / 1000, registry.properties)
     catalog = Catalog(settings, schemas.cache_max_schemas)
-    return SchemaStep(SchemaDecoder(catalog, schemas.decode))
+    return SchemaStep(
+        SchemaDecoder(catalog, schemas.decode),
+        reject=reject,
+        intake_changed=intake_changed,
+        stopping=stopping,
+    )
