@@ -32,7 +32,7 @@ RUN pip download --require-hashes --no-deps --only-binary=:all: \
     && pip install --require-hashes --no-deps -r requirements/build.txt
 # Only what the wheel needs (see .dockerignore), so code-unrelated changes keep the cache.
 COPY pyproject.toml setup.py README.md config.example.yaml ./
-# sidecar/ops/demo_data links to these two (the demo's package data).
+# sidecar/ops/demo/data links to these two (the demo's package data).
 COPY examples/python/app.py ./examples/python/
 COPY sidecar ./sidecar
 RUN DLQ_SIDECAR_MYPYC=1 pip wheel --no-deps --no-build-isolation --wheel-dir /dist .

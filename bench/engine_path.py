@@ -35,7 +35,7 @@ def _child(records: int, batch: bool) -> dict[str, Any]:
 
     from sidecar.config import parse_config
     from sidecar.core.wire import Answer
-    from sidecar.engines import consumer_group
+    from sidecar.engines.consumer import group as consumer_group
     from sidecar.engines.pipeline import Pipeline
     from sidecar.kafka.source import AssignedPartition
 

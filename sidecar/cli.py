@@ -63,11 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to keep answering after SIGTERM (default 5)",
     )
 
-    from sidecar.ops.demo import add_demo_parser
+    from sidecar.ops.demo.runner import add_demo_parser
 
     add_demo_parser(sub)
 
-    from sidecar.ops.dlq_command import add_dlq_parser
+    from sidecar.ops.dlq.command import add_dlq_parser
 
     add_dlq_parser(sub)
 
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "injector":
         return cmd_injector(args.config, args.shutdown_delay)
     if args.command == "dlq":
-        from sidecar.ops.dlq_command import cmd_dlq
+        from sidecar.ops.dlq.command import cmd_dlq
 
         return cmd_dlq(args)
     if args.command == "console":
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cmd_console(args)
     if args.command == "demo":
-        from sidecar.ops.demo import cmd_demo
+        from sidecar.ops.demo.runner import cmd_demo
 
         return cmd_demo(args)
     parser.error(f"unknown command {args.command}")

@@ -1,6 +1,7 @@
 """Session fixtures: one real Kafka broker per test session, unique names per test.
 
-The broker is started with the project's own script (scripts/kafka) unless KAFKA_BOOTSTRAP points at one.
+The broker is started with the project's own script (scripts/kafka) unless KAFKA_BOOTSTRAP points at one; the
+Schema Registry (tests/registry.py) only when a test asks for it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.ops.kafka_broker import PORT_RANGE_ENV, default_pick_range
+from sidecar.ops.broker import PORT_RANGE_ENV, default_pick_range
 from tests.kafkatools import Broker
+from tests.registry import SchemaRegistry, install_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SCRIPT = ROOT / "scripts" / "kafka"
@@ -112,6 +114,20 @@ def bootstrap() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def broker(bootstrap: str) -> Broker:
     return Broker(bootstrap)
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[SchemaRegistry]:
+    """A real Schema Registry (Apicurio, Confluent API), started on loopback the first time a test asks."""
+    try:
+        registry = SchemaRegistry(install_registry())
+        registry.start()
+    except RuntimeError as exc:
+        pytest.fail(f"could not start the schema registry: {exc}", pytrace=False)
+    try:
+        yield registry
+    finally:
+        registry.stop()
 
 
 @pytest.fixture

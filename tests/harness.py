@@ -43,7 +43,7 @@ from sidecar.core.wire import decode_kafka_header, decode_key
 from sidecar.http.server import Request, Response, json_response, serve_http
 from sidecar.kafka.dlq import DlqWriter
 from sidecar.kafka.source import AssignedPartition, OffsetToCommit
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 from tests.kafkatools import Broker, Rec
 
 ROOT = Path(__file__).resolve().parent.parent

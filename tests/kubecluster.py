@@ -38,7 +38,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 
 STOP_WAIT_S = 5.0
 START_TIMEOUT_S = 180.0

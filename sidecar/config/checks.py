@@ -6,7 +6,7 @@ prefetch within ``max.buffered.bytes``), the two API listeners, and the start-up
 bad DLQ topic name (for any source topic) is a configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
 
 Imports: the standard library and the `sidecar.config` modules errors, syntax, values, schema
-(for the DLQ key prefix) and routes (`check_routes`), and `sidecar.core.budget`; not load, yamlcore, masking or dump.
+(for the DLQ key prefix), routes (`check_routes`) and schemas (`check_schemas`), and `sidecar.core.budget`; not load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from sidecar.config.errors import _Invalid
 from sidecar.config.routes import check_routes
 from sidecar.config.schema import _DLQ
+from sidecar.config.schemas import check_schemas
 from sidecar.config.syntax import is_loopback_host, topic_name_error
 from sidecar.config.tiers import check_tier_topics
 from sidecar.config.values import ApiConfig, AppFormat, AppMode, Config, Engine
@@ -72,6 +73,7 @@ def _check(config: Config) -> None:
     check_routes(config)
     _check_cloudevents_source(config)
     _check_pull_mode(config)
+    check_schemas(config.schemas, config.source.topics)
 
 
 def _check_pull_mode(config: Config) -> None:

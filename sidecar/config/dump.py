@@ -3,7 +3,7 @@
 `dump_config` walks the key tables (`sidecar.config.schema`), so every key that can be read is also
 written, and masks secrets with `sidecar.config.masking` unless told not to.
 
-Imports: the standard library, the `sidecar.config` modules values, kinds, schema, masking and
+Imports: the standard library, the `sidecar.config` modules values, kinds, schema, schemas, masking and
 routes (none of them imports this one), and `sidecar.core.routes`.
 """
 
@@ -19,6 +19,7 @@ from sidecar.config.kinds import _Key, _Section
 from sidecar.config.masking import _MASK, _masked_kafka, is_secret_header
 from sidecar.config.routes import route_plain
 from sidecar.config.schema import _TOP_KEYS
+from sidecar.config.schemas import SchemasConfig
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.config.values import (
     ApiConfig,
@@ -44,13 +45,20 @@ def _plain(value: object) -> Any:
         return route_plain(value)
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(_plain(v) for v in value)
     return value
 
 
 def _dump_table(owners: Mapping[type, object], keys: tuple[_Key, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys:
-        if key.replaced_by is None:  # an old name is read, never written
+        if key.replaced_by is not None:
+            continue  # an old name is read, never written
+        if isinstance(key.kind, _Section):  # a section within a section (schemas.registry)
+            inner = getattr(owners[key.owner], key.attr)
+            out[key.name] = _dump_table({**owners, key.kind.owner: inner}, key.kind.keys)
+        else:
             out[key.name] = _plain(getattr(owners[key.owner], key.attr))
     return out
 
@@ -75,6 +83,7 @@ def dump_config(config: Config, *, mask_secrets: bool = True) -> dict[str, Any]:
         LoggingConfig: config.logging,
         TracingConfig: config.tracing,
         MetricsConfig: config.metrics,
+        SchemasConfig: config.schemas,
     }
     out: dict[str, Any] = {}
     for key in _TOP_KEYS:
@@ -92,4 +101,9 @@ def dump_config(config: Config, *, mask_secrets: bool = True) -> dict[str, Any]:
         }
         if out["api"]["token"]:
             out["api"]["token"] = _MASK
+        registry = out["schemas"]["registry"]
+        registry["url"] = _masked_kafka("url", registry["url"])
+        registry["properties"] = {
+            name: _masked_kafka(name, value) for name, value in registry["properties"].items()
+        }
     return out

@@ -8,7 +8,7 @@ sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socke
 ``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
 
 Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
-values, kinds, routes (the DLQ routes' readers), tiers (the retry tiers' reader), suggest and
+values, kinds, routes (the DLQ routes' readers), schemas (the ``schemas:`` section), tiers (the retry tiers' reader), suggest and
 librdkafka (librdkafka's own check of ``kafka:``); not checks, load, yamlcore, masking or dump.
 """
 
@@ -37,6 +37,7 @@ from sidecar.config.kinds import (
 )
 from sidecar.config.librdkafka import check_properties
 from sidecar.config.routes import _read_allowed, _read_routes
+from sidecar.config.schemas import schemas_key
 from sidecar.config.suggest import closest
 from sidecar.config.syntax import _unix_path_error, parse_listen, topic_name_error
 from sidecar.config.tiers import RetryTiersConfig, read_tiers
@@ -409,4 +410,5 @@ _TOP_KEYS: tuple[_Key, ...] = (
     _Key("logging", _Section(LoggingConfig, _LOGGING_KEYS), Config, "logging"),
     _Key("tracing", _Section(TracingConfig, _TRACING_KEYS), Config, "tracing"),
     _Key("metrics", _Section(MetricsConfig, _METRICS_KEYS), Config, "metrics"),
+    schemas_key(Config),
 )

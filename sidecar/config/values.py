@@ -17,6 +17,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from sidecar.config.schemas import SchemasConfig
 from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.core.ordering import Ordering
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 # `share.journal.path`'s default: the journal's path derived from the group id at start-up
-# (sidecar.engines.share_journal.default_journal_path).
+# (sidecar.engines.share.journal.default_journal_path).
 JOURNAL_AUTO = "auto"
 
 # --------------------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ class DeliveryConfig:
     delivery_count_limit: int = 5
     lock_duration_ms: int = 30000
     partition_max_record_locks: int = 2000
-    # engine share: the deaths journal (sidecar.engines.share_journal); `auto` (JOURNAL_AUTO): a
+    # engine share: the deaths journal (sidecar.engines.share.journal); `auto` (JOURNAL_AUTO): a
     # file named after the group under the user's state directory; None (null): no journal.
     journal_path: str | None = JOURNAL_AUTO
     max_in_flight_records: int = 10000
@@ -317,6 +318,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    schemas: SchemasConfig = field(default_factory=SchemasConfig)
     # What reading the file noted without failing: old key names still read, one line each (the
     # daemon logs them at start, check-config prints them). Not a setting: not compared, not dumped.
     deprecations: tuple[str, ...] = field(default=(), compare=False)

@@ -29,15 +29,16 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     ├── AppClientError ........... talking to the app over HTTP                           sidecar.http.exchanges
     │   ├── AppNotReachable ...... nothing listening: not an attempt                      sidecar.http.exchanges
     │   └── AppRequestFailed ..... sent, then failed: an attempt                          sidecar.http.exchanges
+    ├── RegistryUnreachable ...... the Schema Registry cannot be used now: pause, retry  sidecar.kafka.schemas.catalog
     ├── LimitExceeded ............ an HTTP message's head or chunk framing over budget    sidecar.http.limits
     ├── PeerClosed ............... the API client closed its connection mid-request       sidecar.http.server
     ├── BadResponse .............. a handler's response that cannot be written (a 500)    sidecar.http.server
     ├── NotPullMode .............. GET /v1/records on a sidecar that pushes               sidecar.engines.pull
     ├── PullQueryError ........... a bad GET /v1/records query (a 400)                    sidecar.service.api
-    ├── DlqToolError ............. what `dlq inspect` and `dlq replay` report             sidecar.ops.dlq_errors
-    │   └── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq_errors
-    ├── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo_setup
-    │   └── DemoRefused .......... topics it would replace on a broker it did not start   sidecar.ops.demo
+    ├── DlqToolError ............. what `dlq inspect` and `dlq replay` report             sidecar.ops.dlq.errors
+    │   └── UsageError ........... arguments that cannot work (exit 2)                    sidecar.ops.dlq.errors
+    ├── DemoError ................ something `dlq-sidecar demo` needs is missing          sidecar.ops.demo.setup
+    │   └── DemoRefused .......... topics it would replace on a broker it did not start   sidecar.ops.demo.runner
     ├── InjectorConfigError ...... the injector's config file is invalid (exit 2)         sidecar.injector.settings
     ├── Refusal .................. a pod the injector will not admit (a 400)              sidecar.injector.annotations
     │   └── BadAnnotation ........ a dlq-sidecar.io/* annotation it cannot follow         sidecar.injector.annotations

@@ -2,7 +2,7 @@
 and the room a record lock keeps for the last steps.
 
 Pure: integers in, integers out. The Kafka side (:mod:`sidecar.kafka.share`) raises the group's limit
-with `required_group_limit`; the engine (:mod:`sidecar.engines.share_group`) sizes its consumers and
+with `required_group_limit`; the engine (:mod:`sidecar.engines.share.group`) sizes its consumers and
 batch deadlines with the other two.
 """
 

@@ -8,8 +8,8 @@ One protocol per direction (the pipeline itself is :mod:`sidecar.engines.pipelin
                                               └─builds─▶ outlet ◀─Outlet─┘
 
 - :class:`Engine`: what the daemon, the local API and the metrics may do with an engine;
-- :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer_group`,
-  :mod:`sidecar.engines.share_group`), where delivery state lives (8 members), and its
+- :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer.group`,
+  :mod:`sidecar.engines.share.group`), where delivery state lives (8 members), and its
   :class:`StateView`, what the status and the metrics read of it (8);
 - :class:`Outlet`: what an adapter may use of the pipeline, and nothing else (8): deliveries
   issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
@@ -76,7 +76,7 @@ class TierWriter(Protocol):
 
 class DlqSink(Protocol):
     """Where the DLQ step writes a record: the DLQ writer itself, or a consumer-group transaction
-    (:meth:`sidecar.engines.consumer_commits.Committer.transaction`)."""
+    (:meth:`sidecar.engines.consumer.commits.Committer.transaction`)."""
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> object:
         """Write one DLQ record and return once it is confirmed; False when the record went to

@@ -2,8 +2,8 @@
 
 The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
 ledgers plus the offset commit's metadata (``engine: consumer``,
-:mod:`sidecar.engines.consumer_group`), or in the broker's share partitions (``engine: share``,
-:mod:`sidecar.engines.share_group`). That difference is a :class:`StateAdapter`; everything else
+:mod:`sidecar.engines.consumer.group`), or in the broker's share partitions (``engine: share``,
+:mod:`sidecar.engines.share.group`). That difference is a :class:`StateAdapter`; everything else
 is here, once::
 
     adapter (intake) ──Outlet.issue()/send()──▶ batch assembler ──▶ app requests ──HTTP──▶ app
@@ -80,15 +80,15 @@ from sidecar.core.breaker import BreakerState, CircuitBreaker, Transition
 from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
-from sidecar.engines.batching import BatchAssembler
-from sidecar.engines.breaker_gate import BreakerGate, breaker_for
-from sidecar.engines.delivery import (
+from sidecar.engines.attempts import (
     AppClientFactory,
     abandon_attempt_span,
     app_client_for,
     attempt_view,
     end_attempt_span,
 )
+from sidecar.engines.batching import BatchAssembler
+from sidecar.engines.breaker_gate import BreakerGate, breaker_for
 from sidecar.engines.dlq_step import DlqStep, dlq_topics, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,

@@ -103,10 +103,10 @@ def open_engine(
 ) -> Engine:
     """The engine `config.engine` names: the pipeline around that engine's delivery state."""
     if config.engine is EngineKind.SHARE:
-        from sidecar.engines.share_tiers import share_adapter
+        from sidecar.engines.tiered_share import share_adapter
 
         return Pipeline(config, share_adapter, tracing=tracing)
-    from sidecar.engines.consumer_group import ConsumerGroupEngine
+    from sidecar.engines.consumer.group import ConsumerGroupEngine
 
     return Pipeline(
         config, functools.partial(ConsumerGroupEngine, write_ahead=write_ahead), tracing=tracing

@@ -17,8 +17,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from sidecar.ops.dlq_command import add_dlq_parser, cmd_dlq
-from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME
+from sidecar.ops.dlq.command import add_dlq_parser, cmd_dlq
+from sidecar.ops.dlq.entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME
 from tests.kafkatools import Broker, Rec
 
 SEQ = "seq"  # every original carries a unique `seq` header, so a replayed record finds its original

@@ -230,7 +230,7 @@ def test_demo_stops_everything_on_sigterm_mid_run(
 def test_derived_config_is_the_example_with_this_runs_addresses(tmp_path: Path) -> None:
     """The demo's config is config.example.yaml plus overrides, and the sidecar accepts it."""
     from sidecar.config import load_config
-    from sidecar.ops.demo_setup import derive_config, find_layout
+    from sidecar.ops.demo.setup import derive_config, find_layout
 
     layout = find_layout()
     out = tmp_path / "config.yaml"
@@ -261,7 +261,7 @@ def test_derived_config_is_the_example_with_this_runs_addresses(tmp_path: Path) 
 
 
 def test_expected_outcomes_follow_the_apps_rule() -> None:
-    from sidecar.ops.demo_orders import expected_outcomes, plan_orders
+    from sidecar.ops.demo.orders import expected_outcomes, plan_orders
 
     orders = plan_orders(150, 7)
     assert orders == plan_orders(150, 7)  # seeded: every run sees the same stream

@@ -103,7 +103,7 @@ def test_demo_runs_from_an_installed_wheel(
         COLUMNS="120",
     )
     # The bundled app and the config come from the package, not from a checkout.
-    assert f"starting the example app {purelib}/sidecar/ops/demo_data/example_app.py" in out, out
+    assert f"starting the example app {purelib}/sidecar/ops/demo/data/example_app.py" in out, out
     assert str(ROOT) not in out, out
     assert "dlq-sidecar demo: 50 orders in" in out, out
     assert "MISMATCH" not in out, out

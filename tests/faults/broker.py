@@ -1,6 +1,6 @@
 """A private Kafka broker the tests may kill: start, SIGKILL, SIGSTOP/SIGCONT, restart on the same log dir.
 
-Built from the same jars and settings as scripts/kafka (the helpers of sidecar/ops/kafka_broker.py, which that
+Built from the same jars and settings as scripts/kafka (the helpers of sidecar/ops/broker, which that
 script runs), with two client listeners: EXTERNAL, advertised at a port the caller chooses (a fault proxy's
 port, so every connection a client learns from metadata goes through the proxy), and INTERNAL, advertised as
 itself, for the test's own producer and checker and for the broker's inter-broker traffic (transaction markers),
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sidecar.ops import kafka_broker as KS
+from sidecar.ops import broker as KS
 
 free_port = KS.free_port
 

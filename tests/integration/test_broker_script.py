@@ -89,7 +89,7 @@ def test_a_port_taken_between_the_pick_and_the_bind_means_a_start_on_new_ports(
     # The launcher picks free ports, and the JVM binds them seconds later; on a busy machine another
     # process can take one in between. Here one is taken on purpose: the first pick (the broker's
     # listener) or the second (the controller's) is a port this test already listens on.
-    from sidecar.ops import kafka_broker
+    from sidecar.ops.broker import process as kafka_broker
 
     monkeypatch.delenv("KAFKA_BOOTSTRAP", raising=False)
     monkeypatch.setenv("DLQ_KAFKA_STATE_DIR", str(tmp_path / "state"))

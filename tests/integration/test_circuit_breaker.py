@@ -20,7 +20,7 @@ import trio
 
 from sidecar.core.commitstate import decode
 from sidecar.http.server import Response
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 from tests.harness import (
     FAST,
     Delivery,

@@ -28,8 +28,8 @@ import pytest
 from sidecar.core.deadletter import FailedRecord
 from sidecar.core.outcome import CAUSE_DELIVERY_COUNT, CAUSE_REJECTED
 from sidecar.kafka.dlq.record import build_dlq_record
-from sidecar.ops.dlq_formats import SP_OFFSET
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
+from sidecar.ops.dlq.formats import SP_OFFSET
 from tests.dlqwriters import cache_root, wait_for
 from tests.dlqwriters.tool import end_offsets, records_after
 from tests.integration.test_dlq_connect import ConnectDlq, connect_dlq

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlencode
 
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 from tests.dlqwriters import wait_for
 from tests.kafkatools import Broker, Rec
 

@@ -13,9 +13,9 @@ from sidecar.kafka.dlq.record import build_dlq_record
 from sidecar.kafka.tools import ReadConsumer, TopicAdmin
 from sidecar.ops.console.catalog import find_dlq_topics
 from sidecar.ops.console.redrive import new_replay_name, preview
-from sidecar.ops.dlq_filters import Filters
-from sidecar.ops.dlq_inspect import inspect_page, read_entry
-from sidecar.ops.dlq_replay import ReplayOptions
+from sidecar.ops.dlq.filters import Filters
+from sidecar.ops.dlq.inspect import inspect_page, read_entry
+from sidecar.ops.dlq.replay import ReplayOptions
 from tests.kafkatools import Broker, Rec
 
 N = 90

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 from tests.dlqwriters import connect_task_running, java_process, wait_for
 from tests.dlqwriters.tool import (
     SEQ,

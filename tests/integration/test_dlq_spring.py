@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sidecar.ops.dlq_formats import SP_OFFSET, SP_PARTITION, SP_TIMESTAMP
+from sidecar.ops.dlq.formats import SP_OFFSET, SP_PARTITION, SP_TIMESTAMP
 from tests.dlqwriters import java_process, log_says, wait_for
 from tests.dlqwriters.tool import (
     SEQ,

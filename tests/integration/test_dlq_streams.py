@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from sidecar.ops.dlq_entries import encode_bytes
-from sidecar.ops.dlq_formats import S_EXCEPTION, S_MESSAGE, S_OFFSET, S_PARTITION, S_TOPIC
+from sidecar.ops.dlq.entries import encode_bytes
+from sidecar.ops.dlq.formats import S_EXCEPTION, S_MESSAGE, S_OFFSET, S_PARTITION, S_TOPIC
 from tests.dlqwriters import java_process, log_says, wait_for
 from tests.dlqwriters.tool import (
     SEQ,

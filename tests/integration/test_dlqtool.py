@@ -16,10 +16,10 @@ from confluent_kafka import TopicPartition
 
 from sidecar.http.server import Response, json_response
 from sidecar.kafka.dlq import CAUSE_REJECTED, FailedRecord, build_dlq_record
-from sidecar.ops.dlq_command import add_dlq_parser, cmd_dlq
-from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME, DlqEntry
-from sidecar.ops.dlq_filters import Filters, parse_offset_range, parse_time
-from sidecar.ops.dlq_replay import TokenBucket
+from sidecar.ops.dlq.command import add_dlq_parser, cmd_dlq
+from sidecar.ops.dlq.entries import H_REPLAY_COUNT, H_REPLAY_FROM, H_REPLAY_NAME, DlqEntry
+from sidecar.ops.dlq.filters import Filters, parse_offset_range, parse_time
+from sidecar.ops.dlq.replay import TokenBucket
 from tests.harness import (
     Delivery,
     RecordingApp,

@@ -37,7 +37,7 @@ import pytest
 import trustme
 import yaml
 
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 from tests.integration.test_helm import CHART as SIDECAR_CHART
 from tests.integration.test_helm import run_helm
 from tests.kubecluster import ApiError, KubeCluster, kube_bin_dir, start_cluster

@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from sidecar.core.record import is_delivery_id
-from sidecar.ops.kafka_broker import free_port
+from sidecar.ops.broker import free_port
 from tests.harness import (
     FAST,
     ROOT,

@@ -12,10 +12,10 @@ from sidecar.ops.console.access import Access, load_token
 from sidecar.ops.console.app import _cursor, filters_of
 from sidecar.ops.console.record_view import MAX_SHOWN_BYTES, show_bytes
 from sidecar.ops.console.timeline import OTHER, Timeline, svg_chart
-from sidecar.ops.dlq_entries import DlqEntry
-from sidecar.ops.dlq_errors import UsageError
-from sidecar.ops.dlq_filters import Filters, filters_from_values
-from sidecar.ops.dlq_formats import SP_OFFSET, SP_PARTITION, header_display
+from sidecar.ops.dlq.entries import DlqEntry
+from sidecar.ops.dlq.errors import UsageError
+from sidecar.ops.dlq.filters import Filters, filters_from_values
+from sidecar.ops.dlq.formats import SP_OFFSET, SP_PARTITION, header_display
 
 
 def _entry(ts_ms: int, cls: str = "C", reason: str = "R", offset: int = 0) -> DlqEntry:

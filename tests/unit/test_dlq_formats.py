@@ -1,4 +1,4 @@
-"""Recognising a DLQ record's format and decoding its context (sidecar/ops/dlq_formats.py), pure.
+"""Recognising a DLQ record's format and decoding its context (sidecar/ops/dlq/formats.py), pure.
 
 The real writers are exercised in tests/integration/test_dlq_{connect,streams,spring}.py; these cases are
 the corners they do not reach, with the headers built as each writer's source builds them:
@@ -27,9 +27,9 @@ from sidecar.kafka.dlq import (
     FailedRecord,
     build_dlq_record,
 )
-from sidecar.ops.dlq_entries import H_REPLAY_COUNT, H_REPLAY_NAME, DlqEntry
-from sidecar.ops.dlq_filters import Filters
-from sidecar.ops.dlq_formats import (
+from sidecar.ops.dlq.entries import H_REPLAY_COUNT, H_REPLAY_NAME, DlqEntry
+from sidecar.ops.dlq.filters import Filters
+from sidecar.ops.dlq.formats import (
     C_CONNECTOR,
     C_EXC_CLASS,
     C_OFFSET,
@@ -56,8 +56,8 @@ from sidecar.ops.dlq_formats import (
     decode_context,
     detect_format,
 )
-from sidecar.ops.dlq_inspect import InspectResult
-from sidecar.ops.dlq_render import render_inspect
+from sidecar.ops.dlq.inspect import InspectResult
+from sidecar.ops.dlq.render import render_inspect
 
 Headers = tuple[tuple[str, bytes | None], ...]
 

@@ -16,9 +16,9 @@ from sidecar.kafka.dlq import (
     H_PARTITION,
     H_TOPIC,
 )
-from sidecar.ops.dlq_entries import DlqEntry
-from sidecar.ops.dlq_inspect import InspectResult
-from sidecar.ops.dlq_render import WIDE_TABLE_MIN_COLUMNS, render_inspect
+from sidecar.ops.dlq.entries import DlqEntry
+from sidecar.ops.dlq.inspect import InspectResult
+from sidecar.ops.dlq.render import WIDE_TABLE_MIN_COLUMNS, render_inspect
 
 MESSAGE = "index [/x] out of range [bold]here[/bold]"
 CLASS = "com.example.orders.[red]PoisonPillException"

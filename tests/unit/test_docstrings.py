@@ -54,7 +54,7 @@ def _line(start: int, text: str, index: int) -> int:
 
 
 def _resolves(dotted: str) -> bool:
-    if dotted.endswith("*"):  # a family of modules, e.g. sidecar.ops.dlq_*: one must exist
+    if dotted.endswith("*"):  # a family of modules, e.g. sidecar.ops.dlq.*: one must exist
         parent, _, prefix = dotted[:-1].rpartition(".")
         package = importlib.import_module(parent)
         return any(info.name.startswith(prefix) for info in pkgutil.iter_modules(package.__path__))
@@ -113,7 +113,7 @@ def test_a_stale_name_does_not_resolve(dotted: str) -> None:
 
 @pytest.mark.parametrize(
     "dotted",
-    ["sidecar.core.ledger.PartitionLedger.answer", "sidecar.PartitionLedger", "sidecar.ops.dlq_*"],
+    ["sidecar.core.ledger.PartitionLedger.answer", "sidecar.PartitionLedger", "sidecar.ops.dlq.*"],
 )
 def test_a_live_name_resolves(dotted: str) -> None:
     assert _resolves(dotted)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import confluent_kafka
 
 from sidecar.config import parse_config
-from sidecar.engines.consumer_group import ConsumerGroupEngine
-from sidecar.engines.consumer_slots import SlotRef
+from sidecar.engines.consumer.group import ConsumerGroupEngine
+from sidecar.engines.consumer.partitions import SlotRef
 from sidecar.engines.interfaces import EngineParts
 from sidecar.engines.pipeline import Pipeline
 

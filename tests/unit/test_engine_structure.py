@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sidecar"
-SCANNED = [*sorted((PACKAGE / "engines").glob("*.py")), PACKAGE / "service" / "daemon.py"]
+SCANNED = [*sorted((PACKAGE / "engines").rglob("*.py")), PACKAGE / "service" / "daemon.py"]
 
 # Bases a class may take from another file: interfaces, the error tree, enums, generics.
 ALLOWED_BASE_NAMES = {

@@ -105,8 +105,8 @@ def _package_exceptions() -> dict[str, type[BaseException]]:
 
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(sidecar.__path__, "sidecar."):
-        if info.name == "sidecar.__main__" or ".demo_data" in info.name:
-            continue  # __main__ runs the CLI; demo_data is the example app, copied out, not run
+        if info.name.endswith(".__main__") or ".demo.data" in info.name:
+            continue  # __main__ runs the CLI; demo.data is the example app, copied out, not run
         module = importlib.import_module(info.name)
         for obj in vars(module).values():
             if (

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from sidecar.ops import kafka_broker
-from sidecar.ops.kafka_broker import PORT_RANGE_ENV, ephemeral_port_range, free_port
+from sidecar.ops.broker import PORT_RANGE_ENV, ephemeral_port_range, free_port
+from sidecar.ops.broker import ports as kafka_broker
 
 
 def _bindable(port: int) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.ops import kafka_broker
+from sidecar.ops.broker import jars as kafka_broker
 
 
 def test_fetch_on_a_fresh_machine_creates_the_cache_or_says_which_command_fetches(

@@ -1,5 +1,5 @@
 """The pure parts behind the dashboard's and alerts' metrics: the DLQ record labels (bounded) and the
-share engine's lag estimate (sidecar/kafka/share_lag.py)."""
+share engine's lag estimate (sidecar/kafka/share/lag.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from sidecar.core.deadletter import DeadLetterPlan, FailedRecord
 from sidecar.core.outcome import ArchiveReason
 from sidecar.engines.dlq_step import DEAD_LETTERED_CLASSES_MAX, dead_lettered_key
 from sidecar.engines.interfaces import Counters
-from sidecar.kafka.share_lag import ShareLagEstimate
+from sidecar.kafka.share.lag import ShareLagEstimate
 
 
 def plan(exception_class: str | None, topic: str = "orders") -> DeadLetterPlan:

@@ -1,4 +1,4 @@
-"""The share engine's journal of deaths (sidecar.engines.share_journal): counts after a death."""
+"""The share engine's journal of deaths (sidecar.engines.share.journal): counts after a death."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import JOURNAL_AUTO, parse_config
-from sidecar.engines.share_journal import (
+from sidecar.engines.share.journal import (
     ALONE,
     ANSWERED,
     DEFERRED,
@@ -219,7 +219,7 @@ def test_the_default_directory_is_created_if_missing(tmp_path: Path) -> None:
 
 _HOLDER = """
 import sys
-from sidecar.engines.share_journal import ShareJournal
+from sidecar.engines.share.journal import ShareJournal
 journal, _ = ShareJournal.open(sys.argv[1], "g", 1)
 print("active" if journal.active else "inactive", flush=True)
 sys.stdin.read()  # hold it until the test closes our stdin

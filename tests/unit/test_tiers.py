@@ -10,7 +10,7 @@ from sidecar.core.record import SourceRecord
 from sidecar.core.tiers import TIERS_HEADER, TierWrite, read_tier_record
 from sidecar.kafka.dlq.record import build_dlq_record
 from sidecar.kafka.dlq.tier_record import build_tier_record
-from sidecar.ops.dlq_formats import decode_context
+from sidecar.ops.dlq.formats import decode_context
 
 
 def failed(**extra: object) -> FailedRecord:

@@ -1,4 +1,4 @@
-"""Attempt spans (sidecar.telemetry.tracing, sidecar.engines.delivery): what an attempt is sent and records.
+"""Attempt spans (sidecar.telemetry.tracing, sidecar.engines.attempts): what an attempt is sent and records.
 
 Issue 19, item 6: a span the sampler drops must cost only the sampler's decision and its ids. It still
 gives the app a W3C context (sampled flag off, so the app's parent-based sampler drops its spans too),
@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import Answer, AppError
-from sidecar.engines.delivery import attempt_view, end_attempt_span
+from sidecar.engines.attempts import attempt_view, end_attempt_span
 from sidecar.telemetry.tracing import Tracing
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

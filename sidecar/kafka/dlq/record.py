@@ -32,7 +32,7 @@ H_COPY_DROPPED = "__dlq.errors.copy.dropped"
 H_EXC_CAUSE_CLASS = "__dlq.errors.exception.cause.class.name"
 H_ROUTE_REFUSED = "__dlq.errors.route.refused"
 DLQ_HEADER_PREFIX = "__dlq."
-# Markers `dlq-sidecar dlq replay` puts on a replayed record (sidecar/ops/dlq_replay.py). They are the record's
+# Markers `dlq-sidecar dlq replay` puts on a replayed record (sidecar/ops/dlq/replay.py). They are the record's
 # replay history: a DLQ record must keep them even when the original headers are not copied, so a record
 # that fails again after a replay is recognisable and never replayed in a loop.
 REPLAY_HEADER_PREFIX = "__dlq.replay."

@@ -6,7 +6,7 @@
               (raised where needed) and record lock (`read_share_settings`)
     consumer  the share consumers on their threads, their acknowledgements, behind `ShareListener`
 
-The engine (:mod:`sidecar.engines.share_group`) imports these names and no confluent-kafka.
+The engine (:mod:`sidecar.engines.share.group`) imports these names and no confluent-kafka.
 """
 
 from sidecar.kafka.share.admin import ShareSettings, check_broker_configs, read_share_settings

@@ -1,5 +1,5 @@
 """`dlq-sidecar console`: the DLQ console in the browser, on the DLQ tools' own reading, filtering and
-replay code (`sidecar.ops.dlq_*`; one code path with `dlq inspect` and `dlq replay`).
+replay code (`sidecar.ops.dlq.*`; one code path with `dlq inspect` and `dlq replay`).
 
     command      the sub-command's arguments; serving with Hypercorn's trio worker
     app          the Starlette routes, the POST checks, the pages

@@ -7,7 +7,7 @@ the operator gave (the "who" of the redrive's log line and `__dlq.replay.by` hea
 a CSRF field, an HMAC of the session id (or of "anonymous") under a key made at start, and a POST whose
 Origin is another host is refused. Tokens are compared in constant time and never logged.
 
-Imports: the standard library and `sidecar.ops.dlq_errors` only.
+Imports: the standard library and `sidecar.ops.dlq.errors` only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.ops.dlq_errors import UsageError
+from sidecar.ops.dlq.errors import UsageError
 
 TOKEN_ENV = "DLQ_CONSOLE_TOKEN"
 SESSION_COOKIE = "dlq_console_session"

@@ -9,7 +9,7 @@
     GET  /redrives/{id}, /redrives/{id}.json a redrive's page and its progress (polled by console.js)
     POST /login, /logout                     open or close a session with the token
 
-Reading, filtering and replaying are the DLQ tools' own code (`sidecar.ops.dlq_*`), run on worker
+Reading, filtering and replaying are the DLQ tools' own code (`sidecar.ops.dlq.*`), run on worker
 threads (`anyio.to_thread`); this module only turns requests into their arguments and their results into
 pages. Every POST is checked for its Origin, its size and its CSRF field; a redrive for a session; every
 request's asks against the limits in `access`. Bad input is a 400 page with the CLI's own message.
@@ -40,12 +40,12 @@ from sidecar.ops.console.context import CATALOG_TTL_S, Console
 from sidecar.ops.console.record_view import record_view
 from sidecar.ops.console.redrive import new_replay_name, preview, summary_text
 from sidecar.ops.console.timeline import Timeline, svg_chart
-from sidecar.ops.dlq_errors import UsageError
-from sidecar.ops.dlq_filters import Filters, filters_from_values
-from sidecar.ops.dlq_formats import FORMATS
-from sidecar.ops.dlq_inspect import InspectResult, inspect_dlq, inspect_page, read_entry
-from sidecar.ops.dlq_render import payload_preview, written_by
-from sidecar.ops.dlq_replay import REPLAY_NAME, ReplayOptions
+from sidecar.ops.dlq.errors import UsageError
+from sidecar.ops.dlq.filters import Filters, filters_from_values
+from sidecar.ops.dlq.formats import FORMATS
+from sidecar.ops.dlq.inspect import InspectResult, inspect_dlq, inspect_page, read_entry
+from sidecar.ops.dlq.render import payload_preview, written_by
+from sidecar.ops.dlq.replay import REPLAY_NAME, ReplayOptions
 
 T = TypeVar("T")
 Params = Mapping[str, list[str]]

@@ -7,9 +7,9 @@ Each DLQ is shown with its record count (the watermarks' difference, transaction
 the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
 at most `MAX_PARTITIONS_PROBED` partitions of every topic the prefix names and of at most
 `MAX_TOPICS_PROBED` others, through the DLQ tools'
-reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq_entries`).
+reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq.entries`).
 
-Imports: the standard library, `sidecar.kafka.tools` and the `sidecar.ops.dlq_*` modules.
+Imports: the standard library, `sidecar.kafka.tools` and the `sidecar.ops.dlq.*` modules.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sidecar.kafka.tools import ReadConsumer, TopicAdmin
-from sidecar.ops.dlq_entries import entry_from_record
+from sidecar.ops.dlq.entries import entry_from_record
 
 MAX_TOPICS_PROBED = 1000
 MAX_PARTITIONS_PROBED = 8

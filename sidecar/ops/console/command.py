@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any, cast
 
-from sidecar.ops.dlq_errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from sidecar.ops.dlq.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 
 log = logging.getLogger("sidecar.console")
 DEFAULT_PORT = 8686

@@ -5,7 +5,7 @@ their sizes, and for a headers-only record the original read back from the sourc
 Pure: the caller reads the record (and the original) and passes them. At most `MAX_SHOWN_BYTES` of a key
 or value are shown.
 
-Imports: the standard library, `sidecar.kafka.tools` (the fetch's result type) and `sidecar.ops.dlq_*`.
+Imports: the standard library, `sidecar.kafka.tools` (the fetch's result type) and `sidecar.ops.dlq.*`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sidecar.kafka.tools import Fetched
-from sidecar.ops.dlq_entries import DlqEntry, Header
-from sidecar.ops.dlq_formats import header_display
+from sidecar.ops.dlq.entries import DlqEntry, Header
+from sidecar.ops.dlq.formats import header_display
 
 MAX_SHOWN_BYTES = 64 * 1024
 

@@ -1,6 +1,6 @@
 """The console's redrives: the preview (a dry run of `dlq replay`) and the redrive itself, on a thread.
 
-Both run `sidecar.ops.dlq_replay.Replayer`, the code `dlq-sidecar dlq replay` runs: the same filters
+Both run `sidecar.ops.dlq.replay.Replayer`, the code `dlq-sidecar dlq replay` runs: the same filters
 (the chosen records are `Filters.records`), the same loop guard (`--max-replays`, default 1: a record
 replayed once already is skipped), headers-only records read back from the source, the rate through its
 token bucket, progress committed under a replay name of its own (`console-<time>-<random>`, one per
@@ -8,7 +8,7 @@ redrive). Each redrive is recorded: a log line when it starts (who, when, the to
 rate, the name) and when it ends (the counts), never a payload; and `__dlq.replay.by` / `.at` on every
 record it sends (`ReplayOptions.by`).
 
-Imports: the standard library, rich and the `sidecar.ops.dlq_*` modules.
+Imports: the standard library, rich and the `sidecar.ops.dlq.*` modules.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 from rich.console import Console as RichConsole
 
 from sidecar.core.errors import SidecarError
-from sidecar.ops.dlq_render import render_replay_summary
-from sidecar.ops.dlq_replay import Replayer, ReplayOptions, ReplaySummary
+from sidecar.ops.dlq.render import render_replay_summary
+from sidecar.ops.dlq.replay import Replayer, ReplayOptions, ReplaySummary
 
 log = logging.getLogger("sidecar.console")
 

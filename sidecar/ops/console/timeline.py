@@ -6,7 +6,7 @@ span more than `max_buckets`, neighbours are merged and the width doubles, so me
 "(other)"), whatever the topic's size. `svg_chart` draws one series set as stacked bars, server-side
 (no JavaScript), every text escaped. Pure: no clock, no I/O.
 
-Imports: the standard library and `sidecar.ops.dlq_entries` only.
+Imports: the standard library and `sidecar.ops.dlq.entries` only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from html import escape
 
-from sidecar.ops.dlq_entries import DlqEntry
+from sidecar.ops.dlq.entries import DlqEntry
 
 OTHER = "(other)"
 NONE = "(none)"

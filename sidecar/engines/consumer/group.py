@@ -1,0 +1,444 @@
+"""The consumer-group engine (`engine: consumer`): delivery state in per-partition ledgers and commits.
+
+The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
+the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
+crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
+stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
+commits with the delivery state in their metadata, and the optional transactional DLQ::
+
+    source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline requests ──▶ app
+                                             ▲                                       │
+                                             └──────── answered() ◀──────────────────┘  (and /v1/acks)
+    ledgers ──to_archive──▶ archive tasks ──outlet.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
+    committer (run, run_transactions) / write-ahead hand-out ──▶ Kafka offsets + metadata
+
+Who may change a partition's ledger (`Slot.ledger`). This adapter and its parts are its only owner:
+the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
+synchronous and runs in the trio thread, so no two transitions interleave:
+
+    task (part)                       ledger calls
+    source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
+                                      opening a slot (Partitions.open)
+    scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
+                                      isolate (IsolationStep: horizon mode, nothing in flight)
+    hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
+    app answers, API request          answer (answered)
+    pipeline (not_reached)            not_attempted
+    archive tasks (Archiver)          dlq_written (plain DLQ or none), dlq_withheld (held released)
+    DLQ transactions (Committer)      dlq_written (inside the transaction), revoke (fatal)
+    commits (Committer, all above)    commit_point, committed (horizon mode: may release an
+                                      isolated attempt), committable_offset, encode_metadata
+
+Invariants kept here (the ledger keeps the rest):
+- horizon mode (the default, docs/guarantees.md): no record waits for a commit in steady state; while any
+  partition's isolation pass has a suspect ready, charged, in flight or settling, nothing is acquired
+  on any partition, and a suspect is isolated only with nothing in flight in the process, so a death
+  charges exactly the isolated record (a killer reaches the DLQ after at most `limit + 1` deaths);
+  commit points are made and committed one at a time, in order (`_commit_guard`); a revoke or a
+  clean stop lets in-flight answers come first, then revokes, then commits the final state;
+- write-ahead mode: delivery counts are persisted *before* a record is handed to the app (group
+  commit of the acquired batch), so every record in flight at a death is charged that attempt;
+- the committed offset is the ledger's committable offset: never past a record that is not done, and a DLQ
+  record is confirmed by the broker before its record counts as done;
+- a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
+
+The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
+commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
+
+The engine is built of parts, each an object with its own attributes, built here in this order and
+given its collaborators when it is built (nothing is set on a part afterwards):
+
+    Partitions     consumer_slots       the slots by partition: open, fence, forget; a revoke's wait
+    Wakeup         consumer_scheduler   the scheduler's doorbell (and the wakes held during a row)
+    Sender         consumer_handout     issue + send an acquired record; give one back unsent
+    Committer      consumer_commits     offset commits, one at a time; the DLQ transactions
+    WriteAhead     consumer_handout     write-ahead mode: acquired records wait for their commit
+    IsolationStep  consumer_isolation   horizon mode: a suspect alone in the process
+    Archiver       consumer_archive     archive tasks; what the DLQ circuit breaker held
+    Scheduler      consumer_scheduler   turns (expiry, acquisition, archiving, flow control)
+
+This class keeps the source's callbacks (assignment, revoke, loss, records) and the answers, and
+builds the status from its parts. Where a record's release and decision flow: an answer reaches
+`answered` → `PartitionLedger.answer`, where `decide` (sidecar.core.outcome) turns it into a
+verdict → AVAILABLE after the backoff (the scheduler acquires it again, the sender sends it) or
+ARCHIVING (the archiver takes it to the pipeline's DLQ step). The Kafka boundary is
+`sidecar.kafka`: this module does not import confluent-kafka (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import trio
+
+from sidecar.core import ledger as L
+from sidecar.core.backoff import RetryPolicy
+from sidecar.core.budget import record_bytes, split_budget
+from sidecar.core.outcome import Ack, error_info
+from sidecar.core.record import SourceRecord, Tracked, source_record
+from sidecar.core.wire import AckItem, Answer
+from sidecar.engines.consumer.archive import Archiver
+from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.handout import Sender, WriteAhead
+from sidecar.engines.consumer.isolation import IsolationStep
+from sidecar.engines.consumer.partitions import (
+    Partitions,
+    Slot,
+    SlotRef,
+    fix_mmap_threshold,
+    horizon_window,
+    now_ms,
+)
+from sidecar.engines.consumer.scheduler import Scheduler, Wakeup
+from sidecar.engines.consumer.status import ConsumerView
+from sidecar.engines.consumer.tiers import TierIntake
+from sidecar.engines.dlq_step import transactional_dlq
+from sidecar.engines.interfaces import Answered, Delivery, EngineParts, PartitionKey, Settled
+from sidecar.kafka.message import Message
+from sidecar.kafka.source import (
+    AssignedPartition,
+    KafkaSource,
+    OffsetToCommit,
+)
+
+log = logging.getLogger("sidecar.engine")
+
+# How long a revoke waits for the partition's DLQ writes under way (bounded: the rebalance waits too).
+REVOKE_DLQ_WAIT_S = 10.0
+# How long the shutdown waits for the poll loop's last consume() before closing the consumer.
+POLL_STOP_WAIT_S = 5.0
+
+
+class ConsumerGroupEngine:
+    """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits (see above)."""
+
+    def __init__(
+        self,
+        parts: EngineParts[SlotRef],
+        *,
+        write_ahead: bool = False,
+        tiers_of: str | None = None,
+    ) -> None:
+        """`tiers_of`: read only the retry tiers this group writes (a share group's tier reader,
+        `sidecar.engines.tiered_share`), not the source topics."""
+        config = parts.config
+        pipe = parts.outlet
+        self._pipe = pipe
+        self._config = config
+        self._counters = parts.counters
+        self._horizon = not write_ahead
+        d = config.delivery
+        ledger_config = L.LedgerConfig(
+            delivery_count_limit=d.delivery_count_limit,
+            lock_duration_ms=d.lock_duration_ms,
+            max_record_locks=d.partition_max_record_locks,
+            max_buffered_records=d.max_buffered_records_per_partition,
+            ordering=L.Ordering[config.ordering.name],
+            retry=RetryPolicy(
+                initial_ms=d.retry_delay_initial_ms,
+                max_ms=d.retry_delay_max_ms,
+                multiplier=d.retry_delay_multiplier,
+                jitter=d.retry_delay_jitter,
+            ),
+            metadata_max_bytes=config.offset_metadata_max_bytes,
+            crash_accounting=(
+                L.CrashAccounting.WRITE_AHEAD if write_ahead else L.CrashAccounting.HORIZON
+            ),
+            horizon_window=horizon_window(config),
+            tier_threshold_ms=config.errors.tiers.threshold_ms
+            if config.errors.tiers.enabled
+            else None,
+        )
+        # The one decision (`transactional_dlq`): the pipeline built the writer by it, with its
+        # transactional id (`dlq_writer_for`).
+        self._transactional = transactional_dlq(config)
+        fix_mmap_threshold()
+        # Its retry tiers' topics are read with the source topics (`TierIntake`).
+        self._tiers = TierIntake(config, self._counters, group=tiers_of or config.group_id)
+        self.source = KafkaSource(
+            config.kafka,
+            (*(config.source.topics if tiers_of is None else ()), *self._tiers.topics),
+            self,
+            max_buffered_bytes=d.max_buffered_bytes,
+        )
+        # The parts, each given what it uses (see the module docstring).
+        partitions = Partitions(
+            pipe,
+            ledger_config,
+            horizon=self._horizon,
+            max_buffered_records=d.max_buffered_records_per_partition,
+        )
+        self._partitions = partitions
+        wakeup = Wakeup()
+        self._wakeup = wakeup
+        sender = Sender(pipe, partitions)
+        committer = Committer(
+            pipe,
+            config,
+            self._counters,
+            parts.dlq,
+            self.source,
+            partitions,
+            sender,
+            wakeup.kick,
+            horizon=self._horizon,
+        )
+        self._committer = committer
+        self._write_ahead = (
+            WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
+        )
+        self._archiver = Archiver(
+            pipe,
+            parts.dlq,
+            parts.tiers,
+            partitions,
+            committer,
+            wakeup.kick,
+            transactional=self._transactional,
+        )
+        self._scheduler = Scheduler(
+            pipe,
+            config,
+            self._counters,
+            self.source,
+            partitions,
+            # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
+            split_budget(d.max_buffered_bytes, config.kafka),
+            ledger_config,
+            wakeup,
+            sender=sender,
+            write_ahead=self._write_ahead,
+            isolation=(
+                IsolationStep(pipe, self.source, partitions, committer) if self._horizon else None
+            ),
+            archiver=self._archiver,
+            committer=committer,
+        )
+        self._view = ConsumerView(
+            config,
+            self.source,
+            partitions,
+            committer,
+            pipe,
+            horizon=self._horizon,
+            tier_topics=self._tiers.topics,
+        )
+
+    @property
+    def slots(self) -> dict[PartitionKey, Slot]:
+        """The slots of the partitions this engine owns (the partitions' table; read only)."""
+        return self._partitions.by_key
+
+    @property
+    def view(self) -> ConsumerView:
+        return self._view
+
+    # ----------------------------------------------------------------------------- StateAdapter
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe, then poll, schedule and commit (and batch DLQ transactions) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._archiver.run)
+            self.source.start()
+            nursery.start_soon(self._pipe.run_source, self.source.run)
+            nursery.start_soon(self._scheduler.run)
+            nursery.start_soon(self._committer.run)
+            if self._transactional:
+                nursery.start_soon(self._committer.run_transactions)
+            task_status.started()
+
+    def wake(self, *, now: bool = False) -> None:
+        if now:
+            self._scheduler.turn_now()
+        else:
+            self._wakeup.kick()
+
+    def intake_changed(self, *, held_may_go: bool = False) -> None:
+        if self._pipe.room().intake_stopped:
+            self.source.stop_polling()
+        if held_may_go:
+            self._archiver.release_held()
+        self._scheduler.apply_flow_control()
+        self._wakeup.kick()
+
+    async def wait_drained(self) -> None:
+        while True:
+            busy = any(
+                (st := s.ledger.statistics()).in_flight > 0 or st.archiving > len(s.held)
+                for s in self.slots.values()
+            )
+            if not busy or self._pipe.room().failed:
+                return
+            await trio.sleep(0.05)
+
+    async def finish(self) -> None:
+        if self._write_ahead is not None and self._pipe.room().stopping:
+            self._write_ahead.give_back_all()
+        await self._committer.commit_all()
+        # Wait for the poll loop's last consume() to return before closing the handle.
+        with trio.move_on_after(POLL_STOP_WAIT_S):
+            await self.source.wait_stopped()
+        await self.source.close()
+
+    # ----------------------------------------------------------------------------- source listener
+
+    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None:
+        self._counters.rebalances += 1
+        for ap in partitions:
+            key = (ap.topic, ap.partition)
+            if ap.committed_offset is not None:
+                self._partitions.open(key, ap.committed_offset, ap.metadata)
+            else:
+                # No committed offset: the ledger starts at the first record fetched.
+                self._partitions.pending[key] = ap
+        self._wakeup.kick()
+
+    async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
+        self._counters.rebalances += 1
+        out: list[OffsetToCommit] = []
+        # Let DLQ writes already under way finish (briefly), so the commit handed to the next
+        # owner includes them and it does not write the same DLQ records again.
+        revoking = [s for k in partitions if (s := self.slots.get(k)) is not None]
+        for revoked in revoking:
+            revoked.revoking = True
+        if self._write_ahead is not None:
+            self._write_ahead.give_back(revoking)
+        # Horizon mode: let the app answer what is in flight too (within the same bound), so the
+        # next owner has no isolation pass for them; an answer lost here costs a pass, no count.
+        with trio.move_on_after(REVOKE_DLQ_WAIT_S):
+            while (
+                any(s.dlq_writes or (self._horizon and s.ledger.in_flight) for s in revoking)
+                and not self._pipe.room().stopping
+            ):
+                await self._partitions.wait_progress()
+        for key in partitions:
+            slot = self._partitions.pop(key)
+            if slot is None:
+                continue
+            if slot.txn_uncommitted:
+                # Its DLQ transaction is still open (a stuck call): committing this state could
+                # pass records whose DLQ write then aborts. The transaction cannot commit them any
+                # more either (it is redone without partitions this sidecar no longer owns), so
+                # the next owner reads them again from the last commit.
+                log.warning(
+                    "revoking %s[%d] without a commit: its DLQ transaction has not committed",
+                    key[0],
+                    key[1],
+                )
+                continue
+            offset = slot.ledger.committable_offset()
+            out.append(OffsetToCommit(key[0], key[1], offset, slot.ledger.encode_metadata()))
+        self._wakeup.kick()
+        return out
+
+    async def on_lost(self, partitions: Sequence[PartitionKey]) -> None:
+        self._counters.rebalances += 1
+        for key in partitions:
+            self._partitions.pop(key)
+        self._wakeup.kick()
+
+    def on_messages(self, messages: Sequence[Message]) -> None:
+        now = now_ms()
+        tier_topics = self._tiers.topics
+        for msg in messages:
+            record = source_record(msg)  # read once: every attempt and the DLQ record use it
+            key = (record.topic, record.partition)
+            if tier_topics and record.topic in tier_topics:
+                self._take_tier_record(record, now)
+                continue
+            slot = self.slots.get(key)
+            if slot is None:
+                pending = self._partitions.pending.pop(key, None)
+                if pending is None:
+                    continue  # fetched just before a revoke: the next owner reads it again
+                slot = self._partitions.open(key, record.offset, None)
+            elif slot.ledger.revoked:
+                # Closed for the final commit of a stop (`commit_all`) while the poll thread still
+                # served its last polls: not delivered, not committed; the next owner reads it.
+                continue
+            slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
+
+    def _take_tier_record(self, record: SourceRecord, now: int) -> None:
+        """A retry tier's record: into its tier partition's ledger as the original, held there
+        until it is due (`TierIntake.take`); a copy of one already taken is not delivered."""
+        key = (record.topic, record.partition)
+        slot = self.slots.get(key)
+        if slot is None:
+            pending = self._partitions.pending.pop(key, None)
+            if pending is None:
+                return
+            slot = self._partitions.open(key, record.offset, None)
+        elif slot.ledger.revoked:
+            return
+        taken = self._tiers.take(record)
+        if taken is None:
+            slot.ledger.skip(record.offset, now)  # done, committed past
+            return
+        slot.ledger.add(
+            record.offset,
+            taken.tracked.record.key,
+            taken.tracked,
+            now,
+            record_bytes(record),
+            base_count=taken.delivery_count,
+            not_before_ms=taken.not_before_ms,
+            error=taken.error,
+        )
+
+    def messages_taken(self) -> None:
+        # The batches of one hand-over are in the ledgers: one turn sends what it can of them
+        # (and applies flow control, pause/resume), in this task.
+        self._scheduler.turn_now()
+
+    # ----------------------------------------------------------------------------- answers
+
+    def answered(self, delivery: Delivery[SlotRef], ack: Ack, answer: Answer | AckItem) -> Answered:
+        """The ledger decides (`PartitionLedger.answer`: `decide` in its state machine); the
+        record's new state says what the answer led to."""
+        slot, attempt = delivery.ref
+        try:
+            result = slot.ledger.answer(
+                attempt.attempt_id,
+                ack,
+                now_ms(),
+                error=error_info(answer.error),
+                retry_after_ms=answer.retry_after_ms,
+            )
+        except L.ExpiredAttempt:
+            slot.live.pop(attempt.attempt_id, None)
+            return "expired"
+        except L.UnknownAttempt:
+            slot.live.pop(attempt.attempt_id, None)
+            return "unknown"
+        if ack is not Ack.RENEW:
+            slot.live.pop(attempt.attempt_id, None)
+            if slot.revoking:
+                self._partitions.progressed()
+        return _SETTLED[result.state]
+
+    async def not_reached(self, deliveries: Sequence[Delivery[SlotRef]]) -> bool:
+        """Not an attempt: back to the ledger uncounted (the pipeline pauses intake meanwhile)."""
+        now = now_ms()
+        for delivery in deliveries:
+            slot, attempt = delivery.ref
+            self._pipe.retire(delivery)
+            slot.live.pop(attempt.attempt_id, None)
+            if self._partitions.owned(slot):
+                with contextlib.suppress(L.LedgerError):
+                    slot.ledger.not_attempted(attempt.attempt_id, now)
+        self._wakeup.kick()
+        return False
+
+
+# What the record's state after an answer says the answer led to.
+_SETTLED = {
+    L.RecordState.ACKNOWLEDGED: Settled.ACCEPTED,
+    L.RecordState.AVAILABLE: Settled.REDELIVERED,
+    L.RecordState.ARCHIVING: Settled.DEAD_LETTERED,
+    L.RecordState.ACQUIRED: Settled.KEPT,
+}
+
+
+__all__ = ["ConsumerGroupEngine", "horizon_window", "now_ms"]

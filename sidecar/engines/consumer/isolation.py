@@ -1,0 +1,120 @@
+"""The consumer-group engine's isolation passes (horizon mode): the scheduler's exclusivity step.
+
+After an unclean stop, the records that may have been in flight (suspects) are delivered one at a
+time, alone in the whole process, so a death charges only the isolated record. The ledger keeps each
+partition's pass (`sidecar.core.ledger.horizon`); what it cannot see is the other partitions, which
+is this step's part. :class:`IsolationStep` is a part of
+:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by it with what it reads (the
+pipeline's room, the source, the partitions) and the committer it asks for a commit; the scheduler
+calls `step` at the start of each turn. Its ledger call (``isolate``) is in the engine's table of
+who may change a ledger; an isolated record leaves once its count is committed (the committer
+hands it to the sender). Must not import the pipeline, the share engine, or confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sidecar.core import ledger as L
+from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.partitions import Partitions, Slot, SlotRef
+from sidecar.engines.interfaces import Outlet
+from sidecar.kafka.source import KafkaSource
+
+log = logging.getLogger("sidecar.engine")
+
+
+class IsolationStep:
+    """The isolation step of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`."""
+
+    def __init__(
+        self,
+        pipe: Outlet[SlotRef],
+        source: KafkaSource,
+        partitions: Partitions,
+        committer: Committer,
+    ) -> None:
+        self._pipe = pipe
+        self._source = source
+        self._slots = partitions.by_key
+        self._committer = committer
+
+    def step(self, now: int) -> bool:
+        """Horizon mode: run the isolation passes; True while no partition may acquire.
+
+        The exclusivity rule the ledger cannot see: while any partition's suspect is ready,
+        charged, in flight or settling, nothing is acquired anywhere (a death must charge only
+        the isolated record), and a suspect is isolated only with nothing in flight in the whole
+        process and no other partition's isolated outcome waiting for its commit.
+        """
+        blocking = False
+        candidates: list[Slot] = []
+        for slot in self._slots.values():
+            if slot.suspect_top is None:
+                continue
+            ledger = slot.ledger
+            if not ledger.statistics().isolation_active:
+                if slot.in_pass:
+                    self._pass_over(slot)
+                if ledger.committable_offset() > slot.suspect_top:
+                    slot.suspect_top = None  # every suspect is done: nothing more to isolate
+                continue
+            status = ledger.horizon_status()
+            if not slot.in_pass and status.pass_active:
+                slot.in_pass = True
+                log.info(
+                    "isolation pass on %s[%d]: %d suspects (records that may have been in flight "
+                    "at an unclean stop) delivered one at a time",
+                    ledger.topic,
+                    ledger.partition,
+                    status.suspects_left,
+                )
+            elif slot.in_pass and not status.pass_active:
+                self._pass_over(slot)
+            phase = status.isolation
+            if phase is L.IsolationPhase.WAITING or phase is L.IsolationPhase.NONE:
+                continue
+            blocking = True
+            if ledger.wants_isolation and not slot.revoking:
+                candidates.append(slot)
+        if not blocking:
+            return False
+        # Commits are on the isolated records' path: keep the poll thread's timeouts short.
+        self._source.mark_busy()
+        room = self._pipe.room()
+        idle = room.in_flight == 0 and room.sending == 0
+        if not candidates or not idle or not room.app_reachable or room.draining:
+            return True
+        if room.send_room <= 0:
+            return True  # pull mode with no poll waiting: charge a suspect only for a poll
+        if room.breaker_room == 0:
+            return True  # the DLQ circuit breaker is open (or its probe is out)
+        for slot in candidates:
+            others_busy = any(
+                o is not slot
+                and o.ledger.horizon_status().isolation
+                in (L.IsolationPhase.CHARGED, L.IsolationPhase.IN_FLIGHT, L.IsolationPhase.SETTLING)
+                for o in self._slots.values()
+            )
+            if others_busy:
+                continue
+            if any(o.ledger.in_flight for o in self._slots.values()):
+                break
+            slot.ledger.isolate(now)
+            self._committer.want_commit()
+            break
+        return True
+
+    def _pass_over(self, slot: Slot) -> None:
+        slot.in_pass = False
+        status = slot.ledger.horizon_status()
+        log.info(
+            "isolation pass over on %s[%d]: %d suspects, %d isolated deliveries; normal delivery",
+            slot.ledger.topic,
+            slot.ledger.partition,
+            status.suspects_total,
+            status.isolated_total,
+        )
+
+
+__all__ = ["IsolationStep"]

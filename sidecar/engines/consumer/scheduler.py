@@ -1,0 +1,334 @@
+"""The consumer-group engine's scheduler: when it looks at its ledgers, and what a turn does.
+
+A turn expires locks, acquires records for the room the pipeline has (and hands them out), starts
+DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon commits, on the
+partitions that changed since a turn last found nothing to do in them. A turn runs in the task
+whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
+in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
+they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
+wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
+which also waits for the next deadline (a lock, a retry time), runs the turn.
+
+:class:`Scheduler` is a part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built
+by it and given its collaborators: the isolation step (horizon mode), the sender and the
+write-ahead queue (:mod:`sidecar.engines.consumer.handout`), the archiver
+(:mod:`sidecar.engines.consumer.archive`) and the committer (:mod:`sidecar.engines.consumer.commits`).
+Its ledger calls are in the engine's table of who may change a ledger. Where a record goes from
+here: acquired → `Sender.hand_out` (or the write-ahead queue first); to archive →
+`Archiver.start`; a lock expired → the pipeline's `lock_expired`. Must not import the pipeline,
+the share engine, or confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import trio
+
+from sidecar.config import Config
+from sidecar.core import ledger as L
+from sidecar.core.budget import ByteBudget
+from sidecar.engines.consumer.archive import Archiver
+from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.handout import Sender, WriteAhead
+from sidecar.engines.consumer.isolation import IsolationStep
+from sidecar.engines.consumer.partitions import Partitions, Slot, SlotRef, now_ms
+from sidecar.engines.interfaces import Counters, Outlet, PartitionKey
+from sidecar.kafka.source import KafkaSource
+
+log = logging.getLogger("sidecar.engine")
+
+# `Slot.quiet_at` during a turn: the partition gave less than it was offered (see _turn_body).
+_QUIET_CANDIDATE = -2
+
+
+class Wakeup:
+    """The scheduler's doorbell: every part that changes what a turn would do rings it (`kick`)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def kick(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        """Until a ring; the next `wait` waits for a new one."""
+        try:
+            await self._event.wait()
+        finally:
+            self._event = trio.Event()
+
+
+class Scheduler:
+    """The scheduler of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` (see above)."""
+
+    def __init__(
+        self,
+        pipe: Outlet[SlotRef],
+        config: Config,
+        counters: Counters,
+        source: KafkaSource,
+        partitions: Partitions,
+        budget: ByteBudget,
+        ledger_config: L.LedgerConfig,
+        wakeup: Wakeup,
+        *,
+        sender: Sender,
+        write_ahead: WriteAhead | None,
+        isolation: IsolationStep | None,
+        archiver: Archiver,
+        committer: Committer,
+    ) -> None:
+        self._pipe = pipe
+        self._config = config
+        self._counters = counters
+        self._source = source
+        self._partitions = partitions
+        self._slots = partitions.by_key
+        self._budget = budget
+        self._ledger_config = ledger_config
+        self._wakeup = wakeup
+        self._sender = sender
+        self._write_ahead = write_ahead  # None: horizon mode
+        self._isolation = isolation  # None: write-ahead mode
+        self._archiver = archiver
+        self._committer = committer
+        # The scheduler's wait (None while it is not waiting), and whether a turn is running.
+        self._schedule_scope: trio.CancelScope | None = None
+        self._in_turn = False
+        self._flow_shared: tuple[int, bool, int] | None = None  # see apply_flow_control
+        self._rr = 0
+
+    def turn_now(self) -> None:
+        """A scheduler turn in the caller's task, now, instead of a wake-up of the scheduler's
+        (which would cost a trio task step for the same turn); the scheduler then waits for what
+        the turn says. A ring when the scheduler is not waiting, or a turn is running."""
+        scope = self._schedule_scope
+        if scope is None or self._in_turn or self._pipe.room().stopping:
+            self._wakeup.kick()
+            return
+        deadline = trio.current_time() + self._turn()
+        # Only ever sooner: setting a cancel scope's deadline is dear, and a wait that ends
+        # early costs one turn that finds nothing and waits again.
+        if deadline < scope.deadline:  # noqa: PLR1730 (setting it always is the dear part)
+            scope.deadline = deadline
+
+    # ----------------------------------------------------------------------------- flow control
+
+    def apply_flow_control(self, busy: Sequence[Slot] | None = None) -> None:
+        """Pause or resume fetching per partition. With ``busy`` (a scheduler turn's partitions
+        that changed), only those and the ones a decision is pending for are looked at, unless
+        the conditions every partition shares (its byte share, intake closed) changed."""
+        to_pause: list[PartitionKey] = []
+        to_resume: list[PartitionKey] = []
+        room = self._pipe.room()
+        intake_closed = room.draining or not room.app_reachable or room.breaker_open
+        # Each assigned partition's share of the byte budget. A partition over it is paused, and
+        # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
+        # a record larger than a share is delivered and the partition resumes once it is done.
+        share = self._budget.share_bytes(len(self._source.assigned) or len(self._slots))
+        source_paused = self._source.paused
+        shared = (share, intake_closed, len(self._slots))
+        if busy is None or shared != self._flow_shared:
+            self._flow_shared = shared
+            looked_at = list(self._slots.items())
+        else:
+            # An unchanged partition under unchanged shared conditions decides what it decided
+            # (`flow_seen`): only the changed ones, and those with a decision not yet applied.
+            looked_at = [((s.ledger.topic, s.ledger.partition), s) for s in busy]
+            looked_at += [
+                ((s.ledger.topic, s.ledger.partition), s)
+                for s in self._slots.values()
+                if s.flow_seen is None and s not in busy
+            ]
+        for key, slot in looked_at:
+            paused = key in source_paused
+            # The same ledger under the same conditions decides the same: nothing to do again.
+            seen = (slot.ledger.changes, share, intake_closed, paused)
+            if slot.flow_seen == seen:
+                continue
+            decided = len(to_pause) + len(to_resume)
+            if intake_closed:
+                if not paused:
+                    to_pause.append(key)
+            elif not paused and slot.ledger.should_pause(share):
+                to_pause.append(key)
+                st = slot.ledger.statistics()
+                lc = self._ledger_config
+                if (
+                    st.buffered < lc.max_buffered_records
+                    and st.buffered_bytes < share
+                    and st.in_flight < lc.max_record_locks
+                ):
+                    # Neither record limit: the delivery state nears offset.metadata.max.bytes.
+                    self._counters.metadata_pauses += 1
+                    log.warning(
+                        "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
+                        key[0],
+                        key[1],
+                    )
+            elif paused and slot.ledger.may_resume(share):
+                to_resume.append(key)
+            # Remembered only when it decided nothing: a pause or resume is looked at again
+            # until the source has applied it.
+            slot.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
+        if to_pause:
+            self._source.pause(to_pause)
+        if to_resume:
+            self._source.resume(to_resume)
+
+    # ----------------------------------------------------------------------------- scheduler
+
+    async def run(self) -> None:
+        """Expire locks, acquire records, start DLQ writes, pause/resume — whenever something
+        changed; and (write-ahead mode) the hand-out task that commits acquired records' counts
+        and sends them."""
+        async with trio.open_nursery() as nursery:
+            if self._write_ahead is not None:
+                nursery.start_soon(self._write_ahead.run)
+            await self._schedule_loop()
+            nursery.cancel_scope.cancel()
+
+    async def _schedule_loop(self) -> None:
+        # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
+        # entering a scope of its own; a scope whose deadline came is replaced.
+        pipe = self._pipe
+        while not pipe.room().stopping:
+            with trio.CancelScope() as scope:
+                while not pipe.room().stopping:
+                    scope.deadline = trio.current_time() + self._turn()
+                    self._schedule_scope = scope
+                    try:
+                        await self._wakeup.wait()
+                    finally:
+                        self._schedule_scope = None
+
+    def _turn(self) -> float:
+        """One scheduler turn; returns how long to wait for a kick before the next (seconds)."""
+        self._in_turn = True
+        try:
+            return self._turn_body()
+        finally:
+            self._in_turn = False
+
+    def _turn_body(self) -> float:
+        pipe = self._pipe
+        max_total = self._config.delivery.max_in_flight_records
+        now = now_ms()
+        # A partition whose ledger has not changed since a turn found nothing to do in it,
+        # and whose next deadline has not come, has nothing to do now either: the turn skips
+        # it (its expiry, acquisition, archiving and horizon; see `PartitionLedger.changes`).
+        # It is looked at again once it changes, a deadline comes, or a turn does not offer
+        # it room to acquire.
+        busy = [
+            slot
+            for slot in self._slots.values()
+            if slot.quiet_at != slot.ledger.changes
+            or (slot.quiet_due is not None and now >= slot.quiet_due)
+        ]
+        for slot in busy:
+            slot.quiet_at = -1
+            for expired in slot.ledger.expire(now):
+                self._pipe.lock_expired(
+                    slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
+                )
+                if slot.revoking:
+                    self._partitions.progressed()
+        acquired: list[tuple[Slot, L.Attempt]] = []
+        may_acquire = False  # every partition was offered room: no retry time is pending
+        isolation = self._isolation
+        exclusive = isolation is not None and isolation.step(now)
+        if exclusive:
+            pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
+        elif (room := pipe.room()).app_reachable and not room.draining and room.dlq_ready:
+            # Acquire no more than the open requests can take right away: an acquired record's
+            # attempt is counted (and persisted) before it is sent, so one that waited in a
+            # queue while the process crashed would be charged an attempt it never had.
+            # Records acquired while the write-ahead commit of the previous round is under
+            # way wait for the next one (group commit), within the same capacity: a record
+            # never waits in a queue after its count is stored, and with one in flight an
+            # answer is committed before the next record leaves (a crash on that record
+            # does not charge the one before it).
+            waiting = 0 if self._write_ahead is None else self._write_ahead.waiting()
+            budget = min(max_total - room.in_flight - waiting, room.send_room - waiting)
+            if (breaker_room := room.breaker_room) is not None:
+                # The DLQ circuit breaker: none, or one probe (an acquired record waiting
+                # for its write-ahead commit is not issued yet, but it is the probe).
+                budget = min(budget, breaker_room - waiting)
+            slots = busy
+            if slots:
+                # Rotate the starting partition so a busy one cannot starve the others.
+                self._rr = (self._rr + 1) % len(slots)
+                slots = slots[self._rr :] + slots[: self._rr]
+            for slot in slots:
+                if budget <= 0:
+                    break
+                if slot.revoking:
+                    continue
+                got = slot.ledger.acquire(now, budget)
+                budget -= len(got)
+                acquired.extend((slot, a) for a in got)
+                if budget > 0:
+                    # It gave less than it was offered: nothing more to acquire until it
+                    # changes or its next deadline (a lock, a retry time) comes.
+                    slot.quiet_at = _QUIET_CANDIDATE
+            may_acquire = budget > 0
+        if self._write_ahead is not None and (acquired or pipe.room().in_flight):
+            # Write-ahead commits are on the records' path: keep the poll thread's
+            # consume() timeouts short while records flow.
+            self._source.mark_busy()
+        if acquired:
+            if self._write_ahead is not None:
+                self._write_ahead.add(acquired)
+            else:
+                self._sender.hand_out(acquired)
+        self._archiver.start(busy)
+        self.apply_flow_control(busy)
+        if self._write_ahead is None:
+            wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
+            for slot in wanted:
+                slot.quiet_at = -1  # a commit is wanted: asked again next turn
+            if wanted:
+                self._committer.want_commit()
+                if any(s.ledger.horizon_status().held for s in wanted):
+                    # The horizon commit fell behind the hand-outs (near saturation): records
+                    # wait on it, so queued commits must not wait out a blocking poll.
+                    self._source.mark_busy()
+        for slot in busy:
+            if slot.quiet_at == _QUIET_CANDIDATE:
+                ledger = slot.ledger
+                slot.quiet_at = ledger.changes
+                slot.quiet_due = ledger.next_deadline_ms()
+                slot.quiet_lock_due = ledger.next_lock_deadline_ms()
+        return self._next_wait_s(now_ms(), may_acquire)
+
+    def _next_wait_s(self, now: int, may_acquire: bool) -> float:
+        # A retry time that has come only matters when a record could be acquired now: with no
+        # room (every send slot taken or waiting for its commit), intake paused (app down,
+        # draining) or the partition being revoked, waking for it would spin until that changes,
+        # and every change of that kind kicks the scheduler anyway. Lock expiry always matters.
+        deadlines = [
+            d
+            for s in self._slots.values()
+            if (
+                d := (
+                    (s.quiet_due if may_acquire else s.quiet_lock_due)
+                    if s.quiet_at == s.ledger.changes
+                    else s.ledger.next_deadline_ms()
+                    if may_acquire and not s.revoking
+                    else s.ledger.next_lock_deadline_ms()
+                )
+            )
+            is not None
+        ]
+        # Every change that matters kicks the scheduler; the cap is only a safety net.
+        cap_s = 0.5 if self._write_ahead is not None else 5.0
+        if not deadlines:
+            return cap_s
+        return min(cap_s, max(0.0, (min(deadlines) - now) / 1000))
+
+
+__all__ = ["Scheduler", "Wakeup"]

@@ -1,0 +1,181 @@
+"""The consumer-group engine's status: what the pipeline's readiness, `/v1/status` and metrics read.
+
+:class:`ConsumerView` is the engine's :class:`~sidecar.engines.interfaces.StateView`, built by
+:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` with the parts it reads (the source,
+the partitions, the committer, the pipeline's room); it changes nothing. Must not import the
+pipeline, the share engine, or confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sidecar.config import Config
+from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.partitions import Partitions, SlotRef
+from sidecar.engines.interfaces import Outlet, PartitionKey
+from sidecar.kafka.source import KafkaSource
+
+# Readiness reports `commits_ok: false` once every commit has failed for this long.
+COMMITS_FAILING_NOT_READY_S = 30.0
+
+
+class ConsumerView:
+    """Readiness, status and per-partition figures of the consumer-group engine."""
+
+    def __init__(
+        self,
+        config: Config,
+        source: KafkaSource,
+        partitions: Partitions,
+        committer: Committer,
+        pipe: Outlet[SlotRef],
+        *,
+        horizon: bool,
+        tier_topics: Mapping[str, str] | None = None,
+    ) -> None:
+        self._config = config
+        self._source = source
+        self._partitions = partitions
+        self._slots = partitions.by_key
+        self._committer = committer
+        self._pipe = pipe
+        self._horizon = horizon
+        self._tier_topics = tier_topics or {}  # tier topic -> its tier's label
+
+    def stalled(self) -> str | None:
+        """Why the sidecar cannot make progress and should be restarted (None: it can).
+
+        Every commit failing for `commit.stall.timeout.ms` means nothing is handed out (delivery
+        counts are committed first) and nothing is marked done. A broker that is down recovers by
+        itself; a consumer whose group coordinator lookup is wedged inside librdkafka does not,
+        and a new process with a new consumer does. /healthz reports it so a liveness probe acts.
+        """
+        limit_ms = self._config.commit_stall_timeout_ms
+        since = self._committer.failing_since
+        if limit_ms <= 0 or since is None:
+            return None
+        failing_s = time.monotonic() - since
+        if failing_s * 1000 < limit_ms:
+            return None
+        return f"every offset commit has failed for {failing_s:.0f}s (commit.stall.timeout.ms)"
+
+    def readiness(self) -> dict[str, bool]:
+        return {
+            "assigned": bool(self._source.assigned),
+            "broker_reachable": self._source.broker_ok,
+            "commits_ok": self._committer.failing_since is None
+            or time.monotonic() - self._committer.failing_since < COMMITS_FAILING_NOT_READY_S,
+        }
+
+    def broker_error(self) -> str | None:
+        return self._source.broker_error
+
+    def paused(self) -> set[PartitionKey]:
+        return set(self._source.paused)
+
+    def lag(self) -> dict[PartitionKey, int]:
+        return self._source.lag()
+
+    def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
+        return {k: len(s.last_commit[1]) for k, s in self._slots.items() if s.last_commit}
+
+    def status_fields(self) -> dict[str, Any]:
+        since = self._committer.failing_since
+        out: dict[str, Any] = {
+            # Seconds every commit has been failing (null: the last one succeeded).
+            "commits_failing_s": None if since is None else round(time.monotonic() - since, 3),
+            "crash_accounting": "horizon" if self._horizon else "write_ahead",
+        }
+        out.update(self.isolation_summary())
+        if self._tier_topics:
+            out["retry_tiers"] = self.tier_summary()
+        return out
+
+    def tier_summary(self) -> dict[str, dict[str, int | None]]:
+        """Per retry tier (its label): records waiting (written, not yet done: from the tier
+        partitions' committed offsets to their high watermarks; None before any is known) and
+        of those the ones fetched and held until due (`/v1/status`, metrics)."""
+        stopping = self._pipe.room().stopping
+        high = self._source.high_watermarks() if not stopping else {}
+        out: dict[str, dict[str, int | None]] = {
+            label: {"waiting": None, "held": 0} for label in self._tier_topics.values()
+        }
+        for (topic, partition), slot in self._slots.items():
+            label = self._tier_topics.get(topic)
+            if label is None:
+                continue
+            st = slot.ledger.statistics()
+            row = out[label]
+            row["held"] = (row["held"] or 0) + st.buffered
+            hi = high.get((topic, partition))
+            if hi is not None:
+                committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
+                row["waiting"] = (row["waiting"] or 0) + max(0, hi - committed)
+        return out
+
+    def isolation_summary(self) -> dict[str, Any]:
+        """Crash isolation across the assigned partitions (`/v1/status`, metrics)."""
+        statuses = [s.ledger.horizon_status() for s in self._slots.values()]
+        return {
+            "isolation_active": any(h.pass_active for h in statuses),
+            "suspects_left": sum(h.suspects_left for h in statuses),
+            "suspects_total": sum(h.suspects_total for h in statuses),
+            "isolated_total": sum(h.isolated_total for h in statuses),
+        }
+
+    def partitions(self) -> list[dict[str, Any]]:
+        stopping = self._pipe.room().stopping
+        lag = self._source.lag() if not stopping else {}
+        high = self._source.high_watermarks() if not stopping else {}
+        paused = self._source.paused
+        out = []
+        for (topic, partition), slot in sorted(self._slots.items()):
+            st = slot.ledger.statistics()
+            hz = slot.ledger.horizon_status()
+            # Records not finished: from the committed offset (the committable one before this
+            # process's first commit) to the high watermark, held records included.
+            hi = high.get((topic, partition))
+            committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
+            out.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "committable_offset": st.committable_offset,
+                    "last_committed_offset": slot.last_commit[0] if slot.last_commit else None,
+                    "in_flight": st.in_flight,
+                    "buffered": st.buffered,
+                    "buffered_bytes": st.buffered_bytes,
+                    "archiving": st.archiving,
+                    "paused": (topic, partition) in paused,
+                    "lag": lag.get((topic, partition)),
+                    "committed_lag": None if hi is None else max(0, hi - committed),
+                    "horizon_committed": hz.horizon_committed,
+                    "isolation": hz.isolation.value,
+                    "suspects_left": hz.suspects_left,
+                    "suspects_total": hz.suspects_total,
+                    "isolated_total": hz.isolated_total,
+                }
+            )
+        for topic, partition in sorted(self._partitions.pending):
+            # Assigned with no committed offset and nothing fetched yet: no ledger so far.
+            out.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "committable_offset": None,
+                    "last_committed_offset": None,
+                    "in_flight": 0,
+                    "buffered": 0,
+                    "buffered_bytes": 0,
+                    "archiving": 0,
+                    "paused": (topic, partition) in paused,
+                    "lag": lag.get((topic, partition)),
+                }
+            )
+        return out
+
+
+__all__ = ["COMMITS_FAILING_NOT_READY_S", "ConsumerView"]

@@ -1,1 +1,0 @@
-../../../examples/python/app.py

@@ -1,0 +1,171 @@
+"""Records with schemas, the parts without a registry: the wire format's header, a decoded value as JSON,
+and the ``schemas:`` section's keys (each bad value named by its path, with the reason)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from sidecar.config import ConfigError, dump_config, parse_config
+from sidecar.kafka.schemas.jsonvalue import to_json
+from sidecar.kafka.schemas.wire import (
+    NOT_WIRE_FORMAT,
+    Undecodable,
+    message_indexes,
+    schema_id_of,
+)
+from tests.unit.test_config import patched
+
+# ---------------------------------------------------------------------------------------------
+# The wire format
+
+
+def test_the_schema_id_is_the_four_bytes_after_the_magic_byte() -> None:
+    assert schema_id_of(b"\x00\x00\x00\x01\x02payload") == 258
+    assert schema_id_of(b"\x00\x00\x00\x00\x07") == 7
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (b'{"id": 1}', "the first byte is 0x7b"),
+        (b"\x00\x00\x01", "3 bytes, fewer than the 5"),
+        (b"", "0 bytes"),
+    ],
+)
+def test_bytes_without_the_header_are_not_the_wire_format(data: bytes, said: str) -> None:
+    found = schema_id_of(data)
+    assert isinstance(found, Undecodable)
+    assert found.exception_class == NOT_WIRE_FORMAT
+    assert said in found.message
+
+
+def test_protobuf_message_indexes() -> None:
+    header = b"\x00\x00\x00\x00\x09"
+    assert message_indexes(header + b"\x00rest") == ((0,), 6)
+    # Two indexes (count 2 zig-zagged is 4): [1, 2] zig-zagged are 2, 4.
+    assert message_indexes(header + b"\x04\x02\x04rest") == ((1, 2), 8)
+    with pytest.raises(ValueError, match="past the end"):
+        message_indexes(header + b"\x04\x02")
+    with pytest.raises(ValueError, match="past the end"):
+        message_indexes(header)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def test_avro_values_json_has_no_word_for_are_written_as_text() -> None:
+    value = {
+        "raw": b"\x00\xff",
+        "amount": decimal.Decimal("12.50"),
+        "at": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+        "day": datetime.date(2026, 1, 2),
+        "id": uuid.UUID(int=1),
+        "text": "é",
+    }
+    back = json.loads(to_json(value))
+    assert back == {
+        "raw": "\u0000\u00ff",
+        "amount": "12.50",
+        "at": "2026-01-02T03:04:05+00:00",
+        "day": "2026-01-02",
+        "id": "00000000-0000-0000-0000-000000000001",
+        "text": "é",
+    }
+
+
+def test_a_value_with_no_json_form_is_refused() -> None:
+    with pytest.raises(TypeError, match="no JSON form"):
+        to_json({"x": object()})
+
+
+# ---------------------------------------------------------------------------------------------
+# The schemas: section
+
+
+def _config(schemas: dict[str, Any]) -> Any:
+    return parse_config(patched({"schemas": schemas}), env={})
+
+
+def test_off_by_default() -> None:
+    config = parse_config(patched({}), env={})
+    assert not config.schemas.enabled
+    assert config.schemas.cache_max_schemas == 1000
+
+
+def test_a_decoded_topic_with_its_registry() -> None:
+    config = _config(
+        {
+            "registry": {
+                "url": "http://127.0.0.1:8081",
+                "timeout.ms": 2500,
+                "properties": {"basic.auth.user.info": "u:secret", "max.retries": 1},
+            },
+            "decode": {"orders": ["key", "value"]},
+            "cache.max.schemas": 10,
+            "redact": ["card", "customer.email"],
+        }
+    )
+    schemas = config.schemas
+    assert schemas.enabled
+    assert schemas.decode["orders"] == frozenset({"key", "value"})
+    assert schemas.registry.timeout_ms == 2500
+    assert schemas.registry.properties["max.retries"] == 1
+    assert schemas.redact == ("card", "customer.email")
+    dumped = dump_config(config)["schemas"]
+    assert dumped["registry"]["properties"]["basic.auth.user.info"] == "***"
+    assert dumped["decode"] == {"orders": ["key", "value"]}
+    assert (
+        parse_config(
+            patched({"schemas": dump_config(config, mask_secrets=False)["schemas"]}), env={}
+        )
+        == config
+    )
+
+
+@pytest.mark.parametrize(
+    ("schemas", "path", "reason"),
+    [
+        (
+            {"decode": {"payments": ["value"]}, "registry": {"url": "http://r:8081"}},
+            "schemas.decode.payments",
+            "not a source topic",
+        ),
+        ({"decode": {"orders": ["value"]}}, "schemas.registry.url", "required"),
+        (
+            {"decode": {"orders": ["body"]}, "registry": {"url": "http://r"}},
+            "schemas.decode.orders",
+            "key or value",
+        ),
+        ({"decode": {"orders": []}}, "schemas.decode.orders", "a list of key and/or value"),
+        ({"decode": {"orders": ["value", "value"]}}, "schemas.decode.orders", "listed twice"),
+        ({"registry": {"url": "r:8081"}}, "schemas.registry.url", "http://"),
+        ({"registry": {"timeout.ms": 0}}, "schemas.registry.timeout.ms", "100"),
+        (
+            {"registry": {"properties": {"basic.auth.userinfo": "x"}}},
+            "schemas.registry.properties.basic.auth.userinfo",
+            "not a Schema Registry client property",
+        ),
+        (
+            {"registry": {"properties": {"url": "http://x"}}},
+            "schemas.registry.properties.url",
+            "schemas.registry.url",
+        ),
+        ({"cache.max.schemas": 0}, "schemas.cache.max.schemas", "1"),
+        ({"redact": ["a..b"]}, "schemas.redact[0]", "dotted path"),
+        ({"unknown": 1}, "schemas.unknown", ""),
+    ],
+)
+def test_a_bad_key_is_named_with_the_reason(
+    schemas: dict[str, Any], path: str, reason: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        _config(schemas)
+    assert info.value.path == path
+    assert reason in str(info.value)
