@@ -9,6 +9,10 @@
 # against its hash), checks the compiled core is what imports, and runs as a non-root user whose
 # UID/GID match the Helm chart's podSecurityContext (10001). requirements/README.md says how the
 # pinned files are regenerated.
+# The base: python:3.11-slim, or any image of Python 3.11 (scripts/build-image makes one from Debian bookworm's
+# packages where no registry is reachable) that has, beyond a Python interpreter: pip and venv, `python` on PATH,
+# the Python headers (libpython3.11-dev on Debian), CA certificates, apt-get with Debian's archive (stage 1 installs
+# gcc), groupadd/useradd, and no EXTERNALLY-MANAGED marker (pip installs into the system Python here).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
