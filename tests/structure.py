@@ -65,7 +65,7 @@ class _Module:
 
 
 #: Plain record classes whose fields their owners set by design (see ``shared_attributes``).
-RECORDS: dict[str, set[str]] = {"sidecar.core.ledger.machine": {"_Record"}}
+RECORDS: dict[str, set[str]] = {"sidecar.core.ledger.machine": {"LedgerRecord"}}
 
 
 def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
