@@ -58,7 +58,7 @@ INTERFACE_ROOTS = frozenset(
     }
 )
 #: Plain record classes whose fields their owners set by design (see ``shared_attributes``).
-RECORDS: dict[str, set[str]] = {"sidecar.core.ledger.machine": {"_Record"}}
+RECORDS: dict[str, set[str]] = {"sidecar.core.ledger.machine": {"LedgerRecord"}}
 #: Attributes of objects outside the package that are set as their API: a trio cancel scope's
 #: deadline, the fields of a ``logging.LogRecord`` a logging filter rewrites, and the schema text
 #: of a schema registry client's ``RegisteredSchema``, completed in place.
