@@ -269,7 +269,9 @@ _APP_KEYS = (
     _Key("connect.backoff.max.ms", _Int(1, _MS_HOUR), AppConfig, "connect_backoff_max_ms"),
     _Key(
         "status.mapping",
-        _Custom(_read_status_mapping, "a mapping of status code to accept|release|reject"),
+        _Custom(
+            _read_status_mapping, "a mapping of status code to accept|release|reject|route-missing"
+        ),
         AppConfig,
         "status_mapping",
     ),
