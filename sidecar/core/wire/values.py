@@ -27,6 +27,7 @@ __all__ = [
     "AppError",
     "HeaderList",
     "RecordView",
+    "SchemaRef",
     "WireError",
 ]
 
@@ -37,7 +38,7 @@ HeaderList: TypeAlias = Sequence[tuple[bytes, bytes]]
 # The words an app may put in a JSON answer; "deferred" is only reachable through status 202
 # (or a status mapping), because a JSON body *is* an answer and so cannot defer one.
 ANSWER_ACKS: frozenset[str] = frozenset({"accept", "release", "reject"})
-_STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
+STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
 # A status mapping's word for "the app has no such route" (the URL is wrong, not the record), and
 # the statuses that mean it by default when the body carries no JSON answer: what web frameworks
 # answer for a path (404), a method (405) or a content type (415) they do not serve.
@@ -50,11 +51,20 @@ ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "r
 MAX_RETRY_AFTER_MS = 600_000
 # The message of a synthesised HttpStatusNNN error: enough to recognise the failure in the DLQ
 # headers, small enough that an HTML error page does not bloat them.
-_STATUS_MESSAGE_CHARS = 200
+STATUS_MESSAGE_CHARS = 200
 
 
 class WireError(SidecarError, ValueError):
     """Input to this module's parsers or formatters is malformed; the message says where."""
+
+
+class SchemaRef(NamedTuple):
+    """The schema a key or value was decoded with (records with schemas): it is JSON text now."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str  # AVRO | PROTOBUF | JSON
 
 
 class RecordView(NamedTuple):
@@ -76,6 +86,9 @@ class RecordView(NamedTuple):
     delivery_id: str
     traceparent: str | None = None
     tracestate: str | None = None
+    # Set when the key / value was decoded through a Schema Registry: `key` / `value` are JSON text.
+    key_schema: SchemaRef | None = None
+    value_schema: SchemaRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +137,6 @@ class AckItem:
     dlq_topic: str | None = None
 
 
-def _is_header_safe(text: str) -> bool:
+def is_header_safe(text: str) -> bool:
     # Visible ASCII plus space, no CR/LF/TAB: anything else could split or smuggle headers.
     return text.isascii() and text.isprintable()
