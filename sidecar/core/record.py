@@ -2,7 +2,7 @@
 
 Owns :class:`SourceRecord` (a Kafka message read **once** at intake, :func:`source_record`, and
 carried through every attempt and the DLQ record), :class:`Tracked` (what the sidecar learns
-about a record while in its care, kept with it instead of in side tables), and delivery ids
+about a record while in its care, :class:`Decoded` included, kept with it), and delivery ids
 (:func:`new_delivery_id`, whose docstring has the grammar; :func:`is_delivery_id`; :class:`LiveIds`).
 
 Pure: no trio, no Kafka client (a message is read through a small protocol), no I/O, no clock.
