@@ -19,6 +19,7 @@ from sidecar.core.wire.answers import (
     interpret_batch,
     interpret_single,
     parse_retry_after_ms,
+    route_missing,
     validate_status_mapping,
 )
 from sidecar.core.wire.cloudevents import (
@@ -44,11 +45,14 @@ from sidecar.core.wire.values import (
     ANSWER_ACKS,
     MALFORMED_ANSWER,
     MAX_RETRY_AFTER_MS,
+    ROUTE_MISSING,
+    ROUTE_MISSING_STATUSES,
     AckItem,
     AckWord,
     Answer,
     AppError,
     RecordView,
+    SchemaRef,
     WireError,
 )
 
@@ -60,12 +64,15 @@ __all__ = [
     "CLOUDEVENTS_SPECVERSION",
     "MALFORMED_ANSWER",
     "MAX_RETRY_AFTER_MS",
+    "ROUTE_MISSING",
+    "ROUTE_MISSING_STATUSES",
     "AckItem",
     "AckWord",
     "Answer",
     "AppError",
     "CloudEventsFormat",
     "RecordView",
+    "SchemaRef",
     "WireError",
     "cloudevent_attributes",
     "cloudevents_time",
@@ -82,5 +89,6 @@ __all__ = [
     "is_structured_content_type",
     "parse_ack_request",
     "parse_retry_after_ms",
+    "route_missing",
     "validate_status_mapping",
 ]
