@@ -62,6 +62,9 @@ class RecordingListener:
         self.assigned.extend(partitions)
 
     async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        return self.revoked_now(partitions)
+
+    def revoked_now(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
         if self.revoke_commit is None:
             return []
         offset, metadata = self.revoke_commit
