@@ -302,7 +302,8 @@ class Sidecar:
         with trio.move_on_after(timeout_s):
             while True:
                 _code, ready = await self.get("/readyz")
-                if ready["checks"]["assigned"]:
+                checks = ready["checks"]
+                if checks.get("assigned") or checks.get("subscribed"):  # a share group: subscribed
                     # the librdkafka assignment is all-or-nothing per rebalance here: one group member
                     return
                 await trio.sleep(0.1)
