@@ -45,10 +45,10 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     └── MalformedReview .......... a webhook request that is no AdmissionReview           sidecar.injector.review
 
 `WireError`, `CommitStateError`, `BudgetError`, `BadResponse`, `PullQueryError` and `MalformedReview` are also
-`ValueError`s, for callers that catch that.  Private signals that never leave their module
-(``_Invalid``, ``_Bad``, ``_Malformed``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown``,
-``_Refused``) are control
-flow, not errors, and sit outside the tree.
+`ValueError`s, for callers that catch that.  Control-flow signals are not errors and sit outside the
+tree: the config reader's ``Invalid`` (raised by its key kinds, turned into `ConfigError` by
+`sidecar.config.load`), the wire parser's ``Malformed`` (turned into `WireError`), and the private
+``_Bad``, ``_Stale``, ``_SendTimeout``, ``_Stop``, ``_OffsetUnknown`` and ``_Refused`` that never leave their module.
 
 Where third-party exceptions are translated: `KafkaException` in the Kafka adapters only, through
 `sidecar.kafka.errors` (`kafka_error`, `translate`): the source (commits included), the DLQ writer, the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sidecar.core.ledger.machine import Event, _Record, enter
+from sidecar.core.ledger.machine import Event, LedgerRecord, enter
 from sidecar.core.ledger.values import ExpiredAttempt, LedgerError, UnknownAttempt
 
 
@@ -26,11 +26,11 @@ class Attempts:
         self._id_prefix = f"{topic}/{partition}/"
         self._id_epoch = f"/{epoch}."
         self._epoch = epoch
-        self.live: OrderedDict[str, _Record] = OrderedDict()
+        self.live: OrderedDict[str, LedgerRecord] = OrderedDict()
         self._next_seq = 0
         self.total = 0  # attempts made (a request never sent is not one)
 
-    def issue(self, record: _Record, deadline_ms: int) -> str:
+    def issue(self, record: LedgerRecord, deadline_ms: int) -> str:
         """A new attempt of ``record`` (ACQUIRED already), locked until ``deadline_ms``: its id."""
         seq = self._next_seq
         self._next_seq = seq + 1
@@ -41,12 +41,12 @@ class Attempts:
         self.total += 1
         return attempt_id
 
-    def renew(self, attempt_id: str, record: _Record, deadline_ms: int) -> None:
+    def renew(self, attempt_id: str, record: LedgerRecord, deadline_ms: int) -> None:
         """The attempt keeps its lock until ``deadline_ms``."""
         record.lock_deadline_ms = deadline_ms
         self.live.move_to_end(attempt_id)
 
-    def retire(self, attempt_id: str, record: _Record) -> None:
+    def retire(self, attempt_id: str, record: LedgerRecord) -> None:
         """The attempt is over (answered, expired, never sent): its id is live no more."""
         del self.live[attempt_id]
         record.attempt_id = None

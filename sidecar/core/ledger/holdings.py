@@ -16,7 +16,7 @@ import heapq
 from collections import OrderedDict, deque
 
 from sidecar.core.commitstate import CommitState
-from sidecar.core.ledger.machine import _Record
+from sidecar.core.ledger.machine import LedgerRecord
 from sidecar.core.ledger.values import LedgerConfig, RecordState
 from sidecar.core.ordering import Ordering
 
@@ -35,7 +35,7 @@ class Holdings:
         self.ordering = config.ordering
         # Not-done records in offset order (they are added in offset order); OrderedDict because
         # its front stays O(1) under deletions, which a plain dict's iteration does not.
-        self.records: OrderedDict[int, _Record] = OrderedDict()
+        self.records: OrderedDict[int, LedgerRecord] = OrderedDict()
         self.ready: list[int] = []  # heap of offsets that may be acquired now
         self.suspects_ready: list[int] = []  # heap of suspect offsets that may be isolated
         self.backoff: list[tuple[int, int]] = []  # heap of (not_before_ms, offset)
@@ -107,7 +107,7 @@ class Holdings:
             return _PARTITION
         return _UNORDERED
 
-    def hold(self, record: _Record) -> bool:
+    def hold(self, record: LedgerRecord) -> bool:
         """Hold a record just fetched; True if it may go now (not behind another of its key)."""
         offset = record.offset
         self.records[offset] = record
@@ -122,16 +122,16 @@ class Holdings:
         queue.append(offset)
         return False
 
-    def queue(self, record: _Record) -> None:
+    def queue(self, record: LedgerRecord) -> None:
         """The record may be handed out now (isolated, for a suspect)."""
         record.queued = True
         heapq.heappush(self.suspects_ready if record.suspect else self.ready, record.offset)
 
-    def back_off(self, record: _Record) -> None:
+    def back_off(self, record: LedgerRecord) -> None:
         """The record may go again at its ``not_before_ms``."""
         heapq.heappush(self.backoff, (record.not_before_ms, record.offset))
 
-    def backing_off(self, offset: int, not_before: int) -> _Record | None:
+    def backing_off(self, offset: int, not_before: int) -> LedgerRecord | None:
         """The record a backoff entry stands for, while that entry is still its own (a record
         handed out, queued or backed off again since leaves a stale entry behind)."""
         record = self.records.get(offset)
@@ -163,7 +163,7 @@ class Holdings:
             heapq.heappop(backoff)
         return None
 
-    def next_suspect(self) -> _Record | None:
+    def next_suspect(self) -> LedgerRecord | None:
         """The lowest suspect that may be isolated now (dropping stale heap entries)."""
         heap = self.suspects_ready
         while heap:
@@ -173,7 +173,7 @@ class Holdings:
             heapq.heappop(heap)
         return None
 
-    def take_suspect(self) -> _Record | None:
+    def take_suspect(self) -> LedgerRecord | None:
         """Take the lowest suspect that may be isolated now off its heap, or None."""
         record = self.next_suspect()
         if record is not None:
@@ -191,7 +191,7 @@ class Holdings:
             heapq.heappop(ready)
         return None
 
-    def remove(self, record: _Record) -> _Record | None:
+    def remove(self, record: LedgerRecord) -> LedgerRecord | None:
         """The record is done: drop it; the next of its key, which may go now, or None."""
         del self.records[record.offset]
         self.held_bytes -= record.size

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from sidecar.core.commitstate import MAX_OFFSET, CommitState
 from sidecar.core.ledger.holdings import Holdings
-from sidecar.core.ledger.machine import IsolationPass, PassEvent, _Record, enter_pass
+from sidecar.core.ledger.machine import IsolationPass, LedgerRecord, PassEvent, enter_pass
 from sidecar.core.ledger.values import (
     CommitPoint,
     CrashAccounting,
@@ -125,14 +125,14 @@ class Horizon:
 
     # -- suspects ----------------------------------------------------------------------------
 
-    def fetched(self, record: _Record) -> None:
+    def fetched(self, record: LedgerRecord) -> None:
         """A record just fetched at or below ``suspect_top``: the previous owner may have handed
         it out and died, so it is a suspect."""
         record.suspect = True
         self.n_suspects += 1
         self._suspects_total += 1
 
-    def clear_suspect(self, record: _Record) -> None:
+    def clear_suspect(self, record: LedgerRecord) -> None:
         """The suspect's count is exact now (an outcome, or archived with no delivery)."""
         if self.isolation.isolating is record:
             enter_pass(self.isolation, PassEvent.SETTLE, points=self.points)
@@ -148,19 +148,19 @@ class Horizon:
         return self.isolation.phase is not _NONE
 
     @property
-    def isolating(self) -> _Record | None:
+    def isolating(self) -> LedgerRecord | None:
         """The record being isolated (charged or in flight), or None."""
         return self.isolation.isolating
 
-    def charge(self, record: _Record) -> None:
+    def charge(self, record: LedgerRecord) -> None:
         """``record`` (a suspect just taken off its heap) is charged for an isolated delivery."""
         enter_pass(self.isolation, PassEvent.CHARGE, record)
 
-    def hand_out(self, record: _Record) -> None:
+    def hand_out(self, record: LedgerRecord) -> None:
         """The isolated record's attempt goes out (the point with its charge is confirmed)."""
         enter_pass(self.isolation, PassEvent.HAND_OUT, record)
 
-    def take_back(self, record: _Record) -> None:
+    def take_back(self, record: LedgerRecord) -> None:
         """The isolated attempt was never sent: it is still a suspect and goes again, alone, once
         the take-back is committed."""
         if self.isolation.isolating is record:
@@ -171,7 +171,7 @@ class Horizon:
         if self.isolation.phase is _IN_FLIGHT:
             enter_pass(self.isolation, PassEvent.FENCE)
 
-    def uncharge(self) -> _Record | None:
+    def uncharge(self) -> LedgerRecord | None:
         """Revoke: a charge never handed out goes back; the record charged, or None."""
         isolating = self.isolation.isolating
         if self.isolation.phase is _CHARGED and isolating is not None:
@@ -187,7 +187,7 @@ class Horizon:
         if isolating is not None:
             raise IllegalTransition(f"offset {isolating.offset} is being isolated already")
 
-    def confirm(self, point: CommitPoint) -> _Record | None:
+    def confirm(self, point: CommitPoint) -> LedgerRecord | None:
         """The broker confirmed ``point``: hand-outs may reach its horizon.  The isolated record
         to hand out now (``point`` carried its charge and nothing waits for a commit), or None.
         Raises IllegalTransition, nothing changed, for a point this ledger never made."""

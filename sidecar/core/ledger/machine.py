@@ -3,7 +3,7 @@
 Like h11's ``_state.py``: the transitions are one table, :data:`TRANSITIONS`, of
 ``(state, event) -> state``, and one function, :func:`enter`, applies it.  An event the table
 lacks for the record's state raises :class:`IllegalTransition` and leaves the record unchanged;
-nothing else assigns ``_Record.state``.  docs/guarantees.md's lifecycle, as the table holds it::
+nothing else assigns ``LedgerRecord.state``.  docs/guarantees.md's lifecycle, as the table holds it::
 
     state       event          next state     made by (sidecar.core.ledger.*)
     AVAILABLE   ACQUIRE        ACQUIRED       acquire; committed (an isolated hand-out)
@@ -111,7 +111,7 @@ def _compile() -> tuple[_Rule, ...]:
 _RULES = _compile()
 
 
-def enter(record: _Record, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> None:
+def enter(record: LedgerRecord, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> None:
     """Move ``record`` to the state :data:`TRANSITIONS` gives for its state and ``event``.
 
     Raises :class:`IllegalTransition`, the record unchanged, when the table has no such entry.
@@ -125,7 +125,7 @@ def enter(record: _Record, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> 
     record.state = target
 
 
-class _Record:
+class LedgerRecord:
     """One record held by a ledger, from its fetch until it is done.
 
     Its ``state`` changes only through :func:`enter`; each other field is documented where the
@@ -234,14 +234,14 @@ class IsolationPass:
 
     def __init__(self) -> None:
         self.phase = IsolationPhase.NONE
-        self.isolating: _Record | None = None
+        self.isolating: LedgerRecord | None = None
         self.unflushed_after: int | None = None
 
 
 def enter_pass(
     isolation: IsolationPass,
     event: PassEvent,
-    record: _Record | None = None,
+    record: LedgerRecord | None = None,
     points: int = 0,
 ) -> None:
     """Move the pass to the phase :data:`ISOLATION` gives for its phase and ``event``.

@@ -24,16 +24,16 @@ from sidecar.core.commitstate import (
 )
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
-from sidecar.core.ledger.machine import _Record
+from sidecar.core.ledger.machine import LedgerRecord
 from sidecar.core.ledger.values import CommitPoint, LedgerConfig, RecordState
 
 _AVAILABLE = RecordState.AVAILABLE
 # Metadata fill (fraction of metadata_max_bytes) at which a partition pauses / may resume.
-_PAUSE_FILL = 0.9
-_RESUME_FILL = 0.7
+PAUSE_FILL = 0.9
+RESUME_FILL = 0.7
 # An acquisition changes one count: at most two more count runs of 9 + 9 + 3 raw bytes each (gap,
 # length, count < 2**21), 63 characters with the estimate's 1.5 factor (base64 is 4/3).
-_MAX_ENTRY_CHARS = 64
+MAX_ENTRY_CHARS = 64
 
 
 def _vlen(n: int) -> int:
@@ -50,7 +50,7 @@ class CommitMetadata:
         config: LedgerConfig,
         holdings: Holdings,
         horizon: Horizon,
-        live: OrderedDict[str, _Record],
+        live: OrderedDict[str, LedgerRecord],
         start_offset: int,
     ) -> None:
         self._topic = topic
@@ -114,7 +114,7 @@ class CommitMetadata:
             delta += 1 - (left == after) - (right == after)
         self._n_count_runs += delta
 
-    def done(self, record: _Record) -> None:
+    def done(self, record: LedgerRecord) -> None:
         """The record is done, about to leave the holdings (it is still held)."""
         offset = record.offset
         seq = record.seq
@@ -323,5 +323,5 @@ class CommitMetadata:
         bound = chars_for_payload(payload_bound(state))
         # Encoding (zlib included) is the expensive part: only when the bound is not conclusive.
         self._measured_chars = (
-            encoded_length(state) if bound > self._budget * _RESUME_FILL else bound
+            encoded_length(state) if bound > self._budget * RESUME_FILL else bound
         )

@@ -32,8 +32,8 @@ from sidecar.core.ledger.attempts import Attempts
 from sidecar.core.ledger.flow import FlowControl
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
-from sidecar.core.ledger.machine import Event, _Record, enter
-from sidecar.core.ledger.metadata import _MAX_ENTRY_CHARS, _PAUSE_FILL, CommitMetadata
+from sidecar.core.ledger.machine import Event, LedgerRecord, enter
+from sidecar.core.ledger.metadata import MAX_ENTRY_CHARS, PAUSE_FILL, CommitMetadata
 from sidecar.core.ledger.values import (
     AnswerResult,
     ArchiveRequest,
@@ -194,7 +194,7 @@ class PartitionLedger:
             return False
         count = holdings.restored_count(offset) if holdings.restored_counts else 0
         count = max(count, base_count)
-        record = _Record(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
+        record = LedgerRecord(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
         if not_before_ms:
             record.not_before_ms = not_before_ms
             record.error = error
@@ -257,7 +257,7 @@ class PartitionLedger:
         heappop = heapq.heappop
         get = records.get
         attempts = self._attempts
-        pause_chars = config.metadata_max_bytes * _PAUSE_FILL
+        pause_chars = config.metadata_max_bytes * PAUSE_FILL
         allowance = 0
         # What the loop changes in the parts, added up and handed over before the metadata is
         # measured and at the end: the highest offset handed out (horizon) or counted
@@ -286,14 +286,14 @@ class PartitionLedger:
                 if estimate > pause_chars:
                     if (
                         record.delivery_count == 0
-                        and metadata.over(_PAUSE_FILL, self._version)
+                        and metadata.over(PAUSE_FILL, self._version)
                         and offset != next(iter(records))
                     ):
                         break
                 else:
-                    # An acquisition adds at most _MAX_ENTRY_CHARS to either estimate: that many
+                    # An acquisition adds at most MAX_ENTRY_CHARS to either estimate: that many
                     # need no new estimate.
-                    allowance = int(pause_chars - estimate) // _MAX_ENTRY_CHARS
+                    allowance = int(pause_chars - estimate) // MAX_ENTRY_CHARS
             allowance -= 1
             enter(record, _ACQUIRE)
             self._version += 1
@@ -331,7 +331,7 @@ class PartitionLedger:
             self._changes += 1
         return out
 
-    def _make_ready(self, record: _Record) -> None:
+    def _make_ready(self, record: LedgerRecord) -> None:
         limit = self.config.delivery_count_limit
         if record.delivery_count >= limit:
             # Restored at the limit: the last attempt's outcome was lost in a crash or a
@@ -353,13 +353,13 @@ class PartitionLedger:
         self._holdings.queue(record)
 
     def _start_archiving(
-        self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None
+        self, record: LedgerRecord, reason: ArchiveReason, error: ErrorInfo | None
     ) -> None:
         self._archive.start(record, reason, error)
         if record.suspect:
             self._horizon.clear_suspect(record)  # restored at the limit: no delivery, DLQ now
 
-    def _settle(self, record: _Record) -> None:
+    def _settle(self, record: LedgerRecord) -> None:
         """The outcome of the record's attempt is known (not an accept): charge it if pending."""
         if record.pending:
             record.pending = False
@@ -369,7 +369,7 @@ class PartitionLedger:
         if record.suspect:
             self._horizon.clear_suspect(record)
 
-    def _finish(self, record: _Record) -> None:
+    def _finish(self, record: LedgerRecord) -> None:
         """The record is done: it leaves the holdings; the next of its key may go."""
         self._metadata.done(record)  # before it leaves: the lowest record held may be this one
         following = self._holdings.remove(record)
@@ -428,7 +428,7 @@ class PartitionLedger:
     def _end_attempt(
         self,
         attempt_id: str,
-        record: _Record,
+        record: LedgerRecord,
         ack: Ack | None,
         verdict: Verdict,
         now: int,
@@ -479,7 +479,9 @@ class PartitionLedger:
             retry_at_ms=record.not_before_ms,
         )
 
-    def _decide_release(self, record: _Record, count: int, retry_after_ms: int | None) -> Verdict:
+    def _decide_release(
+        self, record: LedgerRecord, count: int, retry_after_ms: int | None
+    ) -> Verdict:
         """`outcome.decide` for a release (or a lock expiry) of the ``count``-th attempt."""
         return decide(
             _RELEASE,

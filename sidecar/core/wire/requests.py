@@ -19,10 +19,10 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 from sidecar.core.wire.cloudevents import (
     CLOUDEVENTS_BATCH_CONTENT_TYPE,
     CloudEventsFormat,
-    _binary_mode,
+    binary_mode,
     format_cloudevents_batch_body,
 )
-from sidecar.core.wire.values import RecordView, WireError, _is_header_safe
+from sidecar.core.wire.values import RecordView, WireError, is_header_safe
 
 __all__ = [
     "decode_kafka_header",
@@ -87,15 +87,15 @@ def _request_prefix(
     host: str, path: str, extra_headers: tuple[tuple[str, str], ...], content_type: str
 ) -> bytes:
     # Everything that does not depend on the record, built once per (target, mode).
-    if not path.startswith("/") or " " in path or not _is_header_safe(path):
+    if not path.startswith("/") or " " in path or not is_header_safe(path):
         raise WireError(f"request path must be an absolute visible-ASCII path, got {path!r}")
-    if not _is_header_safe(host) or not host:
+    if not is_header_safe(host) or not host:
         raise WireError(f"Host header value is not visible ASCII: {host!r}")
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Type: {content_type}"]
     for name, value in extra_headers:
         if not _TOKEN.fullmatch(name):
             raise WireError(f"extra header name is not a valid token: {name!r}")
-        if not _is_header_safe(value):
+        if not is_header_safe(value):
             raise WireError(f"extra header {name!r} has a value that is not visible ASCII")
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n").encode("ascii")
@@ -120,11 +120,11 @@ def format_single_request(
     content_type = "application/octet-stream"
     ce_lines = b""
     if cloudevents is not None:
-        content_type, ce_lines = _binary_mode(record, cloudevents)
+        content_type, ce_lines = binary_mode(record, cloudevents)
     prefix = _request_prefix(host, path, _extra_tuple(extra_headers), content_type)
     topic = record.topic
     delivery_id = record.delivery_id
-    if not (_is_header_safe(topic) and _is_header_safe(delivery_id)):
+    if not (is_header_safe(topic) and is_header_safe(delivery_id)):
         raise WireError("topic and delivery id must be visible ASCII")
     value = record.value
     body = b"" if value is None else value
@@ -161,9 +161,9 @@ def format_single_request(
         parts.append(ce_lines)
     # Trace context comes from record headers a producer wrote, so it is untrusted: a value
     # that could break the header block is dropped rather than forwarded.
-    if record.traceparent is not None and _is_header_safe(record.traceparent):
+    if record.traceparent is not None and is_header_safe(record.traceparent):
         parts.append(b"traceparent: %s\r\n" % record.traceparent.encode("ascii"))
-        if record.tracestate is not None and _is_header_safe(record.tracestate):
+        if record.tracestate is not None and is_header_safe(record.tracestate):
             parts.append(b"tracestate: %s\r\n" % record.tracestate.encode("ascii"))
     parts.append(b"\r\n")
     parts.append(body)

@@ -35,7 +35,7 @@ HeaderList: TypeAlias = Sequence[tuple[bytes, bytes]]
 # The words an app may put in a JSON answer; "deferred" is only reachable through status 202
 # (or a status mapping), because a JSON body *is* an answer and so cannot defer one.
 ANSWER_ACKS: frozenset[str] = frozenset({"accept", "release", "reject"})
-_STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
+STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
 ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "renew"})
 
 # A Retry-After far in the future is almost always a bug on the app side (a date in the wrong
@@ -43,7 +43,7 @@ ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "r
 MAX_RETRY_AFTER_MS = 600_000
 # The message of a synthesised HttpStatusNNN error: enough to recognise the failure in the DLQ
 # headers, small enough that an HTML error page does not bloat them.
-_STATUS_MESSAGE_CHARS = 200
+STATUS_MESSAGE_CHARS = 200
 
 
 class WireError(SidecarError, ValueError):
@@ -117,6 +117,6 @@ class AckItem:
     dlq_topic: str | None = None
 
 
-def _is_header_safe(text: str) -> bool:
+def is_header_safe(text: str) -> bool:
     # Visible ASCII plus space, no CR/LF/TAB: anything else could split or smuggle headers.
     return text.isascii() and text.isprintable()

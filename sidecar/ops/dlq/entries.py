@@ -42,7 +42,7 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", errors="replace")
 
 
-def _int(value: bytes | None) -> int | None:
+def int_or_none(value: bytes | None) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:
@@ -126,7 +126,7 @@ class DlqEntry:
 
     @property
     def replay_count(self) -> int:
-        return _int(self.header(H_REPLAY_COUNT)) or 0
+        return int_or_none(self.header(H_REPLAY_COUNT)) or 0
 
     @property
     def is_dlq_record(self) -> bool:
