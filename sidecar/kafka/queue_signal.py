@@ -16,6 +16,7 @@ import ctypes
 import functools
 import importlib.metadata
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ class QueueSignal:
     fd: int
     _write_fd: int
     _queue: int
-    _lib: ctypes.CDLL = field(repr=False)
+    _lib: _Library = field(repr=False)
     _closed: bool = False
 
     def clear(self) -> None:
@@ -98,8 +99,19 @@ def handle_pointer(consumer: confluent_kafka.Consumer) -> int:
     return ctypes.c_void_p.from_address(id(consumer) + object.__basicsize__).value or 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Library:
+    """The librdkafka functions used here, typed (ctypes prototypes bound to the library)."""
+
+    rd_kafka_type: Callable[[int], int]
+    rd_kafka_name: Callable[[int], bytes | None]
+    rd_kafka_queue_get_consumer: Callable[[int], int | None]
+    rd_kafka_queue_destroy: Callable[[int], None]
+    rd_kafka_queue_io_event_enable: Callable[[int, int, bytes | None, int], None]
+
+
 @functools.cache
-def _library() -> ctypes.CDLL | None:
+def _library() -> _Library | None:
     path = library_path()
     if path is None:
         return None
@@ -107,21 +119,18 @@ def _library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(path)
     except OSError:
         return None
-    fns: dict[str, tuple[Any, list[Any]]] = {
-        "rd_kafka_type": (ctypes.c_int, [ctypes.c_void_p]),
-        "rd_kafka_name": (ctypes.c_char_p, [ctypes.c_void_p]),
-        "rd_kafka_queue_get_consumer": (ctypes.c_void_p, [ctypes.c_void_p]),
-        "rd_kafka_queue_destroy": (None, [ctypes.c_void_p]),
-        "rd_kafka_queue_io_event_enable": (
-            None,
-            [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t],
-        ),
-    }
-    for name, (restype, argtypes) in fns.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
-    return lib
+    ptr, c_int, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+
+    def fn(name: str, restype: Any, *argtypes: Any) -> Any:
+        return ctypes.CFUNCTYPE(restype, *argtypes)((name, lib))
+
+    return _Library(
+        fn("rd_kafka_type", c_int, ptr),
+        fn("rd_kafka_name", ctypes.c_char_p, ptr),
+        fn("rd_kafka_queue_get_consumer", ptr, ptr),
+        fn("rd_kafka_queue_destroy", None, ptr),
+        fn("rd_kafka_queue_io_event_enable", None, ptr, c_int, ctypes.c_char_p, size),
+    )
 
 
 __all__ = ["CHECKED_WITH", "QueueSignal", "handle_pointer", "installed_version", "queue_signal"]

@@ -319,7 +319,7 @@ class ConsumerGroupEngine:
         revoke comes from another thread; on trio's own thread nothing can be waited for)."""
         self._counters.rebalances += 1
         out: list[OffsetToCommit] = []
-        revoking = [s for k in partitions if (s := self.slots.get(k)) is not None]
+        revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
         for revoked in revoking:
             revoked.revoking = True
         if self._write_ahead is not None:
