@@ -174,9 +174,7 @@ class ShareGroupEngine:
         return None
 
     def readiness(self) -> dict[str, bool]:
-        # What the client knows: its consumers subscribed. A share consumer cannot see an
-        # assignment; the broker gives a new member partitions on its second heartbeat (about 5 s
-        # with Kafka's defaults), and `records_received` (`/readyz`'s `share`) says when they came.
+        # What the client knows (it sees no assignment; docs/engines.md: the first 5 s).
         return {
             "subscribed": self.source.subscribed and self.source.fatal_error is None,
             "broker_reachable": self.source.broker_ok,
