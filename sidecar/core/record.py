@@ -6,7 +6,8 @@ Owns:
   context, read **once** at intake (:func:`source_record`) and carried through every attempt, the
   DLQ record and the archived-record log line;
 - :class:`Tracked`: what the sidecar learns about a record while it is in its care (the custom DLQ
-  record parts of a reject, the last attempt's span), kept with the record instead of in side tables;
+  record parts of a reject, the last attempt's span, its key and value decoded through a Schema
+  Registry: :class:`Decoded`), kept with the record instead of in side tables;
 - delivery ids: :func:`new_delivery_id`, the one parser :func:`is_delivery_id`, and :class:`LiveIds`, the
   live attempts by id with what an id that is not live answers.
 
@@ -31,9 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
+from sidecar.core.wire.values import SchemaRef
+
 __all__ = [
     "DELIVERY_ID_BYTES",
     "CustomDeadLetter",
+    "Decoded",
     "LiveIds",
     "MessageLike",
     "SourceRecord",
@@ -257,6 +261,16 @@ class TierTrail:
     due_ms: int
 
 
+class Decoded(NamedTuple):
+    """A record's key and value decoded through a Schema Registry: JSON text and the schema read
+    with, or the record's own bytes and None for a field that is not decoded."""
+
+    key: bytes | None
+    key_schema: SchemaRef | None
+    value: bytes | None
+    value_schema: SchemaRef | None
+
+
 @dataclass(slots=True, eq=False)
 class Tracked:
     """A record in the sidecar's care, with what was learnt about it on the way.
@@ -270,3 +284,6 @@ class Tracked:
     last_span: Any = field(default=None)
     # Read from a retry tier (`sidecar.core.tiers`): the tiers it went through, where it was read.
     tier: TierTrail | None = None
+    # Records with schemas: the key and value as the app gets them (JSON text, the schema named),
+    # decoded once, before the first attempt. The DLQ record still carries `record`'s bytes.
+    decoded: Decoded | None = None

@@ -89,6 +89,7 @@ from sidecar.engines.attempts import (
 )
 from sidecar.engines.batching import BatchAssembler
 from sidecar.engines.breaker_gate import BreakerGate, breaker_for
+from sidecar.engines.decoding import decoding_for
 from sidecar.engines.dlq_step import DlqStep, dlq_topics, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,
@@ -182,6 +183,13 @@ class Pipeline:
         breaker = breaker_for(config)
         self._gate = None if breaker is None else BreakerGate(breaker, self._breaker_moved)
         self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
+        # Records with schemas (schemas.decode): None unless a topic decodes.
+        self._schemas = decoding_for(
+            config,
+            reject=lambda d, error: self._apply(d, Answer("reject", error=error)),
+            intake_changed=lambda: self._state.intake_changed(),  # noqa: PLW0108 (built below)
+            stopping=lambda: self._flags.stopping,
+        )
         self._outlet = PipelineOutlet(
             self._live,
             self.counters,
@@ -194,6 +202,7 @@ class Pipeline:
             gate=self._gate,
             dlq_step=self._dlq_step,
             fail=self.fail,
+            registry=None if self._schemas is None else self._schemas.registry,
         )
         self._state: StateAdapter = adapter(
             EngineParts(
@@ -288,6 +297,8 @@ class Pipeline:
             with trio.CancelScope(shield=True):
                 await self.app.aclose()
                 await trio.to_thread.run_sync(self.tracing.shutdown)
+                if self._schemas is not None:
+                    self._schemas.close()
 
     async def _wait_cluster_usable(self) -> bool:
         """Until the cluster answers with the configured credentials and certificates: not ready,
@@ -372,6 +383,8 @@ class Pipeline:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
         if self._gate is not None:
             checks["circuit_breaker_closed"] = self._gate.closed
+        if self._schemas is not None:
+            checks["schema_registry_reachable"] = self._schemas.registry.reachable
         return checks
 
     def missing_topics_reason(self) -> str | None:
@@ -411,6 +424,7 @@ class Pipeline:
             **self._pull_status(),
             "circuit_breaker": self.breaker_status(),
             "dlq_routes": self._dlq_step.route_status(),
+            **({} if self._schemas is None else {"schemas": self._schemas.status()}),
             "counters": self.counters.snapshot(),
         }
 
@@ -475,6 +489,13 @@ class Pipeline:
         """Start one request (single mode: one delivery; batch mode: a batch) for the live ones
         among `items`; its answer comes to `_answered`."""
         live = [d for d in items if self._live.get(d.id) is d]
+        if live and self._schemas is not None:
+            # Decoded before the first attempt; an undecodable record is rejected (to the DLQ).
+            live, missing = self._schemas.ready(live)
+            if missing:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._load_schemas, items, missing)
+                return
         if not live:
             self._request_done(items)
             return
@@ -492,6 +513,15 @@ class Pipeline:
             request.exchange = self.app.start_single(
                 traced[0][0], self._timeout_s, request.answered
             )
+
+    async def _load_schemas(self, items: list[Delivery[Any]], missing: set[int]) -> None:
+        """Load the schemas a request's records need, then send it in its slot; with the
+        registry down it is not an attempt (`_not_reached`), and intake pauses until it answers."""
+        assert self._schemas is not None and self._nursery is not None
+        if await self._schemas.load_or_probe(missing, self._nursery):
+            self._dispatch(items)
+        else:
+            await self._not_reached(items)
 
     def _request_done(self, items: list[Delivery[Any]]) -> None:
         self._outlet.request_done(len(items))
@@ -588,6 +618,15 @@ class Pipeline:
         taken = await pull.take(
             max_records, wait_s, lambda d: self._live.get(d.id) is d, self._wake
         )
+        if taken and self._schemas is not None:
+            assert self._nursery is not None
+            taken = await self._schemas.ready_pulled(
+                taken,
+                lambda d: self._live.get(d.id) is d,
+                self._nursery,
+                self._state.not_reached,
+                pull.put,
+            )
         now = trio.current_time()
         handed_at = time.perf_counter()
         lock_s = self.config.delivery.lock_duration_ms / 1000

@@ -347,6 +347,10 @@ class LocalApi:
         missing = self.engine.missing_topics_reason()
         if not checks.get("source_topics_exist", True) and missing:
             body["reason"] = f"{body['reason']}; {missing}" if "reason" in body else missing
+        if not checks.get("schema_registry_reachable", True):
+            schemas = self.engine.status().get("schemas") or {}
+            why = f"the schema registry {schemas.get('registry')} cannot be used: {schemas.get('registry_error')}"
+            body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
         if not checks.get("circuit_breaker_closed", True):
             breaker = self.engine.breaker_status() or {}
             why = f"the DLQ circuit breaker is {breaker.get('state')}: {breaker.get('reason')}"

@@ -24,7 +24,7 @@ DLQ producer must never be handed one.
 
 One module a part of the contract::
 
-    values        words, limits, WireError, RecordView, AppError, Answer, AckItem
+    values        words, limits, WireError, RecordView, SchemaRef, AppError, Answer, AckItem
     requests      single and batch request bytes, X-Kafka-* header encodings, the pull response
     cloudevents   app.format: cloudevents (binary mode, the JSON batch format)
     answers       the app's answers interpreted into Answer values
@@ -73,6 +73,7 @@ from sidecar.core.wire.values import (
     Answer,
     AppError,
     RecordView,
+    SchemaRef,
     WireError,
 )
 
@@ -90,6 +91,7 @@ __all__ = [
     "AppError",
     "CloudEventsFormat",
     "RecordView",
+    "SchemaRef",
     "WireError",
     "cloudevent_attributes",
     "cloudevents_time",

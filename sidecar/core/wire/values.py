@@ -25,6 +25,7 @@ __all__ = [
     "AppError",
     "HeaderList",
     "RecordView",
+    "SchemaRef",
     "WireError",
 ]
 
@@ -50,6 +51,15 @@ class WireError(SidecarError, ValueError):
     """Input to this module's parsers or formatters is malformed; the message says where."""
 
 
+class SchemaRef(NamedTuple):
+    """The schema a key or value was decoded with (records with schemas): it is JSON text now."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str  # AVRO | PROTOBUF | JSON
+
+
 class RecordView(NamedTuple):
     """What the wire needs of one delivery attempt of one Kafka record.
 
@@ -69,6 +79,9 @@ class RecordView(NamedTuple):
     delivery_id: str
     traceparent: str | None = None
     tracestate: str | None = None
+    # Set when the key / value was decoded through a Schema Registry: `key` / `value` are JSON text.
+    key_schema: SchemaRef | None = None
+    value_schema: SchemaRef | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,6 +240,18 @@ groups:
           description: >-
             The sidecar cannot connect to the app: intake is paused and records wait in Kafka.
           runbook_url: {{ printf "%s#dlqsidecarappunreachable" $book }}
+      - alert: DlqSidecarSchemaRegistryUnreachable
+        expr: >-
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check="schema_registry_reachable"`)))) }}
+        for: {{ $t.schemaRegistryUnreachableFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the schema registry cannot be used (source topic {{ $labels.topic }})'`}}
+          description: >-
+            The sidecar cannot load the schemas of the records it decodes (schemas.decode): intake is
+            paused, records wait in Kafka and none go to the DLQ for it.
+          runbook_url: {{ printf "%s#dlqsidecarschemaregistryunreachable" $book }}
       {{- $commitLag := printf "dlq_sidecar_committed_lag_records%s" $sel }}
       {{- $shareLag := printf "min by (namespace, job, topic, partition) (dlq_sidecar_share_lag_records%s)" $sel }}
       - alert: DlqSidecarLagGrowing
@@ -271,7 +283,7 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecarisolationpasslong" $book }}
       - alert: DlqSidecarNotReady
         expr: >-
-          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|subscribed|broker_reachable|app_reachable|dlq_writable|commits_ok|circuit_breaker_closed"`)))) }}
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|subscribed|broker_reachable|app_reachable|dlq_writable|commits_ok|circuit_breaker_closed|schema_registry_reachable"`)))) }}
         for: {{ $t.notReadyFor }}
         labels:
           severity: warning
