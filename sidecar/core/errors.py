@@ -28,6 +28,7 @@ with the module that defines it (tests/unit/test_errors.py walks the package and
     │       └── DlqTxnStuck ...... a transaction call that never returned                 sidecar.kafka.dlq.errors
     ├── AppClientError ........... talking to the app over HTTP                           sidecar.http.exchanges
     │   ├── AppNotReachable ...... nothing listening: not an attempt                      sidecar.http.exchanges
+    │   │   └── AppRouteMissing .. the app has no such route (wrong URL): not an attempt  sidecar.http.exchanges
     │   └── AppRequestFailed ..... sent, then failed: an attempt                          sidecar.http.exchanges
     ├── RegistryUnreachable ...... the Schema Registry cannot be used now: pause, retry  sidecar.kafka.schemas.catalog
     ├── LimitExceeded ............ an HTTP message's head or chunk framing over budget    sidecar.http.limits

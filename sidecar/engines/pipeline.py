@@ -80,6 +80,7 @@ from sidecar.core.breaker import BreakerState, CircuitBreaker, Transition
 from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
+from sidecar.engines.app_route import AppRoute
 from sidecar.engines.attempts import (
     AppClientFactory,
     abandon_attempt_span,
@@ -109,7 +110,7 @@ from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.engines.source_topics import SourceTopics
 from sidecar.engines.tier_step import TierStep, tier_topics
-from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.http.appclient import AppClient, AppNotReachable, AppRouteMissing, AppTarget
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
@@ -148,6 +149,12 @@ class Pipeline:
             dlq_ready=not (config.errors.dlq.enabled or config.errors.tiers.enabled)
         )
         self._reachability = Reachability()
+        self._route = AppRoute(
+            self._reachability,
+            self._intake_changed,
+            backoff_initial_s=config.app.connect_backoff_initial_ms / 1000,
+            backoff_max_s=config.app.connect_backoff_max_ms / 1000,
+        )
         self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
         app = config.app
         batch = app.mode == AppMode.BATCH
@@ -222,7 +229,12 @@ class Pipeline:
 
     @property
     def app_reachable(self) -> bool:
-        return self._reachability.reachable
+        """The app accepts connections (one that answers route-missing does)."""
+        return self._reachability.reachable or self._route.missing
+
+    def app_route_missing(self) -> str | None:
+        """Why the app has no route at the configured URL (None: it has, as far as known)."""
+        return self._route.reason()
 
     @property
     def app_down_since(self) -> float | None:
@@ -375,12 +387,14 @@ class Pipeline:
             state["broker_reachable"] = False
         checks = {
             **state,
-            "app_reachable": self._reachability.reachable,
+            "app_reachable": self.app_reachable,
+            "app_route_found": not self._route.missing,
             "dlq_writable": self._flags.dlq_ready and self._flags.failure is None,
             "source_topics_exist": not self._sources.missing,
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
+            del checks["app_route_found"]
         if self._gate is not None:
             checks["circuit_breaker_closed"] = self._gate.closed
         if self._schemas is not None:
@@ -412,7 +426,8 @@ class Pipeline:
         return {
             "group": self.config.group_id,
             "engine": self.config.engine.value,
-            "app_reachable": self._reachability.reachable,
+            "app_reachable": self.app_reachable,
+            "app_route_missing": self._route.reason(),
             "draining": self._flags.draining,
             "failure": self._flags.failure,
             "uptime_s": round(time.time() - self.started_at, 3),
@@ -540,10 +555,14 @@ class Pipeline:
             for d, (_view, actx) in zip(live, traced, strict=True):
                 end_attempt_span(actx, d.tracked, None)
             self.counters.not_attempted += len(live)
-            self._app_unreachable(str(result))
+            if isinstance(result, AppRouteMissing):
+                self._route.lost(result, self._nursery)
+            else:
+                self._app_unreachable(str(result))
             assert self._nursery is not None
             self._nursery.start_soon(self._not_reached, request.items)
             return
+        self._route.answered()
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
         answers = result if isinstance(result, dict) else {live[0].id: result}
@@ -647,6 +666,9 @@ class Pipeline:
         return {"pull": {"waiting_polls": pull.waiting(), "queued": pull.queued()}}
 
     # ------------------------------------------------------------------------- app reachability
+
+    def _intake_changed(self) -> None:
+        self._state.intake_changed()
 
     def _app_unreachable(self, reason: str) -> None:
         if not self._reachability.lost():

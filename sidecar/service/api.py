@@ -344,6 +344,9 @@ class LocalApi:
         reason = self.engine.broker_error()
         if not checks.get("broker_reachable", True) and reason:
             body["reason"] = reason
+        route = self.engine.app_route_missing()
+        if not checks.get("app_route_found", True) and route:
+            body["reason"] = f"{body['reason']}; {route}" if "reason" in body else route
         missing = self.engine.missing_topics_reason()
         if not checks.get("source_topics_exist", True) and missing:
             body["reason"] = f"{body['reason']}; {missing}" if "reason" in body else missing

@@ -43,6 +43,7 @@ from sidecar.core.wire.answers import (
     interpret_batch,
     interpret_single,
     parse_retry_after_ms,
+    route_missing,
     validate_status_mapping,
 )
 from sidecar.core.wire.cloudevents import (
@@ -68,6 +69,8 @@ from sidecar.core.wire.values import (
     ANSWER_ACKS,
     MALFORMED_ANSWER,
     MAX_RETRY_AFTER_MS,
+    ROUTE_MISSING,
+    ROUTE_MISSING_STATUSES,
     AckItem,
     AckWord,
     Answer,
@@ -85,6 +88,8 @@ __all__ = [
     "CLOUDEVENTS_SPECVERSION",
     "MALFORMED_ANSWER",
     "MAX_RETRY_AFTER_MS",
+    "ROUTE_MISSING",
+    "ROUTE_MISSING_STATUSES",
     "AckItem",
     "AckWord",
     "Answer",
@@ -108,5 +113,6 @@ __all__ = [
     "is_structured_content_type",
     "parse_ack_request",
     "parse_retry_after_ms",
+    "route_missing",
     "validate_status_mapping",
 ]

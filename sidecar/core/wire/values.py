@@ -18,6 +18,8 @@ __all__ = [
     "ANSWER_ACKS",
     "MALFORMED_ANSWER",
     "MAX_RETRY_AFTER_MS",
+    "ROUTE_MISSING",
+    "ROUTE_MISSING_STATUSES",
     "AckItem",
     "AckRequestWord",
     "AckWord",
@@ -37,6 +39,11 @@ HeaderList: TypeAlias = Sequence[tuple[bytes, bytes]]
 # (or a status mapping), because a JSON body *is* an answer and so cannot defer one.
 ANSWER_ACKS: frozenset[str] = frozenset({"accept", "release", "reject"})
 STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
+# A status mapping's word for "the app has no such route" (the URL is wrong, not the record), and
+# the statuses that mean it by default when the body carries no JSON answer: what web frameworks
+# answer for a path (404), a method (405) or a content type (415) they do not serve.
+ROUTE_MISSING = "route-missing"
+ROUTE_MISSING_STATUSES: frozenset[int] = frozenset({404, 405, 415})
 ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "renew"})
 
 # A Retry-After far in the future is almost always a bug on the app side (a date in the wrong

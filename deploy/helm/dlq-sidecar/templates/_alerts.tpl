@@ -240,6 +240,19 @@ groups:
           description: >-
             The sidecar cannot connect to the app: intake is paused and records wait in Kafka.
           runbook_url: {{ printf "%s#dlqsidecarappunreachable" $book }}
+      - alert: DlqSidecarAppRouteMissing
+        expr: >-
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_app_route_missing%s == 1" $sel)) }}
+        for: {{ $t.appUnreachableFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the app has no route at the configured URL (source topic {{ $labels.topic }})'`}}
+          description: >-
+            The app answers the sidecar's requests with 404, 405 or 415 and no JSON answer: app.url
+            names a path, method or content type the app does not serve. Intake is paused and records
+            wait in Kafka, none counted or dead-lettered; /readyz names the URL and the status.
+          runbook_url: {{ printf "%s#dlqsidecarapproutemissing" $book }}
       - alert: DlqSidecarSchemaRegistryUnreachable
         expr: >-
           {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check="schema_registry_reachable"`)))) }}
@@ -283,7 +296,7 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecarisolationpasslong" $book }}
       - alert: DlqSidecarNotReady
         expr: >-
-          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|subscribed|broker_reachable|app_reachable|dlq_writable|commits_ok|circuit_breaker_closed|schema_registry_reachable"`)))) }}
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|subscribed|broker_reachable|app_reachable|app_route_found|dlq_writable|commits_ok|circuit_breaker_closed|schema_registry_reachable"`)))) }}
         for: {{ $t.notReadyFor }}
         labels:
           severity: warning
