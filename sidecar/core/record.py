@@ -1,23 +1,9 @@
 """One consumed record as the sidecar carries it, and the grammar of delivery ids (sans-IO).
 
-Owns:
-
-- :class:`SourceRecord`: a Kafka message's bytes, headers, timestamp and the producer's trace
-  context, read **once** at intake (:func:`source_record`) and carried through every attempt, the
-  DLQ record and the archived-record log line;
-- :class:`Tracked`: what the sidecar learns about a record while it is in its care (the custom DLQ
-  record parts of a reject, the last attempt's span, its key and value decoded through a Schema
-  Registry: :class:`Decoded`), kept with the record instead of in side tables;
-- delivery ids: :func:`new_delivery_id`, the one parser :func:`is_delivery_id`, and :class:`LiveIds`, the
-  live attempts by id with what an id that is not live answers.
-
-Delivery ids (``Kafka-Delivery-Id``, the ``id`` of ``POST /v1/acks``)::
-
-    delivery-id = 22 * id-char                     ; 128 random bits, base64url without padding
-    id-char     = ALPHA / DIGIT / "-" / "_"
-
-A new id per attempt, drawn from the operating system's random source by the caller: nothing in an
-id (no topic, offset, epoch or sequence number) lets anyone who sees one id guess another.
+Owns :class:`SourceRecord` (a Kafka message read **once** at intake, :func:`source_record`, and
+carried through every attempt and the DLQ record), :class:`Tracked` (what the sidecar learns
+about a record while in its care, :class:`Decoded` included, kept with it), and delivery ids
+(:func:`new_delivery_id`, whose docstring has the grammar; :func:`is_delivery_id`; :class:`LiveIds`).
 
 Pure: no trio, no Kafka client (a message is read through a small protocol), no I/O, no clock.
 """
@@ -64,7 +50,16 @@ ANSWERED_REMEMBERED = 8192
 
 
 def new_delivery_id(random_bytes: Callable[[int], bytes]) -> str:
-    """A fresh delivery id from ``random_bytes(n)`` (``secrets.token_bytes`` in the engine)."""
+    """A fresh delivery id from ``random_bytes(n)`` (``secrets.token_bytes`` in the engine).
+
+    Delivery ids (``Kafka-Delivery-Id``, the ``id`` of ``POST /v1/acks``)::
+
+        delivery-id = 22 * id-char                     ; 128 random bits, base64url without padding
+        id-char     = ALPHA / DIGIT / "-" / "_"
+
+    A new id per attempt, drawn from the operating system's random source by the caller: nothing in an
+    id (no topic, offset, epoch or sequence number) lets anyone who sees one id guess another.
+    """
     raw = random_bytes(DELIVERY_ID_BYTES)
     if len(raw) != DELIVERY_ID_BYTES:
         raise ValueError(f"random_bytes returned {len(raw)} bytes, not {DELIVERY_ID_BYTES}")

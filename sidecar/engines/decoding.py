@@ -1,13 +1,9 @@
 """Records with schemas, the pipeline's step: a record's key and value decoded before its first attempt.
 
-Owns the decoder the config asks for (`decoding_for`: None unless ``schemas.decode`` names a topic) and
-the registry's reachability. `SchemaStep.sort` runs where the pipeline makes an attempt's view (a push
-request, a pull): each delivery is ready (decoded now, decoded before, or of a topic that does not
-decode), undecodable (to the DLQ without a delivery: the pipeline answers it with a reject carrying the
-reason), or waiting for a schema to be loaded. `SchemaStep.load` loads on a worker thread; a registry
-that cannot be reached marks it down (intake pauses as for an unreachable app, `/readyz` names it) and
-`probe` tries again with backoff until it answers. Must not import either engine or confluent-kafka
-(`sidecar.kafka.schemas` does).
+Owns the decoder the config asks for (`decoding_for`: None unless ``schemas.decode`` names a topic),
+`SchemaStep` (ready, undecodable or waiting: told in its docstring) and the registry's reachability.
+
+Must not import either engine or confluent-kafka (`sidecar.kafka.schemas` does).
 """
 
 from __future__ import annotations
@@ -31,11 +27,19 @@ _PROBE_MAX_S = 10.0
 
 
 class SchemaStep:
-    """Decoding for the pipeline (see the module docstring).
+    """Decoding for the pipeline.
 
     Given by the pipeline: `reject` (answer a delivery with a reject carrying the error, as if the
     app had: the record goes to the DLQ, never to the app), `intake_changed` (the adapter hears that
-    the registry went down or came back), `stopping` (the pipeline is stopping)."""
+    the registry went down or came back), `stopping` (the pipeline is stopping).
+
+    `sort` runs where the pipeline makes an attempt's view (a push request, a pull): each delivery is
+    ready (decoded now, decoded before, or of a topic that does not decode), undecodable (to the DLQ
+    without a delivery: the pipeline answers it with a reject carrying the reason), or waiting for a
+    schema to be loaded. `load` loads on a worker thread; a registry that cannot be reached marks it
+    down (intake pauses as for an unreachable app, `/readyz` names it) and `probe` tries again with
+    backoff until it answers.
+    """
 
     def __init__(
         self,

@@ -358,6 +358,10 @@ class LocalApi:
             breaker = self.engine.breaker_status() or {}
             why = f"the DLQ circuit breaker is {breaker.get('state')}: {breaker.get('reason')}"
             body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
+        if "subscribed" in checks:
+            # A share group: what its client knows (it sees no assignment), not a gate.
+            share = self.engine.status().get("share") or {}
+            body["share"] = {"records_received": bool(share.get("records_received"))}
         return json_response(body, 200 if ready else 503)
 
     async def close_breaker(self, _request: Request) -> Response:

@@ -28,6 +28,8 @@ from sidecar.kafka.schemas.wire import (
     message_indexes,
     schema_id_of,
 )
+from sidecar.ops.dlq.errors import UsageError
+from sidecar.ops.dlq.payloads import Payload, PayloadReader, parse_field_filter, redact
 from tests.unit.test_config import patched
 from tests.unit.test_wire import ParsedRequest, make_record, parse_single
 
@@ -255,3 +257,42 @@ def test_cloudevents_of_a_decoded_value() -> None:
     (event,) = json.loads(format_cloudevents_batch_body([record], ce))
     assert event["data"] == {"id": 1}
     assert "data_base64" not in event
+
+
+# ---------------------------------------------------------------------------------------------
+# The DLQ tools: redaction and filters on decoded fields
+
+
+def test_redaction_by_name_at_any_depth_and_by_path() -> None:
+    value = {
+        "card": "4111",
+        "customer": {"email": "a@b", "card": "5500", "name": "Ann"},
+        "items": [{"card": "x", "sku": 1}],
+        "email": "top@b",
+    }
+    out = redact(value, frozenset({"card"}), frozenset({"customer.email"}))
+    assert out == {
+        "card": "***",
+        "customer": {"email": "***", "card": "***", "name": "Ann"},
+        "items": [{"card": "***", "sku": 1}],
+        "email": "top@b",  # a path redacts that path only
+    }
+    assert value["card"] == "4111"  # the input is left as it was
+
+
+def test_a_field_filter_compares_text_and_json() -> None:
+    reader = PayloadReader(None, (), (("customer.id", "42"), ("tags.0", "vip")))
+    ok = Payload({"customer": {"id": 42}, "tags": ["vip"]}, {"subject": "s", "version": 1, "id": 1})
+    assert reader.matches(ok)
+    assert not reader.matches(Payload({"customer": {"id": 41}, "tags": ["vip"]}, ok.schema))
+    assert not reader.matches(Payload({"tags": ["vip"]}, ok.schema))  # missing
+    assert not reader.matches(Payload(reason="not the wire format"))
+    assert not reader.matches(None)
+    assert PayloadReader(None).matches(None)  # no filter: everything
+
+
+def test_a_field_filter_needs_path_and_value() -> None:
+    assert parse_field_filter("a.b=") == ("a.b", "")
+    assert parse_field_filter("a=b=c") == ("a", "b=c")
+    with pytest.raises(UsageError, match="PATH=VALUE"):
+        parse_field_filter("novalue")

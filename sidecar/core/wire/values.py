@@ -55,7 +55,11 @@ STATUS_MESSAGE_CHARS = 200
 
 
 class WireError(SidecarError, ValueError):
-    """Input to this module's parsers or formatters is malformed; the message says where."""
+    """Input to a wire parser or formatter is malformed; the message says where.
+
+    The app's *answers* never raise: a malformed answer is a release carrying a
+    ``sidecar.MalformedAnswer`` error.
+    """
 
 
 class SchemaRef(NamedTuple):

@@ -296,7 +296,7 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecarisolationpasslong" $book }}
       - alert: DlqSidecarNotReady
         expr: >-
-          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|broker_reachable|app_reachable|app_route_found|dlq_writable|commits_ok|circuit_breaker_closed|schema_registry_reachable"`)))) }}
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|subscribed|broker_reachable|app_reachable|app_route_found|dlq_writable|commits_ok|circuit_breaker_closed|schema_registry_reachable"`)))) }}
         for: {{ $t.notReadyFor }}
         labels:
           severity: warning
@@ -305,7 +305,7 @@ groups:
           description: >-
             /readyz answers 503 for a readiness check with no alert of its own (a check these rules do
             not know; dlq_sidecar_readiness_check says which). The known checks page through their
-            cause's alert, and `assigned` not at all: an idle pod has no partitions.
+            cause's alert, and `assigned` (`subscribed` for a share group) not at all: an idle pod has no partitions.
           runbook_url: {{ printf "%s#dlqsidecarnotready" $book }}
       - alert: DlqSidecarBrokerArchivedWithoutDlq
         expr: >-
