@@ -94,6 +94,7 @@ class LogLevel(StrEnum):
 
 
 class LogFormat(StrEnum):
+    AUTO = "auto"  # text when stderr is a terminal (a person reads it), else json (a collector)
     JSON = "json"
     LOGFMT = "logfmt"
     TEXT = "text"
@@ -286,7 +287,7 @@ class ApiConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoggingConfig:
     level: LogLevel = LogLevel.INFO
-    format: LogFormat = LogFormat.JSON
+    format: LogFormat = LogFormat.AUTO
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
