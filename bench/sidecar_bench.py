@@ -23,6 +23,8 @@ fresh consumer group and the figure is records/s from the first record seen to t
                 never part of ``all``; alone, they run without the parts below
     spring-vs-tiers  the sidecar's retry tiers side by side with Spring Kafka's retry topics
                 (``bench.vs_spring``; Java 17+); named only, like the Dapr ones
+    schemas-avro  Avro records decoded for the app against the same records undecoded
+                (``bench.vs_schemas``; a Schema Registry on Java 21+); named only
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -97,6 +99,7 @@ from bench.runs import (
 )
 from bench.sidecars import Side, unavailable
 from bench.vs_dapr import DAPR_SCENARIOS, part_dapr, print_dapr
+from bench.vs_schemas import SCHEMAS_SCENARIOS, part_schemas, print_schemas
 from bench.vs_spring import SPRING_SCENARIOS, part_spring, print_spring
 
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
@@ -116,6 +119,8 @@ def show(results: dict[str, Any]) -> None:
         print_dapr(results["dapr"])
     if "spring" in results:
         print_spring(results["spring"])
+    if "schemas" in results:
+        print_schemas(results["schemas"])
     print_report(results)
 
 
@@ -319,7 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios",
         default="all",
         help="throughput and latency scenarios, comma-separated names or prefixes: "
-        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS),
+        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS + SCHEMAS_SCENARIOS),
     )
     add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
     add(
@@ -373,8 +378,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.spring_selected = [
         s for s in SPRING_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
     ]
+    args.schemas_selected = [
+        s for s in SCHEMAS_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
     args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
-    if (args.dapr_selected or args.spring_selected) and not args.selected:
+    if (args.dapr_selected or args.spring_selected or args.schemas_selected) and not args.selected:
         args.skip_parts |= set(PARTS)  # the side-by-side runs alone
     if args.no_latency:
         args.skip_parts.add("latency")
@@ -388,6 +396,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         not args.selected
         and not args.dapr_selected
         and not args.spring_selected
+        and not args.schemas_selected
         and set(PARTS) <= args.skip_parts
     ):
         parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
@@ -456,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
                     results["dapr"] = part_dapr(broker, app, directory, args, args.dapr_selected)
                 if args.spring_selected:
                     results["spring"] = part_spring(broker, app, directory, args)
+                if args.schemas_selected:
+                    results["schemas"] = part_schemas(broker, app, directory, args)
             finally:
                 app.close()
     finally:
