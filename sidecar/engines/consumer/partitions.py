@@ -80,12 +80,15 @@ class Slot:
 
     Who changes which field: `live`, `revoking` and `dlq_writes` the engine and its archiver
     (:mod:`sidecar.engines.consumer.archive`: `dlq_writes`, `held`); `last_commit` and
-    `txn_uncommitted` the committer; `in_pass` and `suspect_top` (after its construction) the
+    `txn_uncommitted` and `commit_quiet_at` the committer; `in_pass` and `suspect_top` (after its construction) the
     isolation step; the `quiet_*` fields and `flow_seen` the scheduler.
     """
 
     ledger: L.PartitionLedger
     last_commit: tuple[int, str] | None = None
+    # The ledger's `changes` when a commit point made for it equalled `last_commit`: until it
+    # changes again, a periodic commit neither makes a point nor sends one for this partition.
+    commit_quiet_at: int = -1
     # The live deliveries of this partition, by ledger attempt id (expiry and revoke find them).
     live: dict[str, Delivery[SlotRef]] = field(default_factory=dict)
     dlq_writes: int = 0  # DLQ writes in progress for this partition
