@@ -139,6 +139,14 @@ class Broker:
 
     def read_headers(self, topic: str) -> list[tuple[int, int, dict[str, bytes]]]:
         """Every record of ``topic`` (if it exists): (partition, offset, headers), headers by name."""
+        return [(p, o, h) for p, o, h, _ in self.read_records(topic)]
+
+    def read_values(self, topic: str) -> list[bytes]:
+        """Every record's value of ``topic`` (if it exists); a null value is empty."""
+        return [v for _, _, _, v in self.read_records(topic)]
+
+    def read_records(self, topic: str) -> list[tuple[int, int, dict[str, bytes], bytes]]:
+        """Every record of ``topic`` (if it exists): (partition, offset, headers by name, value)."""
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(
@@ -149,7 +157,7 @@ class Broker:
                 "isolation.level": "read_committed",
             }
         )
-        out: list[tuple[int, int, dict[str, bytes]]] = []
+        out: list[tuple[int, int, dict[str, bytes], bytes]] = []
         try:
             md = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if md is None or md.error is not None:
@@ -177,7 +185,7 @@ class Broker:
                     for name, value in raw:
                         if isinstance(value, bytes):
                             headers[name] = value
-                    out.append((partition, offset, headers))
+                    out.append((partition, offset, headers, msg.value() or b""))
         finally:
             consumer.close()
         return out

@@ -99,10 +99,14 @@ def judge(
     ends: Mapping[tuple[str, int], int],
     dlq_sources: Iterable[Coord],
     window_ns: tuple[int, int],
+    *,
+    reject_is_done: bool = False,
 ) -> Verdict:
     """The verdict: ``ends`` every source partition's end offset (every offset below was produced,
     from 0), ``dlq_sources`` each DLQ record's source, ``window_ns`` the wall-clock span in which a
-    partition's silence counts (the rollout; records were produced throughout it)."""
+    partition's silence counts (the rollout; records were produced throughout it).
+    ``reject_is_done``: a record the app rejected is done without a DLQ record (Dapr's DROP, which
+    its subscription logs and drops)."""
     dlq_count: dict[Coord, int] = defaultdict(int)
     for coord in dlq_sources:
         dlq_count[coord] += 1
@@ -116,7 +120,8 @@ def judge(
             produced += 1
             coord = (topic, partition, offset)
             seen = journal.by_coord.get(coord, [])
-            if coord not in dlq_count and not any(s.answer == "accept" for s in seen):
+            final = ("accept", "reject") if reject_is_done else ("accept",)
+            if coord not in dlq_count and not any(s.answer in final for s in seen):
                 lost.append(coord)
             top = 0
             for s in seen:
