@@ -32,15 +32,20 @@ class Broker:
     topics: list[str] = field(default_factory=list)
 
     @classmethod
-    def open(cls) -> Broker:
+    def open(cls, extra: dict[str, str] | None = None) -> Broker:
+        """``$KAFKA_BOOTSTRAP``'s broker, or one of the run's own; with ``extra`` broker properties
+        always one of its own (``DLQ_KAFKA_EXTRA``)."""
         external = os.environ.get("KAFKA_BOOTSTRAP")
-        if external:
+        if external and not extra:
             return cls(external)
         # A private state dir: `scripts/kafka start` would otherwise hand back (and our stop
         # would later kill) a broker someone else started.
         state_dir = tempfile.mkdtemp(prefix="bench-kafka-state-")
         env = dict(os.environ, DLQ_KAFKA_STATE_DIR=state_dir)
-        print("starting a broker with scripts/kafka start ...", flush=True)
+        env.pop("KAFKA_BOOTSTRAP", None)
+        if extra:
+            env["DLQ_KAFKA_EXTRA"] = ",".join(f"{k}={v}" for k, v in extra.items())
+        print(f"starting a broker with scripts/kafka start {extra or ''} ...", flush=True)
         done = subprocess.run(
             [PY, str(ROOT / "scripts" / "kafka"), "start"],
             env=env,

@@ -415,7 +415,12 @@ def print_report(results: dict[str, Any]) -> None:
         from bench.vs_spring import print_spring
 
         print_spring(results["spring"])
-    if ("dapr" in results or "spring" in results) and not results["scenarios"] and not base:
+    if "scale" in results:
+        from bench.scale.report import print_scale
+
+        print_scale(results["scale"])
+    side_parts = "dapr" in results or "spring" in results or "scale" in results
+    if side_parts and not results["scenarios"] and not base:
         print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
         return
     if base:

@@ -159,7 +159,7 @@ def test_hand_outs_are_not_counted_until_their_outcome_is_known() -> None:
     renewed = ledger.answer(c.attempt_id, Ack.RENEW, 5)
     assert renewed.delivery_count == 1
     assert ledger.commit_state().counts == {101: 1}
-    # The redelivery waits for a commit of the count it raised, and the ledger wants one.
+    # The redelivery waits for a commit of the count it raised, and then the ledger wants one.
     assert ledger.acquire(1005, 10) == []
     assert ledger.horizon_wanted() is not None
     commit(ledger, 1005)
@@ -180,9 +180,12 @@ def test_a_redelivery_waits_for_the_commit_of_its_count() -> None:
     ledger.answer(a.attempt_id, Ack.RELEASE, 5)
     ledger.answer(b.attempt_id, Ack.ACCEPT, 5)
     made = ledger.commit_point()  # made after the outcome, not confirmed yet
+    assert ledger.horizon_wanted() is None  # the periodic commit may carry it within the backoff
     assert ledger.acquire(2000, 10) == []
+    assert ledger.horizon_wanted() is not None  # ready and held: wanted now
     stale = ledger.commit_point()
     ledger.committed(made, 2000)
+    assert ledger.horizon_wanted() is None
     assert made.metadata and decode(made.metadata).counts == {100: 1}
     (again,) = ledger.acquire(2000, 10)
     assert again.offset == 100 and again.delivery_count == 2

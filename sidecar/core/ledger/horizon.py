@@ -123,6 +123,7 @@ class Horizon:
         # after that is confirmed, so a death cannot restore a count below one the app has seen.
         self.stored_serial = 0
         self.counts_after = -1
+        self.count_held = False  # a redelivery is ready and waits for that commit
         # The isolated record and its phase; the isolated attempt's outcome (or its take-back) is
         # not committed before a point made after it is confirmed: until then nothing goes out (a
         # death would charge it again).  Changed only through machine.enter_pass.
@@ -204,6 +205,8 @@ class Horizon:
             self.confirmed = point.horizon
         if point.serial > self.stored_serial:  # noqa: PLR1730
             self.stored_serial = point.serial
+        if self.count_held and self.counts_stored:
+            self.count_held = False
         isolation = self.isolation
         unflushed = isolation.unflushed_after
         if unflushed is not None and point.serial > unflushed:
@@ -232,6 +235,11 @@ class Horizon:
     def count_raised(self) -> None:
         """An outcome raised a delivery count: the points made so far do not carry it."""
         self.counts_after = self.points
+
+    def hold_for_count(self) -> None:
+        """A ready redelivery waits for the commit of a raised count: a commit is wanted now
+        (otherwise the periodic one, usually within the retry backoff, carries it)."""
+        self.count_held = True
 
     @property
     def counts_stored(self) -> bool:
@@ -267,7 +275,9 @@ class Horizon:
         if not self.enabled or revoked:
             return None
         phase = self.isolation.phase
-        if phase is _SETTLING or phase is _CHARGED or not self.counts_stored:
+        if phase is _SETTLING or phase is _CHARGED:
+            return self.target()
+        if self.count_held and not self.counts_stored:
             return self.target()
         need = self._need()
         if need + self._window // 2 <= self.confirmed:

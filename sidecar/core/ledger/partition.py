@@ -276,8 +276,9 @@ class PartitionLedger:
                 break
             if horizon and record.delivery_count and not crash.counts_stored:
                 # A redelivery: its count (raised by its last outcome) goes out once committed,
-                # or a death would restore the count below the one the app saw last (the commit
-                # is wanted at once: see `horizon_wanted`).
+                # or a death would restore the count below the one the app saw last (a commit
+                # is wanted now: see `horizon_wanted`).
+                crash.hold_for_count()
                 break
             if allowance <= 0:
                 if horizon:
@@ -592,8 +593,8 @@ class PartitionLedger:
 
         Wanted when the hand-outs have used half the window beyond the committed horizon, or a
         ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
-        horizon go on meanwhile), when a delivery count raised by an outcome is not committed yet
-        (a redelivery waits for it), and during the isolation pass when a charge or an outcome
+        horizon go on meanwhile), when a ready redelivery waits for the commit of the count its
+        last outcome raised, and during the isolation pass when a charge or an outcome
         waits for its commit.  None otherwise, in write-ahead mode and after a revoke.
         """
         return self._horizon.wanted(self._revoked)
