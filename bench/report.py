@@ -405,20 +405,8 @@ def print_comparison(results: dict[str, Any]) -> None:
 
 
 def print_report(results: dict[str, Any]) -> None:
+    """The scenarios' table and the comparison (the side-by-side parts print their own first)."""
     base = results.get("baseline")
-    print()
-    if "dapr" in results:
-        from bench.vs_dapr import print_dapr
-
-        print_dapr(results["dapr"])
-    if "spring" in results:
-        from bench.vs_spring import print_spring
-
-        print_spring(results["spring"])
-    if "scale" in results:
-        from bench.scale.report import print_scale
-
-        print_scale(results["scale"])
     side_parts = "dapr" in results or "spring" in results or "scale" in results
     if side_parts and not results["scenarios"] and not base:
         print(f"\nwall time {results['wall_s']} s; command: {results['command']}")

@@ -68,7 +68,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,7 +81,7 @@ from bench.app import App, measure_app_alone
 from bench.broker import VALUE_BYTES, Broker
 from bench.children import child_main, ensure_requests, run_child
 from bench.killer import KILLER_VARIANTS, KillerSpec, run_killer
-from bench.measure import ROOT
+from bench.measure import ROOT, git_commit
 from bench.report import (
     ALL_SCENARIOS,
     check_targets,
@@ -99,9 +98,10 @@ from bench.runs import (
     run_sidecar_throughput,
 )
 from bench.scale import SCALE_SCENARIOS, add_options, part_scale
+from bench.scale.report import print_scale
 from bench.sidecars import Side, unavailable
-from bench.vs_dapr import DAPR_SCENARIOS, part_dapr
-from bench.vs_spring import SPRING_SCENARIOS, part_spring
+from bench.vs_dapr import DAPR_SCENARIOS, part_dapr, print_dapr
+from bench.vs_spring import SPRING_SCENARIOS, part_spring, print_spring
 
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
 PARTS = ["latency", "rates", "idle", "backlog", "killer"]
@@ -113,14 +113,16 @@ BACKLOGS = {
 }
 
 
-def git_commit(root: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(root), "describe", "--always", "--dirty"],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip() or "?"
+def show(results: dict[str, Any]) -> None:
+    """Print a run: the side-by-side parts (Dapr, Spring, scale), then the scenarios and the comparison."""
+    print()
+    if "dapr" in results:
+        print_dapr(results["dapr"])
+    if "spring" in results:
+        print_spring(results["spring"])
+    if "scale" in results:
+        print_scale(results["scale"])
+    print_report(results)
 
 
 @dataclass
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
         child_main(args)
         return
     if args.show:
-        print_report(json.loads(Path(args.show).read_text()))
+        show(json.loads(Path(args.show).read_text()))
         return
     sides = [Side("new", ROOT)]
     if args.baseline:
@@ -475,7 +477,7 @@ def main(argv: list[str] | None = None) -> None:
     results["targets"] = check_targets(results, results.get("baseline"))
     if "baseline" in results:
         results["baseline"]["targets"] = check_targets(results["baseline"], results)
-    print_report(results)
+    show(results)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {args.json}")

@@ -190,8 +190,17 @@ def _wait_ready(
 
 
 @contextmanager
-def start_cluster(directory: Path, bin_dir: Path) -> Iterator[KubeCluster]:
-    etcd_port, etcd_peer_port, api_port = free_port(), free_port(), free_port()
+def start_cluster(
+    directory: Path,
+    bin_dir: Path,
+    wrap: list[str] | None = None,
+    api_port: int | None = None,
+    extra_api_args: list[str] | None = None,
+) -> Iterator[KubeCluster]:
+    """etcd and kube-apiserver, each started as ``wrap + command`` (e.g. inside a network namespace, with
+    ``api_port`` relayed to the tests' loopback), the API server with ``extra_api_args`` too."""
+    etcd_port, etcd_peer_port = free_port(), free_port()
+    api_port = api_port or free_port()
     token = secrets.token_hex(16)
     (directory / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -232,9 +241,11 @@ def start_cluster(directory: Path, bin_dir: Path) -> Iterator[KubeCluster]:
         "--service-account-issuer=https://kubernetes.default.svc",
         f"--service-account-key-file={directory / 'sa.pub'}",
         f"--service-account-signing-key-file={directory / 'sa.key'}",
-        "--service-cluster-ip-range=10.96.0.0/16",
         "--v=1",
     ]
+    api_args += extra_api_args or []
+    if not any(arg.startswith("--service-cluster-ip-range=") for arg in api_args):
+        api_args.append("--service-cluster-ip-range=10.96.0.0/16")
     cluster = KubeCluster(
         directory=directory,
         url=f"https://127.0.0.1:{api_port}",
@@ -246,7 +257,7 @@ def start_cluster(directory: Path, bin_dir: Path) -> Iterator[KubeCluster]:
         for args, log in zip((etcd_args, api_args), logs, strict=True):
             with log.open("wb") as out:
                 cluster.processes.append(
-                    subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+                    subprocess.Popen([*(wrap or []), *args], stdout=out, stderr=subprocess.STDOUT)
                 )
         _wait_ready(cluster, cluster.processes, logs)
         cluster.kubeconfig.write_text(

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.schemas import SchemasConfig
-from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
+from sidecar.config.syntax import ListenAddress, parse_listen, split_app_url
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.core.ordering import Ordering
 from sidecar.core.routes import RouteRule
@@ -72,11 +72,13 @@ class AppFormat(StrEnum):
 
 
 class StatusAck(StrEnum):
-    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping)."""
+    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping);
+    ``route-missing``: the app has no such route (the URL is wrong): not an attempt, intake paused."""
 
     ACCEPT = "accept"
     RELEASE = "release"
     REJECT = "reject"
+    ROUTE_MISSING = "route-missing"
 
 
 class ErrorsTolerance(StrEnum):
@@ -154,7 +156,7 @@ class AppConfig:
             for name, empty in (("host", ""), ("port", 0), ("authority", ""), ("path", "")):
                 object.__setattr__(self, name, empty)
             return
-        host, port, path = _split_app_url(self.url, self.unix_socket)
+        host, port, path = split_app_url(self.url, self.unix_socket)
         authority = f"[{host}]" if ":" in host else host
         if port != 80:
             authority = f"{authority}:{port}"

@@ -333,6 +333,8 @@ class Engine(Protocol):
     def counters(self) -> Counters: ...
     @property
     def app_reachable(self) -> bool: ...
+    def app_route_missing(self) -> str | None:
+        """Why the app has no route at the configured URL (None: it has, as far as known)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Prepare (DLQ topics), start, report started, and run until stopped; then shut down."""

@@ -27,7 +27,7 @@ connection the server closes on its own) at most once per peer per 10 s::
     --   a new connection when its peer holds ``max_connections_per_peer`` or the listener
          ``max_connections``: the connection of that peer, or of the listener, that has gone
          longest without a request answered (idle or reading) is closed to make room (cut
-         ``evicted``; :mod:`sidecar.http.room`)
+         ``evicted``; :mod:`sidecar.http.seating`)
     503  a new connection when every open one is busy being answered: answered and closed
     500  a handler that raised, or returned a response that cannot be written (a header that is
          not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
@@ -52,7 +52,7 @@ client that has already shut its side.
 Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
 they are not merged into the headers).
 
-It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.room` and
+It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.seating` and
 :mod:`sidecar.http.sockets` (listening, accepting, idle waits) from this package;
 ``sidecar.service.api`` and the test and example apps build on it.
 
@@ -88,7 +88,7 @@ import trio
 
 from sidecar.core.errors import SidecarError
 from sidecar.http.limits import LimitExceeded, MeteredCollector
-from sidecar.http.room import Room, Seat, SeatState
+from sidecar.http.seating import Seat, Seating, SeatState
 from sidecar.http.sockets import IdleWatch, accept_loop, open_unix_listener, peer_of
 
 __all__ = [
@@ -531,7 +531,7 @@ async def _serve_connection(
     limits: Limits,
     stats: ServerStats,
     via_unix: bool,
-    room: Room,
+    room: Seating,
     seat: Seat,
     idle: IdleWatch,
 ) -> None:
@@ -730,7 +730,7 @@ async def serve_http(
     inode = os.stat(unix_path).st_ino if unix_path is not None else None
     via_unix = unix_path is not None
 
-    room = Room(limits.max_connections, limits.max_connections_per_peer)
+    room = Seating(limits.max_connections, limits.max_connections_per_peer)
     scopes: dict[Seat, trio.CancelScope] = {}
     idle = IdleWatch()
 

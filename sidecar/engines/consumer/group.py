@@ -12,13 +12,13 @@ commits with the delivery state in their metadata, and the optional transactiona
     ledgers ──to_archive──▶ archive tasks ──outlet.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
     committer (run, run_transactions) / write-ahead hand-out ──▶ Kafka offsets + metadata
 
-Who may change a partition's ledger (`Slot.ledger`). This adapter and its parts are its only owner:
+Who may change a partition's ledger (`PartitionState.ledger`). This adapter and its parts are its only owner:
 the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
 synchronous and runs in the trio thread, so no two transitions interleave:
 
     task (part)                       ledger calls
     source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
-                                      opening a slot (Partitions.open)
+                                      opening a state (Partitions.open)
     scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
                                       isolate (IsolationStep: horizon mode, nothing in flight)
     hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
@@ -48,7 +48,7 @@ commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ s
 The engine is built of parts, each an object with its own attributes, built here in this order and
 given its collaborators when it is built (nothing is set on a part afterwards):
 
-    Partitions     consumer_slots       the slots by partition: open, fence, forget; a revoke's wait
+    Partitions     consumer_slots       the states by partition: open, fence, forget; a revoke's wait
     Wakeup         consumer_scheduler   the scheduler's doorbell (and the wakes held during a row)
     Sender         consumer_handout     issue + send an acquired record; give one back unsent
     Committer      consumer_commits     offset commits, one at a time; the DLQ transactions
@@ -84,9 +84,9 @@ from sidecar.engines.consumer.commits import Committer
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
 from sidecar.engines.consumer.partitions import (
+    PartitionRef,
     Partitions,
-    Slot,
-    SlotRef,
+    PartitionState,
     fix_mmap_threshold,
     horizon_window,
     now_ms,
@@ -116,7 +116,7 @@ class ConsumerGroupEngine:
 
     def __init__(
         self,
-        parts: EngineParts[SlotRef],
+        parts: EngineParts[PartitionRef],
         *,
         write_ahead: bool = False,
         tiers_of: str | None = None,
@@ -124,8 +124,8 @@ class ConsumerGroupEngine:
         """`tiers_of`: read only the retry tiers this group writes (a share group's tier reader,
         `sidecar.engines.tiered_share`), not the source topics."""
         config = parts.config
-        pipe = parts.outlet
-        self._pipe = pipe
+        outlet = parts.outlet
+        self._outlet = outlet
         self._config = config
         self._counters = parts.counters
         self._horizon = not write_ahead
@@ -165,7 +165,7 @@ class ConsumerGroupEngine:
         )
         # The parts, each given what it uses (see the module docstring).
         partitions = Partitions(
-            pipe,
+            outlet,
             ledger_config,
             horizon=self._horizon,
             max_buffered_records=d.max_buffered_records_per_partition,
@@ -173,9 +173,9 @@ class ConsumerGroupEngine:
         self._partitions = partitions
         wakeup = Wakeup()
         self._wakeup = wakeup
-        sender = Sender(pipe, partitions)
+        sender = Sender(outlet, partitions)
         committer = Committer(
-            pipe,
+            outlet,
             config,
             self._counters,
             parts.dlq,
@@ -190,7 +190,7 @@ class ConsumerGroupEngine:
             WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
         )
         self._archiver = Archiver(
-            pipe,
+            outlet,
             parts.dlq,
             parts.tiers,
             partitions,
@@ -199,7 +199,7 @@ class ConsumerGroupEngine:
             transactional=self._transactional,
         )
         self._scheduler = Scheduler(
-            pipe,
+            outlet,
             config,
             self._counters,
             self.source,
@@ -211,7 +211,7 @@ class ConsumerGroupEngine:
             sender=sender,
             write_ahead=self._write_ahead,
             isolation=(
-                IsolationStep(pipe, self.source, partitions, committer) if self._horizon else None
+                IsolationStep(outlet, self.source, partitions, committer) if self._horizon else None
             ),
             archiver=self._archiver,
             committer=committer,
@@ -221,14 +221,14 @@ class ConsumerGroupEngine:
             self.source,
             partitions,
             committer,
-            pipe,
+            outlet,
             horizon=self._horizon,
             tier_topics=self._tiers.topics,
         )
 
     @property
-    def slots(self) -> dict[PartitionKey, Slot]:
-        """The slots of the partitions this engine owns (the partitions' table; read only)."""
+    def states(self) -> dict[PartitionKey, PartitionState]:
+        """The states of the partitions this engine owns (the partitions' table; read only)."""
         return self._partitions.by_key
 
     @property
@@ -242,7 +242,7 @@ class ConsumerGroupEngine:
         async with trio.open_nursery() as nursery:
             await nursery.start(self._archiver.run)
             self.source.start()
-            nursery.start_soon(self._pipe.run_source, self.source.run)
+            nursery.start_soon(self._outlet.run_source, self.source.run)
             nursery.start_soon(self._scheduler.run)
             nursery.start_soon(self._committer.run)
             if self._transactional:
@@ -256,7 +256,7 @@ class ConsumerGroupEngine:
             self._wakeup.kick()
 
     def intake_changed(self, *, held_may_go: bool = False) -> None:
-        if self._pipe.room().intake_stopped:
+        if self._outlet.room().intake_stopped:
             self.source.stop_polling()
         if held_may_go:
             self._archiver.release_held()
@@ -267,14 +267,14 @@ class ConsumerGroupEngine:
         while True:
             busy = any(
                 (st := s.ledger.statistics()).in_flight > 0 or st.archiving > len(s.held)
-                for s in self.slots.values()
+                for s in self.states.values()
             )
-            if not busy or self._pipe.room().failed:
+            if not busy or self._outlet.room().failed:
                 return
             await trio.sleep(0.05)
 
     async def finish(self) -> None:
-        if self._write_ahead is not None and self._pipe.room().stopping:
+        if self._write_ahead is not None and self._outlet.room().stopping:
             self._write_ahead.give_back_all()
         await self._committer.commit_all()
         # Wait for the poll loop's last consume() to return before closing the handle.
@@ -292,15 +292,13 @@ class ConsumerGroupEngine:
                 self._partitions.open(key, ap.committed_offset, ap.metadata)
             else:
                 # No committed offset: the ledger starts at the first record fetched.
-                self._partitions.pending[key] = ap
+                self._partitions.assigned_without_offset(ap)
         self._wakeup.kick()
 
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
-        self._counters.rebalances += 1
-        out: list[OffsetToCommit] = []
         # Let DLQ writes already under way finish (briefly), so the commit handed to the next
         # owner includes them and it does not write the same DLQ records again.
-        revoking = [s for k in partitions if (s := self.slots.get(k)) is not None]
+        revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
         for revoked in revoking:
             revoked.revoking = True
         if self._write_ahead is not None:
@@ -310,14 +308,27 @@ class ConsumerGroupEngine:
         with trio.move_on_after(REVOKE_DLQ_WAIT_S):
             while (
                 any(s.dlq_writes or (self._horizon and s.ledger.in_flight) for s in revoking)
-                and not self._pipe.room().stopping
+                and not self._outlet.room().stopping
             ):
                 await self._partitions.wait_progress()
+        return self.revoked_now(partitions)
+
+    def revoked_now(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
+        """The revoke's final state, at once: what is done is committed; what is in flight or
+        being written to the DLQ goes to the next owner (`on_revoked` waits for it first, when the
+        revoke comes from another thread; on trio's own thread nothing can be waited for)."""
+        self._counters.rebalances += 1
+        out: list[OffsetToCommit] = []
+        revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
+        for revoked in revoking:
+            revoked.revoking = True
+        if self._write_ahead is not None:
+            self._write_ahead.give_back(revoking)
         for key in partitions:
-            slot = self._partitions.pop(key)
-            if slot is None:
+            state = self._partitions.pop(key)
+            if state is None:
                 continue
-            if slot.txn_uncommitted:
+            if state.txn_uncommitted:
                 # Its DLQ transaction is still open (a stuck call): committing this state could
                 # pass records whose DLQ write then aborts. The transaction cannot commit them any
                 # more either (it is redone without partitions this sidecar no longer owns), so
@@ -328,8 +339,8 @@ class ConsumerGroupEngine:
                     key[1],
                 )
                 continue
-            offset = slot.ledger.committable_offset()
-            out.append(OffsetToCommit(key[0], key[1], offset, slot.ledger.encode_metadata()))
+            offset = state.ledger.committable_offset()
+            out.append(OffsetToCommit(key[0], key[1], offset, state.ledger.encode_metadata()))
         self._wakeup.kick()
         return out
 
@@ -348,35 +359,33 @@ class ConsumerGroupEngine:
             if tier_topics and record.topic in tier_topics:
                 self._take_tier_record(record, now)
                 continue
-            slot = self.slots.get(key)
-            if slot is None:
-                pending = self._partitions.pending.pop(key, None)
-                if pending is None:
+            state = self.states.get(key)
+            if state is None:
+                state = self._partitions.open_pending(key, record.offset)
+                if state is None:
                     continue  # fetched just before a revoke: the next owner reads it again
-                slot = self._partitions.open(key, record.offset, None)
-            elif slot.ledger.revoked:
+            elif state.ledger.revoked:
                 # Closed for the final commit of a stop (`commit_all`) while the poll thread still
                 # served its last polls: not delivered, not committed; the next owner reads it.
                 continue
-            slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
+            state.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
 
     def _take_tier_record(self, record: SourceRecord, now: int) -> None:
         """A retry tier's record: into its tier partition's ledger as the original, held there
         until it is due (`TierIntake.take`); a copy of one already taken is not delivered."""
         key = (record.topic, record.partition)
-        slot = self.slots.get(key)
-        if slot is None:
-            pending = self._partitions.pending.pop(key, None)
-            if pending is None:
+        state = self.states.get(key)
+        if state is None:
+            state = self._partitions.open_pending(key, record.offset)
+            if state is None:
                 return
-            slot = self._partitions.open(key, record.offset, None)
-        elif slot.ledger.revoked:
+        elif state.ledger.revoked:
             return
         taken = self._tiers.take(record)
         if taken is None:
-            slot.ledger.skip(record.offset, now)  # done, committed past
+            state.ledger.skip(record.offset, now)  # done, committed past
             return
-        slot.ledger.add(
+        state.ledger.add(
             record.offset,
             taken.tracked.record.key,
             taken.tracked,
@@ -394,12 +403,14 @@ class ConsumerGroupEngine:
 
     # ----------------------------------------------------------------------------- answers
 
-    def answered(self, delivery: Delivery[SlotRef], ack: Ack, answer: Answer | AckItem) -> Answered:
+    def answered(
+        self, delivery: Delivery[PartitionRef], ack: Ack, answer: Answer | AckItem
+    ) -> Answered:
         """The ledger decides (`PartitionLedger.answer`: `decide` in its state machine); the
         record's new state says what the answer led to."""
-        slot, attempt = delivery.ref
+        state, attempt = delivery.ref
         try:
-            result = slot.ledger.answer(
+            result = state.ledger.answer(
                 attempt.attempt_id,
                 ack,
                 now_ms(),
@@ -407,27 +418,27 @@ class ConsumerGroupEngine:
                 retry_after_ms=answer.retry_after_ms,
             )
         except L.ExpiredAttempt:
-            slot.live.pop(attempt.attempt_id, None)
+            state.untrack(attempt.attempt_id)
             return "expired"
         except L.UnknownAttempt:
-            slot.live.pop(attempt.attempt_id, None)
+            state.untrack(attempt.attempt_id)
             return "unknown"
         if ack is not Ack.RENEW:
-            slot.live.pop(attempt.attempt_id, None)
-            if slot.revoking:
+            state.untrack(attempt.attempt_id)
+            if state.revoking:
                 self._partitions.progressed()
         return _SETTLED[result.state]
 
-    async def not_reached(self, deliveries: Sequence[Delivery[SlotRef]]) -> bool:
+    async def not_reached(self, deliveries: Sequence[Delivery[PartitionRef]]) -> bool:
         """Not an attempt: back to the ledger uncounted (the pipeline pauses intake meanwhile)."""
         now = now_ms()
         for delivery in deliveries:
-            slot, attempt = delivery.ref
-            self._pipe.retire(delivery)
-            slot.live.pop(attempt.attempt_id, None)
-            if self._partitions.owned(slot):
+            state, attempt = delivery.ref
+            self._outlet.retire(delivery)
+            state.untrack(attempt.attempt_id)
+            if self._partitions.owned(state):
                 with contextlib.suppress(L.LedgerError):
-                    slot.ledger.not_attempted(attempt.attempt_id, now)
+                    state.ledger.not_attempted(attempt.attempt_id, now)
         self._wakeup.kick()
         return False
 

@@ -94,7 +94,7 @@ class ShareGroupEngine:
 
     def __init__(self, parts: EngineParts[Acquired]) -> None:
         config = parts.config
-        self.pipe = parts.outlet
+        self._outlet = parts.outlet
         self.config = config
         self.counters = parts.counters
         self.dlq = parts.dlq
@@ -137,7 +137,7 @@ class ShareGroupEngine:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.lag_estimate.run, self.source.admin)
             task_status.started()
-            await self.pipe.run_source(functools.partial(self.source.run, self.run_consumers))
+            await self._outlet.run_source(functools.partial(self.source.run, self.run_consumers))
             nursery.cancel_scope.cancel()
 
     @property
@@ -150,7 +150,7 @@ class ShareGroupEngine:
     def intake_changed(self, *, held_may_go: bool = False) -> None:
         """The consumer threads read reachability and draining before each poll; records the
         breaker held were released to the broker, which hands them out again once we poll."""
-        if self.pipe.room().intake_stopped:
+        if self._outlet.room().intake_stopped:
             self.source.stop_polling()
 
     async def wait_drained(self) -> None:
@@ -174,8 +174,9 @@ class ShareGroupEngine:
         return None
 
     def readiness(self) -> dict[str, bool]:
+        # What the client knows (it sees no assignment; docs/engines.md: the first 5 s).
         return {
-            "assigned": self.source.subscribed and self.source.fatal_error is None,
+            "subscribed": self.source.subscribed and self.source.fatal_error is None,
             "broker_reachable": self.source.broker_ok,
         }
 
@@ -184,7 +185,7 @@ class ShareGroupEngine:
 
     def paused(self) -> set[PartitionKey]:
         """Every partition records came from while intake is stopped (app unreachable, draining)."""
-        room = self.pipe.room()
+        room = self._outlet.room()
         if room.draining or not room.app_reachable or self.source.stop_requested:
             return set(self.source.assigned)
         return set()
@@ -215,6 +216,7 @@ class ShareGroupEngine:
                 "consumers": self.consumer_count,
                 "consumers_running": self.source.consumers_running,
                 "batches_in_flight": len(self._batches),
+                "records_received": bool(self.source.assigned),
                 "delivery_count_limit": s.delivery_count_limit if s else None,
                 "group_delivery_count_limit": s.group_delivery_count_limit if s else None,
                 "group_delivery_count_limit_source": (
@@ -315,16 +317,16 @@ class ShareGroupEngine:
         )
 
     def breaker_stops_polling(self) -> bool:
-        return self.pipe.room().breaker_room == 0
+        return self._outlet.room().breaker_room == 0
 
     async def wait_intake_open(self) -> bool:
         """Wait while the app is unreachable (pull mode: while no poll waits), the DLQ circuit
         breaker lets no record out (open, or its probe is out) or suspects wait for isolation;
         False when the consumer should re-check for a stop."""
-        if self.pipe.room().breaker_room == 0:
+        if self._outlet.room().breaker_room == 0:
             await trio.sleep(0.1)
             return False
-        if not await self.pipe.wait(Until.INTAKE_OPEN, trio.current_time() + 0.5):
+        if not await self._outlet.wait(Until.INTAKE_OPEN, trio.current_time() + 0.5):
             return False
         if self._suspects_waiting:
             # Isolation: no new acquisitions while suspects wait (they would be charged by a death).
@@ -345,14 +347,14 @@ class ShareGroupEngine:
         go out one at a time (`_next_suspect`).
         """
         assert self.settings is not None
-        pipe = self.pipe
+        outlet = self._outlet
         limit = self.settings.delivery_count_limit
         lock_ms = self.settings.lock_duration_ms
         deadline = trio.current_time() + (lock_ms - lock_margin_ms(lock_ms)) / 1000
         released: list[tuple[Message, Ack]] = []
         # The DLQ circuit breaker lets no record out (open, or another consumer's probe is out):
         # wait for it within half the lock (a probe's verdict is usually quick), then release.
-        if not await pipe.wait(
+        if not await outlet.wait(
             Until.BREAKER_ROOM, trio.current_time() + (deadline - trio.current_time()) / 2
         ):
             released, messages = self._hold_back(messages)
@@ -383,7 +385,7 @@ class ShareGroupEngine:
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
-                    pipe.issue(
+                    outlet.issue(
                         Tracked(record),
                         count,
                         Acquired(msg, batch, coordinates),
@@ -431,7 +433,7 @@ class ShareGroupEngine:
             self._delivering -= 1
             self._batches.discard(batch)
             for d in deliveries:
-                pipe.retire(d)
+                outlet.retire(d)
             if run is None:
                 if suspects:  # cut short before the suspects' turn: closing releases them
                     self._suspects_done(len(suspects))
@@ -492,7 +494,7 @@ class ShareGroupEngine:
         `_isolation_turn_s`, and the batches with suspects take turns) are released unsent at once,
         not held meanwhile; they come back as suspects (the journal does not count that release).
         """
-        pipe = self.pipe
+        outlet = self._outlet
         decisions: list[tuple[Message, Ack]] = []
         done = False
         self._suspect_runs += 1
@@ -500,7 +502,7 @@ class ShareGroupEngine:
             async with self._isolation_lock:
                 quiet = False
                 with trio.move_on_at(run.deadline):
-                    while not self.source.stop_requested and not pipe.room().stopping:
+                    while not self.source.stop_requested and not outlet.room().stopping:
                         if not self._delivering and not self.source.unflushed(besides=run.consumer):
                             quiet = True
                             break
@@ -538,7 +540,9 @@ class ShareGroupEngine:
                 self.deaths.alone(coordinates(m) for m, _t, _c in chunk)
                 batch = Batch(run.consumer, run.deadline)
                 ds = [
-                    pipe.issue(t, c, Acquired(m, batch, coordinates(m)), lock_deadline=run.deadline)
+                    outlet.issue(
+                        t, c, Acquired(m, batch, coordinates(m)), lock_deadline=run.deadline
+                    )
                     for m, t, c in chunk
                 ]
                 batch.pending = len(ds)
@@ -553,7 +557,7 @@ class ShareGroupEngine:
                 finally:
                     self._batches.discard(batch)
                     for d in ds:
-                        pipe.retire(d)
+                        outlet.retire(d)
                 took = trio.current_time() - started + _ISOLATION_POLL_S
                 # Up at once, down slowly: a slow answer must not leave the next ones past the lock.
                 self._isolation_turn_s = max(took, 0.5 * self._isolation_turn_s + 0.5 * took)
@@ -598,18 +602,18 @@ class ShareGroupEngine:
 
     async def _wait_answers(self, batch: Batch, deliveries: Sequence[Delivery[Acquired]]) -> None:
         """Send the batch's deliveries; an answer still missing at the deadline is a release."""
-        pipe = self.pipe
+        outlet = self._outlet
         for d in deliveries:
-            pipe.send(d)
+            outlet.send(d)
         with batch.cancel, trio.move_on_at(batch.deadline):
             await batch.answered.wait()
         for d in deliveries:
             if d.answer is None and not d.sent and d.handed_at is None:
                 d.answer = _NOT_SENT  # no room for it at the app before the lock expired
-                pipe.lock_expired(d.topic, d, "lock_expired")
+                outlet.lock_expired(d.topic, d, "lock_expired")
             elif d.answer is None:
                 # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
-                room = pipe.room()
+                room = outlet.room()
                 stopping = room.stopping or room.draining or self.source.stop_requested
                 d.answer = Answer(
                     "release",
@@ -620,7 +624,7 @@ class ShareGroupEngine:
                         else "no answer before the record lock expired",
                     ),
                 )
-                pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
+                outlet.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
 
     def _decide_all(
         self,
@@ -725,7 +729,7 @@ class ShareGroupEngine:
         """DLQ write, then REJECT; a release when it was not written (the sidecar is stopping)."""
         assert self.settings is not None
         broker = msg.delivery_count() or 1  # the broker's count: its limit is on that
-        outcome = await self.pipe.dead_letter(
+        outcome = await self._outlet.dead_letter(
             tracked,
             delivery_count,
             reason,
@@ -787,7 +791,7 @@ class ShareGroupEngine:
         than releasing now) is what keeps an app restart from using up deliveries.
         """
         deadline = min(d.ref.batch.deadline for d in deliveries)
-        return await self.pipe.wait(Until.APP_REACHABLE, deadline)
+        return await self._outlet.wait(Until.APP_REACHABLE, deadline)
 
 
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again

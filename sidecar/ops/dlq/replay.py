@@ -47,8 +47,8 @@ from sidecar.ops.dlq.entries import (
     H_REPLAY_NAME,
     DlqEntry,
     Header,
-    _int,
     entry_from_record,
+    int_or_none,
 )
 from sidecar.ops.dlq.errors import UsageError
 from sidecar.ops.dlq.filters import Filters
@@ -392,7 +392,7 @@ class Replayer:
                 return self._unrecoverable(problem)
             key, value = fetched.key, fetched.value
             original = list(fetched.headers)
-            previous = max(previous, _int(_last(original, H_REPLAY_COUNT)) or 0)
+            previous = max(previous, int_or_none(_last(original, H_REPLAY_COUNT)) or 0)
             if previous >= o.max_replays:
                 s.skipped[f"replayed {previous} times already (--max-replays {o.max_replays})"] += 1
                 s.max_replays_skipped.append(

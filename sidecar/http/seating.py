@@ -19,7 +19,7 @@ So a flood of idle or slow connections, from one peer or many, only ever pushes 
 oldest members: a probe (a fresh connection that sends its request at once) is the newest
 connection in the room and is answered in the time it takes. Callers pass the time (``now``).
 
-:class:`Room` holds the bookkeeping; the server owns the sockets, the timers and the closing.
+:class:`Seating` holds the bookkeeping; the server owns the sockets, the timers and the closing.
 Every operation is O(1).
 
 Imports only the standard library.
@@ -31,7 +31,7 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["UNIX_PEER", "Room", "Seat", "SeatState"]
+__all__ = ["UNIX_PEER", "Seat", "SeatState", "Seating"]
 
 UNIX_PEER = "unix"
 
@@ -44,7 +44,7 @@ class SeatState(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class Seat:
-    """One admitted connection. ``evicted`` is set when :meth:`Room.admit` chose it to make room:
+    """One admitted connection. ``evicted`` is set when :meth:`Seating.admit` chose it to make room:
     its owner must close it (it no longer counts against any cap)."""
 
     peer: str
@@ -80,7 +80,7 @@ class _Queues:
         return waiting if waiting.since <= reading.since else reading
 
 
-class Room:
+class Seating:
     """The seats of one listener (see the module docstring)."""
 
     def __init__(self, max_connections: int, max_per_peer: int) -> None:
