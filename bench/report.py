@@ -407,7 +407,7 @@ def print_comparison(results: dict[str, Any]) -> None:
 def print_report(results: dict[str, Any]) -> None:
     """The scenarios' table and the comparison (the side-by-side parts print their own first)."""
     base = results.get("baseline")
-    side_parts = "dapr" in results or "spring" in results or "scale" in results
+    side_parts = any(k in results for k in ("dapr", "spring", "schemas", "scale"))
     if side_parts and not results["scenarios"] and not base:
         print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
         return
