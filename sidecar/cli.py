@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.ops.console.command import add_console_parser
 
     add_console_parser(sub)
+
+    from sidecar.ops.produce import add_produce_parser
+
+    add_produce_parser(sub)
     return parser
 
 
@@ -223,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar.ops.console.command import cmd_console
 
         return cmd_console(args)
+    if args.command == "produce":
+        from sidecar.ops.produce import cmd_produce
+
+        return cmd_produce(args)
     if args.command == "demo":
         from sidecar.ops.demo.runner import cmd_demo
 

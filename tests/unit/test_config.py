@@ -1270,7 +1270,7 @@ def test_credential_like_app_headers_are_masked(name: str) -> None:
 def test_a_string_where_a_number_goes_gets_advice_that_fits_it(
     tmp_path: Path, value: str, hint: str
 ) -> None:
-    """"write numbers without quotes" only for a quoted number: `five` had no quotes to drop, and
+    """ "write numbers without quotes" only for a quoted number: `five` had no quotes to drop, and
     `5s` wants the milliseconds its key names."""
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(patched({"app": {"timeout.ms": value}})), encoding="utf-8")
