@@ -274,6 +274,12 @@ class PartitionLedger:
                 # Beyond the committed horizon: held until its commit (the horizon fell behind).
                 crash.held_beyond(offset)
                 break
+            if horizon and record.delivery_count and not crash.counts_stored:
+                # A redelivery: its count (raised by its last outcome) goes out once committed,
+                # or a death would restore the count below the one the app saw last (a commit
+                # is wanted now: see `horizon_wanted`).
+                crash.hold_for_count()
+                break
             if allowance <= 0:
                 if horizon:
                     crash.handed(top)
@@ -366,6 +372,7 @@ class PartitionLedger:
             count = record.delivery_count
             record.delivery_count = count + 1
             self._metadata.counted(record.offset, count, count + 1)
+            self._horizon.count_raised()
         if record.suspect:
             self._horizon.clear_suspect(record)
 
@@ -588,8 +595,9 @@ class PartitionLedger:
 
         Wanted when the hand-outs have used half the window beyond the committed horizon, or a
         ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
-        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
-        for its commit.  None otherwise, in write-ahead mode and after a revoke.
+        horizon go on meanwhile), when a ready redelivery waits for the commit of the count its
+        last outcome raised, and during the isolation pass when a charge or an outcome
+        waits for its commit.  None otherwise, in write-ahead mode and after a revoke.
         """
         return self._horizon.wanted(self._revoked)
 

@@ -89,7 +89,12 @@ def parse_field_filter(text: str) -> tuple[str, str]:
 
 
 class PayloadReader:
-    """Decodes, redacts and filters DLQ values through one registry (see the module docstring)."""
+    """Decodes, redacts and filters DLQ values through one registry.
+
+    A value in the Confluent wire format is read through `sidecar.kafka.schemas`; `redact` names a
+    field at any depth, or a dotted path from the top; ``--field PATH=VALUE`` filters on the redacted
+    value. A value that does not decode keeps its bytes and says why.
+    """
 
     def __init__(
         self,
