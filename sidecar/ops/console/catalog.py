@@ -1,9 +1,7 @@
 """Which topics are DLQs: by the prefix rule (`dlq.` by default, the sidecar's
 `errors.deadletterqueue.topic.name.prefix`) and by format detection (the newest record of a partition
 carries a known writer's context headers: Spring's `TOPIC-dlt`, a Connect or Streams DLQ, a share
-group's DLQ under any name). A retry tier topic (`dlq.{topic}.retry.{tier}` by default) matches the
-prefix but is no DLQ: its records carry `__dlq.retry.*` headers (or, empty, its name ends in
-`.retry.<duration>`), and it is left out.
+group's DLQ under any name).
 
 Each DLQ is shown with its record count (the watermarks' difference, transaction markers included) and
 the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
@@ -50,7 +48,11 @@ class Catalog:
 
 
 def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> Catalog:
-    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass)."""
+    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass).
+
+    A retry tier topic (`dlq.{topic}.retry.{tier}` by default) matches the prefix but is no DLQ:
+    its records carry `__dlq.retry.*` headers (or, empty, its name ends in `.retry.<duration>`).
+    """
     counts = admin.topics()
     names = sorted(
         n for n, parts in counts.items() if parts and not n.startswith(_INTERNAL_PREFIXES)
