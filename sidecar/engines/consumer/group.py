@@ -19,7 +19,7 @@ synchronous and runs in the trio thread, so no two transitions interleave:
     task (part)                       ledger calls
     source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
                                       opening a state (Partitions.open)
-    scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
+    scheduler (Scheduler, FlowControl) expire, acquire, to_archive, should_pause / may_resume,
                                       isolate (IsolationStep: horizon mode, nothing in flight)
     hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
     app answers, API request          answer (answered)
@@ -48,14 +48,17 @@ commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ s
 The engine is built of parts, each an object with its own attributes, built here in this order and
 given its collaborators when it is built (nothing is set on a part afterwards):
 
-    Partitions     consumer_slots       the states by partition: open, fence, forget; a revoke's wait
-    Wakeup         consumer_scheduler   the scheduler's doorbell (and the wakes held during a row)
-    Sender         consumer_handout     issue + send an acquired record; give one back unsent
-    Committer      consumer_commits     offset commits, one at a time; the DLQ transactions
-    WriteAhead     consumer_handout     write-ahead mode: acquired records wait for their commit
-    IsolationStep  consumer_isolation   horizon mode: a suspect alone in the process
-    Archiver       consumer_archive     archive tasks; what the DLQ circuit breaker held
-    Scheduler      consumer_scheduler   turns (expiry, acquisition, archiving, flow control)
+    Partitions     partitions   the partition states: open, fence, forget; a revoke's wait
+    Wakeup         scheduler    the scheduler's doorbell (and the wakes held during a row)
+    Sender         handout      issue + send an acquired record; give one back unsent
+    Committer      commits      offset commits, one at a time; the DLQ transactions
+    WriteAhead     handout      write-ahead mode: acquired records wait for their commit
+    FlowControl    flow         pause / resume of fetching per partition
+    IsolationStep  isolation    horizon mode: a suspect alone in the process
+    Archiver       archive      archive tasks; what the DLQ circuit breaker held
+    Scheduler      scheduler    turns (expiry, acquisition, archiving, horizon commits)
+
+Each takes what it uses of its neighbours as a narrow interface (`sidecar.engines.consumer.ports`).
 
 This class keeps the source's callbacks (assignment, revoke, loss, records) and the answers, and
 builds the status from its parts. Where a record's release and decision flow: an answer reaches
@@ -81,6 +84,7 @@ from sidecar.core.record import SourceRecord, Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.consumer.archive import Archiver
 from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.flow import FlowControl
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
 from sidecar.engines.consumer.partitions import (
@@ -189,6 +193,15 @@ class ConsumerGroupEngine:
         self._write_ahead = (
             WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
         )
+        self._flow = FlowControl(
+            outlet,
+            self.source,
+            partitions,
+            # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
+            split_budget(d.max_buffered_bytes, config.kafka),
+            ledger_config,
+            self._counters,
+        )
         self._archiver = Archiver(
             outlet,
             parts.dlq,
@@ -201,13 +214,10 @@ class ConsumerGroupEngine:
         self._scheduler = Scheduler(
             outlet,
             config,
-            self._counters,
             self.source,
             partitions,
-            # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
-            split_budget(d.max_buffered_bytes, config.kafka),
-            ledger_config,
             wakeup,
+            self._flow,
             sender=sender,
             write_ahead=self._write_ahead,
             isolation=(
@@ -260,7 +270,7 @@ class ConsumerGroupEngine:
             self.source.stop_polling()
         if held_may_go:
             self._archiver.release_held()
-        self._scheduler.apply_flow_control()
+        self._flow.apply()
         self._wakeup.kick()
 
     async def wait_drained(self) -> None:

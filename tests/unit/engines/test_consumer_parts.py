@@ -1,8 +1,8 @@
 """The consumer engine's parts, each built alone from fakes (no broker, no app): what each owns.
 
-Partitions, Sender, WriteAhead, Archiver, IsolationStep, Committer and Scheduler take the outlet,
-the source and the DLQ sink as narrow interfaces; the fakes (`fakes.py`) record what they were
-asked. The ledgers are real: they are pure.
+Partitions, Sender, WriteAhead, Archiver, IsolationStep, Committer, FlowControl and Scheduler take
+the outlet, the source and the DLQ sink as narrow interfaces (`sidecar.engines.consumer.ports`);
+the fakes (`fakes.py`) record what they were asked. The ledgers are real: they are pure.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from sidecar.core.errors import CommitFailed
 from sidecar.core.outcome import Ack
 from sidecar.engines.consumer.archive import Archiver
 from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.flow import FlowControl
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
 from sidecar.engines.consumer.partitions import Partitions, PartitionState, now_ms
@@ -292,26 +293,29 @@ async def test_committer_counts_a_failed_commit_and_retries_later() -> None:
 # ----------------------------------------------------------------------------- Scheduler
 
 
+def flow(outlet: FakeOutlet, parts: Partitions, source: FakeSource) -> FlowControl:
+    cfg = config()
+    budget = split_budget(cfg.delivery.max_buffered_bytes, cfg.kafka)
+    return FlowControl(outlet, source, parts, budget, WRITE_AHEAD, Counters())
+
+
 def scheduler(
     outlet: FakeOutlet, parts: Partitions, source: FakeSource, sender: Sender
 ) -> Scheduler:
-    cfg = config()
     archiver = type("A", (), {"start": lambda self, states: None})()
     committer = type("C", (), {"want_commit": lambda self: None})()
     return Scheduler(
         outlet,
-        cfg,
-        Counters(),
-        source,  # type: ignore[arg-type]
+        config(),
+        source,
         parts,
-        split_budget(cfg.delivery.max_buffered_bytes, cfg.kafka),
-        WRITE_AHEAD,
         Wakeup(),
+        flow(outlet, parts, source),
         sender=sender,
         write_ahead=None,
         isolation=None,
-        archiver=archiver,  # type: ignore[arg-type]
-        committer=committer,  # type: ignore[arg-type]
+        archiver=archiver,
+        committer=committer,
     )
 
 
@@ -330,15 +334,33 @@ async def test_scheduler_hands_out_within_the_room_the_pipeline_leaves() -> None
         nursery.cancel_scope.cancel()
 
 
-def test_scheduler_pauses_every_partition_while_the_app_is_away() -> None:
+def test_flow_control_pauses_every_partition_while_the_app_is_away() -> None:
     outlet = FakeOutlet(room_now=FakeOutlet().room_now._replace(app_reachable=False))
     parts = partitions(outlet)
     for p in range(3):
         parts.open(("t", p), 0, None)
     source = FakeSource(assigned={("t", p) for p in range(3)})
-    sched = scheduler(outlet, parts, source, Sender(outlet, parts))
-    sched.apply_flow_control()
+    fc = flow(outlet, parts, source)
+    fc.apply()
     assert source.paused == {("t", 0), ("t", 1), ("t", 2)}
     outlet.room_now = outlet.room_now._replace(app_reachable=True)
-    sched.apply_flow_control()
+    fc.apply()
+    assert source.paused == set()
+
+
+def test_flow_control_pauses_a_full_partition_and_resumes_it_at_half() -> None:
+    outlet = FakeOutlet()
+    small = L.LedgerConfig(max_buffered_records=4)
+    parts = partitions(outlet, small)
+    state = parts.open(KEY, 0, None)
+    source = FakeSource(assigned={KEY})
+    cfg = config()
+    budget = split_budget(cfg.delivery.max_buffered_bytes, cfg.kafka)
+    fc = FlowControl(outlet, source, parts, budget, small, Counters())
+    fill(state.ledger, range(4))
+    fc.apply([state])
+    assert source.paused == {KEY} and state.flow_seen is None  # decided: looked at again
+    for a in state.ledger.acquire(now_ms(), 4):
+        state.ledger.answer(a.attempt_id, Ack.ACCEPT, now_ms())
+    fc.apply([state])
     assert source.paused == set()
