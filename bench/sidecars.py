@@ -254,9 +254,12 @@ def share_idle(api_path: str) -> bool:
 
 
 def wait_assigned(api_path: str, proc: subprocess.Popen[bytes]) -> None:
-    wait_until(
-        lambda: (api_get(api_path, "/readyz") or {}).get("checks", {}).get("assigned"),
-        60,
-        "assignment",
-        proc,
-    )
+    """Ready: a consumer group's partitions assigned, a share group's consumers subscribed (an
+    older sidecar says `assigned` for that too); a share group still delivers nothing until the
+    broker assigns it (`warm_up`)."""
+
+    def ready() -> bool:
+        checks = (api_get(api_path, "/readyz") or {}).get("checks", {})
+        return bool(checks.get("assigned") or checks.get("subscribed"))
+
+    wait_until(ready, 60, "assignment", proc)

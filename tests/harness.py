@@ -62,6 +62,9 @@ class RecordingListener:
         self.assigned.extend(partitions)
 
     async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        return self.revoked_now(partitions)
+
+    def revoked_now(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
         if self.revoke_commit is None:
             return []
         offset, metadata = self.revoke_commit
@@ -299,7 +302,8 @@ class Sidecar:
         with trio.move_on_after(timeout_s):
             while True:
                 _code, ready = await self.get("/readyz")
-                if ready["checks"]["assigned"]:
+                checks = ready["checks"]
+                if checks.get("assigned") or checks.get("subscribed"):  # a share group: subscribed
                     # the librdkafka assignment is all-or-nothing per rebalance here: one group member
                     return
                 await trio.sleep(0.1)

@@ -130,7 +130,8 @@ class _Library:
             lib.rd_kafka_conf_destroy(conf)
 
 
-def _library_path() -> str | None:
+def library_path() -> str | None:
+    """The librdkafka shared library the confluent-kafka wheel ships (None when not found)."""
     try:
         files = importlib.metadata.files("confluent-kafka") or []
     except importlib.metadata.PackageNotFoundError:
@@ -167,7 +168,7 @@ def _property_table(lib: ctypes.CDLL) -> dict[str, _Property]:
 
 @functools.cache
 def _library() -> _Library | None:
-    path = _library_path()
+    path = library_path()
     if path is None:
         return None
     try:

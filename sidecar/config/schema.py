@@ -271,7 +271,9 @@ _APP_KEYS = (
     Key("connect.backoff.max.ms", IntKey(1, _MS_HOUR), AppConfig, "connect_backoff_max_ms"),
     Key(
         "status.mapping",
-        CustomKey(_read_status_mapping, "a mapping of status code to accept|release|reject"),
+        CustomKey(
+            _read_status_mapping, "a mapping of status code to accept|release|reject|route-missing"
+        ),
         AppConfig,
         "status_mapping",
     ),

@@ -72,11 +72,13 @@ class AppFormat(StrEnum):
 
 
 class StatusAck(StrEnum):
-    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping)."""
+    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping);
+    ``route-missing``: the app has no such route (the URL is wrong): not an attempt, intake paused."""
 
     ACCEPT = "accept"
     RELEASE = "release"
     REJECT = "reject"
+    ROUTE_MISSING = "route-missing"
 
 
 class ErrorsTolerance(StrEnum):

@@ -322,6 +322,7 @@ class Health:
     checks: dict[str, bool]  # the readiness checks by name
     broker_error: str | None  # why the broker cannot be used, when that is known
     missing_topics: str | None  # which source topics do not exist (None: all do, or not asked)
+    app_route_missing: str | None  # why the app has no route at its URL (None: it has, as known)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,7 @@ class PipelineOutlet:
         gate: BreakerGate | None,
         dlq_step: DlqStep,
         fail: Callable[[str], None],
+        registry: Reachability | None = None,
     ) -> None:
         self._live = live
         self._counters = counters
@@ -106,6 +107,8 @@ class PipelineOutlet:
         self._gate = gate
         self._dlq_step = dlq_step
         self._fail = fail
+        # The schema registry's reachability (records with schemas): intake waits for it as for the app.
+        self._registry = registry
         self.sending = 0  # deliveries handed over by `send` whose request has not finished
 
     # ------------------------------------------------------------------------- the Outlet face
@@ -168,8 +171,9 @@ class PipelineOutlet:
     def room(self) -> Room:
         flags, gate = self._flags, self._gate
         pull = self._pull
+        registry = self._registry
         return Room(
-            self._reachability.reachable,
+            self._reachability.reachable and (registry is None or registry.reachable),
             flags.draining,
             flags.stopping,
             flags.intake_stopped,
@@ -190,7 +194,10 @@ class PipelineOutlet:
             return True if self._gate is None else await self._gate.wait_room(deadline)
         pull = self._pull
         if until is Until.APP_REACHABLE or pull is None:
-            return await self._reachability.wait(deadline)
+            reachable = await self._reachability.wait(deadline)
+            if reachable and self._registry is not None:
+                reachable = await self._registry.wait(deadline)
+            return reachable
         with trio.move_on_at(deadline):
             await pull.wait_demand()
         return pull.demand() > 0

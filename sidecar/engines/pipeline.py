@@ -81,6 +81,7 @@ from sidecar.core.breaker import BreakerState, Transition
 from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
+from sidecar.engines.app_route import AppRoute
 from sidecar.engines.attempts import (
     AppClientFactory,
     abandon_attempt_span,
@@ -90,6 +91,7 @@ from sidecar.engines.attempts import (
 )
 from sidecar.engines.batching import BatchAssembler
 from sidecar.engines.breaker_gate import BreakerGate, breaker_for
+from sidecar.engines.decoding import decoding_for
 from sidecar.engines.dlq_step import DlqStep, dlq_topics, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,
@@ -109,7 +111,7 @@ from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.engines.source_topics import SourceTopics
 from sidecar.engines.tier_step import TierStep, tier_topics
-from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.http.appclient import AppClient, AppNotReachable, AppRouteMissing, AppTarget
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
@@ -148,6 +150,12 @@ class Pipeline:
             dlq_ready=not (config.errors.dlq.enabled or config.errors.tiers.enabled)
         )
         self._reachability = Reachability()
+        self._route = AppRoute(
+            self._reachability,
+            self._intake_changed,
+            backoff_initial_s=config.app.connect_backoff_initial_ms / 1000,
+            backoff_max_s=config.app.connect_backoff_max_ms / 1000,
+        )
         self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
         app = config.app
         batch = app.mode == AppMode.BATCH
@@ -184,6 +192,13 @@ class Pipeline:
         # The DLQ circuit breaker's gate (None: disabled).
         self.breaker = None if circuit is None else BreakerGate(circuit, self._breaker_moved)
         self._dlq_step = DlqStep(config, self.tracing, self.counters, self.breaker, self.fail)
+        # Records with schemas (schemas.decode): None unless a topic decodes.
+        self._schemas = decoding_for(
+            config,
+            reject=lambda d, error: self._apply(d, Answer("reject", error=error)),
+            intake_changed=lambda: self._state.intake_changed(),  # noqa: PLW0108 (built below)
+            stopping=lambda: self._flags.stopping,
+        )
         # What the adapter is given of the pipeline.
         self.outlet = PipelineOutlet(
             self._live,
@@ -197,6 +212,7 @@ class Pipeline:
             gate=self.breaker,
             dlq_step=self._dlq_step,
             fail=self.fail,
+            registry=None if self._schemas is None else self._schemas.registry,
         )
         self._state: StateAdapter = adapter(
             EngineParts(
@@ -269,6 +285,8 @@ class Pipeline:
             with trio.CancelScope(shield=True):
                 await self.app.aclose()
                 await trio.to_thread.run_sync(self.tracing.shutdown)
+                if self._schemas is not None:
+                    self._schemas.close()
 
     async def _wait_cluster_usable(self) -> bool:
         """Until the cluster answers with the configured credentials and certificates: not ready,
@@ -339,27 +357,36 @@ class Pipeline:
         checks = view.readiness()
         if self._cluster_error is not None:
             checks["broker_reachable"] = False
-        checks["app_reachable"] = self._reachability.reachable
+        checks["app_reachable"] = self._app_reachable()
+        checks["app_route_found"] = not self._route.missing
         checks["dlq_writable"] = flags.dlq_ready and flags.failure is None
         checks["source_topics_exist"] = not self._sources.missing
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
+            del checks["app_route_found"]
         if self.breaker is not None:
             checks["circuit_breaker_closed"] = self.breaker.closed
+        if self._schemas is not None:
+            checks["schema_registry_reachable"] = self._schemas.registry.reachable
         return Health(
             flags.failure,
             None if flags.stopping else view.stalled(),
             checks,
             self._cluster_error or view.broker_error(),
             self._sources.reason(),
+            self._route.reason(),
         )
+
+    def _app_reachable(self) -> bool:
+        """The app accepts connections (one that answers route-missing does)."""
+        return self._reachability.reachable or self._route.missing
 
     def figures(self) -> Figures:
         view = self._state.view
         return Figures(
             self.counters,
             len(self._live),
-            self._reachability.reachable,
+            self._app_reachable(),
             view.paused(),
             view.lag(),
             view.commit_metadata_bytes(),
@@ -370,7 +397,8 @@ class Pipeline:
         return {
             "group": self.config.group_id,
             "engine": self.config.engine.value,
-            "app_reachable": self._reachability.reachable,
+            "app_reachable": self._app_reachable(),
+            "app_route_missing": self._route.reason(),
             "draining": self._flags.draining,
             "failure": self._flags.failure,
             "uptime_s": round(time.time() - self.started_at, 3),
@@ -382,6 +410,7 @@ class Pipeline:
             **self._pull_status(),
             "circuit_breaker": None if self.breaker is None else self.breaker.status(),
             "dlq_routes": self._dlq_step.route_status(),
+            **({} if self._schemas is None else {"schemas": self._schemas.status()}),
             "counters": self.counters.snapshot(),
         }
 
@@ -450,6 +479,13 @@ class Pipeline:
         """Start one request (single mode: one delivery; batch mode: a batch) for the live ones
         among `items`; its answer comes to `_answered`."""
         live = [d for d in items if self._live.get(d.id) is d]
+        if live and self._schemas is not None:
+            # Decoded before the first attempt; an undecodable record is rejected (to the DLQ).
+            live, missing = self._schemas.ready(live)
+            if missing:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._load_schemas, items, missing)
+                return
         if not live:
             self._request_done(items)
             return
@@ -466,6 +502,15 @@ class Pipeline:
             )
         else:
             request.exchange = self.app.start_single(traced[0][0], self._timeout_s, answered)
+
+    async def _load_schemas(self, items: list[Delivery[Any]], missing: set[int]) -> None:
+        """Load the schemas a request's records need, then send it in its slot; with the
+        registry down it is not an attempt (`_not_reached`), and intake pauses until it answers."""
+        assert self._schemas is not None and self._nursery is not None
+        if await self._schemas.load_or_probe(missing, self._nursery):
+            self._dispatch(items)
+        else:
+            await self._not_reached(items)
 
     def _request_done(self, items: list[Delivery[Any]]) -> None:
         self.outlet.request_done(len(items))
@@ -484,10 +529,14 @@ class Pipeline:
             for d, (_view, actx) in zip(live, traced, strict=True):
                 end_attempt_span(actx, d.tracked, None)
             self.counters.not_attempted += len(live)
-            self._app_unreachable(str(result))
+            if isinstance(result, AppRouteMissing):
+                self._route.lost(result, self._nursery)
+            else:
+                self._app_unreachable(str(result))
             assert self._nursery is not None
             self._nursery.start_soon(self._not_reached, request.items)
             return
+        self._route.answered()
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
         answers = result if isinstance(result, dict) else {live[0].id: result}
@@ -557,6 +606,15 @@ class Pipeline:
         taken = await pull.take(
             max_records, wait_s, lambda d: self._live.get(d.id) is d, self._wake
         )
+        if taken and self._schemas is not None:
+            assert self._nursery is not None
+            taken = await self._schemas.ready_pulled(
+                taken,
+                lambda d: self._live.get(d.id) is d,
+                self._nursery,
+                self._state.not_reached,
+                pull.put,
+            )
         now = trio.current_time()
         handed_at = time.perf_counter()
         lock_s = self.config.delivery.lock_duration_ms / 1000
@@ -577,6 +635,9 @@ class Pipeline:
         return {"pull": {"waiting_polls": pull.waiting(), "queued": pull.queued()}}
 
     # ------------------------------------------------------------------------- app reachability
+
+    def _intake_changed(self) -> None:
+        self._state.intake_changed()
 
     def _app_unreachable(self, reason: str) -> None:
         if not self._reachability.lost():

@@ -61,12 +61,14 @@ from sidecar.core.wire import (
     format_single_request,
     interpret_batch,
     interpret_single,
+    route_missing,
 )
 from sidecar.http.exchanges import (
     MAX_HEAD_BYTES,
     AppClientError,
     AppNotReachable,
     AppRequestFailed,
+    AppRouteMissing,
     Exchange,
     Exchanges,
     RawResponse,
@@ -82,6 +84,7 @@ __all__ = [
     "AppClientError",
     "AppNotReachable",
     "AppRequestFailed",
+    "AppRouteMissing",
     "AppTarget",
     "RawResponse",
 ]
@@ -121,6 +124,13 @@ class AppTarget:
         if self.unix_path is not None:
             return f"unix:{self.unix_path}"
         return f"{self.host}:{self.port}"
+
+    def url(self) -> str:
+        """The URL the requests go to, as a person would write it (a Unix socket: its path first)."""
+        if self.unix_path is not None:
+            return f"http+unix://{self.unix_path}{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{self.path}"
 
 
 def _detach(stream: trio.SocketStream) -> socket.socket:
@@ -243,11 +253,15 @@ class AppClient:
         self, record: RecordView, timeout_s: float, done: Callable[[Answer | AppNotReachable], None]
     ) -> Exchange:
         """Push one record in single mode; ``done`` gets its answer (a request that was sent and
-        failed is a release carrying the sidecar's error class) or :class:`AppNotReachable`."""
+        failed is a release carrying the sidecar's error class) or :class:`AppNotReachable`
+        (:class:`AppRouteMissing` when the app says it has no such route)."""
         mapping = self._status_mapping
 
         def answered(result: Result) -> None:
             if isinstance(result, RawResponse):
+                if route_missing(result.status, result.headers, result.body, mapping):
+                    done(AppRouteMissing(self.target.url(), result.status))
+                    return
                 done(interpret_single(result.status, result.headers, result.body, mapping))
             elif isinstance(result, AppRequestFailed):
                 done(_failed_answer(result))
@@ -274,6 +288,9 @@ class AppClient:
 
         def answered(result: Result) -> None:
             if isinstance(result, RawResponse):
+                if route_missing(result.status, result.headers, result.body, mapping, batch=True):
+                    done(AppRouteMissing(self.target.url(), result.status))
+                    return
                 done(interpret_batch(result.status, result.headers, result.body, ids, mapping))
             elif isinstance(result, AppRequestFailed):
                 done(dict.fromkeys(ids, _failed_answer(result)))

@@ -48,6 +48,7 @@ __all__ = [
     "AppClientError",
     "AppNotReachable",
     "AppRequestFailed",
+    "AppRouteMissing",
     "Exchange",
     "Exchanges",
     "RawResponse",
@@ -70,6 +71,17 @@ class AppClientError(SidecarError):
 
 class AppNotReachable(AppClientError):
     """The connection to the app could not be opened; the request was not sent."""
+
+
+class AppRouteMissing(AppNotReachable):
+    """The app answered that it has no such route (404, 405 or 415 with no JSON answer, or a
+    status mapped to ``route-missing``): the configured URL is wrong, and the record was not
+    taken, so this is no attempt either."""
+
+    def __init__(self, url: str, status: int) -> None:
+        super().__init__(f"{url} answers HTTP {status}: the app has no such route")
+        self.url = url
+        self.status = status
 
 
 class AppRequestFailed(AppClientError):

@@ -32,6 +32,7 @@ class EngineCollector(Collector):
         e = self.engine
         config = self.config
         figures = e.figures()
+        health = e.health()
         c = figures.counters
         delivered = CounterMetricFamily(
             "dlq_sidecar_records_delivered",
@@ -120,6 +121,12 @@ class EngineCollector(Collector):
             "1 when the app accepts connections.",
             value=1 if figures.app_reachable else 0,
         )
+        yield GaugeMetricFamily(
+            "dlq_sidecar_app_route_missing",
+            "1 while the app answers the configured URL that it has no such route (404, 405 or 415"
+            " with no JSON answer): intake is paused, nothing is counted or dead-lettered.",
+            value=0 if health.app_route_missing is None else 1,
+        )
         status = e.status()
         share = status.get("engine") == "share"
         lag = GaugeMetricFamily(
@@ -169,7 +176,6 @@ class EngineCollector(Collector):
             " At commit.stall.timeout.ms /healthz reports the sidecar stalled.",
             value=float(failing or 0.0),
         )
-        health = e.health()
         yield GaugeMetricFamily(
             "dlq_sidecar_stalled",
             "1 while /healthz answers 503 (the sidecar failed, or every commit failed for"

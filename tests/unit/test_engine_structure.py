@@ -63,7 +63,8 @@ def test_the_pipeline_has_no_pass_through_methods() -> None:
     pipeline = TREE.modules["sidecar.engines.pipeline"].classes["Pipeline"].node
     methods = [s for s in pipeline.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
     assert len(methods) >= 10
-    assert [m.name for m in methods if _pass_through(m)] == []
+    # Its face: a public method does something of its own, not just hand the call to a part.
+    assert [m.name for m in methods if _pass_through(m) and not m.name.startswith("_")] == []
 
 
 def private_calls(packages: tuple[str, ...] = ("sidecar.engines",)) -> list[str]:

@@ -1,4 +1,4 @@
-"""One root for the sidecar's errors, as drawn in sidecar/core/errors.py."""
+"""One root for the sidecar's errors, as drawn in `sidecar.core.errors.SidecarError`'s docstring."""
 
 from __future__ import annotations
 
@@ -22,9 +22,14 @@ from sidecar.kafka.source import SourceError
 
 
 def _errors_doc() -> str:
-    """sidecar/core/errors.py's docstring, read from the source (a compiled module keeps none)."""
+    """`SidecarError`'s docstring, read from the source (a compiled module keeps none)."""
     source = pathlib.Path(__file__).parents[2] / "sidecar" / "core" / "errors.py"
-    return ast.get_docstring(ast.parse(source.read_text()), clean=False) or ""
+    (root,) = (
+        node
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.ClassDef) and node.name == "SidecarError"
+    )
+    return ast.get_docstring(root) or ""
 
 
 @pytest.mark.parametrize(
@@ -83,7 +88,7 @@ _TREE_LINE = re.compile(
 
 
 def _drawn() -> dict[str, tuple[str | None, str]]:
-    """Each class in core/errors.py's drawing: its parent in the drawing, and its module."""
+    """Each class in `SidecarError`'s drawing: its parent in the drawing, and its module."""
     doc = _errors_doc()
     block = doc.split("::\n", 1)[1].strip("\n").split("\n\n", 1)[0]
     drawn: dict[str, tuple[str | None, str]] = {}

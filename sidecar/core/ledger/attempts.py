@@ -1,12 +1,6 @@
 """The attempts in flight of a partition's ledger: their ids and their lock-deadline order (sans-IO).
 
-`Attempts` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor.
-An attempt id is ``topic/partition/offset/epoch.seq``: ``epoch`` tells successive assignments of
-the partition apart (an answer from before a rebalance never matches an attempt made after it) and
-``seq`` counts the attempts of this one, so an id this ledger issued and retired (``ExpiredAttempt``)
-is told from one it never issued (``UnknownAttempt``).  The live attempts are kept in lock-deadline
-order: the lock duration is constant and ``now_ms`` never decreases, so insertion order is deadline
-order; a renew moves an entry to the end.
+Owns `Attempts`, a part of `sidecar.core.ledger.partition.PartitionLedger`.
 
 Imports the standard library and the ledger's values and machine only.
 """
@@ -20,7 +14,16 @@ from sidecar.core.ledger.values import ExpiredAttempt, LedgerError, UnknownAttem
 
 
 class Attempts:
-    """The live attempts of one partition's ledger (see the module docstring)."""
+    """The live attempts of one partition's ledger.
+
+    A part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor.
+    An attempt id is ``topic/partition/offset/epoch.seq``: ``epoch`` tells successive assignments of
+    the partition apart (an answer from before a rebalance never matches an attempt made after it) and
+    ``seq`` counts the attempts of this one, so an id this ledger issued and retired (``ExpiredAttempt``)
+    is told from one it never issued (``UnknownAttempt``).  The live attempts are kept in lock-deadline
+    order: the lock duration is constant and ``now_ms`` never decreases, so insertion order is deadline
+    order; a renew moves an entry to the end.
+    """
 
     def __init__(self, topic: str, partition: int, epoch: int) -> None:
         self._id_prefix = f"{topic}/{partition}/"

@@ -4,8 +4,8 @@
 with the parts it changes: ready records become attempts (`acquire`; an isolated suspect:
 `isolated`, then `charged`), and an attempt ends with an answer (`answer`, decided by
 `sidecar.core.outcome.decide`), a lock expiry (`expire`) or unsent (`not_attempted`): the record is
-done, AVAILABLE again, or archived.  The ledger checks each call, keeps the clock and its counters;
-nothing here reads a clock.
+done, AVAILABLE again, or archived.  The ledger checks each call, keeps the clock and its counters.
+Must not import trio or anything that performs I/O, and never reads a clock.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The records a partition's ledger holds, and the order they may go in (sans-IO).
 
-`Holdings` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor:
-the records not done, in offset order; the heaps of offsets that may be handed out now (suspects of
-the isolation pass apart, see `sidecar.core.ledger.horizon`) and of those backing off until a retry
-time; the key queues (KEY / PARTITION ordering: only a queue's head may be in flight); the bytes
-held; and what the restored state says about offsets not fetched again yet.  It decides nothing
-about a record's life: the ledger asks it to hold, queue, back off and remove records.
+Owns `Holdings`, a part of `sidecar.core.ledger.partition.PartitionLedger`: it decides nothing
+about a record's life; the ledger asks it to hold, queue, back off and remove records.
 
 Imports the standard library, `sidecar.core` and the ledger's values and machine only.
 """
@@ -27,7 +23,15 @@ _AVAILABLE = RecordState.AVAILABLE
 
 
 class Holdings:
-    """The records held by one partition's ledger and their queues (see the module docstring)."""
+    """The records held by one partition's ledger and their queues.
+
+    A part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor:
+    the records not done, in offset order; the heaps of offsets that may be handed out now (suspects of
+    the isolation pass apart, see `sidecar.core.ledger.horizon`) and of those backing off until a retry
+    time; the key queues (KEY / PARTITION ordering: only a queue's head may be in flight); the bytes
+    held; and what the restored state says about offsets not fetched again yet.  It decides nothing
+    about a record's life: the ledger asks it to hold, queue, back off and remove records.
+    """
 
     def __init__(
         self, config: LedgerConfig, start_offset: int, restored: CommitState | None

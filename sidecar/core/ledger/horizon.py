@@ -1,71 +1,12 @@
 """Crash accounting: how deliveries are charged against a death, the horizon and the isolation pass.
 
-docs/guarantees.md: a record that kills the process (or the pod) on every delivery reaches the DLQ after at
-most ``limit + 1`` deaths, and no other record is dead-lettered, or has its count raised, because
-of those deaths.  ``LedgerConfig.crash_accounting`` selects how:
+Owns `Horizon`, a part of `sidecar.core.ledger.partition.PartitionLedger` built in its constructor:
+the horizon's marks, the suspects' counts, the commit points made and the isolation pass (whose
+phase moves only through `sidecar.core.ledger.machine.enter_pass`). The modes and the pass are
+told in `Horizon`'s docstring; the commit points are made by
+`sidecar.core.ledger.metadata.CommitMetadata`.
 
-``WRITE_AHEAD`` (what the engine does today): ``acquire`` counts the attempt, the caller commits
-the state (counts of attempts in flight included, metadata version 1) before handing it out.  Every
-record in flight at a death is charged that attempt.
-
-``HORIZON``: the committed state carries a *horizon* H (metadata version 2), meaning "every offset
-above H that is not done was never handed out".  Then:
-
-- *Normal delivery.*  ``acquire`` hands out records up to the confirmed horizon without any commit;
-  an attempt's count is *pending*: it is charged (``delivery_count`` goes up) only when its outcome
-  is known -- a release, a lock expiry or a reject -- and never for a death.  ``commit_state``
-  writes settled counts only.  The horizon runs ahead of the hand-outs by ``horizon_window``
-  offsets (default ``max_record_locks``): ``horizon_wanted()`` asks for a commit once the
-  hand-outs have used half of it (or a ready record is held beyond it), the caller commits a
-  ``commit_point()`` asynchronously and reports it with ``committed()``.  A record waits for a
-  commit only when that commit fell behind (or after an offset jump wider than half the window,
-  e.g. a compaction gap), never in steady state.
-- *Suspects.*  After an unclean stop (a death, a lost partition, a revoke with answers lost) the
-  next owner restores H: every not-done record at or below it may have been in flight and is a
-  *suspect*.  Suspects are few: those in flight, in backoff or held by key order, plus at most a
-  window of records never delivered.
-- *Isolation pass.*  While a suspect is ready, ``acquire`` hands out nothing for the partition.
-  ``isolate()`` (allowed only with nothing of this partition in flight, and the caller makes sure
-  nothing is in flight in the whole process) takes the lowest ready suspect and raises its count in
-  memory (write-ahead, exactly as today); the next ``commit_point()`` carries it in the version-2
-  header, where a prefix encoding cannot drop it; ``committed()`` of that point returns its
-  :class:`Attempt`.  A death now charges that record and nothing else.  A suspect is *settled*
-  once its isolated attempt has an outcome (any answer or a lock expiry: its count is then exact
-  and persisted, and it leaves the pass even if it waits for a retry); ``not_attempted`` takes
-  the charge back and it stays a suspect.  The outcome (or the take-back) is committed before
-  anything else of the partition goes out (``IsolationPhase.SETTLING``): else a death caused by
-  the next record would find the isolated one still charged and not done, and charge it again.
-  The next suspect may be charged meanwhile: one commit then carries both (one commit a suspect).
-  Suspects are taken in offset order, so key order holds;
-  one blocked behind a record waiting for a retry (``IsolationPhase.WAITING``) does not hold the
-  rest of the partition.  The pass is over when no fetched suspect is left; suspects fetched later
-  (still at or below H) reopen it.  Restored at the limit, a suspect is archived with no delivery.
-- *Killer.*  Its first death happens in normal delivery and charges no one; every later one happens
-  with it alone in flight and charged: it is archived when restored at ``limit``, after
-  ``limit + 1`` deaths.  Innocent suspects are charged only for isolated attempts whose outcome is
-  known, or for a death while they are the one isolated (then they were alone in flight: that
-  death was theirs, or not caused by a record).
-- *Revoke.*  The final state (``revoke()``) charges nothing in flight and lowers H to what is
-  unsettled: the highest offset still in flight (its answer is lost), and the restored H while
-  suspects are left.  A revoke with nothing in flight and no suspect leaves H below the base: the
-  next owner has no pass.  A charge not yet handed out is taken back.  (The caller should let the
-  app answer what is in flight before revoking; a clean shutdown is a revoke of every partition.)
-- *Records in backoff* (released, count > 0) are settled: their counts are exact.  They are
-  suspects after a death only because one may have been redelivered; isolating them costs time,
-  never a count that is not theirs.
-- *Transactional DLQ*: a commit point can go with the open transaction
-  (``send_offsets_to_transaction``); ``committed()`` once the transaction commits.
-- *Metadata size*: version 2 adds at most 24 bytes of header (horizon and the charged count); the
-  size checks count them.  A version-1 state restored in horizon mode (or none) has no horizon:
-  counts as stored, no pass.  A version-2 state restored in write-ahead mode: counts as stored,
-  the horizon ignored.  Builds before version 2 read version 2 as foreign: redelivery, no loss.
-
-`Horizon` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor: it
-owns the horizon's marks, the suspects' counts, the commit points made and the isolation pass
-(an `sidecar.core.ledger.machine.IsolationPass`, whose phase moves only through the machine's
-second table, ``enter_pass``) (sans-IO, like the whole ledger).  The commit points that carry the horizon are made by
-`sidecar.core.ledger.metadata.CommitMetadata`; the hand-outs, charges and take-backs the pass asks
-for are the ledger's calls.
+Sans-IO: must not import trio, confluent_kafka or anything doing I/O; never reads a clock.
 """
 
 from __future__ import annotations
@@ -89,7 +30,68 @@ _SETTLING = IsolationPhase.SETTLING
 
 
 class Horizon:
-    """Crash accounting of one partition's ledger (see the module docstring)."""
+    """Crash accounting of one partition's ledger.
+
+    docs/guarantees.md: a record that kills the process (or the pod) on every delivery reaches the DLQ after at
+    most ``limit + 1`` deaths, and no other record is dead-lettered, or has its count raised, because
+    of those deaths.  ``LedgerConfig.crash_accounting`` selects how:
+
+    ``WRITE_AHEAD``: ``acquire`` counts the attempt, the caller commits
+    the state (counts of attempts in flight included, metadata version 1) before handing it out.  Every
+    record in flight at a death is charged that attempt.
+
+    ``HORIZON``: the committed state carries a *horizon* H (metadata version 2), meaning "every offset
+    above H that is not done was never handed out".  Then:
+
+    - *Normal delivery.*  ``acquire`` hands out records up to the confirmed horizon without any commit;
+      an attempt's count is *pending*: it is charged (``delivery_count`` goes up) only when its outcome
+      is known -- a release, a lock expiry or a reject -- and never for a death.  ``commit_state``
+      writes settled counts only.  The horizon runs ahead of the hand-outs by ``horizon_window``
+      offsets (default ``max_record_locks``): ``horizon_wanted()`` asks for a commit once the
+      hand-outs have used half of it (or a ready record is held beyond it), the caller commits a
+      ``commit_point()`` asynchronously and reports it with ``committed()``.  A record waits for a
+      commit only when that commit fell behind (or after an offset jump wider than half the window,
+      e.g. a compaction gap), never in steady state.
+    - *Suspects.*  After an unclean stop (a death, a lost partition, a revoke with answers lost) the
+      next owner restores H: every not-done record at or below it may have been in flight and is a
+      *suspect*.  Suspects are few: those in flight, in backoff or held by key order, plus at most a
+      window of records never delivered.
+    - *Isolation pass.*  While a suspect is ready, ``acquire`` hands out nothing for the partition.
+      ``isolate()`` (allowed only with nothing of this partition in flight, and the caller makes sure
+      nothing is in flight in the whole process) takes the lowest ready suspect and raises its count in
+      memory (write-ahead); the next ``commit_point()`` carries it in the version-2
+      header, where a prefix encoding cannot drop it; ``committed()`` of that point returns its
+      :class:`Attempt`.  A death now charges that record and nothing else.  A suspect is *settled*
+      once its isolated attempt has an outcome (any answer or a lock expiry: its count is then exact
+      and persisted, and it leaves the pass even if it waits for a retry); ``not_attempted`` takes
+      the charge back and it stays a suspect.  The outcome (or the take-back) is committed before
+      anything else of the partition goes out (``IsolationPhase.SETTLING``): else a death caused by
+      the next record would find the isolated one still charged and not done, and charge it again.
+      The next suspect may be charged meanwhile: one commit then carries both (one commit a suspect).
+      Suspects are taken in offset order, so key order holds;
+      one blocked behind a record waiting for a retry (``IsolationPhase.WAITING``) does not hold the
+      rest of the partition.  The pass is over when no fetched suspect is left; suspects fetched later
+      (still at or below H) reopen it.  Restored at the limit, a suspect is archived with no delivery.
+    - *Killer.*  Its first death happens in normal delivery and charges no one; every later one happens
+      with it alone in flight and charged: it is archived when restored at ``limit``, after
+      ``limit + 1`` deaths.  Innocent suspects are charged only for isolated attempts whose outcome is
+      known, or for a death while they are the one isolated (then they were alone in flight: that
+      death was theirs, or not caused by a record).
+    - *Revoke.*  The final state (``revoke()``) charges nothing in flight and lowers H to what is
+      unsettled: the highest offset still in flight (its answer is lost), and the restored H while
+      suspects are left.  A revoke with nothing in flight and no suspect leaves H below the base: the
+      next owner has no pass.  A charge not yet handed out is taken back.  (The caller should let the
+      app answer what is in flight before revoking; a clean shutdown is a revoke of every partition.)
+    - *Records in backoff* (released, count > 0) are settled: their counts are exact.  They are
+      suspects after a death only because one may have been redelivered; isolating them costs time,
+      never a count that is not theirs.
+    - *Transactional DLQ*: a commit point can go with the open transaction
+      (``send_offsets_to_transaction``); ``committed()`` once the transaction commits.
+    - *Metadata size*: version 2 adds at most 24 bytes of header (horizon and the charged count); the
+      size checks count them.  A version-1 state restored in horizon mode (or none) has no horizon:
+      counts as stored, no pass.  A version-2 state restored in write-ahead mode: counts as stored,
+      the horizon ignored.  Builds before version 2 read version 2 as foreign: redelivery, no loss.
+    """
 
     def __init__(
         self,

@@ -1,14 +1,7 @@
 """Commit metadata: the state a partition's ledger commits, its size, and its commit points.
 
-`CommitMetadata` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its
-constructor.  ``commit_state`` derives, from the records held, what to persist beyond the committed
-offset (the codec is `sidecar.core.commitstate`); it walks the records held, bounded by
-``max_buffered_records``.  Everything else here is O(1): the size checks bound the encoded metadata
-from counters this part keeps exact on every change (the done ranges and the count runs) and
-measure it exactly only when the bound is not conclusive, so a partition pauses
-(`sidecar.core.ledger.flow`) before its metadata outgrows ``metadata_max_bytes``.
-``commit_point`` is what the engine commits; in horizon mode it carries the horizon and the
-isolated record's charge (`sidecar.core.ledger.horizon`), and revoke's final state is made here.
+Owns `CommitMetadata`, a part of `sidecar.core.ledger.partition.PartitionLedger` (the codec is
+`sidecar.core.commitstate`).  Sans-IO: imports the standard library and `sidecar.core` only.
 """
 
 from __future__ import annotations
@@ -41,7 +34,18 @@ def _vlen(n: int) -> int:
 
 
 class CommitMetadata:
-    """The commit metadata of one partition's ledger (see the module docstring)."""
+    """The commit metadata of one partition's ledger.
+
+    A part of `sidecar.core.ledger.partition.PartitionLedger`, built in its
+    constructor.  ``commit_state`` derives, from the records held, what to persist beyond the committed
+    offset (the codec is `sidecar.core.commitstate`); it walks the records held, bounded by
+    ``max_buffered_records``.  Everything else here is O(1): the size checks bound the encoded metadata
+    from counters this part keeps exact on every change (the done ranges and the count runs) and
+    measure it exactly only when the bound is not conclusive, so a partition pauses
+    (`sidecar.core.ledger.flow`) before its metadata outgrows ``metadata_max_bytes``.
+    ``commit_point`` is what the engine commits; in horizon mode it carries the horizon and the
+    isolated record's charge (`sidecar.core.ledger.horizon`), and revoke's final state is made here.
+    """
 
     def __init__(
         self,

@@ -1,25 +1,8 @@
 """`PartitionLedger`: the delivery state of one assigned partition (sans-IO).
 
-This module holds the record lifecycle: intake (``add``), hand-outs (``acquire``), the
-application's answers (``answer``, ``not_attempted``), lock expiry (``expire``) and ``revoke``.
-What an answer does is `sidecar.core.outcome.decide`'s verdict; the state change it makes is
-`sidecar.core.ledger.machine`'s table.  The ledger is built of parts, one module each, which its
-constructor builds and gives what they need; each owns its attributes, and a call that touches
-several (a record done, an isolated hand-out) is a method here that asks each in turn::
-
-    PartitionLedger   here: the calls; the clock, ``changes``, revoked
-    ├── Attempts        attempts: the attempts in flight, their ids and lock-deadline order
-    ├── Holdings        holdings: the records held, the ready / backoff heaps, key queues, bytes
-    ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
-    ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
-    ├── FlowControl     flow: pause / resume, the next deadline
-    ├── Archive         archive: the DLQ side of archiving
-    └── HandOut         handout: records out as attempts and back (answers, expiry, not sent)
-
-Must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and never reads a
-clock: callers pass ``now_ms`` (a monotonic clock in milliseconds).  It is the hot path, so every
-operation is O(log n) or amortised O(1); only ``commit_state`` and the metadata size check walk
-the records held (bounded by ``max_buffered_records``).
+Owns the record lifecycle's calls (intake, hand-outs, answers, lock expiry, revoke) and builds the
+ledger's parts (drawn in `PartitionLedger`'s docstring).  Must not import trio, confluent_kafka,
+HTTP code or anything that performs I/O, and never reads a clock: callers pass ``now_ms``.
 """
 
 from __future__ import annotations
@@ -67,7 +50,24 @@ _RELEASE_EVENT = Event.RELEASE
 
 
 class PartitionLedger:
-    """Delivery state of one assigned partition.  See `sidecar.core.ledger`."""
+    """Delivery state of one assigned partition: the record lifecycle's calls.
+
+    Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``expire``, the
+    ``dlq_*`` calls, ``revoke``; in horizon mode ``isolate`` and ``committed``); outputs are small
+    frozen values.  An illegal call raises a `LedgerError` and leaves the ledger unchanged.  What is
+    committable is derived from the records held, never stored.  Every operation is O(log n) or
+    amortised O(1) (the hot path) but ``commit_state`` and the metadata size check, which walk the
+    records held.  The parts, each owning its attributes; a call that touches several asks each::
+
+        PartitionLedger   here: the calls; the clock, ``changes``, revoked
+        ├── Attempts        attempts: the attempts in flight, their ids and lock-deadline order
+        ├── Holdings        holdings: the records held, the ready / backoff heaps, key queues, bytes
+        ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
+        ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
+        ├── FlowControl     flow: pause / resume, the next deadline
+        ├── Archive         archive: the DLQ side of archiving
+        └── HandOut         handout: records out as attempts and back (answers, expiry, unsent)
+    """
 
     def __init__(
         self,

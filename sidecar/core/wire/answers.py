@@ -21,6 +21,8 @@ from sidecar.core.wire.values import (
     ANSWER_ACKS,
     MALFORMED_ANSWER,
     MAX_RETRY_AFTER_MS,
+    ROUTE_MISSING,
+    ROUTE_MISSING_STATUSES,
     STATUS_ACKS,
     STATUS_MESSAGE_CHARS,
     AckWord,
@@ -30,22 +32,62 @@ from sidecar.core.wire.values import (
     WireError,
 )
 
-__all__ = ["interpret_batch", "interpret_single", "parse_retry_after_ms", "validate_status_mapping"]
+__all__ = [
+    "interpret_batch",
+    "interpret_single",
+    "parse_retry_after_ms",
+    "route_missing",
+    "validate_status_mapping",
+]
 
 
-def validate_status_mapping(mapping: Mapping[int, str]) -> dict[int, AckWord]:
-    """Check a configured status → ack mapping; raise :class:`WireError` on a bad entry."""
-    checked: dict[int, AckWord] = {}
+def validate_status_mapping(mapping: Mapping[int, str]) -> dict[int, str]:
+    """Check a configured status → ack (or ``route-missing``) mapping; raise :class:`WireError`
+    on a bad entry."""
+    checked: dict[int, str] = {}
+    words = STATUS_ACKS | {ROUTE_MISSING}
     for status, ack in mapping.items():
         if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             raise WireError(f"status mapping key must be an HTTP status 100..599, got {status!r}")
-        if ack not in STATUS_ACKS:
+        if ack not in words:
             raise WireError(
                 f"status mapping for {status}: expected one of "
-                f"{', '.join(sorted(STATUS_ACKS))}, got {ack!r}"
+                f"{', '.join(sorted(words))}, got {ack!r}"
             )
-        checked[status] = cast(AckWord, ack)
+        checked[status] = ack
     return checked
+
+
+def route_missing(
+    status: int,
+    headers: HeaderList,
+    body: bytes,
+    mapping: Mapping[int, str] | None = None,
+    *,
+    batch: bool = False,
+) -> bool:
+    """Whether an answer says the app has no such route: the configured URL is wrong, not the record.
+
+    A status of ``ROUTE_MISSING_STATUSES`` (404, 405, 415) the mapping leaves alone, or one the
+    mapping marks ``route-missing``, whose body is not a JSON answer: a JSON object with an
+    ``ack`` (single mode) or a ``results`` list (batch mode). A framework's own error page, JSON
+    or not, has neither; an app that rejects a record with 404 on purpose says so in JSON.
+    """
+    mapped = mapping.get(status) if mapping else None
+    if mapped is None:
+        if status not in ROUTE_MISSING_STATUSES:
+            return False
+    elif mapped != ROUTE_MISSING:
+        return False
+    if not (_is_json(_header(headers, b"content-type")) and body.strip()):
+        return True
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return True
+    if not isinstance(obj, dict):
+        return True
+    return not ("ack" in obj or (batch and isinstance(obj.get("results"), list)))
 
 
 def _header(headers: HeaderList, name: bytes) -> bytes | None:
@@ -104,6 +146,8 @@ def _status_error(status: int, content_type: bytes | None, body: bytes) -> AppEr
 
 def _status_ack(status: int, mapping: Mapping[int, str]) -> AckWord:
     mapped = mapping.get(status)
+    if mapped == ROUTE_MISSING:
+        mapped = None  # the answer carried JSON (see route_missing): the status alone decides
     if mapped is not None:
         if mapped not in STATUS_ACKS:
             raise WireError(f"status mapping for {status} names unknown ack {mapped!r}")

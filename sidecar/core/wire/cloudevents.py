@@ -163,6 +163,16 @@ def cloudevent_attributes(record: RecordView, cloudevents: CloudEventsFormat) ->
     content_type = content_type or fallback_content_type
     if content_type is not None:
         attributes["datacontenttype"] = content_type
+    schema = record.value_schema
+    if schema is not None:
+        # Decoded through a Schema Registry: the data is JSON now, and the schema is named in
+        # extension attributes (the registry's URL may carry credentials: no `dataschema`).
+        attributes["datacontenttype"] = "application/json"
+        attributes["schemaid"] = str(schema.schema_id)
+        attributes["schematype"] = schema.schema_type
+        if schema.subject:
+            attributes["schemasubject"] = schema.subject
+            attributes["schemaversion"] = str(schema.version)
     return attributes
 
 
@@ -232,7 +242,9 @@ def _batch_event(record: RecordView, cloudevents: CloudEventsFormat) -> dict[str
         event = None if record.value is None else _structured_event(record.value)
     if event is None:
         event = dict(attributes)
-        if record.value is not None:
+        if record.value is not None and record.value_schema is not None:
+            event["data"] = json.loads(record.value)  # decoded through a Schema Registry: JSON
+        elif record.value is not None:
             # The value is opaque bytes to the sidecar: JSON format §3.1's Binary data.
             event["data_base64"] = base64.b64encode(record.value).decode("ascii")
     if record.traceparent is not None and is_header_safe(record.traceparent):

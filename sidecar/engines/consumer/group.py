@@ -306,8 +306,6 @@ class ConsumerGroupEngine:
         self._wakeup.kick()
 
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
-        self._counters.rebalances += 1
-        out: list[OffsetToCommit] = []
         # Let DLQ writes already under way finish (briefly), so the commit handed to the next
         # owner includes them and it does not write the same DLQ records again.
         revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
@@ -323,6 +321,19 @@ class ConsumerGroupEngine:
                 and not self._outlet.room().stopping
             ):
                 await self._partitions.wait_progress()
+        return self.revoked_now(partitions)
+
+    def revoked_now(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
+        """The revoke's final state, at once: what is done is committed; what is in flight or
+        being written to the DLQ goes to the next owner (`on_revoked` waits for it first, when the
+        revoke comes from another thread; on trio's own thread nothing can be waited for)."""
+        self._counters.rebalances += 1
+        out: list[OffsetToCommit] = []
+        revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
+        for revoked in revoking:
+            revoked.revoking = True
+        if self._write_ahead is not None:
+            self._write_ahead.give_back(revoking)
         for key in partitions:
             state = self._partitions.pop(key)
             if state is None:

@@ -174,8 +174,9 @@ class ShareGroupEngine:
         return None
 
     def readiness(self) -> dict[str, bool]:
+        # What the client knows (it sees no assignment; docs/engines.md: the first 5 s).
         return {
-            "assigned": self.source.subscribed and self.source.fatal_error is None,
+            "subscribed": self.source.subscribed and self.source.fatal_error is None,
             "broker_reachable": self.source.broker_ok,
         }
 
@@ -215,6 +216,7 @@ class ShareGroupEngine:
                 "consumers": self.consumer_count,
                 "consumers_running": self.source.consumers_running,
                 "batches_in_flight": len(self._batches),
+                "records_received": bool(self.source.assigned),
                 "delivery_count_limit": s.delivery_count_limit if s else None,
                 "group_delivery_count_limit": s.group_delivery_count_limit if s else None,
                 "group_delivery_count_limit_source": (
