@@ -1,13 +1,12 @@
 """The consumer queue's wake-up file descriptor: librdkafka signals trio's thread itself.
 
-Owns the one reach into confluent-kafka's private layout: the `rd_kafka_t *` of a `Consumer` is the
-first field after the object header of its C `Handle` struct (`src/confluent_kafka/src/confluent_kafka.h`).
-`queue_signal` reads it only for a confluent-kafka version and object size checked here
-(`CHECKED_WITH`), then checks the handle through librdkafka (`rd_kafka_type` is a consumer,
-`rd_kafka_name` starts with the consumer's `client.id`) and enables `rd_kafka_queue_io_event_enable` on
-the consumer queue (the main queue is forwarded into it): librdkafka writes a byte to a pipe whenever
-that queue goes from empty to not empty. Any check that fails gives the reason instead (the source
-then polls on a thread of its own). Through `ctypes`, on the librdkafka the wheel ships.
+Owns the one reach into confluent-kafka's private layout: a `Consumer`'s `rd_kafka_t *` is the first
+field after the object header of its C `Handle` (`src/confluent_kafka/src/confluent_kafka.h`), read only
+for a version and object size checked here (`CHECKED_WITH`), then checked through librdkafka
+(`rd_kafka_type` is a consumer, `rd_kafka_name` starts with the `client.id`). `queue_signal` enables
+`rd_kafka_queue_io_event_enable` on the consumer queue (the main queue is forwarded into it): a byte on a
+pipe whenever it goes from empty to not empty. A failed check gives its reason instead (the source then
+polls on a thread of its own). Through `ctypes`, on the librdkafka the wheel ships.
 """
 
 from __future__ import annotations

@@ -79,7 +79,6 @@ PENDING = {
     "sidecar/ops/dlq/entries.py",
     "sidecar/ops/console/access.py",
     "sidecar/kafka/tools/reader.py",
-    "sidecar/kafka/source.py",
     "sidecar/injector/__init__.py",
     "sidecar/engines/dlq_summary.py",
     "sidecar/config/tiers.py",

@@ -1,10 +1,8 @@
 """Decoded payloads for the DLQ tools (`dlq inspect`, `dlq replay --dry-run`, the console).
 
-Owns `PayloadReader`: a DLQ record's value in the Confluent wire format read through the Schema Registry
-(`sidecar.kafka.schemas`, blocking), its configured fields redacted (`redact`: a name at any depth, or a
-dotted path from the top, shown as ``***``), and the filters on decoded fields (``--field PATH=VALUE``:
-compared on the redacted value, so a redacted field cannot be probed). A value that does not decode keeps
-its bytes and says why. `payloads_for` builds one from the sidecar's config and the command's options.
+Owns `PayloadReader`: a DLQ record's value read through the Schema Registry (blocking), its
+configured fields redacted (shown as ``***``), and the filters on decoded fields (compared on the
+redacted value, so a redacted field cannot be probed); `payloads_for` builds one from the config.
 
 Imports: the standard library, `sidecar.config` and `sidecar.kafka.schemas` (which imports
 confluent-kafka's `schema_registry` package: only when a registry is named).
@@ -91,7 +89,12 @@ def parse_field_filter(text: str) -> tuple[str, str]:
 
 
 class PayloadReader:
-    """Decodes, redacts and filters DLQ values through one registry (see the module docstring)."""
+    """Decodes, redacts and filters DLQ values through one registry.
+
+    A value in the Confluent wire format is read through `sidecar.kafka.schemas`; `redact` names a
+    field at any depth, or a dotted path from the top; ``--field PATH=VALUE`` filters on the redacted
+    value. A value that does not decode keeps its bytes and says why.
+    """
 
     def __init__(
         self,
