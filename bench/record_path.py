@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _child(answer_word: str) -> dict[str, Any]:  # noqa: PLR0915 (one harness, read top to bottom)
+def _child(answer_word: str) -> dict[str, Any]:
     import confluent_kafka
     import trio
 
