@@ -2,9 +2,9 @@
 
 `HandOut` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor
 with the parts it changes: ready records become attempts (`acquire`; an isolated suspect:
-`isolated`, then `charged`), and an attempt ends with an answer (`answer`, decided by
-`sidecar.core.outcome.decide`), a lock expiry (`expire`) or unsent (`not_attempted`): the record is
-done, AVAILABLE again, or archived.  The ledger checks each call, keeps the clock and its counters.
+`isolated`, then `charged`), and an attempt ends with an answer other than an accept
+(`answered`), a lock expiry (`expire`) or unsent (`not_attempted`): AVAILABLE again, or archived;
+`finish` once it is done.  The ledger checks each call, keeps the clock and its counters.
 Must not import trio or anything that performs I/O, and never reads a clock.
 """
 
@@ -29,7 +29,6 @@ from sidecar.core.ledger.values import (
 from sidecar.core.outcome import (
     COUNT_EXHAUSTED,
     LOCK_TIMEOUT,
-    Accept,
     Ack,
     ArchiveReason,
     DeadLetter,
@@ -76,7 +75,6 @@ class HandOut:
         self._horizon = horizon
         self._metadata = metadata
         self._archive = archive
-        self.acknowledged_total = 0
 
     def acquire(self, now: int, max_n: int, version: int) -> list[Attempt]:
         """Up to ``max_n`` ready records as attempts locked until ``now`` plus the lock duration.
@@ -241,35 +239,19 @@ class HandOut:
 
     # -- answers and expiry ------------------------------------------------------------------
 
-    def answer(
+    def answered(
         self,
         attempt_id: str,
         record: LedgerRecord,
         ack: Ack,
+        verdict: Verdict,
+        count: int,
         now: int,
         error: ErrorInfo | None,
-        retry_after_ms: int | None,
     ) -> AnswerResult:
-        """The app's answer to the live attempt ``attempt_id`` of ``record`` (the ledger checked
-        it): ``outcome.decide`` says what it does."""
-        # The count with this attempt settled (horizon mode charges it only now, see _settle).
-        count = record.delivery_count + record.pending
-        if ack is _RELEASE:
-            verdict = self._decide_release(record, count, retry_after_ms)
-        else:  # no delay to compute: the hot path (an accept) skips the retry policy's arguments
-            verdict = decide(ack, count, self._config.delivery_count_limit)
-        verdict_type = verdict.__class__
-        if verdict_type is Accept:
-            enter(record, _ACCEPT)
-            self._attempts.retire(attempt_id, record)
-            self.acknowledged_total += 1
-            if record.pending:
-                record.pending = False  # done: its count is never written again
-            if record.suspect:
-                self._horizon.clear_suspect(record)
-            self.finish(record, now)
-            return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
-        if verdict_type is KeepLock:
+        """An answer other than an accept (the ledger applies those itself: the hot path), as
+        ``verdict`` says: the lock renewed, or the attempt over (redelivered or dead-lettered)."""
+        if verdict.__class__ is KeepLock:
             self._attempts.renew(attempt_id, record, now + self._config.lock_duration_ms)
             return AnswerResult(
                 attempt_id,
@@ -335,7 +317,7 @@ class HandOut:
             retry_at_ms=record.not_before_ms,
         )
 
-    def _decide_release(
+    def decide_release(
         self, record: LedgerRecord, count: int, retry_after_ms: int | None
     ) -> Verdict:
         """`outcome.decide` for a release (or a lock expiry) of the ``count``-th attempt."""
@@ -357,7 +339,7 @@ class HandOut:
             if record.lock_deadline_ms > now:
                 break
             # A lock timeout is a release with no answer.
-            verdict = self._decide_release(record, record.delivery_count + record.pending, None)
+            verdict = self.decide_release(record, record.delivery_count + record.pending, None)
             error = ErrorInfo(
                 LOCK_TIMEOUT,
                 f"no answer within the lock duration of {self._config.lock_duration_ms} ms",

@@ -14,7 +14,7 @@ from sidecar.core.ledger.flow import FlowControl
 from sidecar.core.ledger.handout import HandOut
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
-from sidecar.core.ledger.machine import Event, LedgerRecord
+from sidecar.core.ledger.machine import Event, LedgerRecord, enter
 from sidecar.core.ledger.metadata import CommitMetadata
 from sidecar.core.ledger.values import (
     AnswerResult,
@@ -31,9 +31,11 @@ from sidecar.core.ledger.values import (
     RecordState,
 )
 from sidecar.core.outcome import (
+    Accept,
     Ack,
     ArchiveReason,
     ErrorInfo,
+    decide,
 )
 
 __all__ = ["PartitionLedger"]
@@ -94,6 +96,7 @@ class PartitionLedger:
         self._start_offset = start_offset
         self._now = 0
         self._revoked = False
+        self._acknowledged_total = 0
         # Bumped by every call that may change what the state to commit measures (see
         # CommitMetadata.over: a measurement of the same version is reused).
         self._version = 0
@@ -252,7 +255,24 @@ class PartitionLedger:
         self._now = now
         self._version += 1
         self._changes += 1
-        return self._handout.answer(attempt_id, record, ack, now, error, retry_after_ms)
+        # The count with this attempt settled (horizon mode charges it only now).
+        count = record.delivery_count + record.pending
+        handout = self._handout
+        if ack is _RELEASE:
+            verdict = handout.decide_release(record, count, retry_after_ms)
+        else:  # no delay to compute: the hot path (an accept) skips the retry policy's arguments
+            verdict = decide(ack, count, self.config.delivery_count_limit)
+        if verdict.__class__ is not Accept:
+            return handout.answered(attempt_id, record, ack, verdict, count, now, error)
+        enter(record, _ACCEPT)
+        self._attempts.retire(attempt_id, record)
+        self._acknowledged_total += 1
+        if record.pending:
+            record.pending = False  # done: its count is never written again
+        if record.suspect:
+            self._horizon.clear_suspect(record)
+        handout.finish(record, now)
+        return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
 
     def not_attempted(self, attempt_id: str, now_ms: int, delay_ms: int = 0) -> AnswerResult:
         """The request could not be sent at all (connection refused): not an attempt.
@@ -495,7 +515,7 @@ class PartitionLedger:
             available=held - acquired - archive.n_archiving,
             acquired=acquired,
             archiving=archive.n_archiving,
-            acknowledged_total=self._handout.acknowledged_total,
+            acknowledged_total=self._acknowledged_total,
             archived_total=archive.archived_total,
             attempts_total=self._attempts.total,
             buffered=held,
