@@ -407,7 +407,8 @@ def print_comparison(results: dict[str, Any]) -> None:
 def print_report(results: dict[str, Any]) -> None:
     """The scenarios' table and the comparison (the side-by-side parts print their own first)."""
     base = results.get("baseline")
-    if ("dapr" in results or "spring" in results) and not results["scenarios"] and not base:
+    side_parts = any(k in results for k in ("dapr", "spring", "schemas", "scale"))
+    if side_parts and not results["scenarios"] and not base:
         print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
         return
     if base:

@@ -23,6 +23,10 @@ fresh consumer group and the figure is records/s from the first record seen to t
                 never part of ``all``; alone, they run without the parts below
     spring-vs-tiers  the sidecar's retry tiers side by side with Spring Kafka's retry topics
                 (``bench.vs_spring``; Java 17+); named only, like the Dapr ones
+    schemas-avro  Avro records decoded for the app against the same records undecoded
+                (``bench.vs_schemas``; a Schema Registry on Java 21+); named only
+    scale-wide, scale-many, scale-share, scale-dapr  the scale bench (``bench.scale``): one sidecar
+                on many partitions, many sidecars through a rolling restart; named only
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -95,8 +99,11 @@ from bench.runs import (
     run_latency,
     run_sidecar_throughput,
 )
+from bench.scale import SCALE_SCENARIOS, add_options, part_scale
+from bench.scale.report import print_scale
 from bench.sidecars import Side, unavailable
 from bench.vs_dapr import DAPR_SCENARIOS, part_dapr, print_dapr
+from bench.vs_schemas import SCHEMAS_SCENARIOS, part_schemas, print_schemas
 from bench.vs_spring import SPRING_SCENARIOS, part_spring, print_spring
 
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
@@ -110,12 +117,17 @@ BACKLOGS = {
 
 
 def show(results: dict[str, Any]) -> None:
-    """Print a run: the side-by-side parts (Dapr, Spring), then the scenarios and the comparison."""
+    """Print a run: the side-by-side parts (Dapr, Spring, schemas, scale), then the scenarios and
+    the comparison."""
     print()
     if "dapr" in results:
         print_dapr(results["dapr"])
     if "spring" in results:
         print_spring(results["spring"])
+    if "schemas" in results:
+        print_schemas(results["schemas"])
+    if "scale" in results:
+        print_scale(results["scale"])
     print_report(results)
 
 
@@ -319,7 +331,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios",
         default="all",
         help="throughput and latency scenarios, comma-separated names or prefixes: "
-        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS),
+        + ",".join(
+            ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS + SCHEMAS_SCENARIOS + SCALE_SCENARIOS
+        ),
     )
     add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
     add(
@@ -348,6 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--killer-share-quiet-s", type=float, default=KillerSpec.share_quiet_s, help="engine share: quiet before the killer counts as dropped")  # fmt: skip
     add("--app-seconds", type=float, default=2.0, help="app-alone run length")
     add("--idle-connections", type=int, default=0, help="held open on an observability listener during throughput runs (bench.flood)")  # fmt: skip
+    add_options(parser)
     add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
     add("--show", metavar="JSON", help="print the tables of a saved run and exit")
     # Child roles.
@@ -373,8 +388,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.spring_selected = [
         s for s in SPRING_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
     ]
+    args.scale_selected = [
+        s for s in SCALE_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
+    args.schemas_selected = [
+        s for s in SCHEMAS_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
     args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
-    if (args.dapr_selected or args.spring_selected) and not args.selected:
+    side_by_side = (
+        args.dapr_selected or args.spring_selected or args.schemas_selected or args.scale_selected
+    )
+    if side_by_side and not args.selected:
         args.skip_parts |= set(PARTS)  # the side-by-side runs alone
     if args.no_latency:
         args.skip_parts.add("latency")
@@ -388,6 +412,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         not args.selected
         and not args.dapr_selected
         and not args.spring_selected
+        and not args.schemas_selected
+        and not args.scale_selected
         and set(PARTS) <= args.skip_parts
     ):
         parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
@@ -456,6 +482,10 @@ def main(argv: list[str] | None = None) -> None:
                     results["dapr"] = part_dapr(broker, app, directory, args, args.dapr_selected)
                 if args.spring_selected:
                     results["spring"] = part_spring(broker, app, directory, args)
+                if args.schemas_selected:
+                    results["schemas"] = part_schemas(broker, app, directory, args)
+                if args.scale_selected:
+                    results["scale"] = part_scale(broker, app, directory, args, args.scale_selected)
             finally:
                 app.close()
     finally:

@@ -56,6 +56,7 @@ def sidecar_config(
     engine: str | None = None,
     kafka_extra: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    topics: list[str] | None = None,
 ) -> str:
     kind, _, rest = scenario.partition("-")
     transport, _, scenario_ordering = rest.partition("-")
@@ -76,7 +77,7 @@ def sidecar_config(
         "  auto.offset.reset: earliest",
         *(f"  {k}: {json.dumps(v)}" for k, v in (kafka_extra or {}).items()),
         "source:",
-        f"  topics: [{json.dumps(topic)}]",
+        f"  topics: {json.dumps(topics or [topic])}",
         f"ordering: {ordering or scenario_ordering}",
         "app:",
         f"  url: http://127.0.0.1:{app.port}/records",

@@ -45,8 +45,8 @@ class BreakerPolicy:
     """`errors.deadletterqueue.circuit.breaker.*`, validated (a bad value is a ValueError)."""
 
     ratio: float = 0.5  # trips when more than this share of the finished records was dead-lettered
-    window_ms: int = 60_000
-    min_records: int = 100  # ... and at least this many records finished within the window
+    window_ms: int = 300_000
+    min_records: int = 5  # ... and at least this many records finished within the window
     cooldown_ms: int = 30_000  # open this long before a probe record goes out
 
     def __post_init__(self) -> None:

@@ -97,6 +97,10 @@ class Counters:
     expired_answers: int = 0
     commits: int = 0
     commit_failures: int = 0
+    # Partition offsets in the commits that succeeded, and the bytes of their metadata strings:
+    # what the commits cost the group's `__consumer_offsets` partition (docs/scaling.md).
+    committed_partitions: int = 0
+    commit_metadata_bytes: int = 0
     rebalances: int = 0
     metadata_pauses: int = 0
     # topic -> records the broker archives on its own, with no DLQ record (share engine; a defect to report)
@@ -119,10 +123,13 @@ class Counters:
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
-    def committed(self, ok: bool = True) -> None:
-        """One offset commit (or share acknowledgement) done, or failed (`ok` False)."""
+    def committed(self, ok: bool = True, partitions: int = 0, metadata_bytes: int = 0) -> None:
+        """One offset commit (or share acknowledgement) done, or failed (`ok` False); a commit
+        done names how many partition offsets it carried and their metadata's bytes."""
         if ok:
             self.commits += 1
+            self.committed_partitions += partitions
+            self.commit_metadata_bytes += metadata_bytes
         else:
             self.commit_failures += 1
 
@@ -144,6 +151,8 @@ class Counters:
             "expired_answers": self.expired_answers,
             "commits": self.commits,
             "commit_failures": self.commit_failures,
+            "committed_partitions": self.committed_partitions,
+            "commit_metadata_bytes": self.commit_metadata_bytes,
             "rebalances": self.rebalances,
             "tiers": {
                 "written": dict(self.tier_written),

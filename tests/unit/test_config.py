@@ -161,7 +161,7 @@ def test_minimal_config_takes_the_documented_defaults() -> None:
     assert config.shutdown_drain_timeout_ms == 20000
     assert config.api.listen == "127.0.0.1:8787"
     assert config.logging.level is LogLevel.INFO
-    assert config.logging.format is LogFormat.JSON
+    assert config.logging.format is LogFormat.AUTO
     assert config.tracing.exporter is TracingExporter.NONE
     assert config.tracing.service_name == "dlq-sidecar"
     assert config.metrics.enable is True
@@ -515,7 +515,7 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str, str]] = [
     ("mode", {"app": {"mode": "stream"}}, {}, "app.mode", "single, batch"),
     ("tolerance", {"errors.tolerance": "some"}, {}, "errors.tolerance", "all, none"),
     ("level", {"logging": {"level": "warn"}}, {}, "logging.level", "warning"),
-    ("format", {"logging": {"format": "xml"}}, {}, "logging.format", "json, logfmt, text"),
+    ("format", {"logging": {"format": "xml"}}, {}, "logging.format", "auto, json, logfmt, text"),
     ("exporter", {"tracing": {"exporter": "jaeger"}}, {}, "tracing.exporter", "otlp-http"),
     (
         "status ack",

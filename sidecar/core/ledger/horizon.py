@@ -120,6 +120,12 @@ class Horizon:
         self._suspects_total = 0
         self._isolated_total = 0
         self.points = 0  # commit points made
+        # The highest serial of a point the broker confirmed, and the points made when a delivery
+        # count was last raised (an outcome that counts): a redelivery waits until a point made
+        # after that is confirmed, so a death cannot restore a count below one the app has seen.
+        self.stored_serial = 0
+        self.counts_after = -1
+        self.count_held = False  # a redelivery is ready and waits for that commit
         # The isolated record and its phase; the isolated attempt's outcome (or its take-back) is
         # not committed before a point made after it is confirmed: until then nothing goes out (a
         # death would charge it again).  Changed only through machine.enter_pass.
@@ -199,6 +205,10 @@ class Horizon:
             raise IllegalTransition(f"commit point {point.serial} was never made by this ledger")
         if point.horizon is not None and point.horizon > self.confirmed:
             self.confirmed = point.horizon
+        if point.serial > self.stored_serial:  # noqa: PLR1730
+            self.stored_serial = point.serial
+        if self.count_held and self.counts_stored:
+            self.count_held = False
         isolation = self.isolation
         unflushed = isolation.unflushed_after
         if unflushed is not None and point.serial > unflushed:
@@ -223,6 +233,20 @@ class Horizon:
         """A ready record at ``offset`` waits for the horizon's commit (it fell behind)."""
         if offset > self.held_at:  # noqa: PLR1730 (hot path: no max() call)
             self.held_at = offset
+
+    def count_raised(self) -> None:
+        """An outcome raised a delivery count: the points made so far do not carry it."""
+        self.counts_after = self.points
+
+    def hold_for_count(self) -> None:
+        """A ready redelivery waits for the commit of a raised count: a commit is wanted now
+        (otherwise the periodic one, usually within the retry backoff, carries it)."""
+        self.count_held = True
+
+    @property
+    def counts_stored(self) -> bool:
+        """Every raised delivery count is in a confirmed commit point: a redelivery may go."""
+        return self.stored_serial > self.counts_after
 
     def point_made(self, horizon: int | None) -> None:
         """A commit point was made (not after revoke), carrying ``horizon``."""
@@ -254,6 +278,8 @@ class Horizon:
             return None
         phase = self.isolation.phase
         if phase is _SETTLING or phase is _CHARGED:
+            return self.target()
+        if self.count_held and not self.counts_stored:
             return self.target()
         need = self._need()
         if need + self._window // 2 <= self.confirmed:

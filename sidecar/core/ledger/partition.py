@@ -332,8 +332,9 @@ class PartitionLedger:
 
         Wanted when the hand-outs have used half the window beyond the committed horizon, or a
         ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
-        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
-        for its commit.  None otherwise, in write-ahead mode and after a revoke.
+        horizon go on meanwhile), when a ready redelivery waits for the commit of the count its
+        last outcome raised, and during the isolation pass when a charge or an outcome
+        waits for its commit.  None otherwise, in write-ahead mode and after a revoke.
         """
         return self._horizon.wanted(self._revoked)
 

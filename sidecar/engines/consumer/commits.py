@@ -193,7 +193,9 @@ class Committer:
         for sl in states.values():
             sl.txn_uncommitted = False
         self._confirmed(pending)
-        self._counters.committed()
+        self._counters.committed(
+            partitions=len(pending), metadata_bytes=sum(len(o.metadata) for _, o, _ in pending)
+        )
 
     async def _txn_produce_all(self, batch: list[TxnItem]) -> None:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
@@ -247,14 +249,21 @@ class Committer:
             ledger = state.ledger
             point: L.CommitPoint | None = None
             must = force
-            if self._horizon and not ledger.revoked:
+            horizon = self._horizon and not ledger.revoked
+            if horizon:
                 must = must or ledger.horizon_wanted() is not None
+            if not must and state.commit_quiet_at == ledger.changes:
+                # Unchanged since a point equal to the last commit: the same point again (an
+                # idle partition costs no encoding, and no scheduler turn for a new `changes`).
+                continue
+            if horizon:
                 point = ledger.commit_point()
                 offset, metadata = point.offset, point.metadata
             else:
                 offset = ledger.committable_offset()
                 metadata = ledger.encode_metadata()
             if not must and state.last_commit == (offset, metadata):
+                state.commit_quiet_at = ledger.changes
                 continue
             out.append(
                 (state, OffsetToCommit(ledger.topic, ledger.partition, offset, metadata), point)
@@ -297,7 +306,9 @@ class Committer:
                 self.failing_since = time.monotonic()
             log.warning("commit failed: %s", exc)
             return False
-        self._counters.committed()
+        self._counters.committed(
+            partitions=len(pending), metadata_bytes=sum(len(o.metadata) for _, o, _ in pending)
+        )
         self.failing_since = None
         self._confirmed(pending)
         return True

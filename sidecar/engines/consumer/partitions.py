@@ -79,13 +79,16 @@ class PartitionState:
     """One partition's ledger plus what the engine keeps beside it.
 
     Each field has one writer: `live` this class (`track`, `untrack`, `untrack_all`), `revoking`
-    the engine, `dlq_writes` and `held` the archiver, `last_commit` and `txn_uncommitted` the
-    committer, `in_pass` and `suspect_top` (after construction) the isolation step, the `quiet_*`
-    fields and `flow_seen` the scheduler.
+    the engine, `dlq_writes` and `held` the archiver, `last_commit`, `txn_uncommitted` and
+    `commit_quiet_at` the committer, `in_pass` and `suspect_top` (after construction) the isolation
+    step, the `quiet_*` fields and `flow_seen` the scheduler.
     """
 
     ledger: L.PartitionLedger
     last_commit: tuple[int, str] | None = None
+    # The ledger's `changes` when a commit point made for it equalled `last_commit`: until it
+    # changes again, a periodic commit neither makes a point nor sends one for this partition.
+    commit_quiet_at: int = -1
     # The live deliveries of this partition, by ledger attempt id (expiry and revoke find them).
     live: dict[str, Delivery[PartitionRef]] = field(default_factory=dict)
     dlq_writes: int = 0  # DLQ writes in progress for this partition

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sidecar.kafka.errors import KafkaCallError, translate
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.tools.records import ReadRecord
 
 
@@ -45,7 +46,8 @@ class OffsetFetcher:
                     "enable.partition.eof": True,
                     # A deleted offset must show as an error, never silently jump to another record.
                     "auto.offset.reset": "error",
-                }
+                },
+                logger=librdkafka_logger(),
             )
         except KafkaException as exc:
             raise translate("cannot create a Kafka consumer", exc, KafkaCallError) from exc
