@@ -61,13 +61,28 @@ class _Kind:
         raise NotImplementedError
 
 
+_QUOTED_NUMBER = re.compile(r"\s*[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\s*")
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|min|h|d)\s*")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _number_hint(raw: str, path: str) -> str:
+    """What to write instead of a string where a number goes: a quoted number loses its quotes;
+    a duration under a `.ms` key is the number of milliseconds; anything else gets no advice."""
+    if _QUOTED_NUMBER.fullmatch(raw):
+        return "; write numbers without quotes"
+    duration = _DURATION.fullmatch(raw)
+    if duration and path.endswith(".ms"):
+        ms = float(duration.group(1)) * _UNIT_MS[duration.group(2)]
+        return f"; the unit is in the key's name: write {ms:.0f} (milliseconds)"
+    return ""
+
+
 def _number_text(raw: str, path: str, ctx: ReadContext, what: str) -> str:
     """A number written as a string: only a whole `${VAR}` reference may be one (its value)."""
     text, whole = ctx.expand(raw, path)
     if not whole:
-        raise Invalid(
-            path, f"expected {what}, got {describe_value(raw)}; write numbers without quotes"
-        )
+        raise Invalid(path, f"expected {what}, got {describe_value(raw)}{_number_hint(raw, path)}")
     return text
 
 

@@ -1,12 +1,7 @@
 """One log line per burst of DLQ writes, always on: which topic, how many, why.
 
-`errors.log.enable` logs every archived record, and is off by default; without it dead-lettering
-would be silent in the log. `DlqSummary` counts the DLQ records written per source topic and says,
-once a burst is over (no write for `QUIET_S`) or every `EVERY_S` while it lasts, one warning per
-topic: the source topic, the DLQ topic (or, when routes spread the burst, each DLQ topic with its
-count), how many records, the archive reasons and the most frequent
-exception classes (`TOP_CLASSES`, with their counts). Never a payload, a key or an error message:
-only the labels `/metrics` has (`dlq_sidecar_dead_lettered_total`), which are bounded.
+Owns `DlqSummary` (when it speaks and what it says: its docstring). Never a payload, a key or an
+error message: only the bounded labels `/metrics` has.
 
 Imports: the standard library and trio.
 """
@@ -39,7 +34,16 @@ class _Burst:
 
 
 class DlqSummary:
-    """Counts DLQ writes per source topic and logs each burst once (see the module docstring)."""
+    """Counts DLQ writes per source topic and logs each burst once.
+
+    `errors.log.enable` logs every archived record, and is off by default; without it dead-lettering
+    would be silent in the log. `DlqSummary` counts the DLQ records written per source topic and says,
+    once a burst is over (no write for `QUIET_S`) or every `EVERY_S` while it lasts, one warning per
+    topic: the source topic, the DLQ topic (or, when routes spread the burst, each DLQ topic with its
+    count), how many records, the archive reasons and the most frequent
+    exception classes (`TOP_CLASSES`, with their counts). Never a payload, a key or an error message:
+    only the labels `/metrics` has (`dlq_sidecar_dead_lettered_total`), which are bounded.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

@@ -1,24 +1,11 @@
 """The interfaces around the delivery pipeline, and the values that cross them.
 
-One protocol per direction (the pipeline itself is :mod:`sidecar.engines.pipeline`, its outlet
-:mod:`sidecar.engines.outlet`)::
+Owns one protocol per direction (drawn in `Engine`'s docstring): `Engine` (daemon, API, metrics →
+pipeline), `StateAdapter` and its `StateView` (pipeline → adapter), `Outlet` (adapter → pipeline),
+and the values they pass: `EngineParts`, `Delivery` (generic over the adapter's ``ref``), `Room`,
+`Settled`, `Counters`.
 
-    daemon, local API, metrics ──Engine──▶ Pipeline ──StateAdapter──▶ adapter (consumer | share)
-                                              │                          │  (its StateView: status)
-                                              └─builds─▶ outlet ◀─Outlet─┘
-
-- :class:`Engine`: what the daemon, the local API and the metrics may do with an engine;
-- :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer.group`,
-  :mod:`sidecar.engines.share.group`), where delivery state lives (8 members), and its
-  :class:`StateView`, what the status and the metrics read of it (8);
-- :class:`Outlet`: what an adapter may use of the pipeline, and nothing else (8): deliveries
-  issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
-
-Wiring goes one way: the pipeline builds its parts, then the adapter (`AdapterFactory`), giving it
-:class:`EngineParts` (the configuration, the counters, the DLQ writer, the outlet); nothing is set
-on either afterwards. :class:`Delivery` is generic over its ``ref``, the adapter's own handle on the
-record's delivery state, so an adapter reads it back with its own type and no cast. Must not import
-either engine, the pipeline, the ledger, or confluent-kafka.
+Must not import either engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -357,7 +344,22 @@ class BreakerControl(Protocol):
 
 
 class Engine(Protocol):
-    """What the daemon, the local API and the metrics may do with an engine."""
+    """What the daemon, the local API and the metrics may do with an engine.
+
+    One protocol per direction (the pipeline itself is :mod:`sidecar.engines.pipeline`, its outlet
+    :mod:`sidecar.engines.outlet`)::
+
+        daemon, local API, metrics ──Engine──▶ Pipeline ──StateAdapter──▶ adapter (consumer | share)
+                                                  │                          │  (its StateView: status)
+                                                  └─builds─▶ outlet ◀─Outlet─┘
+
+    - :class:`Engine`: what the daemon, the local API and the metrics may do with an engine;
+    - :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer.group`,
+      :mod:`sidecar.engines.share.group`), where delivery state lives (8 members), and its
+      :class:`StateView`, what the status and the metrics read of it (8);
+    - :class:`Outlet`: what an adapter may use of the pipeline, and nothing else (8): deliveries
+      issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
+    """
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Prepare (DLQ topics), start, report started, and run until stopped; then shut down."""

@@ -1,16 +1,11 @@
 """The pipeline's outlet: the one object an adapter is given of the pipeline (the `Outlet` interface).
 
-Owns the deliveries handed to `send` whose request has not finished (`sending`) and the app's
-reachability (:class:`Reachability`); holds, as the pipeline built them, the live deliveries
-(:class:`~sidecar.core.record.LiveIds`, which the pipeline reads for the answers), the way a
-delivery leaves (the batch assembler's next request, or pull mode's queue), the DLQ circuit
-breaker's gate and the DLQ step, and reads the pipeline's :class:`PipelineFlags`. It calls no
-adapter: what the adapter hears comes from the pipeline (:mod:`sidecar.engines.pipeline`).
+Owns `PipelineOutlet`: the deliveries handed to `send` whose request has not finished, the app's
+reachability (`Reachability`), and the way out it was built with (live deliveries, the batch
+assembler or pull mode's queue, the breaker's gate, the DLQ step, the pipeline's `PipelineFlags`).
+It calls no adapter: what an adapter hears comes from the pipeline.
 
-Where a record goes from here: `send` → the batch assembler (`BatchAssembler.add`) → the
-pipeline's `_dispatch` (one app request) → its answer → `Pipeline._apply` → the adapter's
-`answered`; `dead_letter` → the DLQ step (:class:`~sidecar.engines.dlq_step.DlqStep`) → the sink
-the adapter gave. Must not import either engine, the ledger, or confluent-kafka.
+Must not import either engine, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -79,7 +74,7 @@ class Reachability:
 
 
 class PipelineOutlet:
-    """The `Outlet` an adapter is given (see the module docstring)."""
+    """The `Outlet` an adapter is given."""
 
     def __init__(
         self,

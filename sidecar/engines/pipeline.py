@@ -1,66 +1,11 @@
 """The delivery pipeline both engines run.
 
-The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
-ledgers plus the offset commit's metadata (``engine: consumer``,
-:mod:`sidecar.engines.consumer.group`), or in the broker's share partitions (``engine: share``,
-:mod:`sidecar.engines.share.group`). That difference is a :class:`StateAdapter`; everything else
-is here, once::
+Owns `Pipeline`, the one `Engine`: the app requests and answers, the app prober, status and the
+shutdown order, around one `StateAdapter` (where the engines differ: `sidecar.engines.consumer`,
+`sidecar.engines.share`). Its parts live beside it (outlet, pull, batching, breaker_gate, dlq_step,
+tier_step, decoding, app_route); the record's path through them is told in docs/architecture.md.
 
-    adapter (intake) ──Outlet.issue()/send()──▶ batch assembler ──▶ app requests ──HTTP──▶ app
-          ▲                                                              │
-          │ answered()                                                   ▼
-          └──────────────────────────── answer() ◀── the app's answer, or POST /v1/acks
-    adapter (archiving) ──Outlet.dead_letter()──▶ DLQ step ──▶ the adapter's sink (DLQ writer,
-                                                               or its transaction) ──confirmed
-
-    pull mode (app.mode: pull): send() ──▶ PullQueue ◀── GET /v1/records (the app's long polls)
-
-:class:`Pipeline` is the one implementation of :class:`~sidecar.engines.interfaces.Engine`, the
-interface the daemon, the local API and the metrics use. It builds its parts in order — tracing,
-counters, the app client (given the pipeline's round-end and error callbacks), the DLQ writer, the
-DLQ circuit breaker's gate, the DLQ step, the outlet (:mod:`sidecar.engines.outlet`) — and then
-the adapter, giving it :class:`~sidecar.engines.interfaces.EngineParts`; it talks to the adapter
-only through :class:`~sidecar.engines.interfaces.StateAdapter` (and reads its
-:class:`~sidecar.engines.interfaces.StateView`), and the adapter to it only through the outlet
-(:class:`~sidecar.engines.interfaces.Outlet`). Nothing is set on a part after it is built. What it
-owns besides the app requests, the app prober, the answers and the shutdown order lives beside it:
-:mod:`sidecar.engines.outlet`, :mod:`sidecar.engines.pull` (the pull queue),
-:mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the DLQ
-circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it
-with ``await nursery.start(engine.run)`` and steers it only through that interface
-(``stop``); nothing sets its attributes.
-
-Where an answer flows (a retry tier hooks in at `_apply`): the app client's reader → `_answered`
-→ `_apply` → the adapter's `answered`, which makes the one decision (`Settled`: the ledger's
-`decide`, or the share engine's `_settle`) → retired, counted, the DLQ circuit breaker told the
-decision (`BreakerGate.answered`, no decision of its own), and the adapter woken (once per row).
-
-Who may change what (every call below runs in the trio thread and changes state synchronously,
-between two awaits, so each change is atomic):
-
-- ``_live`` (delivery id → live :class:`Delivery`): the outlet's ``issue`` (the adapter's intake)
-  and ``retire`` (the adapter: expiry, revoke, not reachable; the pipeline: an answer applied);
-- ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
-- app reachability (:class:`~sidecar.engines.outlet.Reachability`): the answers (not reachable)
-  and the probe task (reachable again);
-- the DLQ circuit breaker (:class:`~sidecar.engines.breaker_gate.BreakerGate`): the DLQ step (hold
-  or write), ``_apply`` (successes, the probe's verdict), the outlet's ``issue`` (the half-open
-  probe), its timer task (half-open) and ``BreakerGate.close`` (the API); adapters read
-  ``Room.breaker_room`` / ``Room.breaker_open`` and keep the records it held until
-  ``intake_changed(held_may_go=True)``;
-- stopping / draining / failure (:class:`~sidecar.engines.outlet.PipelineFlags`): ``run``'s shutdown
-  sequence, ``fail`` and ``stop``;
-- delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
-- the app requests (:class:`~sidecar.engines.batching.BatchAssembler`): the outlet's ``send`` adds,
-  the assembler starts a request (``_dispatch``) while fewer than ``app.max.in.flight`` are open,
-  the linger timer sends what has waited its linger; ``_requests`` (started, not answered):
-  ``_dispatch`` adds, ``_answered`` (the app client's reader task) and the shutdown take;
-- pull mode's :class:`~sidecar.engines.pull.PullQueue`: the outlet's ``send`` puts, the API's poll
-  tasks take (``pull``), ``_drain`` releases the waiting polls.
-
-Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
-exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
-catches broadly. Must not import either engine, the ledger, or confluent-kafka.
+Must not import either engine, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -129,7 +74,18 @@ PROBE_TIMEOUT_S = 2.0
 
 
 class Pipeline:
-    """App requests, app prober, answers, DLQ step, status: one per sidecar, around one adapter."""
+    """App requests, app prober, answers, DLQ step, status: one per sidecar, around one adapter.
+
+    It builds its parts in order (tracing, counters, the app client, the DLQ writer, the DLQ circuit
+    breaker's gate, the DLQ step, the outlet) and then the adapter, giving it `EngineParts`; it talks to
+    the adapter only through `StateAdapter` (and reads its `StateView`), and the adapter to it only
+    through the `Outlet`. Nothing is set on a part after it is built. The daemon starts it with
+    ``await nursery.start(engine.run)`` and steers it only through `Engine` (``stop``). Every call runs in the trio thread and changes state between two awaits, so each
+    change is atomic; who may change what is docs/architecture.md's "Which task owns what".
+
+    Errors: a failure that cannot be retried ends in `fail` (the sidecar stops with exit 1); the
+    per-record dispatch (one DLQ write, one batch of a transaction) is the only place that catches broadly.
+    """
 
     def __init__(
         self,
@@ -183,7 +139,7 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None
         self._observe_app: Callable[[float], None] = _ignore
         self._observe_ack: Callable[[float], None] = _ignore
-        # The parts, each given its collaborators (see the module docstring).
+        # The parts, each given its collaborators (the order: `Pipeline`'s docstring).
         self.app: AppClient = app_client(
             config, after_round=self._round_end, on_error=self._answer_failed
         )

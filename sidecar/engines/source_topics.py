@@ -1,14 +1,7 @@
 """Source topics the cluster does not have: named in the log, in readiness and in the status, and
 watched until they exist.
 
-A topic listed under `source.topics` that does not exist is not an error librdkafka stops on: the
-consumer stays subscribed, with nothing assigned, and would pick the topic up once it is created.
-`SourceTopics` asks the cluster at start-up (after it answered) which are missing, says so in
-one warning (with the cluster's topic each most likely misspells, as the config loader does for keys), keeps them for `/readyz` (``source_topics_exist: false`` and the reason) and
-`/v1/status` (``missing_topics``), asks again every `RECHECK_S` and logs each one that appears.
-The pipeline prepares DLQ topics only for the source topics that exist: a missing topic gets no
-``dlq.<topic>`` of its own before its first record to dead-letter (the DLQ writer prepares a topic it
-meets for the first time).
+Owns `SourceTopics` (why a missing topic is no error, and what it is told: its docstring).
 
 Imports: the standard library and trio (the question itself is given:
 `sidecar.kafka.consumer_config.missing_topics_sync`).
@@ -32,7 +25,20 @@ MissingCheck = Callable[[Mapping[str, Any], Sequence[str]], "Mapping[str, str | 
 
 
 class SourceTopics:
-    """Which configured source topics do not exist (as last asked)."""
+    """Which configured source topics do not exist (as last asked).
+
+    A topic listed under `source.topics` that does not exist is not an error librdkafka stops on: the
+    consumer stays subscribed, with nothing assigned, and would pick the topic up once it is created.
+    `SourceTopics` asks the cluster at start-up (after it answered) which are missing, says so in
+    one warning (with the cluster's topic each most likely misspells, as the config loader does for keys), keeps them for `/readyz` (``source_topics_exist: false`` and the reason) and
+    `/v1/status` (``missing_topics``), asks again every `RECHECK_S` and logs each one that appears.
+    The pipeline prepares DLQ topics only for the source topics that exist: a missing topic gets no
+    ``dlq.<topic>`` of its own before its first record to dead-letter (the DLQ writer prepares a topic it
+    meets for the first time).
+
+    Imports: the standard library and trio (the question itself is given:
+    `sidecar.kafka.consumer_config.missing_topics_sync`).
+    """
 
     def __init__(
         self, kafka: Mapping[str, Any], topics: Sequence[str], check: MissingCheck

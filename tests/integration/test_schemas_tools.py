@@ -95,6 +95,17 @@ async def test_tiers_dlq_and_replay_keep_the_bytes_and_inspect_decodes(
     replayed = await trio.to_thread.run_sync(lambda: broker.read_topic(target, 4))
     assert sorted(r.value or b"" for r in replayed) == sorted([*values, not_wire])
 
+    # A dry run shows what it would replay decoded (and redacted), and filters on a decoded field.
+    code, out, err = await dlq_cli(
+        broker, "replay", "--from", dlq_topic, "--to", target, "--name", f"dry-{unique}",
+        "--dry-run", "--registry", schema_registry.url, "--redact", "card",
+        "--field", "customer=customer-2",
+    )  # fmt: skip
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith("would replay ")]
+    assert f'; value {topic}-value v1: {{"id":2,"customer":"customer-2","card":"***"}}' in line
+    assert "would replay 1 of 1 matching records" in out
+
     # inspect: decoded, the schema named, `card` redacted (and the raw bytes hidden with it).
     code, out, err = await dlq_cli(
         broker, "inspect", "--topic", dlq_topic, "--json", "--registry", schema_registry.url,

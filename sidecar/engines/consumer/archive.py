@@ -1,18 +1,10 @@
 """The consumer-group engine's archiver: records the ledger archives go to the DLQ step, one task each.
 
-:class:`Archiver` is a part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by
-it and given its collaborators: the pipeline (its DLQ step, `dead_letter`), the DLQ writer, the
-partitions, the committer (whose transaction a record joins in transactional mode) and the
-scheduler's wakeup. It owns the nursery of its archive tasks and what the DLQ circuit breaker held
-(`PartitionState.held`, released by `release_held`). Its ledger calls (`dlq_written`, `dlq_withheld`) are in
-the engine's table of who may change a ledger.
+Owns `Archiver` (a part of `ConsumerGroupEngine`): the nursery of its archive tasks (each: the
+outlet's `dead_letter`, then the DLQ writer or the committer's transaction, then the ledger) and
+what the DLQ circuit breaker held (`PartitionState.held`, released by `release_held`).
 
-Where a record goes: the scheduler's turn → `start` (the ledger's `to_archive`) → `_archive` →
-the outlet's `dead_letter` (the pipeline's DLQ step: stop, skip, hold, or write) → its sink: the DLQ
-writer, or (transactional) the committer's transaction (`Committer.transaction`), which marks it
-done inside the transaction → the ledger (`dlq_written`), or held until the breaker lets it go.
-A long release (reason RETRY_TIER) goes the same way to the tier step (`TierWriter.write`). Must not import the pipeline, the share
-engine, or confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations

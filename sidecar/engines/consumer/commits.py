@@ -1,18 +1,11 @@
 """The consumer-group engine's offset commits and transactional DLQ batches.
 
-Owns how the ledgers' state reaches the group's committed offsets: the commit points of a set of
-partitions (`_commit_offsets`), one commit at a time under `_commit_guard`, the periodic and wanted
-commits (`run`), the final commit of a stop (`commit_all`), and, with
-`errors.deadletterqueue.transactional.enable`, batches of DLQ records committed with their offsets in
-one Kafka transaction (`run_transactions`). :class:`Committer` is a part of
-:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by it and given its
-collaborators (the source, the partitions, the sender an isolated record goes to once its count is
-committed, the scheduler's wakeup); it owns the commit guard, its wake, `failing_since` and the
-transaction queue. The ledger calls it makes are in the engine's table of who may change a ledger.
-Commit errors arrive translated (`CommitFailed`) from the Kafka source. Where a record goes from
-here: a transactional DLQ record is marked done inside its transaction (`txn_write`, the archiver's
-sink); an isolated record released by a commit goes to `Sender.hand_out`. Must not import the
-pipeline, the share engine, or confluent-kafka.
+Owns `Committer` (a part of `ConsumerGroupEngine`): the commit points of a set of partitions, one
+commit at a time under its guard, the periodic and wanted commits (`run`), a stop's final commit
+(`commit_all`), `failing_since`, and with `errors.deadletterqueue.transactional.enable` the DLQ
+records committed with their offsets in one Kafka transaction (`run_transactions`).
+
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations

@@ -1,71 +1,12 @@
 """The consumer-group engine (`engine: consumer`): delivery state in per-partition ledgers and commits.
 
-The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
-the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
-crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
-stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
-commits with the delivery state in their metadata, and the optional transactional DLQ::
+Owns what is particular to a consumer group: the Kafka source's callbacks (assignment, revoke, loss,
+records), one ledger per assigned partition, the answers, and building its parts (`Partitions`,
+`Wakeup`, `Sender`, `Committer`, `WriteAhead`, `FlowControl`, `IsolationStep`, `Archiver`,
+`Scheduler`, each given narrow interfaces, `ports`); who may change a ledger is in the class's
+docstring; the record's path and the invariants kept are told in docs/architecture.md.
 
-    source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline requests ──▶ app
-                                             ▲                                       │
-                                             └──────── answered() ◀──────────────────┘  (and /v1/acks)
-    ledgers ──to_archive──▶ archive tasks ──outlet.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
-    committer (run, run_transactions) / write-ahead hand-out ──▶ Kafka offsets + metadata
-
-Who may change a partition's ledger (`PartitionState.ledger`). This adapter and its parts are its only owner:
-the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
-synchronous and runs in the trio thread, so no two transitions interleave:
-
-    task (part)                       ledger calls
-    source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
-                                      opening a state (Partitions.open)
-    scheduler (Scheduler, FlowControl) expire, acquire, to_archive, should_pause / may_resume,
-                                      isolate (IsolationStep: horizon mode, nothing in flight)
-    hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
-    app answers, API request          answer (answered)
-    pipeline (not_reached)            not_attempted
-    archive tasks (Archiver)          dlq_written (plain DLQ or none), dlq_withheld (held released)
-    DLQ transactions (Committer)      dlq_written (inside the transaction), revoke (fatal)
-    commits (Committer, all above)    commit_point, committed (horizon mode: may release an
-                                      isolated attempt), committable_offset, encode_metadata
-
-Invariants kept here (the ledger keeps the rest):
-- horizon mode (the default, docs/guarantees.md): no record waits for a commit in steady state; while any
-  partition's isolation pass has a suspect ready, charged, in flight or settling, nothing is acquired
-  on any partition, and a suspect is isolated only with nothing in flight in the process, so a death
-  charges exactly the isolated record (a killer reaches the DLQ after at most `limit + 1` deaths);
-  commit points are made and committed one at a time, in order (`_commit_guard`); a revoke or a
-  clean stop lets in-flight answers come first, then revokes, then commits the final state;
-- write-ahead mode: delivery counts are persisted *before* a record is handed to the app (group
-  commit of the acquired batch), so every record in flight at a death is charged that attempt;
-- the committed offset is the ledger's committable offset: never past a record that is not done, and a DLQ
-  record is confirmed by the broker before its record counts as done;
-- a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
-
-The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
-commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
-
-The engine is built of parts, each an object with its own attributes, built here in this order and
-given its collaborators when it is built (nothing is set on a part afterwards):
-
-    Partitions     partitions   the partition states: open, fence, forget; a revoke's wait
-    Wakeup         scheduler    the scheduler's doorbell (and the wakes held during a row)
-    Sender         handout      issue + send an acquired record; give one back unsent
-    Committer      commits      offset commits, one at a time; the DLQ transactions
-    WriteAhead     handout      write-ahead mode: acquired records wait for their commit
-    FlowControl    flow         pause / resume of fetching per partition
-    IsolationStep  isolation    horizon mode: a suspect alone in the process
-    Archiver       archive      archive tasks; what the DLQ circuit breaker held
-    Scheduler      scheduler    turns (expiry, acquisition, archiving, horizon commits)
-
-Each takes what it uses of its neighbours as a narrow interface (`sidecar.engines.consumer.ports`).
-
-This class keeps the source's callbacks (assignment, revoke, loss, records) and the answers, and
-builds the status from its parts. Where a record's release and decision flow: an answer reaches
-`answered` → `PartitionLedger.answer`, where `decide` (sidecar.core.outcome) turns it into a
-verdict → AVAILABLE after the backoff (the scheduler acquires it again, the sender sends it) or
-ARCHIVING (the archiver takes it to the pipeline's DLQ step). The Kafka boundary is
-`sidecar.kafka`: this module does not import confluent-kafka (an import-linter contract).
+Must not import the pipeline, the share engine, or confluent-kafka (import-linter contracts).
 """
 
 from __future__ import annotations
@@ -116,7 +57,25 @@ POLL_STOP_WAIT_S = 5.0
 
 
 class ConsumerGroupEngine:
-    """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits (see above)."""
+    """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits.
+
+    Who may change a partition's ledger (`PartitionState.ledger`): this adapter and its parts alone;
+    the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
+    synchronous and runs in the trio thread, so no two transitions interleave:
+
+        task (part)                       ledger calls
+        source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
+                                          opening a state (Partitions.open)
+        scheduler (Scheduler)             expire, acquire, to_archive; FlowControl: should_pause / may_resume,
+                                          isolate (IsolationStep: horizon mode, nothing in flight)
+        hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
+        app answers, API request          answer (answered)
+        pipeline (not_reached)            not_attempted
+        archive tasks (Archiver)          dlq_written (plain DLQ or none), dlq_withheld (held released)
+        DLQ transactions (Committer)      dlq_written (inside the transaction), revoke (fatal)
+        commits (Committer, all above)    commit_point, committed (horizon mode: may release an
+                                          isolated attempt), committable_offset, encode_metadata
+    """
 
     def __init__(
         self,
@@ -167,7 +126,7 @@ class ConsumerGroupEngine:
             self,
             max_buffered_bytes=d.max_buffered_bytes,
         )
-        # The parts, each given what it uses (see the module docstring).
+        # The parts, each given what it uses.
         partitions = Partitions(
             outlet,
             ledger_config,

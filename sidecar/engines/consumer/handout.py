@@ -1,18 +1,10 @@
 """The consumer-group engine's hand-out: an acquired record becomes a delivery sent to the app.
 
-Two parts of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, each built by it and given
-its collaborators:
+Owns two parts of `ConsumerGroupEngine`: `Sender` (issues and sends a delivery for each acquired
+record whose partition is still owned, or gives unsent records back uncounted) and `WriteAhead`
+(write-ahead mode: acquired records wait for their counts' group commit, then go to the sender).
 
-- :class:`Sender` issues a delivery for each acquired record whose partition is still owned and
-  sends it (the pipeline's `issue` and `send`), or gives records that will not be sent back to
-  their ledger uncounted (`return_unsent`). The scheduler (horizon mode) and the committer (an
-  isolated record, once its count is committed) hand records to it;
-- :class:`WriteAhead` (write-ahead mode only) holds the acquired records until their delivery
-  counts are committed, as one group commit, then hands them to the sender.
-
-Where a record goes from here: `Outlet.send` (the pipeline's app requests or pull queue); its answer
-comes back to `ConsumerGroupEngine.answered`. Must not import the pipeline, the share engine, or
-confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ from sidecar.engines.interfaces import Outlet
 
 
 class Sender:
-    """Issues and sends acquired records (see the module docstring)."""
+    """Issues and sends acquired records."""
 
     def __init__(self, outlet: Outlet[PartitionRef], partitions: Partitions) -> None:
         self._outlet = outlet

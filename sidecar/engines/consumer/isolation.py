@@ -1,14 +1,11 @@
 """The consumer-group engine's isolation passes (horizon mode): the scheduler's exclusivity step.
 
-After an unclean stop, the records that may have been in flight (suspects) are delivered one at a
-time, alone in the whole process, so a death charges only the isolated record. The ledger keeps each
-partition's pass (`sidecar.core.ledger.horizon`); what it cannot see is the other partitions, which
-is this step's part. :class:`IsolationStep` is a part of
-:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by it with what it reads (the
-pipeline's room, the source, the partitions) and the committer it asks for a commit; the scheduler
-calls `step` at the start of each turn. Its ledger call (``isolate``) is in the engine's table of
-who may change a ledger; an isolated record leaves once its count is committed (the committer
-hands it to the sender). Must not import the pipeline, the share engine, or confluent-kafka.
+Owns `IsolationStep` (a part of `ConsumerGroupEngine`): a suspect goes out alone in the whole
+process, so a death charges only the isolated record; the ledger keeps each partition's pass
+(`sidecar.core.ledger.horizon`), this step the other partitions. The scheduler calls `step` at the
+start of each turn; an isolated record leaves once its count is committed.
+
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The consumer-group engine's scheduler: when it looks at its ledgers, and what a turn does.
 
-A turn expires locks, acquires records for the room the pipeline has (and hands them out), starts
-DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon commits, on the
-partitions that changed since a turn last found nothing to do in them. A turn runs in the task
-whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
-in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
-they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
-wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
-which also waits for the next deadline (a lock, a retry time), runs the turn.
+Owns `Scheduler` (a part of `ConsumerGroupEngine`, given flow control, the isolation step, the
+sender, the write-ahead queue, the archiver and the committer) and its doorbell `Wakeup`: a turn
+expires locks, acquires and hands out records, starts DLQ writes, applies flow control and asks for
+horizon commits, on the partitions that changed; when a turn runs is told in `Scheduler`'s docstring.
 
-:class:`Scheduler` is a part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built
-by it and given its collaborators: flow control (:mod:`sidecar.engines.consumer.flow`), the
-isolation step (horizon mode), the sender and the write-ahead queue
-(:mod:`sidecar.engines.consumer.handout`), the archiver and the committer (as the narrow
-interfaces of :mod:`sidecar.engines.consumer.ports`).
-Its ledger calls are in the engine's table of who may change a ledger. Where a record goes from
-here: acquired → `Sender.hand_out` (or the write-ahead queue first); to archive →
-`Archiver.start`; a lock expired → the pipeline's `lock_expired`. Must not import the pipeline,
-the share engine, or confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -61,7 +49,17 @@ class Wakeup:
 
 
 class Scheduler:
-    """The scheduler of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` (see above)."""
+    """The scheduler of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` (see above).
+
+    A turn expires locks, acquires records for the room the pipeline has (and hands them out), starts
+    DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon commits, on the
+    partitions that changed since a turn last found nothing to do in them. A turn runs in the task
+    whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
+    in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
+    they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
+    wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
+    which also waits for the next deadline (a lock, a retry time), runs the turn.
+    """
 
     def __init__(
         self,

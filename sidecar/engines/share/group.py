@@ -1,47 +1,12 @@
 """The share-group engine (`engine: share`, KIP-932): the broker keeps delivery counts and locks.
 
-The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
-what is particular to a share group: the share consumers, the batches they acquire, and turning each
-answer into ACCEPT / RELEASE / REJECT::
+Owns what is particular to a share group: the batches its share consumers acquire (`ShareListener`:
+`on_batch` in trio, one call per poll, its decisions returned as a `Step`), turning each answer into
+ACCEPT / RELEASE / REJECT, the limit on the sidecar's count and the isolation of suspects. The
+consumers and the start-up checks are the Kafka side's (`sidecar.kafka.share`); the record's path
+and the invariants kept are told in docs/architecture.md.
 
-    consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline requests ──HTTP──▶ app   (and /v1/acks)
-          ▲                       │
-          └── acknowledge ◀───────┴── decide() per record (+ outlet.dead_letter() confirmed, then REJECT)
-
-The share consumers are the Kafka side's (:mod:`sidecar.kafka.share.consumer`, `ShareSource`): each of
-`min(4, app.max.in.flight)` consumers lives on a thread of its own and has one batch in flight, and
-calls this engine (its `ShareListener`) in trio for each poll's records (`on_batch`), which returns
-the decisions as a `Step`; the source acknowledges them, `Ack` words turned into the client's types
-there. The records of a batch go to the app concurrently (up to `app.max.in.flight` requests), so
-throughput comes from several batches at once, not from one long batch. The start-up checks (the
-group's limit and record lock, `ShareSettings`) are the Kafka side's too
-(:mod:`sidecar.kafka.share.admin`); this module imports no confluent-kafka (an import-linter contract).
-
-Who may change what: a batch (`Batch`) belongs to the `on_batch` call of its consumer thread (run in
-trio through `trio.from_thread.run`); answers reach it only through `answered` (the app client's reader or the API's
-request task), which records the answer and counts down `pending`; the decisions are made by that batch's
-call alone. The delivery state itself (counts, locks) is the broker's; the source's flags (readiness,
-the partitions seen, unsent acknowledgements) are the source's, read here.
-
-Invariants kept here:
-- a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
-  configured, as KIP-1191 does;
-- the limit is the sidecar's `delivery.count.limit` (L), on the sidecar's count: the broker's, or
-  with a journal (`share.journal.path`) the broker's less what deaths charged (`DeathAccount`,
-  sidecar.engines.share.recovery). The group's own (G) must be at least L plus the number of share
-  consumers (`sidecar.core.share_limits.required_group_limit`; with a journal, the broker's
-  maximum): a lower G is raised or the sidecar refuses to start
-  (`sidecar.kafka.share.ShareGroupLimitUnsafe`). A release at count L, or on the broker's delivery
-  G, becomes DLQ write + REJECT; a record acquired past L is dead-lettered at acquisition, unsent;
-- isolation: a record acquired again whose last delivery ended in a death (the journal says so, or this
-  process did not see it end) is a suspect; it goes to the app alone, once every other outcome is at the
-  broker (`commit_sync`) and no consumer polls, one at a time within the lock (`_next_suspect`); after
-  a death, one consumer runs until the dead incarnation's records are back (`DeathAccount.wait_turn`);
-- a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
-  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`;
-  a record not even sent by then is released unsent (no attempt: `_NOT_SENT`).
-
-Must not import the ledger or the consumer-group source's consumer (state lives in the broker).
+Must not import the ledger, the consumer engine, or confluent-kafka (import-linter contracts).
 """
 
 from __future__ import annotations
@@ -90,7 +55,7 @@ PartitionKey = tuple[str, int]
 
 class ShareGroupEngine:
     """The `StateAdapter` of a share group, and its own `StateView`: the broker's share
-    partitions (see above)."""
+    partitions."""
 
     def __init__(self, parts: EngineParts[Acquired]) -> None:
         config = parts.config

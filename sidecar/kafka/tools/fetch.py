@@ -32,6 +32,9 @@ class Fetched(NamedTuple):
     gone: bool
 
 
+FETCH_WAIT_MAX_MS = 10
+
+
 class OffsetFetcher:
     """Reads one record of a topic at an offset: assign, seek, fetch. Caches partition counts."""
 
@@ -46,6 +49,10 @@ class OffsetFetcher:
                     "enable.partition.eof": True,
                     # A deleted offset must show as an error, never silently jump to another record.
                     "auto.offset.reset": "error",
+                    # One record at a time: a fetch that reached the partition's end waits on the
+                    # broker up to this long for more (500 ms by default), and the next record's
+                    # fetch queues behind it: 0.5 s per record of a dry run, not the records' size.
+                    "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
                 },
                 logger=librdkafka_logger(),
             )

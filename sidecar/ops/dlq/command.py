@@ -425,6 +425,7 @@ def _replay_one(args: argparse.Namespace, console: Console, bootstrap: str, topi
         limit=args.limit,
         kafka=dict(args.kafka_property),
         by=args.by,
+        payloads=_payloads(args),
     )
     replayer = Replayer(options)
     if console.is_terminal:
@@ -466,6 +467,8 @@ def _replay_one(args: argparse.Namespace, console: Console, bootstrap: str, topi
 
         replayer.on_progress = on_plain_progress
         summary = replayer.run()
+    if options.payloads is not None:
+        options.payloads.close()
     render_replay_summary(console, summary, options)
     return EXIT_OK if summary.ok else EXIT_FAILURE
 
