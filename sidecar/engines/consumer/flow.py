@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from sidecar.core import ledger as L
 from sidecar.core.budget import ByteBudget
@@ -34,13 +35,17 @@ class FlowControl:
         budget: ByteBudget,
         ledger_config: L.LedgerConfig,
         counters: Counters,
+        *,
+        tier_topics: AbstractSet[str] = frozenset(),
     ) -> None:
+        """`tier_topics`: the retry tiers' topics, whose partitions pause while nothing is due."""
         self._outlet = outlet
         self._source = source
         self._states = partitions.by_key
         self._budget = budget
         self._ledger_config = ledger_config
         self._counters = counters
+        self._tier_topics = tier_topics
         self._flow_shared: tuple[int, bool, int] | None = None  # see apply
 
     def apply(self, busy: Sequence[PartitionState] | None = None) -> None:
@@ -88,13 +93,23 @@ class FlowControl:
                     and st.buffered_bytes < share
                     and st.in_flight < lc.max_record_locks
                 ):
-                    # Neither record limit: the delivery state nears offset.metadata.max.bytes.
-                    self._counters.metadata_pauses += 1
-                    log.warning(
-                        "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
-                        key[0],
-                        key[1],
-                    )
+                    if key[0] in self._tier_topics:
+                        # The normal state of a retry tier: what it holds is not due yet.
+                        log.debug(
+                            "retry tier %s[%d]: %d records wait for their due time; read on "
+                            "when the first is due",
+                            key[0],
+                            key[1],
+                            st.buffered,
+                        )
+                    else:
+                        # Neither record limit: the delivery state nears offset.metadata.max.bytes.
+                        self._counters.metadata_pauses += 1
+                        log.warning(
+                            "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
+                            key[0],
+                            key[1],
+                        )
             elif paused and state.ledger.may_resume(share):
                 to_resume.append(key)
             # Remembered only when it decided nothing: a pause or resume is looked at again

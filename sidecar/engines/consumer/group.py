@@ -160,6 +160,7 @@ class ConsumerGroupEngine:
             split_budget(d.max_buffered_bytes, config.kafka),
             ledger_config,
             self._counters,
+            tier_topics=frozenset(self._tiers.topics),
         )
         self._archiver = Archiver(
             outlet,
@@ -262,6 +263,7 @@ class ConsumerGroupEngine:
             else:
                 # No committed offset: the ledger starts at the first record fetched.
                 self._partitions.assigned_without_offset(ap)
+        self._view.check_memory()
         self._wakeup.kick()
 
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
