@@ -32,8 +32,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 INJECTOR_CHART = ROOT / "deploy" / "helm" / "dlq-sidecar-injector"
-RULES = ROOT / "deploy" / "prometheus" / "dlq-sidecar-rules.yaml"
-RUNBOOK = ROOT / "docs" / "runbook.md"
 Obj = dict[str, Any]
 DRAIN_MS = 5000
 POD_TIMEOUT_S = 180.0
