@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 from typing import Any
+from urllib.parse import quote
 
 from bench.measure import PY, ROOT, cpu_seconds
 
@@ -58,8 +59,8 @@ class App:
         self.port = int(json.loads(self.proc.stdout.readline())["port"])
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
 
-    def reset(self, **mode: int) -> None:
-        query = "&".join(f"{k}={v}" for k, v in mode.items())
+    def reset(self, **mode: int | str) -> None:
+        query = "&".join(f"{k}={quote(str(v))}" for k, v in mode.items())
         http_json(self.conn, "POST", f"/reset?{query}")
 
     def stats(self) -> dict[str, Any]:

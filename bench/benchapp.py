@@ -27,6 +27,11 @@ What it does per ``POST`` (any path but ``/stats`` and ``/reset``):
   1); a record whose value starts with
   ``bench-kill`` makes it SIGKILL the sidecar whose pid ``POST /killer?pid=N`` named last
   (set again after each restart; ``/killer`` keeps the counters). Without a pid it answers 200.
+- with ``/reset?journal=PATH`` (single mode, either contract; the scale bench, ``bench.scale``),
+  the pattern of ``rollout_fate``: 2 % of offsets rejected, another 2 % released on the app's own
+  first sighting of them (no delivery count needed, so Dapr's answers are the same), the rest
+  accepted; every delivery is appended to PATH as one line ``topic partition offset count answer
+  wall_ns`` (``count`` 0 when the contract carries none); ``/stats`` flushes the file;
 - with ``/reset?poison=1`` (single mode, either contract; the side-by-side test with Dapr), the
   pattern of ``poison_fate``: 10 % of offsets rejected, another 5 % answered "retry" on the app's own
   first two sightings of them and accepted on the third (the app counts its sightings itself, by
@@ -70,6 +75,8 @@ POISON_REJECT_PERCENT = 10  # poison mode: rejected; the next POISON_RETRY_PERCE
 POISON_RETRY_PERCENT = 5
 POISON_RETRIES = 2
 TIER_PERCENT = 10  # tier mode: released once (to a retry tier, or kept in memory)
+ROLLOUT_REJECT_PERCENT = 2  # journal mode: rejected; the next ROLLOUT_RELEASE_PERCENT released once
+ROLLOUT_RELEASE_PERCENT = 2
 
 
 def dapr_answer(status: bytes) -> bytes:
@@ -124,8 +131,17 @@ class Stats:
         self.tier_trace: dict[tuple[int, int], list[int]] = {}
         # poison mode: (partition, offset) -> the app's sightings and each answer, in order
         self.answers: dict[tuple[int, int], list[str]] = {}
+        # journal mode: where every delivery is appended, and the records released once already
+        old = getattr(self, "journal", None)
+        if old is not None:
+            old.close()
+        path = query.get("journal", [""])[0]
+        self.journal = open(path, "a", encoding="ascii") if path else None  # noqa: SIM115
+        self.released_once: set[tuple[str, int, int]] = set()
 
     def as_json(self) -> bytes:
+        if self.journal is not None:
+            self.journal.flush()
         return json.dumps(
             {
                 "requests": self.requests,
@@ -203,6 +219,23 @@ def poison_fate(partition: int, offset: int, killer: str | None = None) -> str:
     return answer
 
 
+def rollout_fate(topic: str, partition: int, offset: int, count: int) -> str:
+    """Journal mode: "accept", "release" or "reject" for this delivery, journaled."""
+    bucket = (offset * 7919 + partition * 104729) % 100
+    if bucket < ROLLOUT_REJECT_PERCENT:
+        answer = "reject"
+    elif bucket < ROLLOUT_REJECT_PERCENT + ROLLOUT_RELEASE_PERCENT and (
+        (topic, partition, offset) not in STATS.released_once
+    ):
+        STATS.released_once.add((topic, partition, offset))
+        answer = "release"
+    else:
+        answer = "accept"
+    assert STATS.journal is not None
+    STATS.journal.write(f"{topic or '-'} {partition} {offset} {count} {answer} {time.time_ns()}\n")
+    return answer
+
+
 OURS = {"accept": OK, "release": RELEASE, "reject": REJECT}
 DAPRS = {"accept": b"SUCCESS", "release": b"RETRY", "reject": b"DROP"}
 
@@ -215,6 +248,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.url = b""
         self.body: list[bytes] = []
+        self.topic = ""
         self.partition = 0
         self.offset = 0
         self.delivery_count = 1
@@ -237,6 +271,7 @@ class Connection(asyncio.Protocol):
         self.body = []
         self.ts_ns = 0
         self.delivery_count = 1
+        self.topic = ""
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -248,8 +283,10 @@ class Connection(asyncio.Protocol):
                 self.ts_ns = int(value[len(TS_HEADER) :])
             elif name.lower() == b"bench-ts":  # Dapr: the record's headers are HTTP headers
                 self.ts_ns = int(value)
-        elif STATS.fail or STATS.killer or STATS.poison or STATS.tier:
+        elif STATS.fail or STATS.killer or STATS.poison or STATS.tier or STATS.journal:
             lowered = name.lower()
+            if lowered in (b"kafka-topic", b"__topic"):
+                self.topic = value.decode("ascii", "replace")
             if lowered in (b"kafka-partition", b"__partition"):
                 self.partition = int(value)
             elif lowered in (b"kafka-offset", b"__offset"):
@@ -317,7 +354,11 @@ class Connection(asyncio.Protocol):
             if self.ts_ns:
                 STATS.latencies_ns.append(now - self.ts_ns)
             killer = self.killer_delivery(body) if STATS.killer else None
-            if STATS.poison:
+            if STATS.journal is not None:
+                answer = OURS[
+                    rollout_fate(self.topic, self.partition, self.offset, self.delivery_count)
+                ]
+            elif STATS.poison:
                 answer = OURS[poison_fate(self.partition, self.offset, killer)]
             elif STATS.fail:
                 answer = fate(self.partition, self.offset, self.delivery_count)
@@ -340,6 +381,8 @@ class Connection(asyncio.Protocol):
             # rawPayload: the record's value is the event's data_base64
             value = base64.b64decode(json.loads(body).get("data_base64", ""))
             killer = self.killer_delivery(value)
+        if STATS.journal is not None:
+            return DAPR_ANSWERS[DAPRS[rollout_fate(self.topic, self.partition, self.offset, 0)]]
         if STATS.poison:
             return DAPR_ANSWERS[DAPRS[poison_fate(self.partition, self.offset, killer)]]
         return DAPR_ANSWERS[b"SUCCESS"]

@@ -32,15 +32,20 @@ class Broker:
     topics: list[str] = field(default_factory=list)
 
     @classmethod
-    def open(cls) -> Broker:
+    def open(cls, extra: dict[str, str] | None = None) -> Broker:
+        """``$KAFKA_BOOTSTRAP``'s broker, or one of the run's own; with ``extra`` broker properties
+        always one of its own (``DLQ_KAFKA_EXTRA``)."""
         external = os.environ.get("KAFKA_BOOTSTRAP")
-        if external:
+        if external and not extra:
             return cls(external)
         # A private state dir: `scripts/kafka start` would otherwise hand back (and our stop
         # would later kill) a broker someone else started.
         state_dir = tempfile.mkdtemp(prefix="bench-kafka-state-")
         env = dict(os.environ, DLQ_KAFKA_STATE_DIR=state_dir)
-        print("starting a broker with scripts/kafka start ...", flush=True)
+        env.pop("KAFKA_BOOTSTRAP", None)
+        if extra:
+            env["DLQ_KAFKA_EXTRA"] = ",".join(f"{k}={v}" for k, v in extra.items())
+        print(f"starting a broker with scripts/kafka start {extra or ''} ...", flush=True)
         done = subprocess.run(
             [PY, str(ROOT / "scripts" / "kafka"), "start"],
             env=env,
@@ -139,6 +144,14 @@ class Broker:
 
     def read_headers(self, topic: str) -> list[tuple[int, int, dict[str, bytes]]]:
         """Every record of ``topic`` (if it exists): (partition, offset, headers), headers by name."""
+        return [(p, o, h) for p, o, h, _ in self.read_records(topic)]
+
+    def read_values(self, topic: str) -> list[bytes]:
+        """Every record's value of ``topic`` (if it exists); a null value is empty."""
+        return [v for _, _, _, v in self.read_records(topic)]
+
+    def read_records(self, topic: str) -> list[tuple[int, int, dict[str, bytes], bytes]]:
+        """Every record of ``topic`` (if it exists): (partition, offset, headers by name, value)."""
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(
@@ -149,7 +162,7 @@ class Broker:
                 "isolation.level": "read_committed",
             }
         )
-        out: list[tuple[int, int, dict[str, bytes]]] = []
+        out: list[tuple[int, int, dict[str, bytes], bytes]] = []
         try:
             md = consumer.list_topics(topic, timeout=10).topics.get(topic)
             if md is None or md.error is not None:
@@ -177,7 +190,7 @@ class Broker:
                     for name, value in raw:
                         if isinstance(value, bytes):
                             headers[name] = value
-                    out.append((partition, offset, headers))
+                    out.append((partition, offset, headers, msg.value() or b""))
         finally:
             consumer.close()
         return out

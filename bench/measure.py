@@ -7,6 +7,7 @@ included), peak RSS from VmHWM (``proc_status_kb``).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,3 +97,13 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def git_commit(root: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(root), "describe", "--always", "--dirty"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip() or "?"

@@ -405,17 +405,10 @@ def print_comparison(results: dict[str, Any]) -> None:
 
 
 def print_report(results: dict[str, Any]) -> None:
+    """The scenarios' table and the comparison (the side-by-side parts print their own first)."""
     base = results.get("baseline")
-    print()
-    if "dapr" in results:
-        from bench.vs_dapr import print_dapr
-
-        print_dapr(results["dapr"])
-    if "spring" in results:
-        from bench.vs_spring import print_spring
-
-        print_spring(results["spring"])
-    if ("dapr" in results or "spring" in results) and not results["scenarios"] and not base:
+    side_parts = any(k in results for k in ("dapr", "spring", "schemas", "scale"))
+    if side_parts and not results["scenarios"] and not base:
         print(f"\nwall time {results['wall_s']} s; command: {results['command']}")
         return
     if base:

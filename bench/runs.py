@@ -125,6 +125,19 @@ def run_sidecar_throughput(
 # ------------------------------------------------------------------------------------- latency
 
 
+def warm_up(broker: Broker, topic: str, app: App, proc: Any) -> None:
+    """A share group: records offered (20/s) until the app has one, then the app's counts reset.
+    A new share member gets its partitions on its second heartbeat (5 s with Kafka's defaults):
+    measured from subscribing, that wait would be the latency figure."""
+    deadline = time.monotonic() + 60
+    while app.stats()["records"] == 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("no record reached the app in the warm-up")
+        broker.produce_at_rate(topic, 20, 0.25)
+    time.sleep(0.5)  # the warm-up's last records answered
+    app.reset(latency=1)
+
+
 def run_latency(
     scenario: str,
     broker: Broker,
@@ -163,6 +176,8 @@ def run_latency(
         config = sidecar_config(scenario, broker.bootstrap, topic, group, app, api_path)
         with running_sidecar(config, directory, name, side) as proc:
             wait_assigned(api_path, proc)
+            if scenario.startswith("g-share"):
+                warm_up(broker, topic, app, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
             threads0, wakes0 = thread_cpu_seconds(proc.pid), wakeups(proc.pid)

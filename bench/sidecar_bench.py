@@ -23,6 +23,10 @@ fresh consumer group and the figure is records/s from the first record seen to t
                 never part of ``all``; alone, they run without the parts below
     spring-vs-tiers  the sidecar's retry tiers side by side with Spring Kafka's retry topics
                 (``bench.vs_spring``; Java 17+); named only, like the Dapr ones
+    schemas-avro  Avro records decoded for the app against the same records undecoded
+                (``bench.vs_schemas``; a Schema Registry on Java 21+); named only
+    scale-wide, scale-many, scale-share, scale-dapr  the scale bench (``bench.scale``): one sidecar
+                on many partitions, many sidecars through a rolling restart; named only
 
 Then, in the same run (each part can be skipped with ``--skip``):
 
@@ -66,7 +70,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,7 +83,7 @@ from bench.app import App, measure_app_alone
 from bench.broker import VALUE_BYTES, Broker
 from bench.children import child_main, ensure_requests, run_child
 from bench.killer import KILLER_VARIANTS, KillerSpec, run_killer
-from bench.measure import ROOT
+from bench.measure import ROOT, git_commit
 from bench.report import (
     ALL_SCENARIOS,
     check_targets,
@@ -96,9 +99,12 @@ from bench.runs import (
     run_latency,
     run_sidecar_throughput,
 )
+from bench.scale import SCALE_SCENARIOS, add_options, part_scale
+from bench.scale.report import print_scale
 from bench.sidecars import Side, unavailable
-from bench.vs_dapr import DAPR_SCENARIOS, part_dapr
-from bench.vs_spring import SPRING_SCENARIOS, part_spring
+from bench.vs_dapr import DAPR_SCENARIOS, part_dapr, print_dapr
+from bench.vs_schemas import SCHEMAS_SCENARIOS, part_schemas, print_schemas
+from bench.vs_spring import SPRING_SCENARIOS, part_spring, print_spring
 
 LATENCY_SCENARIOS = ["a", "b", "c-tcp-key", "c-unix-none", "d-tcp-key", "g-share"]
 PARTS = ["latency", "rates", "idle", "backlog", "killer"]
@@ -110,14 +116,19 @@ BACKLOGS = {
 }
 
 
-def git_commit(root: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(root), "describe", "--always", "--dirty"],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip() or "?"
+def show(results: dict[str, Any]) -> None:
+    """Print a run: the side-by-side parts (Dapr, Spring, schemas, scale), then the scenarios and
+    the comparison."""
+    print()
+    if "dapr" in results:
+        print_dapr(results["dapr"])
+    if "spring" in results:
+        print_spring(results["spring"])
+    if "schemas" in results:
+        print_schemas(results["schemas"])
+    if "scale" in results:
+        print_scale(results["scale"])
+    print_report(results)
 
 
 @dataclass
@@ -320,7 +331,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios",
         default="all",
         help="throughput and latency scenarios, comma-separated names or prefixes: "
-        + ",".join(ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS),
+        + ",".join(
+            ALL_SCENARIOS + DAPR_SCENARIOS + SPRING_SCENARIOS + SCHEMAS_SCENARIOS + SCALE_SCENARIOS
+        ),
     )
     add("--skip", default="", help="parts left out, comma-separated: " + ",".join(PARTS))
     add(
@@ -349,6 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--killer-share-quiet-s", type=float, default=KillerSpec.share_quiet_s, help="engine share: quiet before the killer counts as dropped")  # fmt: skip
     add("--app-seconds", type=float, default=2.0, help="app-alone run length")
     add("--idle-connections", type=int, default=0, help="held open on an observability listener during throughput runs (bench.flood)")  # fmt: skip
+    add_options(parser)
     add("--json", default=str(ROOT / "bench" / "results" / "latest.json"))
     add("--show", metavar="JSON", help="print the tables of a saved run and exit")
     # Child roles.
@@ -374,8 +388,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.spring_selected = [
         s for s in SPRING_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
     ]
+    args.scale_selected = [
+        s for s in SCALE_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
+    args.schemas_selected = [
+        s for s in SCHEMAS_SCENARIOS if any(s == w or s.startswith(w) for w in wanted)
+    ]
     args.skip_parts = {w.strip() for w in args.skip.split(",") if w.strip()}
-    if (args.dapr_selected or args.spring_selected) and not args.selected:
+    side_by_side = (
+        args.dapr_selected or args.spring_selected or args.schemas_selected or args.scale_selected
+    )
+    if side_by_side and not args.selected:
         args.skip_parts |= set(PARTS)  # the side-by-side runs alone
     if args.no_latency:
         args.skip_parts.add("latency")
@@ -389,6 +412,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         not args.selected
         and not args.dapr_selected
         and not args.spring_selected
+        and not args.schemas_selected
+        and not args.scale_selected
         and set(PARTS) <= args.skip_parts
     ):
         parser.error(f"no scenario matches {args.scenarios!r} and every part is skipped")
@@ -404,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         child_main(args)
         return
     if args.show:
-        print_report(json.loads(Path(args.show).read_text()))
+        show(json.loads(Path(args.show).read_text()))
         return
     sides = [Side("new", ROOT)]
     if args.baseline:
@@ -457,6 +482,10 @@ def main(argv: list[str] | None = None) -> None:
                     results["dapr"] = part_dapr(broker, app, directory, args, args.dapr_selected)
                 if args.spring_selected:
                     results["spring"] = part_spring(broker, app, directory, args)
+                if args.schemas_selected:
+                    results["schemas"] = part_schemas(broker, app, directory, args)
+                if args.scale_selected:
+                    results["scale"] = part_scale(broker, app, directory, args, args.scale_selected)
             finally:
                 app.close()
     finally:
@@ -465,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
     results["targets"] = check_targets(results, results.get("baseline"))
     if "baseline" in results:
         results["baseline"]["targets"] = check_targets(results["baseline"], results)
-    print_report(results)
+    show(results)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {args.json}")

@@ -56,6 +56,7 @@ def sidecar_config(
     engine: str | None = None,
     kafka_extra: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
+    topics: list[str] | None = None,
 ) -> str:
     kind, _, rest = scenario.partition("-")
     transport, _, scenario_ordering = rest.partition("-")
@@ -76,7 +77,7 @@ def sidecar_config(
         "  auto.offset.reset: earliest",
         *(f"  {k}: {json.dumps(v)}" for k, v in (kafka_extra or {}).items()),
         "source:",
-        f"  topics: [{json.dumps(topic)}]",
+        f"  topics: {json.dumps(topics or [topic])}",
         f"ordering: {ordering or scenario_ordering}",
         "app:",
         f"  url: http://127.0.0.1:{app.port}/records",
@@ -254,9 +255,12 @@ def share_idle(api_path: str) -> bool:
 
 
 def wait_assigned(api_path: str, proc: subprocess.Popen[bytes]) -> None:
-    wait_until(
-        lambda: (api_get(api_path, "/readyz") or {}).get("checks", {}).get("assigned"),
-        60,
-        "assignment",
-        proc,
-    )
+    """Ready: a consumer group's partitions assigned, a share group's consumers subscribed (an
+    older sidecar says `assigned` for that too); a share group still delivers nothing until the
+    broker assigns it (`warm_up`)."""
+
+    def ready() -> bool:
+        checks = (api_get(api_path, "/readyz") or {}).get("checks", {})
+        return bool(checks.get("assigned") or checks.get("subscribed"))
+
+    wait_until(ready, 60, "assignment", proc)

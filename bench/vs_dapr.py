@@ -165,7 +165,7 @@ def part_dapr(
 ) -> dict[str, Any]:
     """Every selected scenario, ``args.runs`` rounds (``args.part_runs`` for rates and idle), the
     contenders alternated; the medians and the targets' ratios."""
-    from bench.sidecar_bench import git_commit
+    from bench.measure import git_commit
 
     side = Side("new", ROOT)
     out: dict[str, Any] = {

@@ -465,7 +465,7 @@ def run_tiers(
 
 def part_spring(broker: Broker, app: App, directory: str, args: Any) -> dict[str, Any]:
     """``args.runs`` rounds (default 3), each running both contenders, the order flipped every round."""
-    from bench.sidecar_bench import git_commit
+    from bench.measure import git_commit
 
     libs = spring_libs()
     where = (compiled_classes(libs), libs)

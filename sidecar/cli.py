@@ -10,8 +10,12 @@ import functools
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sidecar import __version__
+
+if TYPE_CHECKING:
+    from sidecar.config import Config
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -74,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     from sidecar.ops.console.command import add_console_parser
 
     add_console_parser(sub)
+
+    from sidecar.ops.produce import add_produce_parser
+
+    add_produce_parser(sub)
     return parser
 
 
@@ -121,12 +129,48 @@ def cmd_check_config(config_path: str, print_config: bool, overlay: str | None =
     if print_config:
         print(json.dumps(dump_config(config), indent=2))
     else:
-        topics = ", ".join(config.source.topics)
-        dlq = {t: config.dlq_topic_for(t) or "(none)" for t in config.source.topics}
-        routes = len(config.errors.dlq.routes)
-        routed = f", {routes} DLQ route{'s' if routes != 1 else ''}" if routes else ""
-        print(f"{config_path}: ok — group {config.group_id}, topics {topics}, DLQ {dlq}{routed}")
+        print(f"{config_path}: ok")
+        print(config_summary(config))
     return EXIT_OK
+
+
+def config_summary(config: Config) -> str:
+    """What `check-config` says a valid config will do: the group, where records go, each source
+    topic's DLQ and retry tiers, the DLQ routes and the circuit breaker (one fact a line)."""
+    app = config.app
+    where = "pulled by the app (GET /v1/records)" if not app.url else app.url
+    if app.unix_socket:
+        where = f"{app.url} over {app.unix_socket}"
+    lines = [
+        f"  group {config.group_id}, engine {config.engine.value}, app {where} "
+        f"({app.mode.value} mode), at most {config.delivery.delivery_count_limit} deliveries a record"
+    ]
+    tiers = config.errors.tiers
+    for topic in config.source.topics:
+        line = f"  {topic} -> DLQ {config.dlq_topic_for(topic) or '(none: logged and skipped)'}"
+        if tiers.enabled:
+            names = ", ".join(tiers.topic(topic, i) for i in range(len(tiers.delays_ms)))
+            line += f"; releases longer than {tiers.threshold_ms} ms wait in retry tiers {names}"
+        lines.append(line)
+    dlq = config.errors.dlq
+    for rule in dlq.routes:
+        when = [
+            *(f"exception.class {c}" for c in rule.exception_classes),
+            *(f"reason {r}" for r in rule.reasons),
+            *(f"source.topic {t}" for t in rule.source_topics),
+        ]
+        lines.append(f"  route: {' and '.join(when)} -> {rule.topic_name}")
+    if dlq.routes_app_allowed:
+        lines.append(f"  a reject may name: {', '.join(dlq.routes_app_allowed)}")
+    if dlq.circuit_breaker_enable:
+        lines.append(
+            f"  circuit breaker: on, trips at more than {dlq.circuit_breaker_ratio:.0%} of at least "
+            f"{dlq.circuit_breaker_min_records} records finished within "
+            f"{dlq.circuit_breaker_window_ms // 1000} s dead-lettered"
+        )
+    else:
+        lines.append("  circuit breaker: off")
+    return "\n".join(lines)
 
 
 def cmd_injector(config_path: str, shutdown_delay_s: float) -> int:
@@ -183,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sidecar.ops.console.command import cmd_console
 
         return cmd_console(args)
+    if args.command == "produce":
+        from sidecar.ops.produce import cmd_produce
+
+        return cmd_produce(args)
     if args.command == "demo":
         from sidecar.ops.demo.runner import cmd_demo
 

@@ -6,7 +6,7 @@ This package owns the configuration file (docs/configuration.md) and the start-u
 ``str(error)`` and exits 2. The public names are re-exported here; import them from
 ``sidecar.config``, not from the modules below.
 
-    errors       ConfigError, and the readers' internal _Invalid
+    errors       ConfigError, and the readers' internal Invalid
     syntax       topic names, loopback hosts, listen addresses, Unix socket paths, the app URL
     values       the enums and frozen dataclasses (defaults live here only)
     environment  ${NAME} / ${NAME:-default} substitution; every value has a UTF-8 encoding

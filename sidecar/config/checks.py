@@ -3,7 +3,7 @@
 Owns the rules that relate keys to each other (``app.timeout.ms`` below the lock duration, a
 backoff's max at least its initial value, transactions only with the consumer engine, librdkafka's
 prefetch within ``max.buffered.bytes``), the two API listeners, and the start-up checks of the DLQ: a
-bad DLQ topic name (for any source topic) is a configuration error, not a runtime surprise. Each raises `_Invalid` with the key it blames.
+bad DLQ topic name (for any source topic) is a configuration error, not a runtime surprise. Each raises `Invalid` with the key it blames.
 
 Imports: the standard library and the `sidecar.config` modules errors, syntax, values, schema
 (for the DLQ key prefix), routes (`check_routes`) and schemas (`check_schemas`), and `sidecar.core.budget`; not load, yamlcore, masking or dump.
@@ -11,9 +11,9 @@ Imports: the standard library and the `sidecar.config` modules errors, syntax, v
 
 from __future__ import annotations
 
-from sidecar.config.errors import _Invalid
+from sidecar.config.errors import Invalid
 from sidecar.config.routes import check_routes
-from sidecar.config.schema import _DLQ
+from sidecar.config.schema import DLQ_PREFIX
 from sidecar.config.schemas import check_schemas
 from sidecar.config.syntax import is_loopback_host, topic_name_error
 from sidecar.config.tiers import check_tier_topics
@@ -26,31 +26,31 @@ _URI_CHARS = frozenset(
 )
 
 
-def _check(config: Config) -> None:
+def check_config(config: Config) -> None:
     app, delivery = config.app, config.delivery
     if app.timeout_ms >= delivery.lock_duration_ms and app.mode is not AppMode.PULL:
         # The lock bounds the whole attempt; a request that may outlive it would be answered
         # after the record was already released to someone else.
-        raise _Invalid(
+        raise Invalid(
             "app.timeout.ms",
             f"must be less than share.record.lock.duration.ms ({delivery.lock_duration_ms}), "
             f"got {app.timeout_ms}",
         )
     if app.connect_backoff_max_ms < app.connect_backoff_initial_ms:
-        raise _Invalid(
+        raise Invalid(
             "app.connect.backoff.max.ms",
             f"must be at least app.connect.backoff.initial.ms ({app.connect_backoff_initial_ms}), "
             f"got {app.connect_backoff_max_ms}",
         )
     if delivery.retry_delay_max_ms < delivery.retry_delay_initial_ms:
-        raise _Invalid(
+        raise Invalid(
             "errors.retry.delay.max.ms",
             f"must be at least errors.retry.delay.initial.ms ({delivery.retry_delay_initial_ms}), "
             f"got {delivery.retry_delay_max_ms}",
         )
     if config.errors.dlq.transactional_enable and config.engine is Engine.SHARE:
-        raise _Invalid(
-            _DLQ + "transactional.enable",
+        raise Invalid(
+            DLQ_PREFIX + "transactional.enable",
             "needs engine: consumer (share groups cannot commit acknowledgements in a transaction)",
         )
     try:
@@ -58,7 +58,7 @@ def _check(config: Config) -> None:
         # must leave the sidecar's own buffer its part.
         split_budget(delivery.max_buffered_bytes, config.kafka)
     except BudgetError as exc:
-        raise _Invalid(exc.key, exc.reason) from None
+        raise Invalid(exc.key, exc.reason) from None
     _check_api_listeners(config.api)
     _check_api_limits(config.api)
     _check_circuit_breaker(config)
@@ -68,7 +68,7 @@ def _check(config: Config) -> None:
         config.source.topics,
         prefix=config.errors.dlq.topic_name_prefix,
         dlq_topic_for=config.dlq_topic_for,
-        prefix_key=_DLQ + "topic.name.prefix",
+        prefix_key=DLQ_PREFIX + "topic.name.prefix",
     )
     check_routes(config)
     _check_cloudevents_source(config)
@@ -82,13 +82,13 @@ def _check_pull_mode(config: Config) -> None:
     if app.mode is not AppMode.PULL:
         return
     if app.unix_socket is not None:
-        raise _Invalid(
+        raise Invalid(
             "app.unix_socket",
             "must be left out with app.mode: pull: nothing connects to the app; the app pulls "
             "from the control API (put that on a Unix socket with api.listen: unix:/path)",
         )
     if app.format is AppFormat.CLOUDEVENTS:
-        raise _Invalid(
+        raise Invalid(
             "app.format",
             "cloudevents shapes requests to the app; with app.mode: pull the app reads the "
             "sidecar's own JSON records from GET /v1/records",
@@ -98,8 +98,8 @@ def _check_pull_mode(config: Config) -> None:
 def _check_circuit_breaker(config: Config) -> None:
     ratio = config.errors.dlq.circuit_breaker_ratio
     if ratio >= 1.0:
-        raise _Invalid(
-            _DLQ + "circuit.breaker.ratio",
+        raise Invalid(
+            DLQ_PREFIX + "circuit.breaker.ratio",
             f"must be below 1 (it trips when more than this share is dead-lettered, and more than "
             f"all of them never is), got {ratio}",
         )
@@ -109,7 +109,7 @@ def _check_api_listeners(api: ApiConfig) -> None:
     control = api.address
     if control[0] == "tcp" and not is_loopback_host(control[1]):
         # The control API changes record state (acks) and reveals it (status): never on a pod IP.
-        raise _Invalid(
+        raise Invalid(
             "api.listen",
             f"{control[1]!r} is not a loopback address: the control API listens on loopback or a "
             "Unix socket only; serve /healthz, /readyz and /metrics beyond this host with "
@@ -119,9 +119,9 @@ def _check_api_listeners(api: ApiConfig) -> None:
     if observability is None:
         return
     if observability[0] == "unix" and control[0] == "unix" and observability[1] == control[1]:
-        raise _Invalid("api.observability.listen", "must not be the control API's socket")
+        raise Invalid("api.observability.listen", "must not be the control API's socket")
     if observability[0] == "tcp" and control[0] == "tcp" and observability[2] == control[2] != 0:
-        raise _Invalid(
+        raise Invalid(
             "api.observability.listen", f"must not use the control API's port {control[2]}"
         )
 
@@ -134,13 +134,13 @@ def _check_api_limits(api: ApiConfig) -> None:
         ("api.body.timeout.ms", api.body_timeout_ms),
     ):
         if value > api.request_timeout_ms:
-            raise _Invalid(
+            raise Invalid(
                 key,
                 f"must not exceed api.request.timeout.ms ({api.request_timeout_ms}), the whole "
                 f"request's deadline, got {value}",
             )
     if api.max_connections_per_peer > api.max_connections:
-        raise _Invalid(
+        raise Invalid(
             "api.max.connections.per.peer",
             f"must not exceed api.max.connections ({api.max_connections}), "
             f"got {api.max_connections_per_peer}",
@@ -151,25 +151,25 @@ def _check_dlq_topic(config: Config) -> None:
     dlq = config.errors.dlq
     if not dlq.enabled:
         return
-    path = _DLQ + "topic.name"
+    path = DLQ_PREFIX + "topic.name"
     sources = set(config.source.topics)
     for topic in config.source.topics:
         name = dlq.topic_name.replace("{topic}", topic)
         shown = repr(name) if name == dlq.topic_name else f"{name!r} (for source topic {topic!r})"
         if name.startswith("__"):
-            raise _Invalid(path, f"{shown} must not start with '__' (reserved for Kafka internals)")
+            raise Invalid(path, f"{shown} must not start with '__' (reserved for Kafka internals)")
         if dlq.topic_name_prefix and not name.startswith(dlq.topic_name_prefix):
-            raise _Invalid(
+            raise Invalid(
                 path,
-                f"{shown} must start with {dlq.topic_name_prefix!r} ({_DLQ}topic.name.prefix)",
+                f"{shown} must start with {dlq.topic_name_prefix!r} ({DLQ_PREFIX}topic.name.prefix)",
             )
         if name in sources:
-            raise _Invalid(path, f"{shown} is a source topic; a DLQ must not feed its own source")
+            raise Invalid(path, f"{shown} is a source topic; a DLQ must not feed its own source")
         problem = topic_name_error(name)
         if problem:
             if "{" in name or "}" in name:
                 problem += " (only '{topic}' is substituted)"
-            raise _Invalid(path, f"{shown} is not a valid topic name: {problem}")
+            raise Invalid(path, f"{shown} is not a valid topic name: {problem}")
 
 
 def _check_cloudevents_source(config: Config) -> None:
@@ -178,7 +178,7 @@ def _check_cloudevents_source(config: Config) -> None:
     for name in config.app.headers:
         if name.lower().startswith("ce-"):
             # A static ce-* header would repeat or contradict the event's own attribute.
-            raise _Invalid(
+            raise Invalid(
                 f"app.headers.{name}",
                 "with app.format: cloudevents the ce-* headers are the event's attributes; set "
                 "app.cloudevents.source / app.cloudevents.type, or ce_* headers on the records",
@@ -190,7 +190,7 @@ def _check_cloudevents_source(config: Config) -> None:
         if bad:
             shown = ", ".join(repr(ch) for ch in bad[:5])
             hint = " (only '{cluster}' and '{topic}' are substituted)" if "{" in bad else ""
-            raise _Invalid(
+            raise Invalid(
                 "app.cloudevents.source",
                 f"{source!r} is not a URI-reference: it holds {shown}{hint}",
             )

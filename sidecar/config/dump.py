@@ -15,10 +15,10 @@ from typing import Any
 
 __all__ = ["dump_config"]
 
-from sidecar.config.kinds import _Key, _Section
-from sidecar.config.masking import _MASK, _masked_kafka, is_secret_header
+from sidecar.config.kinds import Key, Section
+from sidecar.config.masking import MASK, is_secret_header, masked_kafka
 from sidecar.config.routes import route_plain
-from sidecar.config.schema import _TOP_KEYS
+from sidecar.config.schema import TOP_KEYS
 from sidecar.config.schemas import SchemasConfig
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.config.values import (
@@ -50,12 +50,12 @@ def _plain(value: object) -> Any:
     return value
 
 
-def _dump_table(owners: Mapping[type, object], keys: tuple[_Key, ...]) -> dict[str, Any]:
+def _dump_table(owners: Mapping[type, object], keys: tuple[Key, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys:
         if key.replaced_by is not None:
             continue  # an old name is read, never written
-        if isinstance(key.kind, _Section):  # a section within a section (schemas.registry)
+        if isinstance(key.kind, Section):  # a section within a section (schemas.registry)
             inner = getattr(owners[key.owner], key.attr)
             out[key.name] = _dump_table({**owners, key.kind.owner: inner}, key.kind.keys)
         else:
@@ -86,24 +86,24 @@ def dump_config(config: Config, *, mask_secrets: bool = True) -> dict[str, Any]:
         SchemasConfig: config.schemas,
     }
     out: dict[str, Any] = {}
-    for key in _TOP_KEYS:
+    for key in TOP_KEYS:
         if key.replaced_by is not None:
             continue  # an old name is read, never written
-        if isinstance(key.kind, _Section):
+        if isinstance(key.kind, Section):
             out[key.name] = _dump_table(owners, key.kind.keys)
         else:
             out[key.name] = _plain(getattr(owners[key.owner], key.attr))
     if mask_secrets:
-        out["kafka"] = {name: _masked_kafka(name, value) for name, value in out["kafka"].items()}
+        out["kafka"] = {name: masked_kafka(name, value) for name, value in out["kafka"].items()}
         out["app"]["headers"] = {
-            name: _MASK if is_secret_header(name) else value
+            name: MASK if is_secret_header(name) else value
             for name, value in out["app"]["headers"].items()
         }
         if out["api"]["token"]:
-            out["api"]["token"] = _MASK
+            out["api"]["token"] = MASK
         registry = out["schemas"]["registry"]
-        registry["url"] = _masked_kafka("url", registry["url"])
+        registry["url"] = masked_kafka("url", registry["url"])
         registry["properties"] = {
-            name: _masked_kafka(name, value) for name, value in registry["properties"].items()
+            name: masked_kafka(name, value) for name, value in registry["properties"].items()
         }
     return out

@@ -1,7 +1,7 @@
 """`${ENV}` substitution in configuration text, and the rule that every value has a UTF-8 encoding.
 
 ``${NAME}`` and ``${NAME:-default}`` (shell semantics: an empty variable also takes the default),
-``$${`` for a literal ``${``; a ``${`` without its ``}`` is an error, not literal text. `_Context`
+``$${`` for a literal ``${``; a ``${`` without its ``}`` is an error, not literal text. `ReadContext`
 carries the environment through one read; `expand` also says whether the text was exactly one
 reference, which lets a typed key convert it (environment variables are always text).
 
@@ -14,14 +14,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sidecar.config.errors import _Invalid
+from sidecar.config.errors import Invalid
 from sidecar.core.text import has_utf8
 
 
-def _encodable(text: str, path: str) -> str:
+def encodable(text: str, path: str) -> str:
     """`text`, if it has a UTF-8 encoding: every value ends up in librdkafka, a header or a log line."""
     if not has_utf8(text):
-        raise _Invalid(
+        raise Invalid(
             path,
             "has no UTF-8 encoding: it holds a lone surrogate (from a YAML '\\uD800' escape or a "
             "non-UTF-8 environment variable)",
@@ -36,7 +36,7 @@ _REFERENCE_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
-class _Context:
+class ReadContext:
     env: Mapping[str, str]
     # What the reading noted without failing: deprecated key names (`Config.deprecations`).
     notes: list[str] = field(default_factory=list)
@@ -45,7 +45,7 @@ class _Context:
         """`text` with `${NAME}` / `${NAME:-default}` substituted, and whether `text` was exactly
         one reference (then a typed key may convert it)."""
         if "$" not in text:
-            return _encodable(text, path), False
+            return encodable(text, path), False
         pieces: list[str] = []
         pos = 0
         for match in _REFERENCE.finditer(text):
@@ -57,15 +57,15 @@ class _Context:
                 continue
             body = match.group(1)
             if body is None:
-                raise _Invalid(path, "unterminated '${' (write '$${' for a literal '${')")
+                raise Invalid(path, "unterminated '${' (write '$${' for a literal '${')")
             pieces.append(self._resolve(body, path))
         pieces.append(text[pos:])
-        return _encodable("".join(pieces), path), _WHOLE_REFERENCE.fullmatch(text) is not None
+        return encodable("".join(pieces), path), _WHOLE_REFERENCE.fullmatch(text) is not None
 
     def _resolve(self, body: str, path: str) -> str:
         match = _REFERENCE_BODY.fullmatch(body)
         if match is None:
-            raise _Invalid(
+            raise Invalid(
                 path, f"malformed reference '${{{body}}}': expected ${{NAME}} or ${{NAME:-default}}"
             )
         name, default = match.group(1), match.group(2)
@@ -74,7 +74,7 @@ class _Context:
             # Shell semantics of ':-': an empty variable also takes the default.
             return value if value else default
         if value is None:
-            raise _Invalid(
+            raise Invalid(
                 path,
                 f"environment variable {name} is not set (use ${{{name}:-default}} for a default)",
             )

@@ -1,6 +1,6 @@
 """The error a configuration that cannot be used raises, and the reader's internal signal.
 
-Owns `ConfigError` (public: the CLI prints ``str(error)`` and exits 2) and `_Invalid`, which the
+Owns `ConfigError` (public: the CLI prints ``str(error)`` and exits 2) and `Invalid`, which the
 readers raise with a dotted path and a reason and `sidecar.config.load` turns into `ConfigError`
 with the file name.
 
@@ -42,7 +42,7 @@ class ConfigError(SidecarError):
         return f"{self.file}: {self.reason}"
 
 
-class _Invalid(Exception):
+class Invalid(Exception):
     """Raised inside the reader; turned into `ConfigError` (with the file name) at the boundary."""
 
     def __init__(self, path: str, reason: str) -> None:

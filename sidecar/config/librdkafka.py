@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.config.errors import _Invalid
+from sidecar.config.errors import Invalid
 from sidecar.config.masking import is_secret_kafka_property
 from sidecar.config.suggest import closest
 
@@ -130,7 +130,8 @@ class _Library:
             lib.rd_kafka_conf_destroy(conf)
 
 
-def _library_path() -> str | None:
+def library_path() -> str | None:
+    """The librdkafka shared library the confluent-kafka wheel ships (None when not found)."""
     try:
         files = importlib.metadata.files("confluent-kafka") or []
     except importlib.metadata.PackageNotFoundError:
@@ -167,7 +168,7 @@ def _property_table(lib: ctypes.CDLL) -> dict[str, _Property]:
 
 @functools.cache
 def _library() -> _Library | None:
-    path = _library_path()
+    path = library_path()
     if path is None:
         return None
     try:
@@ -250,7 +251,7 @@ def _integer_problem(lib: _Library, name: str, value: str) -> str | None:
 
 
 def check_properties(props: Mapping[str, str | int | bool], path: str) -> None:
-    """Raise `_Invalid` for the first property (under `path`) librdkafka would refuse or misread."""
+    """Raise `Invalid` for the first property (under `path`) librdkafka would refuse or misread."""
     lib = _library()
     if lib is None:
         return
@@ -258,14 +259,14 @@ def check_properties(props: Mapping[str, str | int | bool], path: str) -> None:
     for name, result, reason in lib.errors(texts):
         key_path = f"{path}.{name}" if path else name
         if result == _CONF_UNKNOWN:
-            raise _Invalid(key_path, _unknown(lib, name, reason))
-        raise _Invalid(key_path, _refused(lib, name, texts[name], reason))
+            raise Invalid(key_path, _unknown(lib, name, reason))
+        raise Invalid(key_path, _refused(lib, name, texts[name], reason))
     for name, value in props.items():
         if isinstance(value, bool):
             continue
         problem = _integer_problem(lib, name, _text(value))
         if problem is not None:
-            raise _Invalid(f"{path}.{name}" if path else name, problem)
+            raise Invalid(f"{path}.{name}" if path else name, problem)
     if not _buildable(texts):
         return
     # `debug` would turn the check clients' log back on (on stderr); its value is checked above.
@@ -276,7 +277,7 @@ def check_properties(props: Mapping[str, str | int | bool], path: str) -> None:
     ):
         refused = lib.client_error(kind, {**checked, **extra})
         if refused is not None:
-            raise _Invalid(
+            raise Invalid(
                 _blamed(refused, texts, path), f"librdkafka refuses the {what}: {refused}"
             )
 

@@ -16,25 +16,25 @@ from pathlib import Path
 
 import yaml
 
-from sidecar.config.checks import _check
-from sidecar.config.environment import _Context
-from sidecar.config.errors import ConfigError, _Invalid
-from sidecar.config.kinds import _read_table
-from sidecar.config.schema import _TOP_KEYS
+from sidecar.config.checks import check_config
+from sidecar.config.environment import ReadContext
+from sidecar.config.errors import ConfigError, Invalid
+from sidecar.config.kinds import read_table
+from sidecar.config.schema import TOP_KEYS
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.config.values import Config, DeadLetterQueueConfig, DeliveryConfig, ErrorsConfig
-from sidecar.config.yamlcore import _Loader
+from sidecar.config.yamlcore import LineLoader
 
 
 def parse_config(
     data: object, env: Mapping[str, str] | None = None, *, file: str = "<config>"
 ) -> Config:
     """Validate already-loaded YAML data (`env` defaults to `os.environ`); raise ConfigError."""
-    ctx = _Context(os.environ if env is None else env)
+    ctx = ReadContext(os.environ if env is None else env)
     try:
         if data is None:
-            raise _Invalid("", "the configuration is empty; expected a mapping of keys")
-        values = _read_table(data, "", _TOP_KEYS, ctx)
+            raise Invalid("", "the configuration is empty; expected a mapping of keys")
+        values = read_table(data, "", TOP_KEYS, ctx)
         errors = values.get(ErrorsConfig, {})
         errors["dlq"] = DeadLetterQueueConfig(**values.get(DeadLetterQueueConfig, {}))
         errors["tiers"] = RetryTiersConfig(**values.get(RetryTiersConfig, {}))
@@ -43,8 +43,8 @@ def parse_config(
         top["errors"] = ErrorsConfig(**errors)
         top["deprecations"] = tuple(ctx.notes)
         config = Config(**top)
-        _check(config)
-    except _Invalid as exc:
+        check_config(config)
+    except Invalid as exc:
         raise ConfigError(exc.path, exc.reason, file=file) from None
     return config
 
@@ -89,7 +89,7 @@ def _merged(base: Mapping[object, object], over: Mapping[object, object]) -> dic
 
 def _parse_yaml(text: str, file: str) -> object:
     try:
-        return yaml.load(text, Loader=_Loader)  # _Loader derives from SafeLoader
+        return yaml.load(text, Loader=LineLoader)  # LineLoader derives from SafeLoader
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         reason = "; ".join(part for part in (exc.context, exc.problem) if part) or "invalid YAML"

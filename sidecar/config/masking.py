@@ -34,7 +34,7 @@ _SECRET_KAFKA_WORDS = (*_SECRET_WORDS, "jaas", "private")
 _SECRET_KAFKA_NAMES = frozenset({"sasl.oauthbearer.config", "sasl.oauthbearer.extensions"})
 # A header name that contains one of these anywhere (X-Auth, X-MyToken, X-Api-Key, Set-Cookie).
 _SECRET_HEADER_PARTS = (*_SECRET_WORDS, "session", "csrf", "xsrf", "jwt", "private")
-_MASK = "***"
+MASK = "***"
 # The userinfo of any URL in a value (https://user:pass@host): from '://' to the authority's last
 # '@' (a password may hold an unescaped '@').
 _URL_USERINFO = re.compile(r"(://)[^/?#\s]*@")
@@ -60,13 +60,13 @@ def is_secret_header(name: str) -> bool:
 
 
 def _mask_userinfo(text: str) -> str:
-    return _URL_USERINFO.sub(rf"\g<1>{_MASK}@", text)
+    return _URL_USERINFO.sub(rf"\g<1>{MASK}@", text)
 
 
-def _masked_kafka(name: str, value: object) -> object:
+def masked_kafka(name: str, value: object) -> object:
     if isinstance(value, str) and name.lower().endswith(".url"):
         # An endpoint is worth seeing; only its credentials are secret (token.endpoint.url).
         return _mask_userinfo(value)
     if is_secret_kafka_property(name):
-        return _MASK
+        return MASK
     return _mask_userinfo(value) if isinstance(value, str) else value

@@ -9,7 +9,7 @@
       - dlq.{topic}.manual
 
 A rule lists at least one criterion; a criterion is one string or a list of them (any may match),
-and all the criteria a rule lists must match. Read here (`_read_routes`, `_read_allowed`: types,
+and all the criteria a rule lists must match. Read here (`read_routes`, `read_allowed`: types,
 keys, reasons), checked against the rest of the configuration at start-up (`check_routes`: a DLQ to
 route from, source topics that exist, and every topic a template can give obeying the DLQ name
 rules), applied by :class:`sidecar.core.routes.DlqRoutes` (`dlq_routes`). `route_plain` is a rule
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.config.environment import _Context
-from sidecar.config.errors import _Invalid
-from sidecar.config.kinds import _describe, _join, _mapping, _Str
+from sidecar.config.environment import ReadContext
+from sidecar.config.errors import Invalid
+from sidecar.config.kinds import StrKey, describe_value, join_path, mapping_at
 from sidecar.config.syntax import topic_name_error
 from sidecar.config.values import Config
 from sidecar.core.routes import REASON_LABELS, DlqRoutes, RouteRule, route_topic
@@ -49,68 +49,72 @@ MAX_ROUTES = 100
 MAX_ALLOWED = 100
 
 
-def _strings(raw: object, path: str, ctx: _Context) -> tuple[str, ...]:
+def _strings(raw: object, path: str, ctx: ReadContext) -> tuple[str, ...]:
     """One non-empty string, or a non-empty list of them (repeats refused)."""
     items = raw if isinstance(raw, list) else [raw]
     if not items:
-        raise _Invalid(path, "must not be an empty list (leave the key out instead)")
+        raise Invalid(path, "must not be an empty list (leave the key out instead)")
     out: list[str] = []
     for index, item in enumerate(items):
         item_path = f"{path}[{index}]" if isinstance(raw, list) else path
         if not isinstance(item, str):
-            raise _Invalid(item_path, f"expected a string, got {_describe(item)}")
-        text = _Str(allow_empty=False).read(item, item_path, ctx)
+            raise Invalid(item_path, f"expected a string, got {describe_value(item)}")
+        text = StrKey(allow_empty=False).read(item, item_path, ctx)
         if text in out:
-            raise _Invalid(item_path, f"{text!r} is listed twice")
+            raise Invalid(item_path, f"{text!r} is listed twice")
         out.append(text)
     return tuple(out)
 
 
-def _read_rule(raw: object, path: str, ctx: _Context) -> RouteRule:
-    data = _mapping(raw, path)
+def _read_rule(raw: object, path: str, ctx: ReadContext) -> RouteRule:
+    data = mapping_at(raw, path)
     for name in data:
         if name not in _RULE_KEYS:
-            raise _Invalid(_join(path, name), f"unknown key (a rule has: {', '.join(_RULE_KEYS)})")
+            raise Invalid(
+                join_path(path, name), f"unknown key (a rule has: {', '.join(_RULE_KEYS)})"
+            )
     if _TOPIC not in data:
-        raise _Invalid(_join(path, _TOPIC), "required key is missing (the DLQ topic of the rule)")
-    topic = _Str(allow_empty=False).read(data[_TOPIC], _join(path, _TOPIC), ctx)
+        raise Invalid(
+            join_path(path, _TOPIC), "required key is missing (the DLQ topic of the rule)"
+        )
+    topic = StrKey(allow_empty=False).read(data[_TOPIC], join_path(path, _TOPIC), ctx)
     criteria: dict[str, tuple[str, ...]] = {}
     for name, attr in _CRITERIA.items():
         if name in data:
-            criteria[attr] = _strings(data[name], _join(path, name), ctx)
+            criteria[attr] = _strings(data[name], join_path(path, name), ctx)
     if not criteria:
-        raise _Invalid(
+        raise Invalid(
             path,
             f"a rule needs at least one of {', '.join(_CRITERIA)} (records no rule matches go to "
             "errors.deadletterqueue.topic.name)",
         )
     for index, reason in enumerate(criteria.get("reasons", ())):
         if reason not in REASON_LABELS:
-            where = _join(path, "reason")
+            where = join_path(path, "reason")
             where = f"{where}[{index}]" if isinstance(data["reason"], list) else where
-            raise _Invalid(
+            raise Invalid(
                 where, f"must be one of {', '.join(sorted(REASON_LABELS))}, got {reason!r}"
             )
     return RouteRule(topic_name=topic, **criteria)
 
 
-def _read_routes(raw: object, path: str, ctx: _Context) -> tuple[RouteRule, ...]:
+def read_routes(raw: object, path: str, ctx: ReadContext) -> tuple[RouteRule, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise _Invalid(path, f"expected a list of rules, got {_describe(raw)}")
+        raise Invalid(path, f"expected a list of rules, got {describe_value(raw)}")
     if len(raw) > MAX_ROUTES:
-        raise _Invalid(path, f"at most {MAX_ROUTES} rules, got {len(raw)}")
+        raise Invalid(path, f"at most {MAX_ROUTES} rules, got {len(raw)}")
     return tuple(_read_rule(item, f"{path}[{index}]", ctx) for index, item in enumerate(raw))
 
 
-def _read_allowed(raw: object, path: str, ctx: _Context) -> tuple[str, ...]:
+def read_allowed(raw: object, path: str, ctx: ReadContext) -> tuple[str, ...]:
     if raw is None or raw == []:
         return ()
     if not isinstance(raw, list):
-        raise _Invalid(path, f"expected a list of topic names, got {_describe(raw)}")
+        raise Invalid(path, f"expected a list of topic names, got {describe_value(raw)}")
     if len(raw) > MAX_ALLOWED:
-        raise _Invalid(path, f"at most {MAX_ALLOWED} topic names, got {len(raw)}")
+        raise Invalid(path, f"at most {MAX_ALLOWED} topic names, got {len(raw)}")
     return _strings(raw, path, ctx)
 
 
@@ -122,28 +126,28 @@ def _check_topic(config: Config, template: str, path: str) -> None:
         name = route_topic(template, source)
         shown = repr(name) if name == template else f"{name!r} (for source topic {source!r})"
         if name.startswith("__"):
-            raise _Invalid(path, f"{shown} must not start with '__' (reserved for Kafka internals)")
+            raise Invalid(path, f"{shown} must not start with '__' (reserved for Kafka internals)")
         if dlq.topic_name_prefix and not name.startswith(dlq.topic_name_prefix):
-            raise _Invalid(
+            raise Invalid(
                 path, f"{shown} must start with {dlq.topic_name_prefix!r} ({_PREFIX_KEY})"
             )
         if name in sources:
-            raise _Invalid(path, f"{shown} is a source topic; a DLQ must not feed its own source")
+            raise Invalid(path, f"{shown} is a source topic; a DLQ must not feed its own source")
         problem = topic_name_error(name)
         if problem:
             if "{" in name or "}" in name:
                 problem += " (only '{topic}' is substituted)"
-            raise _Invalid(path, f"{shown} is not a valid topic name: {problem}")
+            raise Invalid(path, f"{shown} is not a valid topic name: {problem}")
 
 
 def check_routes(config: Config) -> None:
-    """The routes against the rest of the configuration (raises `_Invalid` with the key)."""
+    """The routes against the rest of the configuration (raises `Invalid` with the key)."""
     dlq = config.errors.dlq
     if not dlq.routes and not dlq.routes_app_allowed:
         return
     if not dlq.enabled:
         key = ROUTES_KEY if dlq.routes else ALLOWED_KEY
-        raise _Invalid(
+        raise Invalid(
             key,
             "needs a default DLQ: errors.deadletterqueue.topic.name is blank (no DLQ), so there is "
             "nothing to route",
@@ -152,10 +156,10 @@ def check_routes(config: Config) -> None:
         path = f"{ROUTES_KEY}[{index}]"
         for i, topic in enumerate(rule.source_topics):
             if topic not in config.source.topics:
-                where = _join(path, "source.topic")
+                where = join_path(path, "source.topic")
                 where = f"{where}[{i}]" if len(rule.source_topics) > 1 else where
-                raise _Invalid(where, f"{topic!r} is not one of source.topics")
-        _check_topic(config, rule.topic_name, _join(path, _TOPIC))
+                raise Invalid(where, f"{topic!r} is not one of source.topics")
+        _check_topic(config, rule.topic_name, join_path(path, _TOPIC))
     for index, template in enumerate(dlq.routes_app_allowed):
         _check_topic(config, template, f"{ALLOWED_KEY}[{index}]")
 

@@ -15,17 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from sidecar.config.environment import _Context
-from sidecar.config.errors import _Invalid
+from sidecar.config.environment import ReadContext
+from sidecar.config.errors import Invalid
 from sidecar.config.kinds import (
-    _Custom,
-    _describe,
-    _Int,
-    _join,
-    _Key,
-    _mapping,
-    _Section,
-    _Str,
+    CustomKey,
+    IntKey,
+    Key,
+    Section,
+    StrKey,
+    describe_value,
+    join_path,
+    mapping_at,
 )
 
 KEY = "key"
@@ -90,104 +90,106 @@ def _url_error(value: str) -> str | None:
     return None
 
 
-def _read_properties(raw: object, path: str, ctx: _Context) -> Mapping[str, str | int]:
-    data = _mapping({} if raw is None else raw, path)
+def _read_properties(raw: object, path: str, ctx: ReadContext) -> Mapping[str, str | int]:
+    data = mapping_at({} if raw is None else raw, path)
     out: dict[str, str | int] = {}
     for name, value in data.items():
-        where = _join(path, name)
+        where = join_path(path, name)
         if name in ("url", "timeout"):
-            raise _Invalid(
-                where, f"set schemas.registry.{'url' if name == 'url' else 'timeout.ms'}"
-            )
+            raise Invalid(where, f"set schemas.registry.{'url' if name == 'url' else 'timeout.ms'}")
         if name not in CLIENT_PROPERTIES:
-            raise _Invalid(
+            raise Invalid(
                 where,
                 "not a Schema Registry client property; known: "
                 + ", ".join(sorted(CLIENT_PROPERTIES)),
             )
         if name in _INT_PROPERTIES:
-            out[name] = _Int(0, 3_600_000).read(value, where, ctx)
+            out[name] = IntKey(0, 3_600_000).read(value, where, ctx)
         else:
-            out[name] = _Str(allow_empty=False).read(value, where, ctx)
+            out[name] = StrKey(allow_empty=False).read(value, where, ctx)
     return MappingProxyType(out)
 
 
-def _read_decode(raw: object, path: str, ctx: _Context) -> Mapping[str, frozenset[str]]:
-    data = _mapping({} if raw is None else raw, path)
+def _read_decode(raw: object, path: str, ctx: ReadContext) -> Mapping[str, frozenset[str]]:
+    data = mapping_at({} if raw is None else raw, path)
     out: dict[str, frozenset[str]] = {}
     for topic, fields in data.items():
-        where = _join(path, topic)
+        where = join_path(path, topic)
         if not isinstance(fields, list) or not fields:
-            raise _Invalid(where, f"expected a list of key and/or value, got {_describe(fields)}")
+            raise Invalid(
+                where, f"expected a list of key and/or value, got {describe_value(fields)}"
+            )
         chosen: set[str] = set()
         for item in fields:
             if item not in (KEY, VALUE):
-                raise _Invalid(where, f"expected key or value, got {_describe(item)}")
+                raise Invalid(where, f"expected key or value, got {describe_value(item)}")
             if item in chosen:
-                raise _Invalid(where, f"{item} is listed twice")
+                raise Invalid(where, f"{item} is listed twice")
             chosen.add(item)
         out[topic] = frozenset(chosen)
     return MappingProxyType(out)
 
 
-def _read_redact(raw: object, path: str, ctx: _Context) -> tuple[str, ...]:
+def _read_redact(raw: object, path: str, ctx: ReadContext) -> tuple[str, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise _Invalid(
-            path, f"expected a list of field names or dotted paths, got {_describe(raw)}"
+        raise Invalid(
+            path, f"expected a list of field names or dotted paths, got {describe_value(raw)}"
         )
     out: list[str] = []
     for index, item in enumerate(raw):
         where = f"{path}[{index}]"
         if not isinstance(item, str) or not _FIELD.fullmatch(item):
-            raise _Invalid(where, f"expected a field name or a dotted path, got {_describe(item)}")
+            raise Invalid(
+                where, f"expected a field name or a dotted path, got {describe_value(item)}"
+            )
         if item not in out:
             out.append(item)
     return tuple(out)
 
 
 _REGISTRY_KEYS = (
-    _Key("url", _Str(check=_url_error), RegistryConfig, "url"),
-    _Key("timeout.ms", _Int(100, 600_000), RegistryConfig, "timeout_ms"),
-    _Key(
+    Key("url", StrKey(check=_url_error), RegistryConfig, "url"),
+    Key("timeout.ms", IntKey(100, 600_000), RegistryConfig, "timeout_ms"),
+    Key(
         "properties",
-        _Custom(_read_properties, "a mapping of Schema Registry client properties"),
+        CustomKey(_read_properties, "a mapping of Schema Registry client properties"),
         RegistryConfig,
         "properties",
     ),
 )
 
 _SCHEMAS_KEYS = (
-    _Key("registry", _Section(RegistryConfig, _REGISTRY_KEYS), SchemasConfig, "registry"),
-    _Key(
+    Key("registry", Section(RegistryConfig, _REGISTRY_KEYS), SchemasConfig, "registry"),
+    Key(
         "decode",
-        _Custom(_read_decode, "a mapping of source topic to [key, value]"),
+        CustomKey(_read_decode, "a mapping of source topic to [key, value]"),
         SchemasConfig,
         "decode",
     ),
-    _Key("cache.max.schemas", _Int(1, 1_000_000), SchemasConfig, "cache_max_schemas"),
-    _Key(
+    Key("cache.max.schemas", IntKey(1, 1_000_000), SchemasConfig, "cache_max_schemas"),
+    Key(
         "redact",
-        _Custom(_read_redact, "a list of field names or dotted paths"),
+        CustomKey(_read_redact, "a list of field names or dotted paths"),
         SchemasConfig,
         "redact",
     ),
 )
 
 
-def schemas_key(owner: type) -> _Key:
+def schemas_key(owner: type) -> Key:
     """The top-level ``schemas:`` key of `owner` (the whole configuration's dataclass)."""
-    return _Key("schemas", _Section(SchemasConfig, _SCHEMAS_KEYS), owner, "schemas")
+    return Key("schemas", Section(SchemasConfig, _SCHEMAS_KEYS), owner, "schemas")
 
 
 def check_schemas(schemas: SchemasConfig, source_topics: tuple[str, ...]) -> None:
     """The section against the rest: decoded topics are source topics, and a registry is named."""
     for topic in schemas.decode:
         if topic not in source_topics:
-            raise _Invalid(
+            raise Invalid(
                 f"schemas.decode.{topic}",
                 f"is not a source topic (source.topics: {', '.join(source_topics)})",
             )
     if schemas.enabled and not schemas.registry.url:
-        raise _Invalid("schemas.registry.url", "is required when schemas.decode names a topic")
+        raise Invalid("schemas.registry.url", "is required when schemas.decode names a topic")

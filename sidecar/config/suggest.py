@@ -3,7 +3,7 @@
 Owns `closest(name, names)`: the known name at the fewest edits from `name` (a letter added,
 dropped or changed, or two neighbours swapped, as in ``ulr`` for ``url``), within a bound that
 grows with the name's length; failing that, a close match by `difflib` (whole words swapped or
-misplaced). None when nothing is close enough to be a likely typo.
+misplaced; not with `typos_only`). None when nothing is close enough to be a likely typo.
 
 Imports: the standard library only.
 """
@@ -33,8 +33,10 @@ def _edits(a: str, b: str, limit: int) -> int:
     return row[len(b)]
 
 
-def closest(name: str, names: Iterable[str]) -> str | None:
-    """The known name `name` most likely misspells, or None."""
+def closest(name: str, names: Iterable[str], *, typos_only: bool = False) -> str | None:
+    """The known name `name` most likely misspells, or None. `typos_only`: by edits alone (no
+    `difflib` match: names that share a long part, as topic names with one suffix do, are alike
+    to it without being typos of each other)."""
     known = sorted(set(names))
     if name in known:
         return name
@@ -46,5 +48,7 @@ def closest(name: str, names: Iterable[str]) -> str | None:
             best = (distance, candidate)
     if best is not None:
         return best[1]
+    if typos_only:
+        return None
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     return close[0] if close else None

@@ -49,7 +49,7 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def _unix_path_error(path: str) -> str | None:
+def unix_path_error(path: str) -> str | None:
     if not path:
         return "a Unix socket path must not be empty"
     if "\x00" in path:
@@ -74,7 +74,7 @@ def parse_listen(value: str) -> ListenAddress:
     ``("unix", path)``. Port 0 asks the OS for a free port. Raises ValueError with the reason."""
     if value.startswith("unix:"):
         path = value[len("unix:") :]
-        problem = _unix_path_error(path)
+        problem = unix_path_error(path)
         if problem:
             raise ValueError(problem)
         return ("unix", path)
@@ -113,7 +113,7 @@ def _check_request_target(target: str) -> str:
     return target
 
 
-def _split_app_url(url: str, unix_socket: str | None) -> tuple[str, int, str]:
+def split_app_url(url: str, unix_socket: str | None) -> tuple[str, int, str]:
     """(host, port, request target) of the app URL, or ValueError with the reason."""
     if not (url.isascii() and url.isprintable()) or " " in url:
         # Checked before urlsplit, which silently deletes TAB, CR and LF from a URL.

@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sidecar.config.environment import _Context
-from sidecar.config.errors import _Invalid
+from sidecar.config.environment import ReadContext
+from sidecar.config.errors import Invalid
 from sidecar.config.syntax import topic_name_error
 
 __all__ = ["MAX_TIERS", "RetryTiersConfig", "check_tier_topics", "duration_label", "read_tiers"]
@@ -71,22 +71,22 @@ class RetryTiersConfig:
         return len(self.delays_ms) - 1
 
 
-def _read_duration(raw: object, path: str, ctx: _Context) -> int:
+def _read_duration(raw: object, path: str, ctx: ReadContext) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise _Invalid(path, f"expected a duration such as 10m, 1h or 1d, got {type(raw).__name__}")
+        raise Invalid(path, f"expected a duration such as 10m, 1h or 1d, got {type(raw).__name__}")
     if isinstance(raw, int):
         ms = raw
     else:
         text, _ = ctx.expand(raw, path)
         match = _DURATION.fullmatch(text.strip())
         if match is None:
-            raise _Invalid(
+            raise Invalid(
                 path,
                 f"expected a duration: digits and one of ms, s, m, h, d (e.g. 10m), got {text!r}",
             )
         ms = int(match.group(1)) * _UNIT_MS[match.group(2)]
     if not MIN_TIER_MS <= ms <= MAX_TIER_MS:
-        raise _Invalid(
+        raise Invalid(
             path,
             f"must be between {duration_label(MIN_TIER_MS)} and {duration_label(MAX_TIER_MS)}, "
             f"got {duration_label(ms) if ms > 0 else ms}",
@@ -94,21 +94,21 @@ def _read_duration(raw: object, path: str, ctx: _Context) -> int:
     return ms
 
 
-def read_tiers(raw: object, path: str, ctx: _Context) -> tuple[int, ...]:
+def read_tiers(raw: object, path: str, ctx: ReadContext) -> tuple[int, ...]:
     """`errors.retry.tiers`: a list of durations (`1m`, `10m`, `1h`; a bare integer is ms), each
     longer than the one before."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise _Invalid(path, f"expected a list of durations (e.g. [1m, 10m, 1h]), got {raw!r}")
+        raise Invalid(path, f"expected a list of durations (e.g. [1m, 10m, 1h]), got {raw!r}")
     if len(raw) > MAX_TIERS:
-        raise _Invalid(path, f"at most {MAX_TIERS} tiers, got {len(raw)}")
+        raise Invalid(path, f"at most {MAX_TIERS} tiers, got {len(raw)}")
     out: list[int] = []
     for index, item in enumerate(raw):
         item_path = f"{path}[{index}]"
         ms = _read_duration(item, item_path, ctx)
         if out and ms <= out[-1]:
-            raise _Invalid(
+            raise Invalid(
                 item_path,
                 f"each tier must be longer than the one before ({duration_label(out[-1])}), "
                 f"got {duration_label(ms)}",
@@ -130,17 +130,17 @@ def check_tier_topics(
     if not tiers.enabled:
         return
     if tiers.threshold_ms >= tiers.delays_ms[-1]:
-        raise _Invalid(
+        raise Invalid(
             "errors.retry.tier.threshold.ms",
             f"must be below the longest tier ({duration_label(tiers.delays_ms[-1])} = "
             f"{tiers.delays_ms[-1]} ms), got {tiers.threshold_ms}: no release would reach a tier",
         )
     path = "errors.retry.tier.topic.name"
     if "{tier}" not in tiers.topic_name:
-        raise _Invalid(path, f"{tiers.topic_name!r} must contain '{{tier}}' (one topic per tier)")
+        raise Invalid(path, f"{tiers.topic_name!r} must contain '{{tier}}' (one topic per tier)")
     sources = list(source_topics)
     if len(sources) > 1 and "{topic}" not in tiers.topic_name:
-        raise _Invalid(
+        raise Invalid(
             path, f"{tiers.topic_name!r} must contain '{{topic}}' with more than one source topic"
         )
     taken = set(sources) | {d for t in sources if (d := dlq_topic_for(t)) is not None}
@@ -149,17 +149,15 @@ def check_tier_topics(
             name = tiers.topic(topic, tier)
             shown = f"{name!r} (tier {tiers.label(tier)} of source topic {topic!r})"
             if name.startswith("__"):
-                raise _Invalid(
+                raise Invalid(
                     path, f"{shown} must not start with '__' (reserved for Kafka internals)"
                 )
             if prefix and not name.startswith(prefix):
-                raise _Invalid(path, f"{shown} must start with {prefix!r} ({prefix_key})")
+                raise Invalid(path, f"{shown} must start with {prefix!r} ({prefix_key})")
             if name in taken:
-                raise _Invalid(
-                    path, f"{shown} is a source or DLQ topic; a tier needs its own topic"
-                )
+                raise Invalid(path, f"{shown} is a source or DLQ topic; a tier needs its own topic")
             problem = topic_name_error(name)
             if problem:
                 if "{" in name or "}" in name:
                     problem += " (only '{topic}' and '{tier}' are substituted)"
-                raise _Invalid(path, f"{shown} is not a valid topic name: {problem}")
+                raise Invalid(path, f"{shown} is not a valid topic name: {problem}")

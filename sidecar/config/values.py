@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sidecar.config.schemas import SchemasConfig
-from sidecar.config.syntax import ListenAddress, _split_app_url, parse_listen
+from sidecar.config.syntax import ListenAddress, parse_listen, split_app_url
 from sidecar.config.tiers import RetryTiersConfig
 from sidecar.core.ordering import Ordering
 from sidecar.core.routes import RouteRule
@@ -72,11 +72,13 @@ class AppFormat(StrEnum):
 
 
 class StatusAck(StrEnum):
-    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping)."""
+    """What an HTTP status code means when the app's answer has no JSON ack (app.status.mapping);
+    ``route-missing``: the app has no such route (the URL is wrong): not an attempt, intake paused."""
 
     ACCEPT = "accept"
     RELEASE = "release"
     REJECT = "reject"
+    ROUTE_MISSING = "route-missing"
 
 
 class ErrorsTolerance(StrEnum):
@@ -92,6 +94,7 @@ class LogLevel(StrEnum):
 
 
 class LogFormat(StrEnum):
+    AUTO = "auto"  # text when stderr is a terminal (a person reads it), else json (a collector)
     JSON = "json"
     LOGFMT = "logfmt"
     TEXT = "text"
@@ -154,7 +157,7 @@ class AppConfig:
             for name, empty in (("host", ""), ("port", 0), ("authority", ""), ("path", "")):
                 object.__setattr__(self, name, empty)
             return
-        host, port, path = _split_app_url(self.url, self.unix_socket)
+        host, port, path = split_app_url(self.url, self.unix_socket)
         authority = f"[{host}]" if ":" in host else host
         if port != 80:
             authority = f"{authority}:{port}"
@@ -212,14 +215,15 @@ class DeadLetterQueueConfig:
     stacktrace_max_bytes: int = 8192
     transactional_enable: bool = False
     produce_retries_timeout_ms: int = 120000
-    # errors.deadletterqueue.circuit.breaker.* (sidecar.core.breaker): off by default, because a
-    # tripped breaker stops the sidecar's intake, which an app that rejects a large share of its
-    # records on purpose (a validation step) must opt into; when enabled, these defaults trip at
-    # more than half of at least 100 records within a minute.
-    circuit_breaker_enable: bool = False
+    # errors.deadletterqueue.circuit.breaker.* (sidecar.core.breaker): on by default. It trips when
+    # more than half of at least 5 records finished within 5 minutes were dead-lettered: a broken
+    # deploy stops after at most 4 DLQ records, even on a topic of a handful of records, and one
+    # poison pill never trips it (1 of 5 is not more than half; nor is any share below one half).
+    # An app that rejects most records on purpose turns it off (enable: false).
+    circuit_breaker_enable: bool = True
     circuit_breaker_ratio: float = 0.5
-    circuit_breaker_window_ms: int = 60_000
-    circuit_breaker_min_records: int = 100
+    circuit_breaker_window_ms: int = 300_000
+    circuit_breaker_min_records: int = 5
     circuit_breaker_cooldown_ms: int = 30_000
     # errors.deadletterqueue.routes (ordered rules) and .routes.app.allowed (the DLQ topics a reject
     # may name): sidecar.config.routes reads and checks them, sidecar.core.routes applies them.
@@ -283,7 +287,7 @@ class ApiConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoggingConfig:
     level: LogLevel = LogLevel.INFO
-    format: LogFormat = LogFormat.JSON
+    format: LogFormat = LogFormat.AUTO
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

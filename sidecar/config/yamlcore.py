@@ -27,7 +27,7 @@ _MAX_INT_DIGITS = 4300
 _INT_TEXT = re.compile(r"[-+]?[0-9]+")
 
 
-class _Loader(yaml.SafeLoader):
+class LineLoader(yaml.SafeLoader):
     yaml_implicit_resolvers: dict[Any, Any] = {}
     _depth = 0
 
@@ -164,4 +164,4 @@ def _add_core_schema(loader: type[yaml.SafeLoader]) -> None:
     loader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
 
 
-_add_core_schema(_Loader)
+_add_core_schema(LineLoader)

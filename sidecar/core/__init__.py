@@ -1,32 +1,10 @@
 """The pure delivery core (sans-IO, like h11): no sockets, no trio, no Kafka, no clock.
 
-    errors       the error hierarchy (one root, drawn in its docstring)
-    outcome      ack words, causes and their Kafka texts, error classes, the attempt decision
-    record       the record view built once at intake; delivery ids and their registry
-    ordering     the `ordering` enum (shared with the configuration)
-    ledger/      per-partition record states (a transition table), delivery counts, the horizon
-                 and the isolation pass, commit metadata, flow control, archiving
-    commitstate  the state beyond the committed offset, and its offset-metadata codec
-    backoff      the redelivery backoff policy (an immutable value)
-    budget       the byte budget for buffered records (`max.buffered.bytes`) and its split
-    breaker      the DLQ circuit breaker
-    text         the one UTF-8 check
-    wire/        the HTTP wire contract with the app: requests, CloudEvents, answers, the ack API
-    deadletter   the DLQ step: archived record -> plan -> FailedRecord -> outcome
-    tiers        retry tiers: the tier record's headers, the original read back from them
+Owns the delivery rules both engines share (docs/architecture.md lists its modules) and which of
+its builds runs: `compiled` and `core_build` tell whether the mypyc-compiled modules were loaded.
 
 Imports the standard library only, and nothing from the rest of `sidecar`; every other layer may
-import it. Both are checked by import-linter contracts in pyproject.toml, with one more: no import
-cycle between sibling modules anywhere in the package.
-
-Compiled or pure Python: the build can compile the core's modules (all but the package
-``__init__`` files, this one included) with mypyc into extension modules that sit beside their
-sources (setup.py, ``DLQ_SIDECAR_MYPYC=1``; the container image is built so). Python imports an
-extension module in preference to the source beside it; `compiled` tells which was loaded.
-``DLQ_SIDECAR_PURE=1`` in the environment makes this package import the sources even where the
-extension modules are installed: the fallback, and how the tests run both.  A build that is there
-but cannot be loaded (made for another platform or Python, or damaged) falls back to the sources
-too, and `core_build` says why.
+import it (import-linter contracts in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -75,6 +53,11 @@ def _use_sources() -> None:
         sys.meta_path.insert(0, _SourcesOnly())
 
 
+# The build can compile the core's modules (all but the package ``__init__`` files) with mypyc into
+# extension modules beside their sources (setup.py, ``DLQ_SIDECAR_MYPYC=1``; the image is built so).
+# Python imports an extension module in preference to the source beside it; ``DLQ_SIDECAR_PURE=1``
+# makes this package import the sources instead (the fallback, and how the tests run both), and a
+# build that is there but cannot be loaded (another platform or Python, damaged) falls back too.
 if os.environ.get(PURE_ENV, "") not in ("", "0"):
     _use_sources()
 else:

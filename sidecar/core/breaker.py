@@ -1,38 +1,7 @@
 """The DLQ circuit breaker's state machine (sans-IO): when to stop dead-lettering, and when to resume.
 
-A bad deploy of the app (it rejects everything) or a downstream outage (every record times out)
-would otherwise empty the source topic into the DLQ. The breaker watches the records that
-*finished* -- accepted, or dead-lettered -- over a sliding window, and trips when more than
-``ratio`` of them were dead-lettered, with at least ``min_records`` finished in the window::
-
-              dead_letter() over the ratio                  cool-down over (tick)
-    CLOSED ─────────────────────────────────▶ OPEN ───────────────────────────────▶ HALF_OPEN
-      ▲  ▲                                     ▲ ▲                                   │   │
-      │  │                                     │ └──── probe_failed / dead_letter ───┘   │
-      │  └────────────── close() (explicit, from OPEN or HALF_OPEN) ───────────────────  │
-      └──────────────────────────── probe_succeeded ─────────────────────────────────────┘
-
-- CLOSED: records go to the app and to the DLQ as usual; ``succeeded`` and ``dead_letter`` feed
-  the window. The dead-letter that takes the window over the ratio is *held* (not written): it is
-  the first one the breaker no longer trusts.
-- OPEN: every dead-letter is held (the caller keeps the record uncommitted and delivers it again
-  after the breaker closes); ``room()`` is 0: no new record goes to the app. ``tick`` moves to
-  HALF_OPEN once ``cooldown_ms`` have passed since the breaker opened.
-- HALF_OPEN: ``room()`` is 1 until the caller sends a probe (``probe_sent``); the probe's verdict
-  closes (``probe_succeeded``) or re-opens (``probe_failed``) the breaker; a probe with no verdict
-  (released for a retry, not reached, its lock expired) is void (``probe_void``) and another may
-  go. Any dead-letter while half-open re-opens the breaker and is held.
-- Closing (a probe's success or an explicit ``close``) empties the window: the held records get a
-  fresh chance, and the dead-letters that tripped the breaker must not trip it again at once.
-
-The window slides in steps (buckets) of 1 % of ``window_ms``, so it holds at most 101 buckets
-whatever the throughput; a record finished at time t counts while its bucket is within the window.
-While the breaker is not closed, the window is frozen: ``status`` shows what tripped it.
-
-Inputs are method calls with the caller's clock (``now_ms``, monotonic milliseconds; a clock that
-steps back is read as the last value seen); outputs are small frozen values (:class:`Transition`,
-:class:`DeadLetterVerdict`, :class:`BreakerStatus`). An illegal call raises
-:class:`IllegalBreakerCall` and leaves the breaker unchanged.
+Owns `CircuitBreaker` (its states drawn in its docstring), its policy and the frozen values it
+returns.
 
 Must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and never reads a
 clock.
@@ -76,8 +45,8 @@ class BreakerPolicy:
     """`errors.deadletterqueue.circuit.breaker.*`, validated (a bad value is a ValueError)."""
 
     ratio: float = 0.5  # trips when more than this share of the finished records was dead-lettered
-    window_ms: int = 60_000
-    min_records: int = 100  # ... and at least this many records finished within the window
+    window_ms: int = 300_000
+    min_records: int = 5  # ... and at least this many records finished within the window
     cooldown_ms: int = 30_000  # open this long before a probe record goes out
 
     def __post_init__(self) -> None:
@@ -138,7 +107,42 @@ class BreakerStatus:
 
 
 class CircuitBreaker:
-    """The breaker's state and its sliding window. See the module docstring."""
+    """The breaker's state and its sliding window.
+
+    A bad deploy of the app (it rejects everything) or a downstream outage (every record times out)
+    would otherwise empty the source topic into the DLQ. The breaker watches the records that
+    *finished* -- accepted, or dead-lettered -- over a sliding window, and trips when more than
+    ``ratio`` of them were dead-lettered, with at least ``min_records`` finished in the window::
+
+                  dead_letter() over the ratio                  cool-down over (tick)
+        CLOSED ─────────────────────────────────▶ OPEN ───────────────────────────────▶ HALF_OPEN
+          ▲  ▲                                     ▲ ▲                                   │   │
+          │  │                                     │ └──── probe_failed / dead_letter ───┘   │
+          │  └────────────── close() (explicit, from OPEN or HALF_OPEN) ───────────────────  │
+          └──────────────────────────── probe_succeeded ─────────────────────────────────────┘
+
+    - CLOSED: records go to the app and to the DLQ as usual; ``succeeded`` and ``dead_letter`` feed
+      the window. The dead-letter that takes the window over the ratio is *held* (not written): it is
+      the first one the breaker no longer trusts.
+    - OPEN: every dead-letter is held (the caller keeps the record uncommitted and delivers it again
+      after the breaker closes); ``room()`` is 0: no new record goes to the app. ``tick`` moves to
+      HALF_OPEN once ``cooldown_ms`` have passed since the breaker opened.
+    - HALF_OPEN: ``room()`` is 1 until the caller sends a probe (``probe_sent``); the probe's verdict
+      closes (``probe_succeeded``) or re-opens (``probe_failed``) the breaker; a probe with no verdict
+      (released for a retry, not reached, its lock expired) is void (``probe_void``) and another may
+      go. Any dead-letter while half-open re-opens the breaker and is held.
+    - Closing (a probe's success or an explicit ``close``) empties the window: the held records get a
+      fresh chance, and the dead-letters that tripped the breaker must not trip it again at once.
+
+    The window slides in steps (buckets) of 1 % of ``window_ms``, so it holds at most 101 buckets
+    whatever the throughput; a record finished at time t counts while its bucket is within the window.
+    While the breaker is not closed, the window is frozen: ``status`` shows what tripped it.
+
+    Inputs are method calls with the caller's clock (``now_ms``, monotonic milliseconds; a clock that
+    steps back is read as the last value seen); outputs are small frozen values (:class:`Transition`,
+    :class:`DeadLetterVerdict`, :class:`BreakerStatus`). An illegal call raises
+    :class:`IllegalBreakerCall` and leaves the breaker unchanged.
+    """
 
     def __init__(self, policy: BreakerPolicy, now_ms: int) -> None:
         self.policy = policy

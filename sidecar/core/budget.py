@@ -1,35 +1,7 @@
 """The byte budget for buffered records (`max.buffered.bytes`): how it is split, and what a record costs.
 
-What the consumer-group engine holds in memory for records is two things: librdkafka's prefetch (its
-consumer queue plus the fetch response being read) and the sidecar's own buffer (records fetched and
-not done, in flight included, in the partition ledgers). One budget bounds both::
-
-    max.buffered.bytes (default 64 MiB)
-    ├── prefetch queue   queued.max.messages.kbytes = 1/4   librdkafka: one queue for the whole consumer
-    ├── one fetch        fetch.max.bytes            = 1/8   a fetch response may overshoot the queue limit
-    └── sidecar buffer   the rest (5/8)             split in equal shares among the assigned partitions
-
-librdkafka's ``queued.max.messages.kbytes`` applies to the high-level consumer's single queue, whatever
-the number of partitions, and "may be overshot by fetch.message.max.bytes": a fetch is issued while the
-queue is under the limit, and its response (at most ``fetch.max.bytes``, or one record batch larger than
-that) is queued whole. The queue also stops at ``queued.min.messages`` (100,000 by default, counted
-over the whole queue too), which binds first for small records, whose librdkafka bookkeeping outweighs
-their bytes: it is derived as one message per KiB of the queue's part (16,384 by default). Properties
-the user sets under ``kafka:`` are kept and their values counted.
-
-A partition is paused once its ledger holds its share (:meth:`ByteBudget.share_bytes`) and resumed once
-it holds half of it or less; intake never refuses a record already fetched (a record handed over by
-librdkafka and not kept would be skipped at the next resume), so a record larger than a share is taken,
-delivered, and the partition resumes when it is done. A partition can overshoot its share by what one
-consume batch brought for it.
-
-A record costs :func:`record_bytes`: its key, value and headers counted twice, because the HTTP request
-it goes out in is a copy of them (``sidecar.core.wire`` joins the header block and the body into one
-``bytes``), held while the record is in flight, which is where a slow app keeps most large records;
-plus :data:`RECORD_OVERHEAD_BYTES` for the sidecar's own structures per record, which dominate for small
-records: a record of 100 B with a
-16 B key and one header took 1,567 B of Python objects in all (tracemalloc, 20,000 records in a ledger),
-1,430 B of them beyond its bytes.
+Owns `ByteBudget` (the split between librdkafka's prefetch and the sidecar's buffer, drawn in its
+docstring), :func:`split_budget` and :func:`record_bytes`.
 
 Pure: imports only the standard library and :mod:`sidecar.core.record`.
 """
@@ -82,7 +54,31 @@ class BudgetError(SidecarError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ByteBudget:
-    """`max.buffered.bytes` split (see the module docstring); build it with :func:`split_budget`."""
+    """`max.buffered.bytes` split; build it with :func:`split_budget`.
+
+    What the consumer-group engine holds in memory for records is two things: librdkafka's prefetch (its
+    consumer queue plus the fetch response being read) and the sidecar's own buffer (records fetched and
+    not done, in flight included, in the partition ledgers). One budget bounds both::
+
+        max.buffered.bytes (default 64 MiB)
+        ├── prefetch queue   queued.max.messages.kbytes = 1/4   librdkafka: one queue for the whole consumer
+        ├── one fetch        fetch.max.bytes            = 1/8   a fetch response may overshoot the queue limit
+        └── sidecar buffer   the rest (5/8)             split in equal shares among the assigned partitions
+
+    librdkafka's ``queued.max.messages.kbytes`` applies to the high-level consumer's single queue, whatever
+    the number of partitions, and "may be overshot by fetch.message.max.bytes": a fetch is issued while the
+    queue is under the limit, and its response (at most ``fetch.max.bytes``, or one record batch larger than
+    that) is queued whole. The queue also stops at ``queued.min.messages`` (100,000 by default, counted
+    over the whole queue too), which binds first for small records, whose librdkafka bookkeeping outweighs
+    their bytes: it is derived as one message per KiB of the queue's part (16,384 by default). Properties
+    the user sets under ``kafka:`` are kept and their values counted.
+
+    A partition is paused once its ledger holds its share (:meth:`ByteBudget.share_bytes`) and resumed once
+    it holds half of it or less; intake never refuses a record already fetched (a record handed over by
+    librdkafka and not kept would be skipped at the next resume), so a record larger than a share is taken,
+    delivered, and the partition resumes when it is done. A partition can overshoot its share by what one
+    consume batch brought for it.
+    """
 
     total_bytes: int
     prefetch_bytes: int  # librdkafka's consumer queue
@@ -139,7 +135,13 @@ def split_budget(total_bytes: int, kafka: Mapping[str, object]) -> ByteBudget:
 
 def record_bytes(record: SourceRecord) -> int:
     """What holding ``record`` costs against the budget: key, value and headers twice (the record,
-    and its request while in flight), and the overhead."""
+    and its request while in flight), and the overhead.
+
+    The key, value and headers count twice because the HTTP request the record goes out in is a copy
+    of them (``sidecar.core.wire`` joins the header block and the body into one ``bytes``), held
+    while the record is in flight, which is where a slow app keeps most large records.
+    :data:`RECORD_OVERHEAD_BYTES` (the sidecar's own structures per record) dominates for small records.
+    """
     size = 0
     if record.key is not None:
         size += len(record.key)

@@ -1,54 +1,11 @@
 """Per-partition delivery state beyond the committed offset, and its offset-metadata codec.
 
-This module owns :class:`CommitState` (what must survive a restart or a rebalance: which offsets
-above the committed one are already done, and the delivery counts of records not yet done) and the
-string codec that stores it in the offset commit's metadata (``offset.metadata.max.bytes``,
-default 4096).  It is pure: it must not import trio, confluent_kafka or anything doing I/O.
+Owns :class:`CommitState` (what must survive a restart or a rebalance: the offsets above the
+committed one already done, and the delivery counts of records not yet done) and the string codec
+that stores it in the offset commit's metadata (``offset.metadata.max.bytes``); the byte grammar
+is drawn in `CommitState`'s docstring.
 
-Wire format, version 1 (written in write-ahead mode, and by every build before version 2)::
-
-    "dlq1:" + base64url-without-padding( flag byte | body )
-    flag 0x00: body = payload | crc32(payload) (4 bytes, big-endian)
-    flag 0x01: body = zlib(payload | crc32(payload))
-    payload   = uvarint(base_offset) | done section | counts section
-    done      = 0x00                                    (no done ranges)
-              | 0x01 uvarint(n) n * (uvarint(gap) uvarint(length - 1))          (run-length)
-              | 0x02 uvarint(nbits) bytes                                        (bitset)
-    counts    = uvarint(n) n * (uvarint(gap) uvarint(length - 1) uvarint(count - 1))
-
-Version 2 (horizon mode, see :mod:`sidecar.core.ledger.horizon`) adds a fixed header after the base; the framing,
-the checksum and the two sections are version 1's::
-
-    "dlq2:" + base64url-without-padding( flag byte | body )       (flag and body as in version 1)
-    payload   = uvarint(base_offset) | uvarint(horizon - base_offset + 1) | charged
-                | done section | counts section
-    charged   = 0x00                                                  (no isolation charge)
-              | 0x01 uvarint(offset - base_offset) uvarint(count - 1)
-
-Done ranges are relative to ``base_offset + 1``; a run-length range starts ``gap`` offsets after the
-end of the previous one.  Bit ``i`` (little-endian within each byte) of a bitset means offset
-``base_offset + 1 + i`` is done.  Counts are runs of consecutive offsets with the same delivery
-count (records in flight together usually are), each starting ``gap`` offsets after the end of the
-previous run (the first after ``base_offset``).  The encoder writes whichever of run-length or
-bitset is smaller, then keeps the zlib form only when it is smaller still (Confluent Parallel
-Consumer makes the same choice between run-length, bitset and compression).
-
-The *horizon* (version 2) says "every offset above it that is not done was never handed out since
-these counts were written"; offsets at or below it that are not done may have been delivered and
-their answers lost (see the ledger's crash accounting).  The *charged* entry is the one count that
-was written ahead of an isolated delivery: it lives in the header so that a prefix encoding (see
-:func:`encode`) can never drop it, and the decoder merges it into the counts.
-
-Done ranges may cover offsets that never existed (compaction gaps, transaction markers): marking a
-non-existent offset done is harmless, and it keeps the ranges few.
-
-Decoding is bounded (issue 20: 1,416 characters of zlib used to inflate to 4.19 million done ranges):
-at most ``max_entries`` done ranges, ``max_entries`` counted offsets and ``8 * max_entries`` bitset
-bits, 1 MiB inflated.  A state over a bound is corrupt: :func:`parse` raises
-:class:`CommitStateError` saying which bound, :func:`decode` returns None, and the caller starts
-from the committed offset alone (redelivery, never loss).  The default bound is far above what a
-ledger with the default ``max.buffered.records.per.partition`` (10,000) ever writes; a caller with a
-larger buffer passes ``max_entries=2 * max_buffered_records + 2``.
+Pure: must not import trio, confluent_kafka or anything doing I/O.
 """
 
 from __future__ import annotations
@@ -114,6 +71,43 @@ class CommitState:
       out; at least ``base_offset - 1``.
     - ``charged`` (version 2): the offset whose count was written ahead of an isolated delivery;
       it has a count and is at or below the horizon.
+
+    Wire format, version 1 (written in write-ahead mode)::
+
+        "dlq1:" + base64url-without-padding( flag byte | body )
+        flag 0x00: body = payload | crc32(payload) (4 bytes, big-endian)
+        flag 0x01: body = zlib(payload | crc32(payload))
+        payload   = uvarint(base_offset) | done section | counts section
+        done      = 0x00                                    (no done ranges)
+                  | 0x01 uvarint(n) n * (uvarint(gap) uvarint(length - 1))          (run-length)
+                  | 0x02 uvarint(nbits) bytes                                        (bitset)
+        counts    = uvarint(n) n * (uvarint(gap) uvarint(length - 1) uvarint(count - 1))
+
+    Version 2 (horizon mode, see :mod:`sidecar.core.ledger.horizon`) adds a fixed header after the base; the framing,
+    the checksum and the two sections are version 1's::
+
+        "dlq2:" + base64url-without-padding( flag byte | body )       (flag and body as in version 1)
+        payload   = uvarint(base_offset) | uvarint(horizon - base_offset + 1) | charged
+                    | done section | counts section
+        charged   = 0x00                                                  (no isolation charge)
+                  | 0x01 uvarint(offset - base_offset) uvarint(count - 1)
+
+    Done ranges are relative to ``base_offset + 1``; a run-length range starts ``gap`` offsets after the
+    end of the previous one.  Bit ``i`` (little-endian within each byte) of a bitset means offset
+    ``base_offset + 1 + i`` is done.  Counts are runs of consecutive offsets with the same delivery
+    count (records in flight together usually are), each starting ``gap`` offsets after the end of the
+    previous run (the first after ``base_offset``).  The encoder writes whichever of run-length or
+    bitset is smaller, then keeps the zlib form only when it is smaller still (Confluent Parallel
+    Consumer makes the same choice between run-length, bitset and compression).
+
+    The *horizon* (version 2) says "every offset above it that is not done was never handed out since
+    these counts were written"; offsets at or below it that are not done may have been delivered and
+    their answers lost (see the ledger's crash accounting).  The *charged* entry is the one count that
+    was written ahead of an isolated delivery: it lives in the header so that a prefix encoding (see
+    :func:`encode`) can never drop it, and the decoder merges it into the counts.
+
+    Done ranges may cover offsets that never existed (compaction gaps, transaction markers): marking a
+    non-existent offset done is harmless, and it keeps the ranges few.
     """
 
     base_offset: int
@@ -501,7 +495,15 @@ def parse(metadata: str, *, max_entries: int = DEFAULT_MAX_ENTRIES) -> CommitSta
 
     Raises for empty metadata, metadata written by something else, a version this build does not
     know, corrupt data (bad base64, bad zlib stream, CRC mismatch, trailing bytes, values out of
-    range) and a state over the decoding bounds (see the module docstring).
+    range) and a state over the decoding bounds below.
+
+    Decoding is bounded: at most ``max_entries`` done ranges, ``max_entries`` counted offsets and
+    ``8 * max_entries`` bitset bits, 1 MiB inflated (a few kB of zlib can otherwise inflate to
+    millions of ranges).  A state over a bound is corrupt: this raises saying which bound,
+    :func:`decode` returns None, and the caller starts from the committed offset alone (redelivery,
+    never loss).  The default bound is far above what a ledger with the default
+    ``max.buffered.records.per.partition`` (10,000) ever writes; a caller with a larger buffer passes
+    ``max_entries=2 * max_buffered_records + 2``.
     """
     if metadata.startswith(MAGIC):
         version = 1

@@ -1,15 +1,7 @@
 """The DLQ step of both engines, sans-IO: an archived record → its DLQ write request → the outcome.
 
-    Tracked record + delivery count + ArchiveReason + ErrorInfo
-        │  dead_letter()                      (errors.tolerance, the DLQ topic the routes chose)
-        ▼
-    DeadLetterPlan ── stop ─────────────▶ STOPPED       errors.tolerance: none: nothing written
-                   ── failed is None ───▶ NO_DLQ        no DLQ topic: logged and skipped (KIP-1191)
-                   ── failed ───────────▶ (the engine writes it) ─▶ WRITTEN / HANDED_OVER / FAILED
-
-The engine performs the write (plain or transactional) and reports which :class:`ArchiveOutcome`
-it got; the record is done for WRITTEN and NO_DLQ only. :class:`FailedRecord` is what
-:func:`sidecar.kafka.dlq.build_dlq_record` turns into the record's bytes and ``__dlq.errors.*`` headers.
+Owns :func:`dead_letter` (the plan, drawn in its docstring), :class:`DeadLetterPlan`,
+:class:`FailedRecord` and :class:`ArchiveOutcome`; the engine performs the write.
 
 Pure: no trio, no Kafka, no I/O, no clock. Must import only the core (:mod:`sidecar.core.outcome`,
 :mod:`sidecar.core.record`, :mod:`sidecar.core.tiers`).
@@ -105,7 +97,19 @@ def dead_letter(
     route_refused: str | None = None,
 ) -> DeadLetterPlan:
     """Plan the DLQ step for ``tracked`` (``consequence``: what stopping means for the record;
-    ``route_refused``: the DLQ topic the app named that its routes refused)."""
+    ``route_refused``: the DLQ topic the app named that its routes refused).
+
+        Tracked record + delivery count + ArchiveReason + ErrorInfo
+            │  dead_letter()                      (errors.tolerance, the DLQ topic the routes chose)
+            ▼
+        DeadLetterPlan ── stop ─────────────▶ STOPPED       errors.tolerance: none: nothing written
+                       ── failed is None ───▶ NO_DLQ        no DLQ topic: logged and skipped (KIP-1191)
+                       ── failed ───────────▶ (the engine writes it) ─▶ WRITTEN / HANDED_OVER / FAILED
+
+    The engine performs the write (plain or transactional) and reports which :class:`ArchiveOutcome`
+    it got; the record is done for WRITTEN and NO_DLQ only. :class:`FailedRecord` is what
+    :func:`sidecar.kafka.dlq.build_dlq_record` turns into the record's bytes and ``__dlq.errors.*`` headers.
+    """
     error = dead_letter_error(reason, error)
     rec = tracked.record
     if not tolerate:

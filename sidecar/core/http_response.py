@@ -1,17 +1,8 @@
 """The app's commonest answer read without a general HTTP parser: one whole response, one buffer.
 
-Almost every answer an app gives fits one read and one narrow form: ``HTTP/1.1``, a final status
-with a body (200 to 599 but 204 and 304), a single ``Content-Length``, plain header lines, and
-exactly that many body bytes after the header block. :func:`simple_response` recognises that form
-and returns the response; for anything else it returns ``None``, and the caller parses the same
-bytes with its general parser (httptools under the byte budgets of :mod:`sidecar.http.limits`,
-in :mod:`sidecar.http.exchanges`), which accepts, waits for more or refuses them as it always
-did. So this function never refuses anything and never decides an edge case: interim and
-bodiless statuses, chunked or EOF-delimited bodies, ``Connection`` (keep-alive rules), obs-fold,
-bytes outside visible ASCII, a header block near its budget, an incomplete or a pipelined
-response all go the general way. What it accepts the general parser reads to the same status,
-lower-cased headers and body, with the connection kept alive (``tests/unit/test_http_response.py``
-checks that against httptools, property-based).
+Owns :func:`simple_response`, which recognises one narrow form and returns ``None`` for anything
+else (then the caller's general parser reads the same bytes): it never refuses, never decides an
+edge case.
 
 Pure: no sockets, no clock; standard library only (compiled with the rest of `sidecar.core`).
 """
@@ -38,7 +29,21 @@ def simple_response(data: bytes, max_head_bytes: int, max_body_bytes: int) -> Si
     """``(status, headers, body)`` when ``data`` is exactly one response of the narrow form above,
     its header block (the blank line included) at most ``max_head_bytes`` and its body at most
     ``max_body_bytes``; header names lower-cased, values without their leading blanks, in
-    arrival order. ``None`` otherwise: the general parser decides."""
+    arrival order. ``None`` otherwise: the general parser decides.
+
+    Why a narrow form: almost every answer an app gives fits one read and one narrow form: ``HTTP/1.1``, a final status
+    with a body (200 to 599 but 204 and 304), a single ``Content-Length``, plain header lines, and
+    exactly that many body bytes after the header block. :func:`simple_response` recognises that form
+    and returns the response; for anything else it returns ``None``, and the caller parses the same
+    bytes with its general parser (httptools under the byte budgets of :mod:`sidecar.http.limits`,
+    in :mod:`sidecar.http.exchanges`), which accepts, waits for more or refuses them.
+    So this function never refuses anything and never decides an edge case: interim and
+    bodiless statuses, chunked or EOF-delimited bodies, ``Connection`` (keep-alive rules), obs-fold,
+    bytes outside visible ASCII, a header block near its budget, an incomplete or a pipelined
+    response all go the general way. What it accepts the general parser reads to the same status,
+    lower-cased headers and body, with the connection kept alive (``tests/unit/test_http_response.py``
+    checks that against httptools, property-based).
+    """
     if not data.startswith(b"HTTP/1.1 "):
         return None
     end = data.find(b"\r\n\r\n", 0, max_head_bytes)

@@ -1,16 +1,9 @@
 """The outcome vocabulary of a delivery attempt, and the decision it leads to (sans-IO).
 
-Owns, in one place for both engines:
-
-- the answer words (:class:`Ack`) and how an attempt's answer, delivery count and limit decide what
-  happens next (:func:`decide`: accept, keep the lock, redeliver after a delay, or dead-letter with
-  which :class:`ArchiveReason`);
-- the two causes and their Kafka 4.4 ``__dlq.errors.message`` texts (:data:`CAUSE_REJECTED`,
-  :data:`CAUSE_DELIVERY_COUNT`), so native share-group DLQ readers read ours too;
-- the sidecar's own error-class names (``sidecar.AppTimeout`` ...), which stand in for an app's
-  exception class when the sidecar, not the app, saw the failure;
-- :class:`ErrorInfo`, the one value that carries "why a delivery failed" from the answer to the
-  DLQ record's ``__dlq.errors.exception.*`` headers.
+Owns, in one place for both engines: the answer words (:class:`Ack`) and :func:`decide` (accept,
+keep the lock, redeliver after a delay, or dead-letter with an :class:`ArchiveReason`); the two
+causes and their Kafka texts; the sidecar's own error-class names (``sidecar.AppTimeout`` ...);
+:class:`ErrorInfo`, why a delivery failed, from the answer to the DLQ record's headers.
 
 Pure: no trio, no Kafka, no I/O, no clock, no random source (the caller passes ``rand``). Must not
 import anything but the standard library and :mod:`sidecar.core.backoff`.
@@ -54,11 +47,13 @@ __all__ = [
 
 # --------------------------------------------------------------------------------- causes
 
+# Kafka 4.4's ``__dlq.errors.message`` texts, so native share-group DLQ readers read ours too.
 CAUSE_REJECTED = "Offset rejected by client."
 CAUSE_DELIVERY_COUNT = "Offset delivery count exceeded the threshold."
 
 # --------------------------------------------------------------------------------- error classes
-# The sidecar's own exception class names (``__dlq.errors.exception.class.name``, span events).
+# The sidecar's own exception class names (``__dlq.errors.exception.class.name``, span events):
+# they stand in for an app's exception class when the sidecar, not the app, saw the failure.
 
 APP_TIMEOUT = "sidecar.AppTimeout"  # the app did not answer within app.timeout.ms
 APP_CONNECTION_LOST = "sidecar.AppConnectionLost"  # the connection broke mid-request

@@ -1,22 +1,9 @@
 """One consumed record as the sidecar carries it, and the grammar of delivery ids (sans-IO).
 
-Owns:
-
-- :class:`SourceRecord`: a Kafka message's bytes, headers, timestamp and the producer's trace
-  context, read **once** at intake (:func:`source_record`) and carried through every attempt, the
-  DLQ record and the archived-record log line;
-- :class:`Tracked`: what the sidecar learns about a record while it is in its care (the custom DLQ
-  record parts of a reject, the last attempt's span), kept with the record instead of in side tables;
-- delivery ids: :func:`new_delivery_id`, the one parser :func:`is_delivery_id`, and :class:`LiveIds`, the
-  live attempts by id with what an id that is not live answers.
-
-Delivery ids (``Kafka-Delivery-Id``, the ``id`` of ``POST /v1/acks``)::
-
-    delivery-id = 22 * id-char                     ; 128 random bits, base64url without padding
-    id-char     = ALPHA / DIGIT / "-" / "_"
-
-A new id per attempt, drawn from the operating system's random source by the caller: nothing in an
-id (no topic, offset, epoch or sequence number) lets anyone who sees one id guess another.
+Owns :class:`SourceRecord` (a Kafka message read **once** at intake, :func:`source_record`, and
+carried through every attempt and the DLQ record), :class:`Tracked` (what the sidecar learns
+about a record while in its care, :class:`Decoded` included, kept with it), and delivery ids
+(:func:`new_delivery_id`, whose docstring has the grammar; :func:`is_delivery_id`; :class:`LiveIds`).
 
 Pure: no trio, no Kafka client (a message is read through a small protocol), no I/O, no clock.
 """
@@ -31,9 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
+from sidecar.core.wire.values import SchemaRef
+
 __all__ = [
     "DELIVERY_ID_BYTES",
     "CustomDeadLetter",
+    "Decoded",
     "LiveIds",
     "MessageLike",
     "SourceRecord",
@@ -60,7 +50,16 @@ ANSWERED_REMEMBERED = 8192
 
 
 def new_delivery_id(random_bytes: Callable[[int], bytes]) -> str:
-    """A fresh delivery id from ``random_bytes(n)`` (``secrets.token_bytes`` in the engine)."""
+    """A fresh delivery id from ``random_bytes(n)`` (``secrets.token_bytes`` in the engine).
+
+    Delivery ids (``Kafka-Delivery-Id``, the ``id`` of ``POST /v1/acks``)::
+
+        delivery-id = 22 * id-char                     ; 128 random bits, base64url without padding
+        id-char     = ALPHA / DIGIT / "-" / "_"
+
+    A new id per attempt, drawn from the operating system's random source by the caller: nothing in an
+    id (no topic, offset, epoch or sequence number) lets anyone who sees one id guess another.
+    """
     raw = random_bytes(DELIVERY_ID_BYTES)
     if len(raw) != DELIVERY_ID_BYTES:
         raise ValueError(f"random_bytes returned {len(raw)} bytes, not {DELIVERY_ID_BYTES}")
@@ -257,6 +256,16 @@ class TierTrail:
     due_ms: int
 
 
+class Decoded(NamedTuple):
+    """A record's key and value decoded through a Schema Registry: JSON text and the schema read
+    with, or the record's own bytes and None for a field that is not decoded."""
+
+    key: bytes | None
+    key_schema: SchemaRef | None
+    value: bytes | None
+    value_schema: SchemaRef | None
+
+
 @dataclass(slots=True, eq=False)
 class Tracked:
     """A record in the sidecar's care, with what was learnt about it on the way.
@@ -270,3 +279,6 @@ class Tracked:
     last_span: Any = field(default=None)
     # Read from a retry tier (`sidecar.core.tiers`): the tiers it went through, where it was read.
     tier: TierTrail | None = None
+    # Records with schemas: the key and value as the app gets them (JSON text, the schema named),
+    # decoded once, before the first attempt. The DLQ record still carries `record`'s bytes.
+    decoded: Decoded | None = None

@@ -1,19 +1,7 @@
 """DLQ routes: which DLQ topic an archived record goes to (sans-IO).
 
-    archived record (source topic, reason, error class and its cause's, the app's named topic)
-        │  DlqRoutes.choose()
-        ├── the app named a topic in its reject ── on the allow-list ──▶ that topic
-        │                                       └─ not on it ─────────▶ the default DLQ, refused = the name
-        ├── the first rule that matches ────────────────────────────▶ its topic
-        └── none ───────────────────────────────────────────────────▶ the default DLQ
-
-A rule matches when every criterion it lists holds, and a criterion holds when any of its values
-does: ``exception_classes`` (the error's class or its cause's class, exactly), ``reasons``
-(:attr:`sidecar.core.outcome.ArchiveReason.label`: ``rejected``, ``delivery_count_exceeded``) and
-``source_topics``. Topic names are templates: ``{topic}`` is the source topic, as in the default DLQ
-name. The configuration (``errors.deadletterqueue.routes``, ``sidecar.config.routes``) builds these
-values and checks every name a template can give at start-up, so :meth:`DlqRoutes.choose` never
-fails.
+Owns `DlqRoutes` (the choice drawn in its docstring) and its rules; the configuration
+(`sidecar.config.routes`) builds them and checks every topic a template can give at start-up.
 
 Pure: no trio, no Kafka, no I/O, no clock. Imports only :mod:`sidecar.core.outcome`.
 """
@@ -70,7 +58,23 @@ class RouteChoice:
 
 @dataclass(frozen=True, slots=True)
 class DlqRoutes:
-    """The default DLQ template, the ordered rules, and the templates the app may name."""
+    """The default DLQ template, the ordered rules, and the templates the app may name.
+
+        archived record (source topic, reason, error class and its cause's, the app's named topic)
+            │  DlqRoutes.choose()
+            ├── the app named a topic in its reject ── on the allow-list ──▶ that topic
+            │                                       └─ not on it ─────────▶ the default DLQ, refused = the name
+            ├── the first rule that matches ────────────────────────────▶ its topic
+            └── none ───────────────────────────────────────────────────▶ the default DLQ
+
+    A rule matches when every criterion it lists holds, and a criterion holds when any of its values
+    does: ``exception_classes`` (the error's class or its cause's class, exactly), ``reasons``
+    (:attr:`sidecar.core.outcome.ArchiveReason.label`: ``rejected``, ``delivery_count_exceeded``) and
+    ``source_topics``. Topic names are templates: ``{topic}`` is the source topic, as in the default DLQ
+    name. The configuration (``errors.deadletterqueue.routes``, ``sidecar.config.routes``) builds these
+    values and checks every name a template can give at start-up, so :meth:`DlqRoutes.choose` never
+    fails.
+    """
 
     default: str
     rules: tuple[RouteRule, ...] = ()

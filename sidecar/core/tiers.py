@@ -1,20 +1,9 @@
 """Retry tiers, sans-IO: the headers a tier record carries, and the original read back from them.
 
-A release whose delay is above `errors.retry.tier.threshold.ms` is written to a tier topic (the
-smallest fixed delay that covers it). The tier record is the original's key, value and headers,
-plus the `__dlq.retry.*` headers below (UTF-8 strings, numbers in decimal) that say where it comes
-from and when it is due::
+Owns `TierWrite` (the ``__dlq.retry.*`` headers, listed in its docstring) and
+:func:`read_tier_record` (a tier record back to its original, count, trail and last error).
 
-    __dlq.retry.topic / .partition / .offset     the original's coordinates
-    __dlq.retry.timestamp / .timestamp.type      the original's timestamp (epoch ms; create, log-append, none)
-    __dlq.retry.delivery.count                   deliveries so far
-    __dlq.retry.due                              epoch ms: not delivered before (write time + the tier's delay)
-    __dlq.retry.tiers                            the tiers passed, comma-separated labels (1m,10m)
-    __dlq.retry.group                            the consumer or share group that wrote it
-    __dlq.retry.exception.class.name / .message  the last release's error, when it gave one
-
-Reading a tier record back (:func:`read_tier_record`) gives the original as a :class:`SourceRecord`
-(its own headers only), the count so far, the trail and the last error. Pure: no Kafka, no clock.
+Pure: no Kafka, no clock; imports only `sidecar.core`.
 """
 
 from __future__ import annotations
@@ -53,7 +42,21 @@ _MESSAGE_MAX_BYTES = 16384
 
 @dataclass(frozen=True, slots=True)
 class TierWrite:
-    """What makes a write a tier write (`FailedRecord.tier`): its due time and trail."""
+    """What makes a write a tier write (`FailedRecord.tier`): its due time and trail.
+
+    A release whose delay is above `errors.retry.tier.threshold.ms` is written to a tier topic (the
+    smallest fixed delay that covers it). The tier record is the original's key, value and headers,
+    plus the `__dlq.retry.*` headers below (UTF-8 strings, numbers in decimal) that say where it comes
+    from and when it is due::
+
+        __dlq.retry.topic / .partition / .offset     the original's coordinates
+        __dlq.retry.timestamp / .timestamp.type      the original's timestamp (epoch ms; create, log-append, none)
+        __dlq.retry.delivery.count                   deliveries so far
+        __dlq.retry.due                              epoch ms: not delivered before (write time + the tier's delay)
+        __dlq.retry.tiers                            the tiers passed, comma-separated labels (1m,10m)
+        __dlq.retry.group                            the consumer or share group that wrote it
+        __dlq.retry.exception.class.name / .message  the last release's error, when it gave one
+    """
 
     due_ms: int
     tiers: tuple[str, ...]  # the tiers passed, this one last

@@ -79,12 +79,13 @@ def attempt_view(
     """
     rec = tracked.record
     actx = tracing.start_attempt(rec, delivery_count, delivery_id) if tracing.enabled else None
+    decoded = tracked.decoded  # records with schemas: JSON and the schema, else the bytes
     view = RecordView(
         topic=rec.topic,
         partition=rec.partition,
         offset=rec.offset,
-        key=rec.key,
-        value=rec.value,
+        key=rec.key if decoded is None else decoded.key,
+        value=rec.value if decoded is None else decoded.value,
         timestamp_ms=rec.timestamp_ms,
         timestamp_type=rec.timestamp_type,
         headers=rec.headers,
@@ -92,6 +93,8 @@ def attempt_view(
         delivery_id=delivery_id,
         traceparent=rec.traceparent if actx is None else actx.traceparent,
         tracestate=rec.tracestate if actx is None else actx.tracestate,
+        key_schema=None if decoded is None else decoded.key_schema,
+        value_schema=None if decoded is None else decoded.value_schema,
     )
     return view, actx
 

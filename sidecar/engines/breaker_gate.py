@@ -1,15 +1,9 @@
 """The pipeline's side of the DLQ circuit breaker: what it holds, its probe, its timer, its status.
 
-Owns the :class:`~sidecar.core.breaker.CircuitBreaker` (pure: the decisions) and everything around
-it that needs trio: the half-open probe (the first delivery issued while half-open), the cool-down
-timer task, the events the adapters wait on for room, and the log line of each transition. The
-pipeline and its outlet tell it what happens (`issued`, `retired`, `answered`, `admits` for a
-record on its way to the DLQ); it tells whoever built it that it moved (`on_change`, given to its
-constructor: a transition, or None when only its room changed), and the pipeline tells the adapter
-what follows (held records may go, intake changed, wake). It calls no adapter.
+Owns `BreakerGate`: the pure `sidecar.core.breaker.CircuitBreaker` and what around it needs trio
+(told in its docstring). All of it runs in the trio thread, between two awaits; it calls no adapter.
 
-Who changes what: all of it runs in the trio thread, between two awaits. Must not import either
-engine, the pipeline, the ledger, or confluent-kafka.
+Must not import either engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -43,7 +37,16 @@ def breaker_for(config: Config) -> CircuitBreaker | None:
 
 
 class BreakerGate:
-    """One enabled circuit breaker between the pipeline and the DLQ (see the module docstring)."""
+    """One enabled circuit breaker between the pipeline and the DLQ.
+
+    Owns the :class:`~sidecar.core.breaker.CircuitBreaker` (pure: the decisions) and everything around
+    it that needs trio: the half-open probe (the first delivery issued while half-open), the cool-down
+    timer task, the events the adapters wait on for room, and the log line of each transition. The
+    pipeline and its outlet tell it what happens (`issued`, `retired`, `answered`, `admits` for a
+    record on its way to the DLQ); it tells whoever built it that it moved (`on_change`, given to its
+    constructor: a transition, or None when only its room changed), and the pipeline tells the adapter
+    what follows (held records may go, intake changed, wake). It calls no adapter.
+    """
 
     def __init__(
         self,

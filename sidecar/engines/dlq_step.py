@@ -1,14 +1,11 @@
 """The pipeline's DLQ step: one record archived (stopped, skipped, held, or written) and its trace.
 
-Owns what happens between an adapter deciding a record is done with (`Outlet.dead_letter`) and its
-DLQ record being confirmed: the record's DLQ topic (the routes, :class:`sidecar.core.routes.DlqRoutes`,
-the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
-breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
-line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters, and building the DLQ writer from the configuration,
-including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
-write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
-consumer engine) its committer's transaction. Must not import either engine, the pipeline, the
-ledger, or confluent-kafka.
+Owns `DlqStep` (between `Outlet.dead_letter` and the DLQ record confirmed: the topic, the plan, the
+breaker's say, the log lines, the span, the counters: told in its docstring), building the DLQ
+writer from the configuration, and the one decision whether the DLQ is transactional
+(`transactional_dlq`).
+
+Must not import either engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -104,7 +101,18 @@ def dlq_writer_for(config: Config) -> DlqWriter:
 
 
 class DlqStep:
-    """Archives records for the pipeline (see the module docstring)."""
+    """Archives records for the pipeline.
+
+    Owns what happens between an adapter deciding a record is done with (`Outlet.dead_letter`) and its
+    DLQ record being confirmed: the record's DLQ topic (the routes, :class:`sidecar.core.routes.DlqRoutes`,
+    the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
+    breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
+    line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters, and building the DLQ writer from the configuration,
+    including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
+    write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
+    consumer engine) its committer's transaction. Must not import either engine, the pipeline, the
+    ledger, or confluent-kafka.
+    """
 
     def __init__(
         self,

@@ -1,11 +1,7 @@
 """One log line per burst of DLQ writes, always on: which topic, how many, why.
 
-`errors.log.enable` logs every archived record, and is off by default; without it dead-lettering
-would be silent in the log. `DlqSummary` counts the DLQ records written per source topic and says,
-once a burst is over (no write for `QUIET_S`) or every `EVERY_S` while it lasts, one warning per
-topic: the source and DLQ topics, how many records, the archive reasons and the most frequent
-exception classes (`TOP_CLASSES`, with their counts). Never a payload, a key or an error message:
-only the labels `/metrics` has (`dlq_sidecar_dead_lettered_total`), which are bounded.
+Owns `DlqSummary` (when it speaks and what it says: its docstring). Never a payload, a key or an
+error message: only the bounded labels `/metrics` has.
 
 Imports: the standard library and trio.
 """
@@ -29,16 +25,25 @@ TOP_CLASSES = 3
 
 @dataclass(slots=True)
 class _Burst:
-    dlq_topic: str
     first_at: float
     last_at: float
     count: int = 0
+    dlq_topics: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     classes: Counter[str] = field(default_factory=Counter)
 
 
 class DlqSummary:
-    """Counts DLQ writes per source topic and logs each burst once (see the module docstring)."""
+    """Counts DLQ writes per source topic and logs each burst once.
+
+    `errors.log.enable` logs every archived record, and is off by default; without it dead-lettering
+    would be silent in the log. `DlqSummary` counts the DLQ records written per source topic and says,
+    once a burst is over (no write for `QUIET_S`) or every `EVERY_S` while it lasts, one warning per
+    topic: the source topic, the DLQ topic (or, when routes spread the burst, each DLQ topic with its
+    count), how many records, the archive reasons and the most frequent
+    exception classes (`TOP_CLASSES`, with their counts). Never a payload, a key or an error message:
+    only the labels `/metrics` has (`dlq_sidecar_dead_lettered_total`), which are bounded.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -49,9 +54,10 @@ class DlqSummary:
         now = self._clock()
         burst = self._bursts.get(topic)
         if burst is None:
-            burst = self._bursts[topic] = _Burst(dlq_topic, now, now)
+            burst = self._bursts[topic] = _Burst(now, now)
         burst.last_at = now
         burst.count += 1
+        burst.dlq_topics[dlq_topic] += 1
         burst.reasons[reason] += 1
         burst.classes[exception_class] += 1
 
@@ -83,19 +89,26 @@ def _counted(counts: Counter[str], top: int | None = None) -> str:
 def _say(topic: str, burst: _Burst) -> None:
     seconds = max(burst.last_at - burst.first_at, 0.0)
     records = "record" if burst.count == 1 else "records"
+    targets = burst.dlq_topics
+    if len(targets) == 1:
+        where = next(iter(targets))
+        named: dict[str, object] = {"dlq_topic": where}
+    else:  # routes spread it: every DLQ topic, with its count
+        where = f"{len(targets)} DLQ topics ({_counted(targets)})"
+        named = {"dlq_topics": dict(targets)}
     log.warning(
         "dead-lettered %d %s of %s to %s in %.1f s; reasons: %s; exception classes: %s",
         burst.count,
         records,
         topic,
-        burst.dlq_topic,
+        where,
         seconds,
         _counted(burst.reasons),
         _counted(burst.classes, TOP_CLASSES),
         extra={
             "fields": {
                 "topic": topic,
-                "dlq_topic": burst.dlq_topic,
+                **named,
                 "count": burst.count,
                 "reasons": dict(burst.reasons),
                 "exception_classes": dict(burst.classes.most_common(TOP_CLASSES)),

@@ -1,24 +1,11 @@
 """The interfaces around the delivery pipeline, and the values that cross them.
 
-One protocol per direction (the pipeline itself is :mod:`sidecar.engines.pipeline`, its outlet
-:mod:`sidecar.engines.outlet`)::
+Owns one protocol per direction (drawn in `Engine`'s docstring): `Engine` (daemon, API, metrics →
+pipeline), `StateAdapter` and its `StateView` (pipeline → adapter), `Outlet` (adapter → pipeline),
+and the values they pass: `EngineParts`, `Delivery` (generic over the adapter's ``ref``), `Room`,
+`Settled`, `Counters`.
 
-    daemon, local API, metrics ──Engine──▶ Pipeline ──StateAdapter──▶ adapter (consumer | share)
-                                              │                          │  (its StateView: status)
-                                              └─builds─▶ outlet ◀─Outlet─┘
-
-- :class:`Engine`: what the daemon, the local API and the metrics may do with an engine;
-- :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer.group`,
-  :mod:`sidecar.engines.share.group`), where delivery state lives (8 members), and its
-  :class:`StateView`, what the status and the metrics read of it (8);
-- :class:`Outlet`: what an adapter may use of the pipeline, and nothing else (8): deliveries
-  issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
-
-Wiring goes one way: the pipeline builds its parts, then the adapter (`AdapterFactory`), giving it
-:class:`EngineParts` (the configuration, the counters, the DLQ writer, the outlet); nothing is set
-on either afterwards. :class:`Delivery` is generic over its ``ref``, the adapter's own handle on the
-record's delivery state, so an adapter reads it back with its own type and no cast. Must not import
-either engine, the pipeline, the ledger, or confluent-kafka.
+Must not import either engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -97,6 +84,10 @@ class Counters:
     expired_answers: int = 0
     commits: int = 0
     commit_failures: int = 0
+    # Partition offsets in the commits that succeeded, and the bytes of their metadata strings:
+    # what the commits cost the group's `__consumer_offsets` partition (docs/scaling.md).
+    committed_partitions: int = 0
+    commit_metadata_bytes: int = 0
     rebalances: int = 0
     metadata_pauses: int = 0
     # topic -> records the broker archives on its own, with no DLQ record (share engine; a defect to report)
@@ -119,10 +110,13 @@ class Counters:
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
-    def committed(self, ok: bool = True) -> None:
-        """One offset commit (or share acknowledgement) done, or failed (`ok` False)."""
+    def committed(self, ok: bool = True, partitions: int = 0, metadata_bytes: int = 0) -> None:
+        """One offset commit (or share acknowledgement) done, or failed (`ok` False); a commit
+        done names how many partition offsets it carried and their metadata's bytes."""
         if ok:
             self.commits += 1
+            self.committed_partitions += partitions
+            self.commit_metadata_bytes += metadata_bytes
         else:
             self.commit_failures += 1
 
@@ -144,6 +138,8 @@ class Counters:
             "expired_answers": self.expired_answers,
             "commits": self.commits,
             "commit_failures": self.commit_failures,
+            "committed_partitions": self.committed_partitions,
+            "commit_metadata_bytes": self.commit_metadata_bytes,
             "rebalances": self.rebalances,
             "tiers": {
                 "written": dict(self.tier_written),
@@ -314,7 +310,22 @@ AdapterFactory = Callable[[EngineParts[Any]], StateAdapter]
 
 
 class Engine(Protocol):
-    """What the daemon, the local API and the metrics may do with an engine."""
+    """What the daemon, the local API and the metrics may do with an engine.
+
+    One protocol per direction (the pipeline itself is :mod:`sidecar.engines.pipeline`, its outlet
+    :mod:`sidecar.engines.outlet`)::
+
+        daemon, local API, metrics ──Engine──▶ Pipeline ──StateAdapter──▶ adapter (consumer | share)
+                                                  │                          │  (its StateView: status)
+                                                  └─builds─▶ outlet ◀─Outlet─┘
+
+    - :class:`Engine`: what the daemon, the local API and the metrics may do with an engine;
+    - :class:`StateAdapter`: what the pipeline may do with an adapter (:mod:`sidecar.engines.consumer.group`,
+      :mod:`sidecar.engines.share.group`), where delivery state lives (8 members), and its
+      :class:`StateView`, what the status and the metrics read of it (8);
+    - :class:`Outlet`: what an adapter may use of the pipeline, and nothing else (8): deliveries
+      issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
+    """
 
     @property
     def config(self) -> Config: ...
@@ -324,6 +335,8 @@ class Engine(Protocol):
     def counters(self) -> Counters: ...
     @property
     def app_reachable(self) -> bool: ...
+    def app_route_missing(self) -> str | None:
+        """Why the app has no route at the configured URL (None: it has, as far as known)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Prepare (DLQ topics), start, report started, and run until stopped; then shut down."""

@@ -1,16 +1,11 @@
 """The pipeline's outlet: the one object an adapter is given of the pipeline (the `Outlet` interface).
 
-Owns the deliveries handed to `send` whose request has not finished (`sending`) and the app's
-reachability (:class:`Reachability`); holds, as the pipeline built them, the live deliveries
-(:class:`~sidecar.core.record.LiveIds`, which the pipeline reads for the answers), the way a
-delivery leaves (the batch assembler's next request, or pull mode's queue), the DLQ circuit
-breaker's gate and the DLQ step, and reads the pipeline's :class:`PipelineFlags`. It calls no
-adapter: what the adapter hears comes from the pipeline (:mod:`sidecar.engines.pipeline`).
+Owns `PipelineOutlet`: the deliveries handed to `send` whose request has not finished, the app's
+reachability (`Reachability`), and the way out it was built with (live deliveries, the batch
+assembler or pull mode's queue, the breaker's gate, the DLQ step, the pipeline's `PipelineFlags`).
+It calls no adapter: what an adapter hears comes from the pipeline.
 
-Where a record goes from here: `send` → the batch assembler (`BatchAssembler.add`) → the
-pipeline's `_dispatch` (one app request) → its answer → `Pipeline._apply` → the adapter's
-`answered`; `dead_letter` → the DLQ step (:class:`~sidecar.engines.dlq_step.DlqStep`) → the sink
-the adapter gave. Must not import either engine, the ledger, or confluent-kafka.
+Must not import either engine, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -79,7 +74,7 @@ class Reachability:
 
 
 class PipelineOutlet:
-    """The `Outlet` an adapter is given (see the module docstring)."""
+    """The `Outlet` an adapter is given."""
 
     def __init__(
         self,
@@ -94,6 +89,7 @@ class PipelineOutlet:
         gate: BreakerGate | None,
         dlq_step: DlqStep,
         fail: Callable[[str], None],
+        registry: Reachability | None = None,
     ) -> None:
         self._live = live
         self._counters = counters
@@ -106,6 +102,8 @@ class PipelineOutlet:
         self._gate = gate
         self._dlq_step = dlq_step
         self._fail = fail
+        # The schema registry's reachability (records with schemas): intake waits for it as for the app.
+        self._registry = registry
         self.sending = 0  # deliveries handed over by `send` whose request has not finished
 
     # ------------------------------------------------------------------------- the Outlet face
@@ -168,8 +166,9 @@ class PipelineOutlet:
     def room(self) -> Room:
         flags, gate = self._flags, self._gate
         pull = self._pull
+        registry = self._registry
         return Room(
-            self._reachability.reachable,
+            self._reachability.reachable and (registry is None or registry.reachable),
             flags.draining,
             flags.stopping,
             flags.intake_stopped,
@@ -190,7 +189,10 @@ class PipelineOutlet:
             return True if self._gate is None else await self._gate.wait_room(deadline)
         pull = self._pull
         if until is Until.APP_REACHABLE or pull is None:
-            return await self._reachability.wait(deadline)
+            reachable = await self._reachability.wait(deadline)
+            if reachable and self._registry is not None:
+                reachable = await self._registry.wait(deadline)
+            return reachable
         with trio.move_on_at(deadline):
             await pull.wait_demand()
         return pull.demand() > 0

@@ -1,66 +1,11 @@
 """The delivery pipeline both engines run.
 
-The engines differ only in where a record's delivery state lives: in the sidecar's per-partition
-ledgers plus the offset commit's metadata (``engine: consumer``,
-:mod:`sidecar.engines.consumer.group`), or in the broker's share partitions (``engine: share``,
-:mod:`sidecar.engines.share.group`). That difference is a :class:`StateAdapter`; everything else
-is here, once::
+Owns `Pipeline`, the one `Engine`: the app requests and answers, the app prober, status and the
+shutdown order, around one `StateAdapter` (where the engines differ: `sidecar.engines.consumer`,
+`sidecar.engines.share`). Its parts live beside it (outlet, pull, batching, breaker_gate, dlq_step,
+tier_step, decoding, app_route); the record's path through them is told in docs/architecture.md.
 
-    adapter (intake) ──Outlet.issue()/send()──▶ batch assembler ──▶ app requests ──HTTP──▶ app
-          ▲                                                              │
-          │ answered()                                                   ▼
-          └──────────────────────────── answer() ◀── the app's answer, or POST /v1/acks
-    adapter (archiving) ──Outlet.dead_letter()──▶ DLQ step ──▶ the adapter's sink (DLQ writer,
-                                                               or its transaction) ──confirmed
-
-    pull mode (app.mode: pull): send() ──▶ PullQueue ◀── GET /v1/records (the app's long polls)
-
-:class:`Pipeline` is the one implementation of :class:`~sidecar.engines.interfaces.Engine`, the
-interface the daemon, the local API and the metrics use. It builds its parts in order — tracing,
-counters, the app client (given the pipeline's round-end and error callbacks), the DLQ writer, the
-DLQ circuit breaker's gate, the DLQ step, the outlet (:mod:`sidecar.engines.outlet`) — and then
-the adapter, giving it :class:`~sidecar.engines.interfaces.EngineParts`; it talks to the adapter
-only through :class:`~sidecar.engines.interfaces.StateAdapter` (and reads its
-:class:`~sidecar.engines.interfaces.StateView`), and the adapter to it only through the outlet
-(:class:`~sidecar.engines.interfaces.Outlet`). Nothing is set on a part after it is built. What it
-owns besides the app requests, the app prober, the answers and the shutdown order lives beside it:
-:mod:`sidecar.engines.outlet`, :mod:`sidecar.engines.pull` (the pull queue),
-:mod:`sidecar.engines.batching` (batch assembly), :mod:`sidecar.engines.breaker_gate` (the DLQ
-circuit breaker's gate) and :mod:`sidecar.engines.dlq_step` (the DLQ step). The daemon starts it
-with ``await nursery.start(engine.run)`` and steers it only through that interface
-(``request_stop``, ``skip_drain``); nothing sets its attributes.
-
-Where an answer flows (a retry tier hooks in at `_apply`): the app client's reader → `_answered`
-→ `_apply` → the adapter's `answered`, which makes the one decision (`Settled`: the ledger's
-`decide`, or the share engine's `_settle`) → retired, counted, the DLQ circuit breaker told the
-decision (`BreakerGate.answered`, no decision of its own), and the adapter woken (once per row).
-
-Who may change what (every call below runs in the trio thread and changes state synchronously,
-between two awaits, so each change is atomic):
-
-- ``_live`` (delivery id → live :class:`Delivery`): the outlet's ``issue`` (the adapter's intake)
-  and ``retire`` (the adapter: expiry, revoke, not reachable; the pipeline: an answer applied);
-- ``counters``: the pipeline, and the adapter for its own (commits, rebalances);
-- app reachability (:class:`~sidecar.engines.outlet.Reachability`): the answers (not reachable)
-  and the probe task (reachable again);
-- the DLQ circuit breaker (:class:`~sidecar.engines.breaker_gate.BreakerGate`): the DLQ step (hold
-  or write), ``_apply`` (successes, the probe's verdict), the outlet's ``issue`` (the half-open
-  probe), its timer task (half-open) and ``close_breaker`` (the API); adapters read
-  ``Room.breaker_room`` / ``Room.breaker_open`` and keep the records it held until
-  ``intake_changed(held_may_go=True)``;
-- stopping / draining / failure (:class:`~sidecar.engines.outlet.PipelineFlags`): ``run``'s shutdown
-  sequence, ``fail`` and ``request_stop``;
-- delivery state (ledgers, batches): only the adapter; the pipeline never touches it;
-- the app requests (:class:`~sidecar.engines.batching.BatchAssembler`): the outlet's ``send`` adds,
-  the assembler starts a request (``_dispatch``) while fewer than ``app.max.in.flight`` are open,
-  the linger timer sends what has waited its linger; ``_requests`` (started, not answered):
-  ``_dispatch`` adds, ``_answered`` (the app client's reader task) and the shutdown take;
-- pull mode's :class:`~sidecar.engines.pull.PullQueue`: the outlet's ``send`` puts, the API's poll
-  tasks take (``pull``), ``_drain`` releases the waiting polls.
-
-Errors: a failure that cannot be retried ends in :meth:`Pipeline.fail` (the sidecar stops with
-exit 1); the per-record dispatch (one DLQ write, one batch of a transaction) is the only place that
-catches broadly. Must not import either engine, the ledger, or confluent-kafka.
+Must not import either engine, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -80,6 +25,7 @@ from sidecar.core.breaker import BreakerState, CircuitBreaker, Transition
 from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
+from sidecar.engines.app_route import AppRoute
 from sidecar.engines.attempts import (
     AppClientFactory,
     abandon_attempt_span,
@@ -89,6 +35,7 @@ from sidecar.engines.attempts import (
 )
 from sidecar.engines.batching import BatchAssembler
 from sidecar.engines.breaker_gate import BreakerGate, breaker_for
+from sidecar.engines.decoding import decoding_for
 from sidecar.engines.dlq_step import DlqStep, dlq_topics, dlq_writer_for
 from sidecar.engines.interfaces import (
     AckResult,
@@ -108,7 +55,7 @@ from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
 from sidecar.engines.source_topics import SourceTopics
 from sidecar.engines.tier_step import TierStep, tier_topics
-from sidecar.http.appclient import AppClient, AppNotReachable, AppTarget
+from sidecar.http.appclient import AppClient, AppNotReachable, AppRouteMissing, AppTarget
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
@@ -126,7 +73,19 @@ PROBE_TIMEOUT_S = 2.0
 
 
 class Pipeline:
-    """App requests, app prober, answers, DLQ step, status: one per sidecar, around one adapter."""
+    """App requests, app prober, answers, DLQ step, status: one per sidecar, around one adapter.
+
+    It builds its parts in order (tracing, counters, the app client, the DLQ writer, the DLQ circuit
+    breaker's gate, the DLQ step, the outlet) and then the adapter, giving it `EngineParts`; it talks to
+    the adapter only through `StateAdapter` (and reads its `StateView`), and the adapter to it only
+    through the `Outlet`. Nothing is set on a part after it is built. The daemon starts it with
+    ``await nursery.start(engine.run)`` and steers it only through `Engine` (``request_stop``,
+    ``skip_drain``). Every call runs in the trio thread and changes state between two awaits, so each
+    change is atomic; who may change what is docs/architecture.md's "Which task owns what".
+
+    Errors: a failure that cannot be retried ends in `fail` (the sidecar stops with exit 1); the
+    per-record dispatch (one DLQ write, one batch of a transaction) is the only place that catches broadly.
+    """
 
     def __init__(
         self,
@@ -147,6 +106,12 @@ class Pipeline:
             dlq_ready=not (config.errors.dlq.enabled or config.errors.tiers.enabled)
         )
         self._reachability = Reachability()
+        self._route = AppRoute(
+            self._reachability,
+            self._intake_changed,
+            backoff_initial_s=config.app.connect_backoff_initial_ms / 1000,
+            backoff_max_s=config.app.connect_backoff_max_ms / 1000,
+        )
         self._live: LiveIds[Delivery[Any]] = LiveIds(random_bytes)
         app = config.app
         batch = app.mode == AppMode.BATCH
@@ -174,7 +139,7 @@ class Pipeline:
         self._nursery: trio.Nursery | None = None
         self._observe_app: Callable[[float], None] = _ignore
         self._observe_ack: Callable[[float], None] = _ignore
-        # The parts, each given its collaborators (see the module docstring).
+        # The parts, each given its collaborators (the order: `Pipeline`'s docstring).
         self.app: AppClient = app_client(
             config, after_round=self._round_end, on_error=self._answer_failed
         )
@@ -182,6 +147,13 @@ class Pipeline:
         breaker = breaker_for(config)
         self._gate = None if breaker is None else BreakerGate(breaker, self._breaker_moved)
         self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
+        # Records with schemas (schemas.decode): None unless a topic decodes.
+        self._schemas = decoding_for(
+            config,
+            reject=lambda d, error: self._apply(d, Answer("reject", error=error)),
+            intake_changed=lambda: self._state.intake_changed(),  # noqa: PLW0108 (built below)
+            stopping=lambda: self._flags.stopping,
+        )
         self._outlet = PipelineOutlet(
             self._live,
             self.counters,
@@ -194,6 +166,7 @@ class Pipeline:
             gate=self._gate,
             dlq_step=self._dlq_step,
             fail=self.fail,
+            registry=None if self._schemas is None else self._schemas.registry,
         )
         self._state: StateAdapter = adapter(
             EngineParts(
@@ -213,7 +186,12 @@ class Pipeline:
 
     @property
     def app_reachable(self) -> bool:
-        return self._reachability.reachable
+        """The app accepts connections (one that answers route-missing does)."""
+        return self._reachability.reachable or self._route.missing
+
+    def app_route_missing(self) -> str | None:
+        """Why the app has no route at the configured URL (None: it has, as far as known)."""
+        return self._route.reason()
 
     @property
     def app_down_since(self) -> float | None:
@@ -288,6 +266,8 @@ class Pipeline:
             with trio.CancelScope(shield=True):
                 await self.app.aclose()
                 await trio.to_thread.run_sync(self.tracing.shutdown)
+                if self._schemas is not None:
+                    self._schemas.close()
 
     async def _wait_cluster_usable(self) -> bool:
         """Until the cluster answers with the configured credentials and certificates: not ready,
@@ -364,14 +344,18 @@ class Pipeline:
             state["broker_reachable"] = False
         checks = {
             **state,
-            "app_reachable": self._reachability.reachable,
+            "app_reachable": self.app_reachable,
+            "app_route_found": not self._route.missing,
             "dlq_writable": self._flags.dlq_ready and self._flags.failure is None,
             "source_topics_exist": not self._sources.missing,
         }
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
+            del checks["app_route_found"]
         if self._gate is not None:
             checks["circuit_breaker_closed"] = self._gate.closed
+        if self._schemas is not None:
+            checks["schema_registry_reachable"] = self._schemas.registry.reachable
         return checks
 
     def missing_topics_reason(self) -> str | None:
@@ -399,7 +383,8 @@ class Pipeline:
         return {
             "group": self.config.group_id,
             "engine": self.config.engine.value,
-            "app_reachable": self._reachability.reachable,
+            "app_reachable": self.app_reachable,
+            "app_route_missing": self._route.reason(),
             "draining": self._flags.draining,
             "failure": self._flags.failure,
             "uptime_s": round(time.time() - self.started_at, 3),
@@ -411,6 +396,7 @@ class Pipeline:
             **self._pull_status(),
             "circuit_breaker": self.breaker_status(),
             "dlq_routes": self._dlq_step.route_status(),
+            **({} if self._schemas is None else {"schemas": self._schemas.status()}),
             "counters": self.counters.snapshot(),
         }
 
@@ -475,6 +461,13 @@ class Pipeline:
         """Start one request (single mode: one delivery; batch mode: a batch) for the live ones
         among `items`; its answer comes to `_answered`."""
         live = [d for d in items if self._live.get(d.id) is d]
+        if live and self._schemas is not None:
+            # Decoded before the first attempt; an undecodable record is rejected (to the DLQ).
+            live, missing = self._schemas.ready(live)
+            if missing:
+                assert self._nursery is not None
+                self._nursery.start_soon(self._load_schemas, items, missing)
+                return
         if not live:
             self._request_done(items)
             return
@@ -493,6 +486,15 @@ class Pipeline:
                 traced[0][0], self._timeout_s, request.answered
             )
 
+    async def _load_schemas(self, items: list[Delivery[Any]], missing: set[int]) -> None:
+        """Load the schemas a request's records need, then send it in its slot; with the
+        registry down it is not an attempt (`_not_reached`), and intake pauses until it answers."""
+        assert self._schemas is not None and self._nursery is not None
+        if await self._schemas.load_or_probe(missing, self._nursery):
+            self._dispatch(items)
+        else:
+            await self._not_reached(items)
+
     def _request_done(self, items: list[Delivery[Any]]) -> None:
         self._outlet.request_done(len(items))
         self._wake()
@@ -510,10 +512,14 @@ class Pipeline:
             for d, (_view, actx) in zip(live, traced, strict=True):
                 end_attempt_span(actx, d.tracked, None)
             self.counters.not_attempted += len(live)
-            self._app_unreachable(str(result))
+            if isinstance(result, AppRouteMissing):
+                self._route.lost(result, self._nursery)
+            else:
+                self._app_unreachable(str(result))
             assert self._nursery is not None
             self._nursery.start_soon(self._not_reached, request.items)
             return
+        self._route.answered()
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
         answers = result if isinstance(result, dict) else {live[0].id: result}
@@ -588,6 +594,15 @@ class Pipeline:
         taken = await pull.take(
             max_records, wait_s, lambda d: self._live.get(d.id) is d, self._wake
         )
+        if taken and self._schemas is not None:
+            assert self._nursery is not None
+            taken = await self._schemas.ready_pulled(
+                taken,
+                lambda d: self._live.get(d.id) is d,
+                self._nursery,
+                self._state.not_reached,
+                pull.put,
+            )
         now = trio.current_time()
         handed_at = time.perf_counter()
         lock_s = self.config.delivery.lock_duration_ms / 1000
@@ -608,6 +623,9 @@ class Pipeline:
         return {"pull": {"waiting_polls": pull.waiting(), "queued": pull.queued()}}
 
     # ------------------------------------------------------------------------- app reachability
+
+    def _intake_changed(self) -> None:
+        self._state.intake_changed()
 
     def _app_unreachable(self, reason: str) -> None:
         if not self._reachability.lost():

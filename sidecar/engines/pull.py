@@ -1,7 +1,7 @@
 """Pull mode (``app.mode: pull``): the queue between the adapters' intake and `GET /v1/records`.
 
 Owns :class:`PullQueue` (which poll gets which delivery, and what a cancelled poll gives back);
-the pipeline puts deliveries in (``Pipeline.send``) and its ``pull`` takes them for the local API.
+the outlet puts deliveries in (``PipelineOutlet.send``) and ``Pipeline.pull`` takes them for the API.
 Must not import either engine, the pipeline, the ledger, or confluent-kafka.
 """
 

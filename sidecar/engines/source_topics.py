@@ -1,14 +1,7 @@
 """Source topics the cluster does not have: named in the log, in readiness and in the status, and
 watched until they exist.
 
-A topic listed under `source.topics` that does not exist is not an error librdkafka stops on: the
-consumer stays subscribed, with nothing assigned, and would pick the topic up once it is created.
-`SourceTopics` asks the cluster at start-up (after it answered) which are missing, says so in
-one warning, keeps them for `/readyz` (``source_topics_exist: false`` and the reason) and
-`/v1/status` (``missing_topics``), asks again every `RECHECK_S` and logs each one that appears.
-The pipeline prepares DLQ topics only for the source topics that exist: a missing topic gets no
-``dlq.<topic>`` of its own before its first record to dead-letter (the DLQ writer prepares a topic it
-meets for the first time).
+Owns `SourceTopics` (why a missing topic is no error, and what it is told: its docstring).
 
 Imports: the standard library and trio (the question itself is given:
 `sidecar.kafka.consumer_config.missing_topics_sync`).
@@ -26,12 +19,26 @@ log = logging.getLogger("sidecar.engine")
 
 RECHECK_S = 10.0
 
-# (kafka properties, topics) -> the missing ones, or None when the cluster did not answer.
-MissingCheck = Callable[[Mapping[str, Any], Sequence[str]], "list[str] | None"]
+# (kafka properties, topics) -> the missing ones, each with the cluster's topic it most likely
+# misspells (None: none is close), or None when the cluster did not answer.
+MissingCheck = Callable[[Mapping[str, Any], Sequence[str]], "Mapping[str, str | None] | None"]
 
 
 class SourceTopics:
-    """Which configured source topics do not exist (as last asked)."""
+    """Which configured source topics do not exist (as last asked).
+
+    A topic listed under `source.topics` that does not exist is not an error librdkafka stops on: the
+    consumer stays subscribed, with nothing assigned, and would pick the topic up once it is created.
+    `SourceTopics` asks the cluster at start-up (after it answered) which are missing, says so in
+    one warning (with the cluster's topic each most likely misspells, as the config loader does for keys), keeps them for `/readyz` (``source_topics_exist: false`` and the reason) and
+    `/v1/status` (``missing_topics``), asks again every `RECHECK_S` and logs each one that appears.
+    The pipeline prepares DLQ topics only for the source topics that exist: a missing topic gets no
+    ``dlq.<topic>`` of its own before its first record to dead-letter (the DLQ writer prepares a topic it
+    meets for the first time).
+
+    Imports: the standard library and trio (the question itself is given:
+    `sidecar.kafka.consumer_config.missing_topics_sync`).
+    """
 
     def __init__(
         self, kafka: Mapping[str, Any], topics: Sequence[str], check: MissingCheck
@@ -40,6 +47,7 @@ class SourceTopics:
         self._topics = tuple(topics)
         self._check = check
         self._missing: tuple[str, ...] = ()
+        self._close: dict[str, str] = {}  # a missing topic -> the cluster's topic it may misspell
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -52,7 +60,10 @@ class SourceTopics:
         """For `/readyz`: which source topics do not exist (None: all do)."""
         if not self._missing:
             return None
-        names = ", ".join(self._missing)
+        names = ", ".join(
+            f"{t} (did you mean {self._close[t]}?)" if t in self._close else t
+            for t in self._missing
+        )
         what = "source topic" if len(self._missing) == 1 else "source topics"
         verb = "does" if len(self._missing) == 1 else "do"
         return f"{what} {names} {verb} not exist on the cluster"
@@ -62,7 +73,7 @@ class SourceTopics:
         missing = await trio.to_thread.run_sync(self._check, self._kafka, self._topics)
         if missing is None:
             return  # no answer: the consumer reports the cluster's state itself
-        self._missing = tuple(missing)
+        self._take(missing)
         if self._missing:
             log.warning(
                 "%s: not ready; nothing is consumed from %s and no DLQ topic is created for %s "
@@ -87,4 +98,8 @@ class SourceTopics:
                     log.info(
                         "source topic %s now exists", topic, extra={"fields": {"topic": topic}}
                     )
-            self._missing = tuple(missing)
+            self._take(missing)
+
+    def _take(self, missing: Mapping[str, str | None]) -> None:
+        self._missing = tuple(missing)
+        self._close = {topic: close for topic, close in missing.items() if close is not None}

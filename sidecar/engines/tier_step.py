@@ -1,15 +1,10 @@
 """The retry tier step of both engines: a long release written to its tier topic (or not, and why).
 
-A release whose delay is above `errors.retry.tier.threshold.ms` leaves the engine's memory: the
-consumer engine's ledger archives it with reason RETRY_TIER, the share engine hands it here before it
-accepts it. This step picks the tier (the smallest that covers the delay, `RetryTiersConfig.tier_for`),
-builds the write (`FailedRecord` with its `tier` set: due time = now + the tier's delay, the tiers
-passed) and writes it to the `sink` the adapter chose: the DLQ writer, or (transactional consumer
-engine) its committer's transaction, so the tier write and the source offset commit are one
-transaction. A tier write that fails for good stops the sidecar as a failing DLQ write does
-(`DlqFatalError`): the record is never dropped and its offset is not committed. It owns the tier
-counters (`Counters.tier_written`). No circuit breaker, no `errors.tolerance`: a tier write is not a
-dead letter. Must not import either engine, the pipeline, the ledger, or confluent-kafka.
+Owns `TierStep` (the tier chosen, the write built and sent to the adapter's sink, a write failing for
+good stopping the sidecar: told in its docstring) and the tier counters. No circuit breaker, no
+`errors.tolerance`: a tier write is not a dead letter.
+
+Must not import either engine, the pipeline, the ledger, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -43,7 +38,19 @@ def wall_ms() -> int:
 
 
 class TierStep:
-    """Writes long releases to their retry tier (see the module docstring)."""
+    """Writes long releases to their retry tier.
+
+    A release whose delay is above `errors.retry.tier.threshold.ms` leaves the engine's memory: the
+    consumer engine's ledger archives it with reason RETRY_TIER, the share engine hands it here before it
+    accepts it. This step picks the tier (the smallest that covers the delay, `RetryTiersConfig.tier_for`),
+    builds the write (`FailedRecord` with its `tier` set: due time = now + the tier's delay, the tiers
+    passed) and writes it to the `sink` the adapter chose: the DLQ writer, or (transactional consumer
+    engine) its committer's transaction, so the tier write and the source offset commit are one
+    transaction. A tier write that fails for good stops the sidecar as a failing DLQ write does
+    (`DlqFatalError`): the record is never dropped and its offset is not committed. It owns the tier
+    counters (`Counters.tier_written`). No circuit breaker, no `errors.tolerance`: a tier write is not a
+    dead letter. Must not import either engine, the pipeline, the ledger, or confluent-kafka.
+    """
 
     def __init__(self, config: Config, counters: Counters, fail: Callable[[str], None]) -> None:
         self._config = config

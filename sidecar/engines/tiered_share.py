@@ -1,16 +1,10 @@
 """Retry tiers with `engine: share`: long releases go to a tier, and a consumer-group reader brings them back.
 
-A share group cannot hold a record past its lock, so a long release cannot wait there: the share
-engine writes it to its retry tier (the tier step, `TierWriter`) and then ACCEPTs it on the share
-group (`sidecar.engines.share.tier_write`; a write that fails for good stops the sidecar and the
-record is RELEASEd, never dropped). The tier topics are read back the consumer engine's way: a
-:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` reading only the tier topics, in the
-consumer group ``<group.id>.tiers`` (a consumer group and a share group cannot share a name),
-pausing a tier partition until its head is due and delivering each record as the original.
+Owns `ShareAndTiers`, the one adapter the pipeline sees then (the share engine and a consumer engine
+reading only the tier topics, in the group ``<group.id>.tiers``: told in its docstring), and
+`share_adapter`, which builds it or the share engine alone. The one module that joins both engines.
 
-:class:`ShareAndTiers` is the one adapter the pipeline sees then: both adapters' intake and tasks,
-each answer to the adapter whose delivery it is, and one view of both. :func:`share_adapter` builds
-it (or the share engine alone, without tiers). Must not import the pipeline or confluent-kafka.
+Must not import the pipeline or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -56,7 +50,16 @@ def share_adapter(parts: EngineParts[Any]) -> StateAdapter:
 
 
 class ShareAndTiers:
-    """The share engine and its retry tier reader as one adapter (see the module docstring)."""
+    """The share engine and its retry tier reader as one adapter.
+
+    A share group cannot hold a record past its lock, so a long release cannot wait there: the share
+    engine writes it to its retry tier (the tier step, `TierWriter`) and then ACCEPTs it on the share
+    group (`sidecar.engines.share.tier_write`; a write that fails for good stops the sidecar and the
+    record is RELEASEd, never dropped). The tier topics are read back the consumer engine's way: a
+    :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` reading only the tier topics, in the
+    consumer group ``<group.id>.tiers`` (a consumer group and a share group cannot share a name),
+    pausing a tier partition until its head is due and delivering each record as the original.
+    """
 
     def __init__(self, share: ShareGroupEngine, tiers: ConsumerGroupEngine) -> None:
         self._share = share

@@ -1,44 +1,12 @@
 """The HTTP client that pushes records to the application (docs/app-contract.md), on trio.
 
-This module turns records into requests and responses into answers (the bytes and their meaning
-come from :mod:`sidecar.core.wire`) and opens the connections; the keep-alive pool (TCP loopback
-or a Unix socket), the requests in flight, HTTP/1.1 response framing with httptools and the
-timeouts are :class:`~sidecar.http.exchanges.Exchanges`'. It keeps the split between "could not
-connect" and "sent, then failed" that decides whether a delivery counted as an attempt.
+Owns turning records into requests and responses into answers (the bytes and their meaning come from
+`sidecar.core.wire`), opening the connections, and the split between "could not connect" and "sent,
+then failed" that decides whether a delivery counted as an attempt (`AppClient`'s docstring: errors,
+limits, stale connections). The pool and the requests in flight are `sidecar.http.exchanges.Exchanges`'.
 
-It imports only `sidecar.core` (wire, outcome, errors) and :mod:`sidecar.http.exchanges` /
-:mod:`sidecar.http.limits` of this package; it knows nothing of Kafka, the ledger or the DLQ.
-Limits on an answer: its header block plus chunked trailers at most ``MAX_HEAD_BYTES`` (counted on
-the wire, so endless trailers or an endless header value never grow memory), its body at most
-``max_body_bytes``, chunk framing bounded, and the whole exchange (send included) within the
-request's timeout.
-
-Errors (defined in :mod:`sidecar.http.exchanges`, exported here)::
-
-    AppClientError
-     ├── AppNotReachable     the connection could not be opened (refused, no socket file,
-     │                       connect timeout): the request never left, NOT an attempt
-     └── AppRequestFailed    the request was sent and then failed: an attempt. ``class_name``:
-                             sidecar.AppTimeout         no complete answer within the timeout
-                             sidecar.AppConnectionLost  reset or EOF before a complete answer
-                             sidecar.MalformedResponse  not HTTP/1.x, or over the size caps
-                                                        (head + trailers, body, chunk framing)
-
-Stale keep-alive connections: a server may close an idle connection at any moment. The pool
-drops an idle connection as soon as its EOF arrives; one closed while a request is being sent on
-it is learnt of when that request gets EOF or a reset before any response byte. Such a failure on
-a *reused* connection is retried once on a fresh connection. The request was sent, so the app
-could in principle have acted on it and then died without answering; we accept that rare
-duplicate (delivery is at-least-once anyway) rather than charge an attempt, and possibly a DLQ
-entry, for what is almost always our own stale socket. A failure on a fresh connection, any
-failure after a response byte, and a timeout are never retried here. Idle connections older than
-``idle_timeout_s`` (below common server keep-alive timeouts of 5 s) are closed rather than reused,
-to keep that race rare.
-
-Timeouts: the pool's reader task keeps every request's deadline and wakes for the soonest; a
-request past it fails with ``sidecar.AppTimeout`` and its connection is closed. No cancel scope per
-request: one (and the deadline bookkeeping trio does for it) cost more CPU than the rest of the
-client's per-request work.
+Imports only `sidecar.core` and `sidecar.http.exchanges` / `sidecar.http.limits` of this package;
+knows nothing of Kafka, the ledger or the DLQ.
 """
 
 from __future__ import annotations
@@ -61,12 +29,14 @@ from sidecar.core.wire import (
     format_single_request,
     interpret_batch,
     interpret_single,
+    route_missing,
 )
 from sidecar.http.exchanges import (
     MAX_HEAD_BYTES,
     AppClientError,
     AppNotReachable,
     AppRequestFailed,
+    AppRouteMissing,
     Exchange,
     Exchanges,
     RawResponse,
@@ -82,6 +52,7 @@ __all__ = [
     "AppClientError",
     "AppNotReachable",
     "AppRequestFailed",
+    "AppRouteMissing",
     "AppTarget",
     "RawResponse",
 ]
@@ -122,6 +93,13 @@ class AppTarget:
             return f"unix:{self.unix_path}"
         return f"{self.host}:{self.port}"
 
+    def url(self) -> str:
+        """The URL the requests go to, as a person would write it (a Unix socket: its path first)."""
+        if self.unix_path is not None:
+            return f"http+unix://{self.unix_path}{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{self.path}"
+
 
 def _detach(stream: trio.SocketStream) -> socket.socket:
     """The plain non-blocking socket under a freshly opened trio stream.
@@ -145,6 +123,33 @@ class AppClient:
     ``after_round`` once per wake-up (:class:`~sidecar.http.exchanges.Exchanges`); the caller
     bounds its own concurrency. ``send`` / ``deliver`` / ``deliver_batch`` await one request, at
     most ``max_connections`` at once (waiting for a free slot beyond that).
+
+    Limits on an answer: its header block plus chunked trailers at most ``MAX_HEAD_BYTES`` (counted on
+    the wire, so endless trailers or an endless header value never grow memory), its body at most
+    ``max_body_bytes``, chunk framing bounded, and the whole exchange (send included) within the
+    request's timeout.
+
+    Errors (defined in :mod:`sidecar.http.exchanges`, exported here)::
+
+        AppClientError
+         ├── AppNotReachable     the connection could not be opened (refused, no socket file,
+         │                       connect timeout): the request never left, NOT an attempt
+         └── AppRequestFailed    the request was sent and then failed: an attempt. ``class_name``:
+                                 sidecar.AppTimeout         no complete answer within the timeout
+                                 sidecar.AppConnectionLost  reset or EOF before a complete answer
+                                 sidecar.MalformedResponse  not HTTP/1.x, or over the size caps
+                                                            (head + trailers, body, chunk framing)
+
+    Stale keep-alive connections: a server may close an idle connection at any moment. The pool
+    drops an idle connection as soon as its EOF arrives; one closed while a request is being sent on
+    it is learnt of when that request gets EOF or a reset before any response byte. Such a failure on
+    a *reused* connection is retried once on a fresh connection. The request was sent, so the app
+    could in principle have acted on it and then died without answering; we accept that rare
+    duplicate (delivery is at-least-once anyway) rather than charge an attempt, and possibly a DLQ
+    entry, for what is almost always our own stale socket. A failure on a fresh connection, any
+    failure after a response byte, and a timeout are never retried here. Idle connections older than
+    ``idle_timeout_s`` (below common server keep-alive timeouts of 5 s) are closed rather than reused,
+    to keep that race rare.
     """
 
     def __init__(
@@ -243,11 +248,15 @@ class AppClient:
         self, record: RecordView, timeout_s: float, done: Callable[[Answer | AppNotReachable], None]
     ) -> Exchange:
         """Push one record in single mode; ``done`` gets its answer (a request that was sent and
-        failed is a release carrying the sidecar's error class) or :class:`AppNotReachable`."""
+        failed is a release carrying the sidecar's error class) or :class:`AppNotReachable`
+        (:class:`AppRouteMissing` when the app says it has no such route)."""
         mapping = self._status_mapping
 
         def answered(result: Result) -> None:
             if isinstance(result, RawResponse):
+                if route_missing(result.status, result.headers, result.body, mapping):
+                    done(AppRouteMissing(self.target.url(), result.status))
+                    return
                 done(interpret_single(result.status, result.headers, result.body, mapping))
             elif isinstance(result, AppRequestFailed):
                 done(_failed_answer(result))
@@ -274,6 +283,9 @@ class AppClient:
 
         def answered(result: Result) -> None:
             if isinstance(result, RawResponse):
+                if route_missing(result.status, result.headers, result.body, mapping, batch=True):
+                    done(AppRouteMissing(self.target.url(), result.status))
+                    return
                 done(interpret_batch(result.status, result.headers, result.body, ids, mapping))
             elif isinstance(result, AppRequestFailed):
                 done(dict.fromkeys(ids, _failed_answer(result)))

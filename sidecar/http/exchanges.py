@@ -1,28 +1,11 @@
 """The connections to the app and the requests in flight on them, many per task.
 
-:class:`Exchanges` owns a keep-alive pool of plain non-blocking sockets and every request on
-them. A request starts synchronously in the caller (``start``: a free connection taken, the bytes
-sent with one ``send``); its answer is read by one reader task per trio run, which waits on one
-epoll set of all the pool's sockets (the set's own descriptor is what trio waits on) and, when it
-wakes, reads every connection that has something, completes each request whose response is whole
-(its ``done`` callback, in that task, synchronously) and then calls ``after_round`` once. So a
-request costs no task of its own and no task wake-up to send it; at any rate above a few hundred
-requests per second many answers share a wake-up. A request that needs a new connection waits
-for it in a short task of its own (connects are rare with keep-alive); so does the retry of a
-request whose reused connection turned out stale.
+Owns `Exchanges`: a keep-alive pool of non-blocking sockets, every request on them (started in the
+caller, answered by one reader task over one epoll set: told in its docstring), deadlines and response
+framing (httptools under `sidecar.http.limits`, or `sidecar.core.http_response` for the common form).
 
-Sockets are in the set edge-triggered, from their connect to their close: an answer arriving is
-an edge, and so is an idle connection the app closed (its EOF), which is then dropped from the
-pool at once rather than found stale by the next request. A request's deadline covers its send
-and its answer (from the moment it has a connection) and is kept by the reader, which wakes for
-the soonest one; a connection whose request timed out is closed.
-
-Response framing is httptools' (content-length, chunked, EOF-delimited bodies, interim 1xx
-responses skipped) under the byte budgets of :mod:`sidecar.http.limits`; a response that is
-whole in its first read and of the narrow common form is taken by
-:func:`sidecar.core.http_response.simple_response` without a parser of its own. It knows nothing of
-records or answers' meaning: :mod:`sidecar.http.appclient` formats requests and interprets
-responses; this module imports only ``sidecar.core`` and :mod:`sidecar.http.limits`.
+Knows nothing of what answers mean (`sidecar.http.appclient` does); imports only ``sidecar.core`` and
+`sidecar.http.limits`.
 """
 
 from __future__ import annotations
@@ -48,6 +31,7 @@ __all__ = [
     "AppClientError",
     "AppNotReachable",
     "AppRequestFailed",
+    "AppRouteMissing",
     "Exchange",
     "Exchanges",
     "RawResponse",
@@ -70,6 +54,17 @@ class AppClientError(SidecarError):
 
 class AppNotReachable(AppClientError):
     """The connection to the app could not be opened; the request was not sent."""
+
+
+class AppRouteMissing(AppNotReachable):
+    """The app answered that it has no such route (404, 405 or 415 with no JSON answer, or a
+    status mapped to ``route-missing``): the configured URL is wrong, and the record was not
+    taken, so this is no attempt either."""
+
+    def __init__(self, url: str, status: int) -> None:
+        super().__init__(f"{url} answers HTTP {status}: the app has no such route")
+        self.url = url
+        self.status = status
 
 
 class AppRequestFailed(AppClientError):
@@ -217,12 +212,41 @@ def _raise(exc: BaseException) -> None:
 
 
 class Exchanges:
-    """The pool and the requests in flight (see the module docstring); one per app client.
+    """The pool and the requests in flight; one per app client.
 
     ``connect`` opens a new connection (raising :class:`AppNotReachable`); ``after_round`` is
     called after each reader wake-up that completed a request; ``on_error`` gets an exception a
     ``done`` callback raised (by default it is raised in the reader, which ends the trio run).
     Both are given by whoever builds the pool (the app client's caller).
+
+    Timeouts: the pool's reader task keeps every request's deadline and wakes for the soonest; a
+    request past it fails with ``sidecar.AppTimeout`` and its connection is closed. No cancel scope per
+    request: one (and the deadline bookkeeping trio does for it) cost more CPU than the rest of the
+    client's per-request work.
+
+    :class:`Exchanges` owns a keep-alive pool of plain non-blocking sockets and every request on
+    them. A request starts synchronously in the caller (``start``: a free connection taken, the bytes
+    sent with one ``send``); its answer is read by one reader task per trio run, which waits on one
+    epoll set of all the pool's sockets (the set's own descriptor is what trio waits on) and, when it
+    wakes, reads every connection that has something, completes each request whose response is whole
+    (its ``done`` callback, in that task, synchronously) and then calls ``after_round`` once. So a
+    request costs no task of its own and no task wake-up to send it; at any rate above a few hundred
+    requests per second many answers share a wake-up. A request that needs a new connection waits
+    for it in a short task of its own (connects are rare with keep-alive); so does the retry of a
+    request whose reused connection turned out stale.
+
+    Sockets are in the set edge-triggered, from their connect to their close: an answer arriving is
+    an edge, and so is an idle connection the app closed (its EOF), which is then dropped from the
+    pool at once rather than found stale by the next request. A request's deadline covers its send
+    and its answer (from the moment it has a connection) and is kept by the reader, which wakes for
+    the soonest one; a connection whose request timed out is closed.
+
+    Response framing is httptools' (content-length, chunked, EOF-delimited bodies, interim 1xx
+    responses skipped) under the byte budgets of :mod:`sidecar.http.limits`; a response that is
+    whole in its first read and of the narrow common form is taken by
+    :func:`sidecar.core.http_response.simple_response` without a parser of its own. It knows nothing of
+    records or answers' meaning: :mod:`sidecar.http.appclient` formats requests and interprets
+    responses; this module imports only ``sidecar.core`` and :mod:`sidecar.http.limits`.
     """
 
     def __init__(

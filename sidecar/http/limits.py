@@ -1,25 +1,10 @@
 """Byte budgets for HTTP/1.1 header blocks, trailers and chunk framing, over httptools (llhttp).
 
-Shared by the server (:mod:`sidecar.http.server`) and the app client (:mod:`sidecar.http.appclient`).
-Sans-IO: no sockets, no clock. It must not import other ``sidecar`` modules.
+Owns `MeteredCollector`, which counts the bytes fed to the parser per phase of the message (why
+and how: its docstring), and `LimitExceeded`. Shared by `sidecar.http.server` and
+`sidecar.http.appclient`.
 
-Why limits cannot be checked in the header callbacks alone: httptools hands a header name or
-value over only once it is complete and buffers the pieces until then, and it reports chunked
-*trailers* through the same callbacks as headers. One endless header value, or endless trailers,
-would grow memory without ever reaching a callback. So the bytes fed to the parser are counted,
-per phase of the message the parser is in::
-
-    IDLE         between messages (stray CRLFs count towards the next message's head)
-    HEAD         from a message's first byte until its header block is complete
-    BODY         body bytes (the caller counts them against its own body limit)
-    FRAMING      chunk-size lines and the CRLF after each chunk's data
-    CHUNK_START  right after a chunk-size line: the last (zero-size) chunk's trailers follow here
-
-A message's head and its trailers share one budget, ``max_head_bytes``; chunk framing may take
-:data:`CHUNK_FRAMING_BYTES` per chunk. Outside a body, data is fed in slices of at most
-:data:`SLICE_BYTES`, so a phase change (or the boundary between pipelined messages) inside one
-slice over-counts a message by less than a slice and never under-counts it; a content-length
-body is fed whole, up to its last byte, so the next pipelined message starts a fresh slice.
+Sans-IO: no sockets, no clock. Must not import other ``sidecar`` modules.
 """
 
 from __future__ import annotations
@@ -58,6 +43,24 @@ class MeteredCollector:
     and the rest is dropped (the caller answers or gives up). Subclasses that define a callback
     call this class's version first (``super().on_body(b)``). Feed data through :meth:`feed`,
     never through the parser directly.
+
+    Why limits cannot be checked in the header callbacks alone: httptools hands a header name or
+    value over only once it is complete and buffers the pieces until then, and it reports chunked
+    *trailers* through the same callbacks as headers. One endless header value, or endless trailers,
+    would grow memory without ever reaching a callback. So the bytes fed to the parser are counted,
+    per phase of the message the parser is in::
+
+        IDLE         between messages (stray CRLFs count towards the next message's head)
+        HEAD         from a message's first byte until its header block is complete
+        BODY         body bytes (the caller counts them against its own body limit)
+        FRAMING      chunk-size lines and the CRLF after each chunk's data
+        CHUNK_START  right after a chunk-size line: the last (zero-size) chunk's trailers follow here
+
+    A message's head and its trailers share one budget, ``max_head_bytes``; chunk framing may take
+    :data:`CHUNK_FRAMING_BYTES` per chunk. Outside a body, data is fed in slices of at most
+    :data:`SLICE_BYTES`, so a phase change (or the boundary between pipelined messages) inside one
+    slice over-counts a message by less than a slice and never under-counts it; a content-length
+    body is fed whole, up to its last byte, so the next pipelined message starts a fresh slice.
     """
 
     __slots__ = (

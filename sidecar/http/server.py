@@ -1,71 +1,12 @@
 """A small HTTP/1.1 server on trio, for the sidecar's local API and for test and example apps.
 
-This module owns HTTP/1.1 framing on the server side: request parsing with httptools (llhttp),
-keep-alive, content-length and chunked request bodies, ``Expect: 100-continue``, 400 on garbage,
-and listening on TCP or on a Unix socket (removing a stale socket file first). It knows nothing of
-Kafka, acks or the wire contract: handlers get a :class:`Request` and return a :class:`Response`.
+Owns HTTP/1.1 framing on the server side (httptools), keep-alive, request bodies, TCP and Unix
+listeners, TLS, and its hard limits (drawn in `Limits`' docstring; the listener's use in
+`serve_http`'s). Knows nothing of Kafka, acks or the wire contract: handlers get a `Request` and
+return a `Response`.
 
-Every limit is hard (docs/security.md), set by :class:`Limits`, answered with a clear status or a close,
-counted in :class:`ServerStats` and logged: refusals at most once a second per reason, cuts (a
-connection the server closes on its own) at most once per peer per 10 s::
-
-    413  body over ``max_request_bytes``
-    431  header block plus chunked trailers over ``max_header_bytes`` (bytes on the wire,
-         :mod:`sidecar.http.limits`: an endless header value or trailer never grows memory)
-    --   no byte of a request within ``idle_timeout_s`` of connecting, or within
-         ``keep_alive_timeout_s`` of the last answer: closed (cut ``idle``, or
-         ``keep_alive_idle``, counted only; answers say ``Keep-Alive: timeout=N``)
-    408  a header block not complete within ``header_timeout_s`` of the request's first byte
-         (cut ``header_timeout``)
-    408  a body slower than ``body_min_rate_bytes_per_s`` after ``body_timeout_s``: cut when
-         ``body_timeout_s`` plus one second per ``body_min_rate_bytes_per_s`` bytes received have
-         passed since the header block (cut ``body_too_slow``, Apache's mod_reqtimeout rule)
-    408  a whole request (header block and body) not in within ``request_timeout_s`` of its
-         first byte, however fast it trickles (cut ``request_timeout``)
-    --   a response the client does not read within ``send_timeout_s``: dropped (cut
-         ``send_timeout``)
-    --   a new connection when its peer holds ``max_connections_per_peer`` or the listener
-         ``max_connections``: the connection of that peer, or of the listener, that has gone
-         longest without a request answered (idle or reading) is closed to make room (cut
-         ``evicted``; :mod:`sidecar.http.room`)
-    503  a new connection when every open one is busy being answered: answered and closed
-    500  a handler that raised, or returned a response that cannot be written (a header that is
-         not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
-         only broad ``except``; the connection and the server go on
-
-An idle connection waits for its first byte in one epoll set and deadline heap per listener
-(:class:`sidecar.http.sockets.IdleWatch`), not in trio's own, which every turn of trio's loop and
-every cancel scope of the delivery path would pay for.
-An open connection costs a task, a parser and a socket (measured: about 10 KiB each, see
-``tests/integration/test_listener_floods.py``) plus what it has sent of its current request, at
-most ``max_header_bytes`` and ``max_request_bytes``; the room bounds how many there are.
-
-A handler that waits (a long poll) may ask to be cancelled when its client goes:
-:meth:`Request.watch_peer` runs the wait while this module reads the connection on its behalf.
-EOF or a reset on the read side cancels the wait and raises :class:`PeerClosed` (the connection is
-closed, nothing is written); bytes that arrive meanwhile (the next pipelined request: HTTP/1.1
-lets a client send it before the answer) are kept for the connection loop, in order, and never
-cancel anything. A client that half-closes its side after a request is taken for gone, as Go's
-net/http does. Other handlers are not watched: a request answered at once is answered even to a
-client that has already shut its side.
-
-Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
-they are not merged into the headers).
-
-It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.room` and
-:mod:`sidecar.http.sockets` (listening, accepting, idle waits) from this package;
-``sidecar.service.api`` and the test and example apps build on it.
-
-TLS (``tls``: a callable giving the ``ssl.SSLContext`` for each new connection, so a rotated certificate
-is picked up): each accepted connection is wrapped in a ``trio.SSLStream`` before anything is read, and
-every limit above applies to it as to plain HTTP; the handshake counts against ``idle_timeout_s`` (it is
-what the connection sends first), and a failed handshake closes the connection like a reset.
-
-Usage::
-
-    port = await nursery.start(serve_http, handler, ("tcp", "127.0.0.1", 0))
-    path = await nursery.start(serve_http, handler, ("unix", "/run/app.sock"))
-    port = await nursery.start(functools.partial(serve_http, tls=lambda: context), handler, listen)
+Imports only `sidecar.http.limits`, `sidecar.http.seating` and `sidecar.http.sockets` from this
+package; ``sidecar.service.api`` and the test and example apps build on it.
 """
 
 from __future__ import annotations
@@ -88,7 +29,7 @@ import trio
 
 from sidecar.core.errors import SidecarError
 from sidecar.http.limits import LimitExceeded, MeteredCollector
-from sidecar.http.room import Room, Seat, SeatState
+from sidecar.http.seating import Seat, Seating, SeatState
 from sidecar.http.sockets import IdleWatch, accept_loop, open_unix_listener, peer_of
 
 __all__ = [
@@ -129,7 +70,39 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """The server's hard limits (see the module docstring for what each one answers)."""
+    """The server's hard limits.
+
+    Every limit is hard (docs/security.md), set by :class:`Limits`, answered with a clear status or a close,
+    counted in :class:`ServerStats` and logged: refusals at most once a second per reason, cuts (a
+    connection the server closes on its own) at most once per peer per 10 s::
+
+        413  body over ``max_request_bytes``
+        431  header block plus chunked trailers over ``max_header_bytes`` (bytes on the wire,
+             :mod:`sidecar.http.limits`: an endless header value or trailer never grows memory)
+        --   no byte of a request within ``idle_timeout_s`` of connecting, or within
+             ``keep_alive_timeout_s`` of the last answer: closed (cut ``idle``, or
+             ``keep_alive_idle``, counted only; answers say ``Keep-Alive: timeout=N``)
+        408  a header block not complete within ``header_timeout_s`` of the request's first byte
+             (cut ``header_timeout``)
+        408  a body slower than ``body_min_rate_bytes_per_s`` after ``body_timeout_s``: cut when
+             ``body_timeout_s`` plus one second per ``body_min_rate_bytes_per_s`` bytes received have
+             passed since the header block (cut ``body_too_slow``, Apache's mod_reqtimeout rule)
+        408  a whole request (header block and body) not in within ``request_timeout_s`` of its
+             first byte, however fast it trickles (cut ``request_timeout``)
+        --   a response the client does not read within ``send_timeout_s``: dropped (cut
+             ``send_timeout``)
+        --   a new connection when its peer holds ``max_connections_per_peer`` or the listener
+             ``max_connections``: the connection of that peer, or of the listener, that has gone
+             longest without a request answered (idle or reading) is closed to make room (cut
+             ``evicted``; :mod:`sidecar.http.seating`)
+        503  a new connection when every open one is busy being answered: answered and closed
+        500  a handler that raised, or returned a response that cannot be written (a header that is
+             not latin-1 or carries CR/LF): the per-request dispatch (``_respond``), this module's
+             only broad ``except``; the connection and the server go on
+    It imports only :mod:`sidecar.http.limits`, :mod:`sidecar.http.seating` and
+    :mod:`sidecar.http.sockets` (listening, accepting, idle waits) from this package;
+    ``sidecar.service.api`` and the test and example apps build on it.
+    """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_header_bytes: int = MAX_HEADER_BYTES
@@ -327,6 +300,18 @@ class Request:
         next request do not cancel it. Outside the server (a Request built by hand) or once the
         handler returned, it only awaits ``wait``. A ``wait`` that returned just as the client
         went returns its value: the response is then written into the closed connection.
+
+        A handler that waits (a long poll) may ask to be cancelled when its client goes:
+        :meth:`Request.watch_peer` runs the wait while this module reads the connection on its behalf.
+        EOF or a reset on the read side cancels the wait and raises :class:`PeerClosed` (the connection is
+        closed, nothing is written); bytes that arrive meanwhile (the next pipelined request: HTTP/1.1
+        lets a client send it before the answer) are kept for the connection loop, in order, and never
+        cancel anything. A client that half-closes its side after a request is taken for gone, as Go's
+        net/http does. Other handlers are not watched: a request answered at once is answered even to a
+        client that has already shut its side.
+
+        Chunked trailers count against the header budget and are otherwise dropped (RFC 9110 §6.5:
+        they are not merged into the headers).
         """
         peer = self._peer
         if peer is None or not peer.handling:
@@ -531,7 +516,7 @@ async def _serve_connection(
     limits: Limits,
     stats: ServerStats,
     via_unix: bool,
-    room: Room,
+    room: Seating,
     seat: Seat,
     idle: IdleWatch,
 ) -> None:
@@ -540,7 +525,7 @@ async def _serve_connection(
     parser = httptools.HttpRequestParser(collector)
     collector.parser = parser
     # The clocks of the request being read (None between requests): its first byte, and the
-    # end of its header block. A request is cut at the first of its deadlines (module docstring).
+    # end of its header block. A request is cut at the first of its deadlines (`Limits`).
     request_start: float | None = None
     body_start: float | None = None
     waiting_since = trio.current_time()
@@ -704,6 +689,24 @@ async def serve_http(
     Reports the bound port (TCP; useful with port 0) or the socket path (Unix) through
     ``task_status`` once it accepts connections. On cancel, connections are closed and a Unix
     socket file this call created is removed.
+
+    An idle connection waits for its first byte in one epoll set and deadline heap per listener
+    (:class:`sidecar.http.sockets.IdleWatch`), not in trio's own, which every turn of trio's loop and
+    every cancel scope of the delivery path would pay for.
+    An open connection costs a task, a parser and a socket (see
+    ``tests/integration/test_listener_floods.py``) plus what it has sent of its current request, at
+    most ``max_header_bytes`` and ``max_request_bytes``; the room bounds how many there are.
+
+    TLS (``tls``: a callable giving the ``ssl.SSLContext`` for each new connection, so a rotated certificate
+    is picked up): each accepted connection is wrapped in a ``trio.SSLStream`` before anything is read, and
+    every limit above applies to it as to plain HTTP; the handshake counts against ``idle_timeout_s`` (it is
+    what the connection sends first), and a failed handshake closes the connection like a reset.
+
+    Usage::
+
+        port = await nursery.start(serve_http, handler, ("tcp", "127.0.0.1", 0))
+        path = await nursery.start(serve_http, handler, ("unix", "/run/app.sock"))
+        port = await nursery.start(functools.partial(serve_http, tls=lambda: context), handler, listen)
     """
     limits = limits or Limits()
     overrides: dict[str, float] = {}
@@ -730,7 +733,7 @@ async def serve_http(
     inode = os.stat(unix_path).st_ino if unix_path is not None else None
     via_unix = unix_path is not None
 
-    room = Room(limits.max_connections, limits.max_connections_per_peer)
+    room = Seating(limits.max_connections, limits.max_connections_per_peer)
     scopes: dict[Seat, trio.CancelScope] = {}
     idle = IdleWatch()
 

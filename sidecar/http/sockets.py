@@ -3,7 +3,7 @@
 Owns what :mod:`sidecar.http.server` does with sockets below HTTP: opening a Unix-socket listener
 (removing a stale socket file first), accepting connections in bursts, telling whose connection
 it is (the peer), and waiting for an idle connection's first byte outside trio's own epoll set
-(:class:`IdleWatch`). Knows nothing of HTTP. Imports :mod:`sidecar.http.room` only.
+(:class:`IdleWatch`). Knows nothing of HTTP. Imports :mod:`sidecar.http.seating` only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from sidecar.http.room import UNIX_PEER
+from sidecar.http.seating import UNIX_PEER
 
 __all__ = ["IdleWatch", "accept_loop", "open_unix_listener", "peer_of"]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
+from sidecar.config.suggest import closest
 from sidecar.core.budget import split_budget
 from sidecar.kafka.errors import kafka_error
 from sidecar.kafka.logsummary import connection_problem, librdkafka_logger
@@ -143,8 +144,9 @@ __all__ = [
 
 def missing_topics_sync(
     kafka: Mapping[str, Any], topics: Sequence[str], timeout_s: float = 10.0
-) -> list[str] | None:
-    """Which of `topics` the cluster does not have (blocking); None when it did not answer.
+) -> dict[str, str | None] | None:
+    """Which of `topics` the cluster does not have (blocking), each with the cluster's topic it
+    most likely misspells (None: none is close); None when the cluster did not answer.
 
     Asked with the sidecar's client settings, like `check_cluster_sync`; a topic the metadata
     answer lists with an error other than "unknown topic" (e.g. not authorised) counts as present:
@@ -157,12 +159,17 @@ def missing_topics_sync(
         return None
     finally:
         consumer.close()
-    missing = []
+    missing: dict[str, str | None] = {}
+    existing = [
+        name
+        for name, found in metadata.topics.items()
+        if found.error is None and not name.startswith("__")  # not Kafka's internal topics
+    ]
     for topic in topics:
         found = metadata.topics.get(topic)
         unknown = found is None or (
             found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
         )
         if unknown:
-            missing.append(topic)
+            missing[topic] = closest(topic, existing, typos_only=True)
     return missing

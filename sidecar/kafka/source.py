@@ -1,13 +1,12 @@
 """The Kafka source: a confluent-kafka consumer driven from trio.
 
-Owns the consumer handle: subscribe, the poll loop, commits with metadata, pause/resume and close.
-librdkafka calls block, so they run on a poll thread of the source's own; it hands record batches over to
-trio without waiting for each (`_poll_thread`): what one poll returns crosses in one hand-over and at most
-one wake-up of trio, whose callback gives it to the listener at once (`_take_handed`, no task of its own in
-between). The rebalance callbacks fire inside `poll()` on that thread and are brought back into trio with
-`trio.from_thread.run` after the batches handed over before them, so the engine sees assignment changes
-in order with everything else. Must not import the ledger or the HTTP modules: it hands raw messages and
-partition events to a `SourceListener`.
+Owns the consumer handle: subscribe, the intake loop, commits with metadata, pause/resume and close.
+Where `queue_signal` can have the consumer queue's wake-up, trio's thread waits on it and takes the
+records itself (`_signal_loop`: `consume(n, 0)`, no other thread); rebalance callbacks then fire on trio's
+thread and call the listener's synchronous hooks. Otherwise a poll thread of the source's own polls and
+hands batches to trio without waiting for each (`_poll_thread`, `_take_handed`); its rebalance callbacks
+come back into trio with `trio.from_thread.run` after the batches handed over before them. Must not import
+the ledger or the HTTP modules: it hands raw messages and partition events to a `SourceListener`.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
 import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -34,19 +32,35 @@ from sidecar.kafka.consumer_config import (
 from sidecar.kafka.errors import kafka_error
 from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.message import records_of
+from sidecar.kafka.queue_signal import QueueSignal, queue_signal
+from sidecar.kafka.source_port import (
+    OFFSET_INVALID,
+    AssignedPartition,
+    CommitKey,
+    OffsetToCommit,
+    PollEnd,
+    SourceListener,
+    commit_key,
+    names,
+    read_committed,
+    read_lag,
+    reset_offset,
+    to_tps,
+    values_bytes,
+)
 
 log = logging.getLogger("sidecar.source")
-
-# Offsets librdkafka uses for "no committed offset".
-OFFSET_INVALID = -1001
-OFFSET_BEGINNING = -2
-OFFSET_END = -1
 
 # How long a commit may take before the caller gives up on it. librdkafka defers a commit while it
 # has no group coordinator and retries it without a time limit (librdkafka #3740, #3847); a caller
 # that waited for it would stall every hand-out behind it. A commit given up on may still land later,
 # in order with the ones after it: its state is older, never ahead of what is done.
 COMMIT_TIMEOUT_S = 15.0
+# The client.id the consumer gets unless the configuration names one (the queue signal's check reads it
+# back from librdkafka's handle name).
+DEFAULT_CLIENT_ID = "dlq-sidecar"
+# How long reading the committed offsets at an assignment may hold trio's thread (wake-up path).
+ASSIGN_READ_ON_TRIO_S = 5.0
 # How long closing the consumer (final revoke commit, leaving the group) may take at shutdown.
 CLOSE_TIMEOUT_S = 10.0
 
@@ -55,42 +69,6 @@ CLOSE_TIMEOUT_S = 10.0
 # the thread after each one; otherwise at most one batch (plus this) is outside librdkafka's queue
 # and the ledgers, which the byte budget bounds, as when the thread waited for every batch.
 HANDED_OVER_MAX_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class AssignedPartition:
-    topic: str
-    partition: int
-    committed_offset: int | None  # None when the group has no committed offset for it
-    metadata: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetToCommit:
-    topic: str
-    partition: int
-    offset: int
-    metadata: str
-
-
-class SourceListener(Protocol):
-    async def on_assigned(self, partitions: Sequence[AssignedPartition]) -> None: ...
-
-    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
-        """Fence the partitions and return their final state to commit (before they leave)."""
-        ...
-
-    async def on_lost(self, partitions: Sequence[tuple[str, int]]) -> None: ...
-
-    def on_messages(self, messages: Sequence[Message]) -> None:
-        """Take a batch, synchronously (called from trio's thread, straight from the poll
-        thread's wake-up, so a batch costs no task switch). Must not block; an exception ends the
-        poll loop with it, as it would end any task."""
-        ...
-
-    def messages_taken(self) -> None:
-        """The batches of one wake-up are all taken (after their `on_messages`): act on them."""
-        ...
 
 
 class SourceError(KafkaClientError):
@@ -105,15 +83,6 @@ class CommitTimeout(CommitFailed):
 # or confluent-kafka's RuntimeError for a handle already closed. Anything else is a bug and is not
 # caught on the poll thread.
 _CONSUMER_CALL_ERRORS = (KafkaException, RuntimeError)
-
-
-# A commit's identity: what it commits. Two commits of the same offsets and metadata are
-# interchangeable, so a result can go to either of their callers.
-CommitKey = tuple[tuple[str, int, int, str], ...]
-
-
-def _commit_key(tps: Sequence[TopicPartition]) -> CommitKey:
-    return tuple(sorted((tp.topic, tp.partition, tp.offset, tp.metadata or "") for tp in tps))
 
 
 class KafkaSource:
@@ -160,7 +129,7 @@ class KafkaSource:
         self._handed_full = False
         # A wake-up of trio is queued that will take what is handed over (no second one needed).
         self._take_queued = False
-        self._poll_end: _PollEnd | None = None  # the thread's end, once handed over
+        self._poll_end: PollEnd | None = None  # the thread's end, once handed over
         self._intake_error: BaseException | None = None  # what the listener raised
         self._poll_ended = trio.Event()  # an end or an intake error for the poll loop
         self._thread_stop = False  # trio left the poll loop (cancelled): the thread ends too
@@ -185,7 +154,15 @@ class KafkaSource:
         ) == "consumer" or "cooperative" in str(
             self._props.get("partition.assignment.strategy", "")
         )
-        self._reset_offset = _reset_offset(str(self._props.get("auto.offset.reset", "largest")))
+        self._reset_offset = reset_offset(str(self._props.get("auto.offset.reset", "largest")))
+        self._props.setdefault("client.id", DEFAULT_CLIENT_ID)
+        # The wake-up path (`_signal_loop`): its signal, trio's thread, the wait it may cut short.
+        self._signal: QueueSignal | None = None
+        self._trio_thread: int | None = None
+        self._signal_wait: trio.CancelScope | None = None
+        self._rebalanced = False  # a rebalance callback ran inside the current consume()
+        # How records come in: "queue-signal" or "poll-thread" (once `run()` has decided).
+        self.intake: str | None = None
 
     @property
     def consumer(self) -> Consumer:
@@ -230,9 +207,13 @@ class KafkaSource:
 
     # -- rebalance callbacks: run on the poll thread, inside consume() -------------------------
 
+    def _on_trio_thread(self) -> bool:
+        return self._trio_thread is not None and threading.get_ident() == self._trio_thread
+
     def _cb_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
-            committed = self._read_committed(consumer, partitions)
+            wait = ASSIGN_READ_ON_TRIO_S if self._on_trio_thread() else 30.0
+            committed = self._read_committed(consumer, partitions, wait)
             read = True
         except KafkaException as exc:
             # Without the committed state we cannot know what is done; librdkafka reads the
@@ -271,63 +252,58 @@ class KafkaSource:
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
         self._group_metadata = consumer.consumer_group_metadata()
-        self._to_trio(self._listener.on_assigned, assigned)
-        log.info("assigned %s", _names(partitions))
+        self._listen(self._listener.on_assigned, assigned)
+        log.info("assigned %s", names(partitions))
 
-    @staticmethod
-    def _read_committed(
-        consumer: Consumer, partitions: list[TopicPartition]
-    ) -> list[TopicPartition]:
-        """The group's committed offsets and metadata, retried while the coordinator moves or loads
-        (a broker that was away answers NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS a while)."""
-        if not partitions:
-            return []
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                result = list(consumer.committed(partitions, timeout=10))
-                bad = next((tp.error for tp in result if tp.error is not None), None)
-                if bad is not None:
-                    # A partition's offset unknown (UNSTABLE_OFFSET_COMMIT while a transaction
-                    # holds it, ...) is not "no committed offset": never start it at the reset.
-                    raise KafkaException(bad)
-                return result
-            except KafkaException as exc:
-                err = kafka_error(exc)
-                retriable = err.retriable() or err.code() in (
-                    KafkaError.NOT_COORDINATOR,
-                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                    KafkaError.COORDINATOR_NOT_AVAILABLE,
-                    KafkaError.UNSTABLE_OFFSET_COMMIT,
-                    KafkaError._TIMED_OUT,
-                    KafkaError._WAIT_COORD,
-                )
-                if not retriable or time.monotonic() + 1 > deadline:
-                    raise
-                log.info("reading committed offsets: %s; retrying", exc)
-                time.sleep(0.5)
+    # Reading the committed offsets at an assignment (a module function: tests call it alone).
+    _read_committed = staticmethod(read_committed)
 
     def _cb_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
-        offsets = self._to_trio(self._listener.on_revoked, keys)
+        on_trio = self._on_trio_thread()
+        if on_trio:
+            self._rebalanced = True
+            offsets = self._listener.revoked_now(keys)
+        else:
+            offsets = self._to_trio(self._listener.on_revoked, keys)
         if offsets:
             try:
-                consumer.commit(offsets=_to_tps(offsets), asynchronous=False)
+                # On trio's thread the commit is not waited for (a lost coordinator would hold
+                # every task): librdkafka sends it before the partitions leave.
+                if on_trio:
+                    consumer.commit(offsets=to_tps(offsets), asynchronous=True)
+                else:
+                    consumer.commit(offsets=to_tps(offsets), asynchronous=False)
             except KafkaException as exc:
                 # The next owner re-reads from the last successful commit: redelivery, never loss.
                 log.warning("commit on revoke failed: %s", exc)
         for key in keys:
             self.assigned.discard(key)
             self.paused.discard(key)
-        log.info("revoked %s", _names(partitions))
+        log.info("revoked %s", names(partitions))
 
     def _cb_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
-        self._to_trio(self._listener.on_lost, keys)
+        self._listen(self._listener.on_lost, keys)
         for key in keys:
             self.assigned.discard(key)
             self.paused.discard(key)
-        log.warning("lost %s (no commit possible)", _names(partitions))
+        log.warning("lost %s (no commit possible)", names(partitions))
+
+    def _listen(self, fn: Callable[[Any], Coroutine[Any, Any, None]], arg: Any) -> None:
+        """A listener's assignment hook: into trio from the poll thread or a worker; on trio's
+        own thread (the wake-up path) run at once: `on_assigned` and `on_lost` never wait."""
+        if not self._on_trio_thread():
+            self._to_trio(fn, arg)
+            return
+        self._rebalanced = True
+        coro = fn(arg)
+        try:
+            coro.send(None)
+        except StopIteration:
+            return
+        coro.close()
+        raise RuntimeError(f"{fn.__name__} waited inside a rebalance on trio's thread")
 
     def _to_trio(self, fn: Any, arg: Any) -> Any:
         if self._closed and self._token is None:
@@ -340,12 +316,67 @@ class KafkaSource:
     # -- the poll loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Poll until `stop_polling()`; hands every message batch to the listener, in order."""
+        """Take records until `stop_polling()`; hands every batch to the listener, in order.
+
+        Through the consumer queue's signal on trio's thread where `queue_signal` allows it, else
+        through the poll thread (said once in the log, with the reason)."""
         consumer = self.consumer
         try:
-            await self._poll_loop(consumer)
+            signal = queue_signal(consumer, str(self._props["client.id"]))
+            if isinstance(signal, str):
+                if self.intake is None:
+                    log.info("consumer records through a poll thread: %s", signal)
+                self.intake = "poll-thread"
+                await self._poll_loop(consumer)
+            else:
+                self.intake = "queue-signal"
+                await self._signal_loop(consumer, signal)
         finally:
             self._stopped.set()
+
+    async def _signal_loop(self, consumer: Consumer, signal: QueueSignal) -> None:
+        """Trio's thread takes the records: wait for the queue's signal, drain the queue, hand what
+        came to the listener, in this task. librdkafka signals only when the queue goes from empty
+        to not empty, so the loop waits only after a `consume` that left it empty. Commits are
+        asynchronous (results come through the queue); pause and resume do not block."""
+        self._signal = signal
+        self._trio_thread = threading.get_ident()
+        self._thread_exiting = False
+        try:
+            while not self._may_exit():
+                now = time.monotonic()
+                if now >= self._next_lag_refresh:
+                    self._refresh_lag(consumer)
+                    self._next_lag_refresh = now + 1.0
+                signal.clear()
+                self._rebalanced = False
+                messages = consumer.consume(self._batch_size, 0)
+                if messages:
+                    self._broker_usable()
+                    good = self._good_messages(messages)
+                    if self._rebalanced:
+                        # A revoke served inside this consume came before these reached us.
+                        good = [m for m in good if (m.topic(), m.partition()) in self.assigned]
+                    if good:
+                        self._listener.on_messages(good)
+                        self._listener.messages_taken()
+                if len(messages) >= self._batch_size:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                with trio.CancelScope(
+                    deadline=trio.current_time() + max(0.0, self._next_lag_refresh - now)
+                ) as self._signal_wait:
+                    try:
+                        await trio.lowlevel.wait_readable(signal.fd)
+                    except trio.ClosedResourceError:
+                        return  # close() came first (a stop that did not wait for this loop)
+        finally:
+            self._signal_wait = None
+            with self._commit_waiters_lock:
+                self._thread_exiting = True
+            self._trio_thread = None
+            self._signal = None
+            signal.close()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -445,7 +476,7 @@ class KafkaSource:
         the batches. After `stop_polling()` the thread goes on serving callbacks until the commits
         issued so far have their results (only a poll delivers them).
         """
-        end = _PollEnd(None)
+        end = PollEnd(None)
         try:
             while not self._thread_stop and not self._may_exit():
                 with self._handed_cond:
@@ -461,19 +492,18 @@ class KafkaSource:
                 self._broker_usable()
                 good = self._good_messages(messages)
                 if good:
-                    self._hand_over(token, good, _values_bytes(good))
+                    self._hand_over(token, good, values_bytes(good))
         # Not handled here: trio's poll loop raises it, as it would from a to_thread call.
         except BaseException as exc:
-            end = _PollEnd(exc)
+            end = PollEnd(exc)
         with self._commit_waiters_lock:
             self._thread_exiting = True
         self._hand_over(token, end, 0)
 
     def _may_exit(self) -> bool:
-        """After `stop_polling()`: the thread ends once no commit waits for its result (only a
+        """After `stop_polling()`: the intake ends once no commit waits for its result (only a
         poll serves the callback). Decided under the waiters' lock, so a commit issued from then on
-        sees `_thread_exiting` and commits synchronously instead of waiting for a poll that never
-        comes (a final commit used to time out after 15 s about one stop in two)."""
+        sees `_thread_exiting` and commits synchronously (else a final commit could time out)."""
         if not self._stop_polling:
             return False
         with self._commit_waiters_lock:
@@ -483,7 +513,7 @@ class KafkaSource:
             return True
 
     def _hand_over(
-        self, token: trio.lowlevel.TrioToken, item: list[Message] | _PollEnd, size: int
+        self, token: trio.lowlevel.TrioToken, item: list[Message] | PollEnd, size: int
     ) -> None:
         """One poll's records (or the thread's end) to trio: one append, and one wake-up unless
         one is queued already (at saturation many polls share a wake-up)."""
@@ -511,19 +541,11 @@ class KafkaSource:
 
     def _poll_step(self, consumer: Consumer) -> list[Message]:
         """The poll thread's work until there is something for trio: records, a stop, or the
-        results of queued consumer calls.
-
-        Every call on the consumer handle happens here, on one thread. confluent-kafka serialises
-        calls on a handle, and a commit issued from another thread while consume() loops would wait
-        for consume() to let go — several poll timeouts, or much longer. Queued calls instead wait at
-        most one poll timeout (`poll_timeout_s`, 100 ms). That is off the records' path: commit
-        results come back through librdkafka's callback, served inside the blocking poll, and the
-        horizon commits run half a window ahead of the hand-outs. Only while a caller has records
-        waiting on each commit (`mark_busy`: an isolation pass, or write-ahead commits) is the
-        timeout kept at 1 ms.
-
-        An empty poll does not end the step: the thread loops here, so an idle sidecar costs a wake
-        of this thread per poll timeout and nothing in the trio thread.
+        results of queued consumer calls. Every call on the handle happens on this thread (a call
+        from another would wait for consume() to let go); queued calls wait at most one poll
+        timeout (100 ms), 1 ms while records wait on each commit (`mark_busy`). Commit results
+        come through librdkafka's callback inside the poll. An idle sidecar costs a wake of this
+        thread per poll timeout and nothing in trio's thread.
         """
         while True:
             self._run_commands(consumer)
@@ -561,7 +583,10 @@ class KafkaSource:
                 done(result, error)
 
     async def _call(self, fn: Callable[[Consumer], Any]) -> Any:
-        """Run `fn(consumer)` on the poll thread and return its result (or raise its error)."""
+        """Run `fn(consumer)` on the poll thread and return its result (or raise its error); on
+        the wake-up path, at once (only calls that do not block come here then)."""
+        if self._signal is not None:
+            return fn(self.consumer)
         if not self._poll_thread_active:
             async with self._direct_lock:
                 return await trio.to_thread.run_sync(fn, self.consumer)
@@ -593,6 +618,8 @@ class KafkaSource:
 
     def stop_polling(self) -> None:
         self._stop_polling = True
+        if self._signal_wait is not None:
+            self._signal_wait.cancel()
 
     async def commit(self, offsets: Sequence[OffsetToCommit]) -> None:
         """Commit offsets with their metadata; returns once the broker has them.
@@ -605,13 +632,14 @@ class KafkaSource:
         if not offsets:
             return
         try:
-            await self._commit(_to_tps(offsets))
+            await self._commit(to_tps(offsets))
         except _CONSUMER_CALL_ERRORS as exc:
             raise CommitFailed(str(exc)) from exc
 
     async def _commit(self, tps: list[TopicPartition]) -> None:
         async with self._commit_lock:
-            if self._poll_thread_active and await self._commit_async(tps):
+            active = self._poll_thread_active or self._signal is not None
+            if active and await self._commit_async(tps):
                 return
             # No poll loop serves the callbacks (before `run()`, after it stopped, or its thread
             # has served its last poll): a synchronous commit in a worker thread, abandoned if it
@@ -627,7 +655,7 @@ class KafkaSource:
     async def _commit_async(self, tps: list[TopicPartition]) -> bool:
         """Commit through the poll thread, the result from the callback; False (nothing done) when
         the thread has served its last poll."""
-        key = _commit_key(tps)
+        key = commit_key(tps)
         finished = trio.Event()
         outcome: list[BaseException | None] = []
         token = self._token
@@ -672,7 +700,7 @@ class KafkaSource:
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """librdkafka's offset-commit callback (poll thread): hand the result to its caller."""
-        key = _commit_key(partitions)
+        key = commit_key(partitions)
         with self._commit_waiters_lock:
             waiters = self._commit_waiters.get(key)
             if not waiters:
@@ -728,6 +756,10 @@ class KafkaSource:
         if self._consumer is None or self._closed:
             return
         consumer = self._consumer
+        if self._signal is not None:
+            # Before the handle goes: the loop, if it still waits, ends at once.
+            trio.lowlevel.notify_closing(self._signal.fd)
+            self._signal.close()
         # close() runs the revoke callback's final commit and leaves the group. With the group
         # coordinator unreachable librdkafka retries that without a time limit (librdkafka #3740):
         # give up after `close_timeout_s` rather than hang the shutdown. Every commit so far
@@ -750,46 +782,17 @@ class KafkaSource:
         return {k: v for k, v in self._high.items() if k in self.assigned}
 
     def _refresh_lag(self, consumer: Consumer) -> None:
-        out: dict[tuple[str, int], int] = {}
-        high: dict[tuple[str, int], int] = {}
-        for topic, partition in list(self.assigned):
-            tp = TopicPartition(topic, partition)
-            try:
-                _lo, hi = consumer.get_watermark_offsets(tp, cached=True)
-                pos = consumer.position([tp])[0].offset
-            except KafkaException:
-                continue
-            if hi >= 0:
-                high[(topic, partition)] = hi
-                if pos >= 0:
-                    out[(topic, partition)] = max(0, hi - pos)
-        self._lag = out
-        self._high = high
+        self._lag, self._high = read_lag(consumer, list(self.assigned))
 
 
-@dataclass(frozen=True, slots=True)
-class _PollEnd:
-    """The poll thread ended: normally (None) or with the error trio's poll loop raises."""
-
-    error: BaseException | None
-
-
-def _values_bytes(messages: list[Message]) -> int:
-    return sum(len(m) for m in messages)
-
-
-def _reset_offset(policy: str) -> int:
-    """The logical start offset for a partition with no committed offset under `auto.offset.reset`."""
-    if policy in ("smallest", "earliest", "beginning"):
-        return OFFSET_BEGINNING
-    if policy in ("largest", "latest", "end"):
-        return OFFSET_END
-    return OFFSET_INVALID  # "error": librdkafka applies it
-
-
-def _to_tps(offsets: Sequence[OffsetToCommit]) -> list[TopicPartition]:
-    return [TopicPartition(o.topic, o.partition, o.offset, metadata=o.metadata) for o in offsets]
-
-
-def _names(partitions: Sequence[TopicPartition]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
+__all__ = [
+    "OFFSET_INVALID",
+    "AssignedPartition",
+    "CommitTimeout",
+    "KafkaSource",
+    "OffsetToCommit",
+    "SourceError",
+    "SourceListener",
+    "broker_error_reason",
+    "consumer_properties",
+]

@@ -344,13 +344,24 @@ class LocalApi:
         reason = self.engine.broker_error()
         if not checks.get("broker_reachable", True) and reason:
             body["reason"] = reason
+        route = self.engine.app_route_missing()
+        if not checks.get("app_route_found", True) and route:
+            body["reason"] = f"{body['reason']}; {route}" if "reason" in body else route
         missing = self.engine.missing_topics_reason()
         if not checks.get("source_topics_exist", True) and missing:
             body["reason"] = f"{body['reason']}; {missing}" if "reason" in body else missing
+        if not checks.get("schema_registry_reachable", True):
+            schemas = self.engine.status().get("schemas") or {}
+            why = f"the schema registry {schemas.get('registry')} cannot be used: {schemas.get('registry_error')}"
+            body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
         if not checks.get("circuit_breaker_closed", True):
             breaker = self.engine.breaker_status() or {}
             why = f"the DLQ circuit breaker is {breaker.get('state')}: {breaker.get('reason')}"
             body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
+        if "subscribed" in checks:
+            # A share group: what its client knows (it sees no assignment), not a gate.
+            share = self.engine.status().get("share") or {}
+            body["share"] = {"records_received": bool(share.get("records_received"))}
         return json_response(body, 200 if ready else 503)
 
     async def close_breaker(self, _request: Request) -> Response:

@@ -118,6 +118,12 @@ class EngineCollector(Collector):
             "1 when the app accepts connections.",
             value=1 if e.app_reachable else 0,
         )
+        yield GaugeMetricFamily(
+            "dlq_sidecar_app_route_missing",
+            "1 while the app answers the configured URL that it has no such route (404, 405 or 415"
+            " with no JSON answer): intake is paused, nothing is counted or dead-lettered.",
+            value=0 if e.app_route_missing() is None else 1,
+        )
         status = e.status()
         share = status.get("engine") == "share"
         lag = GaugeMetricFamily(

@@ -78,13 +78,22 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def resolved_format(fmt: str, stream: Any) -> str:
+    """`auto` is text on a terminal (a person reads it) and json elsewhere (a log collector)."""
+    if fmt != "auto":
+        return fmt
+    isatty = getattr(stream, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
+
 def setup_logging(
-    level: str = "info", fmt: str = "json", *, librdkafka_debug: bool = False
+    level: str = "info", fmt: str = "auto", *, librdkafka_debug: bool = False
 ) -> None:
-    """One handler on stderr in `fmt`; librdkafka's lines from warnings up, or all of them with
-    `librdkafka_debug` (the config sets `kafka.debug`: the user asked for librdkafka's debug lines)."""
+    """One handler on stderr in `fmt` (`auto`: see `resolved_format`); librdkafka's lines from
+    warnings up, or all of them with `librdkafka_debug` (the config sets `kafka.debug`: the user
+    asked for librdkafka's debug lines)."""
     formatter: logging.Formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(
-        fmt, TextFormatter
+        resolved_format(fmt, sys.stderr), TextFormatter
     )()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)

@@ -408,6 +408,9 @@ class Run:
             "heartbeat.interval.ms": 1000,
             **(kafka_extra or {}),
         }
+        # A None in kafka_extra takes the default out (with group.protocol consumer, librdkafka
+        # refuses the classic protocol's session and heartbeat settings).
+        kafka = {k: v for k, v in kafka.items() if v is not None}
         # RELIABILITY_DEBUG=eos,cgrp: librdkafka debug contexts, and the sidecar's log at debug level
         # to carry them (for chasing a failure; the logs grow large).
         debug = os.environ.get("RELIABILITY_DEBUG")

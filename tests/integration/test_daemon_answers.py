@@ -506,8 +506,10 @@ async def test_malformed_answers_are_never_accepts_and_end_in_the_dlq(
             return Response(200, (("Content-Type", "application/json"),), b'{"ack": "accept"')
         if kind == b"unknownack":
             return json_answer({"ack": "maybe"})
-        if kind == b"notfound":
-            return Response(404, (("Content-Type", "text/plain"),), b"no such route")
+        if (
+            kind == b"gone"
+        ):  # (a 404 page would be a missing route: no attempt, see test_app_route_missing)
+            return Response(410, (("Content-Type", "text/plain"),), b"gone")
         if kind == b"boom":
             return Response(500, (("Content-Type", "text/plain"),), b"internal error")
         if kind == b"slow":
@@ -519,7 +521,7 @@ async def test_malformed_answers_are_never_accepts_and_end_in_the_dlq(
     kinds = {
         b"badjson": "sidecar.MalformedAnswer",
         b"unknownack": "sidecar.MalformedAnswer",
-        b"notfound": "sidecar.HttpStatus404",
+        b"gone": "sidecar.HttpStatus410",
         b"boom": "sidecar.HttpStatus500",
         b"slow": "sidecar.AppTimeout",
     }

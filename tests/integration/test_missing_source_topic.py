@@ -54,3 +54,33 @@ async def test_a_missing_source_topic_is_named_and_gets_no_dlq_topic(
     assert await trio.to_thread.run_sync(broker.topic_exists, f"dlq.{present}")
     assert not await trio.to_thread.run_sync(broker.topic_exists, f"dlq.{missing}")
     assert not await trio.to_thread.run_sync(broker.topic_exists, missing)
+
+
+async def test_a_misspelt_source_topic_gets_the_clusters_likely_name_and_no_raw_error(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """`paymnets` for `payments`: /readyz and the warning suggest the topic the cluster has, and no
+    raw `KafkaError{code=UNKNOWN_TOPIC_OR_PART}` line is logged for it."""
+    payments = await trio.to_thread.run_sync(lambda: broker.create_topic(f"payments-{unique}"))
+    orders = await trio.to_thread.run_sync(lambda: broker.create_topic(f"orders-{unique}"))
+    misspelt = f"paymnets-{unique}"
+    app = RecordingApp()
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        topics=[orders, misspelt],
+        produce_first=[Rec(b"k", b"v")],  # on orders: delivered once the consumer runs
+    ) as rig:
+        sc = rig.sc
+        await sc.wait_status(lambda st: st["counters"]["attempts"] == 1, 60, "orders' record")
+        code, ready = await sc.get("/readyz")
+        assert code == 503, ready
+        assert f"source topic {misspelt} (did you mean {payments}?) does not exist" in str(
+            ready["reason"]
+        ), ready
+        assert await sc.stop() == 0
+    text = sc.log_text()
+    assert "KafkaError{" not in text, text[-3000:]
+    assert f"did you mean {payments}?" in text

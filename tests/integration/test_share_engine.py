@@ -395,6 +395,9 @@ async def test_ordering_warning_and_lock_warning_at_start_up(
         assert app.deliveries, (await sc.status(), sc.log_text()[-3000:])
         code, ready = await sc.get("/readyz")
         assert code == 200, ready
+        # What a share client knows: subscribed, and records came (it sees no assignment).
+        assert ready["checks"]["subscribed"] is True and "assigned" not in ready["checks"], ready
+        assert ready["share"] == {"records_received": True}, ready
         assert await sc.stop() == 0
         text = sc.log_text()
     assert "ordering: key does not apply to engine: share" in text

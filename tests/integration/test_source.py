@@ -1,13 +1,17 @@
-"""The Kafka source on the real broker: where an assignment starts, and commits through the poll thread."""
+"""The Kafka source on the real broker: where an assignment starts, the order of batches and revokes,
+commits, and which intake runs (the queue signal on trio's thread, or the poll thread it falls back to)."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 
 import pytest
 import trio
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from sidecar.kafka.queue_signal import installed_version
 from sidecar.kafka.source import AssignedPartition, KafkaSource, OffsetToCommit
 from tests.harness import RecordingListener, wait_until
 from tests.kafkatools import Broker, Rec
@@ -111,9 +115,9 @@ class _OrderListener(RecordingListener):
         await super().on_assigned(partitions)
         self.events += [("assigned", ap.partition, -1) for ap in partitions]
 
-    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+    def revoked_now(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
         self.events += [("revoked", p, -1) for _, p in partitions]
-        return await super().on_revoked(partitions)
+        return super().revoked_now(partitions)
 
     def on_messages(self, messages: Sequence[Message]) -> None:
         super().on_messages(messages)
@@ -212,3 +216,62 @@ async def test_an_error_taking_a_batch_ends_the_poll_loop_with_it(
     assert source._stopped.is_set()
     assert not source._poll_thread_active  # the thread was joined
     await source.close()
+
+
+async def _records_through(
+    bootstrap: str, broker: Broker, unique: str
+) -> tuple[KafkaSource, RecordingListener, set[str]]:
+    """A source that takes 50 records; the names of the process's threads while it did."""
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 2)
+    listener = RecordingListener()
+    props = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    source = KafkaSource(props, [topic], listener)
+    threads: set[str] = set()
+    async with trio.open_nursery() as nursery:
+        source.start()
+        nursery.start_soon(source.run)
+        await wait_until(lambda: len(source.assigned) == 2, 60, "the assignment")
+        batch = [Rec(key=None, value=b"v", partition=i % 2) for i in range(50)]
+        await trio.to_thread.run_sync(broker.produce, topic, batch)
+        await wait_until(lambda: len(listener.messages) >= 50, 60, "the records")
+        threads = {t.name for t in threading.enumerate()}
+        # A commit's result comes back through the same queue (its callback on trio's thread).
+        await source.commit([OffsetToCommit(topic, 0, 25, "m")])
+        source.stop_polling()
+        await source.wait_stopped()
+        await source.close()
+        nursery.cancel_scope.cancel()
+    assert sorted(m.offset() or 0 for m in listener.messages if m.partition() == 0) == list(
+        range(25)
+    )
+    return source, listener, threads
+
+
+async def test_records_come_through_the_queue_signal_on_trio_s_thread(
+    bootstrap: str, broker: Broker, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar.source")
+    source, _listener, threads = await _records_through(bootstrap, broker, unique)
+    assert source.intake == "queue-signal"
+    assert "sidecar-poll" not in threads  # no poll thread ran: trio's thread took the records
+    assert "poll thread" not in caplog.text
+
+
+async def test_a_failed_handle_check_falls_back_to_the_poll_thread_and_says_why(
+    bootstrap: str,
+    broker: Broker,
+    unique: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("sidecar.kafka.queue_signal.CHECKED_WITH", {})
+    caplog.set_level(logging.INFO, logger="sidecar.source")
+    source, _listener, threads = await _records_through(bootstrap, broker, unique)
+    assert source.intake == "poll-thread"
+    assert "sidecar-poll" in threads
+    said = [r.getMessage() for r in caplog.records if "poll thread" in r.getMessage()]
+    assert said == [
+        f"consumer records through a poll thread: confluent-kafka {installed_version()} "
+        "is not one the handle layout was checked with"
+    ]

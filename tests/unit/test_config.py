@@ -161,7 +161,7 @@ def test_minimal_config_takes_the_documented_defaults() -> None:
     assert config.shutdown_drain_timeout_ms == 20000
     assert config.api.listen == "127.0.0.1:8787"
     assert config.logging.level is LogLevel.INFO
-    assert config.logging.format is LogFormat.JSON
+    assert config.logging.format is LogFormat.AUTO
     assert config.tracing.exporter is TracingExporter.NONE
     assert config.tracing.service_name == "dlq-sidecar"
     assert config.metrics.enable is True
@@ -515,7 +515,7 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str, str]] = [
     ("mode", {"app": {"mode": "stream"}}, {}, "app.mode", "single, batch"),
     ("tolerance", {"errors.tolerance": "some"}, {}, "errors.tolerance", "all, none"),
     ("level", {"logging": {"level": "warn"}}, {}, "logging.level", "warning"),
-    ("format", {"logging": {"format": "xml"}}, {}, "logging.format", "json, logfmt, text"),
+    ("format", {"logging": {"format": "xml"}}, {}, "logging.format", "auto, json, logfmt, text"),
     ("exporter", {"tracing": {"exporter": "jaeger"}}, {}, "tracing.exporter", "otlp-http"),
     (
         "status ack",
@@ -1255,3 +1255,26 @@ def test_credential_like_app_headers_are_masked(name: str) -> None:
     headers = dump_config(config)["app"]["headers"]
     assert headers == {name: "***", "X-Tenant": "acme"}
     assert config.app.headers[name] == "hunter2"
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ("100", "; write numbers without quotes"),
+        (" 2.5 ", "; write numbers without quotes"),
+        ("5s", "; the unit is in the key's name: write 5000 (milliseconds)"),
+        ("2m", "; the unit is in the key's name: write 120000 (milliseconds)"),
+        ("five", ""),
+    ],
+)
+def test_a_string_where_a_number_goes_gets_advice_that_fits_it(
+    tmp_path: Path, value: str, hint: str
+) -> None:
+    """ "write numbers without quotes" only for a quoted number: `five` had no quotes to drop, and
+    `5s` wants the milliseconds its key names."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(patched({"app": {"timeout.ms": value}})), encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    message = str(caught.value)
+    assert message.endswith(f"expected an integer, got a string ({value!r}){hint}"), message

@@ -58,3 +58,23 @@ def test_a_long_burst_is_said_every_interval_per_topic(caplog: pytest.LogCapture
     assert 4 <= len(lines) <= 8, [r.getMessage() for r in lines]
     assert sum(r.__dict__["fields"]["count"] for r in lines) == 2 * steps
     assert {r.__dict__["fields"]["topic"] for r in lines} == {"a", "b"}
+
+
+def test_a_burst_spread_by_routes_names_every_dlq_topic(caplog: pytest.LogCaptureFixture) -> None:
+    """38 records of one source to five DLQ topics: the line names the five, not the first one."""
+    caplog.set_level(logging.INFO)
+    clock = _Clock()
+    summary = DlqSummary(clock)
+    spread = {"dlq.r1.a": 10, "dlq.r1.b": 10, "dlq.r1.c": 8, "dlq.r1.d": 6, "dlq.r1": 4}
+    for dlq_topic, n in spread.items():
+        for _ in range(n):
+            summary.written("r1", dlq_topic, "rejected", "E")
+    summary.flush(everything=True)
+    (line,) = _said(caplog)
+    text = line.getMessage()
+    assert text.startswith(
+        "dead-lettered 38 records of r1 to 5 DLQ topics "
+        "(dlq.r1.a 10, dlq.r1.b 10, dlq.r1.c 8, dlq.r1.d 6, dlq.r1 4)"
+    ), text
+    fields = line.__dict__["fields"]
+    assert fields["dlq_topics"] == spread and "dlq_topic" not in fields

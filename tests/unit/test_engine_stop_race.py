@@ -12,7 +12,7 @@ import confluent_kafka
 
 from sidecar.config import parse_config
 from sidecar.engines.consumer.group import ConsumerGroupEngine
-from sidecar.engines.consumer.partitions import SlotRef
+from sidecar.engines.consumer.partitions import PartitionRef
 from sidecar.engines.interfaces import EngineParts
 from sidecar.engines.pipeline import Pipeline
 
@@ -29,7 +29,7 @@ def _engine() -> ConsumerGroupEngine:
     )
     engines: list[ConsumerGroupEngine] = []
 
-    def make(parts: EngineParts[SlotRef]) -> ConsumerGroupEngine:
+    def make(parts: EngineParts[PartitionRef]) -> ConsumerGroupEngine:
         engines.append(ConsumerGroupEngine(parts))
         return engines[0]
 
@@ -43,20 +43,20 @@ pipelines: list[Pipeline] = []
 async def test_records_handed_over_after_the_final_commit_closed_the_ledgers_are_left() -> None:
     engine = _engine()
     key = ("t", 0)
-    slot = engine._partitions.open(key, 0, None)
-    engine.slots[key] = slot
+    state = engine._partitions.open(key, 0, None)
+    engine.states[key] = state
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=0, value=b"a")])
-    assert slot.ledger.buffered == 1
-    # The stop: every ledger closed for the final commit, the slots kept for it (commit_all).
+    assert state.ledger.buffered == 1
+    # The stop: every ledger closed for the final commit, the states kept for it (commit_all).
     pipelines[-1]._flags.stopping = True
-    for s in engine.slots.values():
+    for s in engine.states.values():
         engine._partitions.fence(s)
     engine.on_messages([confluent_kafka.Message(topic="t", partition=0, offset=1, value=b"b")])
-    assert slot.ledger.buffered == 1  # not taken: the final commit cannot pass it
-    assert slot.ledger.committable_offset() == 0
+    assert state.ledger.buffered == 1  # not taken: the final commit cannot pass it
+    assert state.ledger.committable_offset() == 0
 
 
 async def test_records_of_a_partition_given_up_are_left() -> None:
     engine = _engine()
     engine.on_messages([confluent_kafka.Message(topic="t", partition=3, offset=7, value=b"x")])
-    assert ("t", 3) not in engine.slots
+    assert ("t", 3) not in engine.states

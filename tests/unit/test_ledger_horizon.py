@@ -159,11 +159,44 @@ def test_hand_outs_are_not_counted_until_their_outcome_is_known() -> None:
     renewed = ledger.answer(c.attempt_id, Ack.RENEW, 5)
     assert renewed.delivery_count == 1
     assert ledger.commit_state().counts == {101: 1}
+    # The redelivery waits for a commit of the count it raised, and then the ledger wants one.
+    assert ledger.acquire(1005, 10) == []
+    assert ledger.horizon_wanted() is not None
+    commit(ledger, 1005)
     (again,) = ledger.acquire(1005, 10)
     assert again.offset == 101 and again.delivery_count == 2
     assert ledger.commit_state().counts == {101: 1}
     ledger.expire(1005 + 30_000)  # both c and b time out: charged now
     assert ledger.commit_state().counts == {101: 2, 102: 1}
+
+
+def test_a_redelivery_waits_for_the_commit_of_its_count() -> None:
+    """A death after a redelivery must not restore a count below the one the app saw: the raised
+    count is committed (a point made after the outcome, confirmed) before the record goes again."""
+    ledger = make()
+    fill(ledger, range(100, 102))
+    commit(ledger)
+    a, b = ledger.acquire(0, 10)
+    ledger.answer(a.attempt_id, Ack.RELEASE, 5)
+    ledger.answer(b.attempt_id, Ack.ACCEPT, 5)
+    made = ledger.commit_point()  # made after the outcome, not confirmed yet
+    assert ledger.horizon_wanted() is None  # the periodic commit may carry it within the backoff
+    assert ledger.acquire(2000, 10) == []
+    assert ledger.horizon_wanted() is not None  # ready and held: wanted now
+    stale = ledger.commit_point()
+    ledger.committed(made, 2000)
+    assert ledger.horizon_wanted() is None
+    assert made.metadata and decode(made.metadata).counts == {100: 1}
+    (again,) = ledger.acquire(2000, 10)
+    assert again.offset == 100 and again.delivery_count == 2
+    ledger.committed(stale, 2000)
+    # Another release raises the count again: held until a newer point is confirmed.
+    ledger.answer(again.attempt_id, Ack.RELEASE, 2000)
+    ledger.committed(stale, 4000)  # made before the outcome: does not carry it
+    assert ledger.acquire(4000, 10) == []
+    commit(ledger, 4000)
+    (third,) = ledger.acquire(4000, 10)
+    assert third.delivery_count == 3
 
 
 def test_not_attempted_charges_nothing() -> None:
@@ -185,6 +218,7 @@ def test_reject_and_release_at_the_limit_are_charged() -> None:
     a, b = ledger.acquire(0, 10)
     assert ledger.answer(a.attempt_id, Ack.REJECT, 0).delivery_count == 1
     ledger.answer(b.attempt_id, Ack.RELEASE, 0)
+    commit(ledger, 1000)  # the raised count, committed before the redelivery
     (b2,) = ledger.acquire(1000, 10)
     result = ledger.answer(b2.attempt_id, Ack.RELEASE, 1000)
     assert result.state is RecordState.ARCHIVING

@@ -13,8 +13,8 @@ from sidecar.core.ledger import IllegalTransition, IsolationPhase
 from sidecar.core.ledger.machine import (
     ISOLATION,
     IsolationPass,
+    LedgerRecord,
     PassEvent,
-    _Record,
     enter_pass,
 )
 
@@ -28,8 +28,8 @@ STORED = {
 }
 
 
-def _record(offset: int = 7) -> _Record:
-    return _Record(offset, b"k", None, 1, None, 0, 0)
+def _record(offset: int = 7) -> LedgerRecord:
+    return LedgerRecord(offset, b"k", None, 1, None, 0, 0)
 
 
 def _pass(phase: IsolationPhase, unflushed_after: int | None = None) -> IsolationPass:

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from sidecar.core.ledger import TRANSITIONS, Event, IllegalTransition, RecordState
-from sidecar.core.ledger.machine import _Record, enter
+from sidecar.core.ledger.machine import LedgerRecord, enter
 
 LEDGER = pathlib.Path(__file__).parents[2] / "sidecar" / "core" / "ledger"
 
@@ -18,7 +18,7 @@ LEDGER = pathlib.Path(__file__).parents[2] / "sidecar" / "core" / "ledger"
 def test_enter_applies_the_table_or_refuses_and_changes_nothing(
     state: RecordState, event: Event
 ) -> None:
-    record = _Record(7, b"k", None, 0, None, 0, 0)
+    record = LedgerRecord(7, b"k", None, 0, None, 0, 0)
     record.state = state
     if (state, event) in TRANSITIONS:
         enter(record, event)
@@ -59,7 +59,7 @@ def test_only_the_machine_assigns_a_record_state() -> None:
                 for target in targets:
                     if isinstance(target, ast.Attribute) and target.attr == "state":
                         offenders.append(f"{path.name}:{node.lineno}")
-    # The machine's enter, and _Record's constructor (every record starts AVAILABLE).
+    # The machine's enter, and LedgerRecord's constructor (every record starts AVAILABLE).
     assert offenders == [f"machine.py:{n}" for n in _machine_assignments()]
 
 

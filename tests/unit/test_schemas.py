@@ -3,6 +3,7 @@ and the ``schemas:`` section's keys (each bad value named by its path, with the 
 
 from __future__ import annotations
 
+import base64
 import datetime
 import decimal
 import json
@@ -12,6 +13,14 @@ from typing import Any
 import pytest
 
 from sidecar.config import ConfigError, dump_config, parse_config
+from sidecar.core.wire import (
+    CloudEventsFormat,
+    SchemaRef,
+    cloudevent_attributes,
+    format_batch_request,
+    format_cloudevents_batch_body,
+    format_single_request,
+)
 from sidecar.kafka.schemas.jsonvalue import to_json
 from sidecar.kafka.schemas.wire import (
     NOT_WIRE_FORMAT,
@@ -19,7 +28,10 @@ from sidecar.kafka.schemas.wire import (
     message_indexes,
     schema_id_of,
 )
+from sidecar.ops.dlq.errors import UsageError
+from sidecar.ops.dlq.payloads import Payload, PayloadReader, parse_field_filter, redact
 from tests.unit.test_config import patched
+from tests.unit.test_wire import ParsedRequest, make_record, parse_single
 
 # ---------------------------------------------------------------------------------------------
 # The wire format
@@ -169,3 +181,118 @@ def test_a_bad_key_is_named_with_the_reason(
         _config(schemas)
     assert info.value.path == path
     assert reason in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The app's requests name the schema
+
+
+_VALUE_SCHEMA = SchemaRef("orders-value", 3, 42, "AVRO")
+
+
+def _header(request: ParsedRequest, name: str) -> str | None:
+    return next((v for k, v in request.headers if k.lower() == name.lower()), None)
+
+
+def test_a_decoded_value_is_sent_as_json_with_its_schema() -> None:
+    request = parse_single(make_record(value=b'{"id":1}', value_schema=_VALUE_SCHEMA))
+    assert request.body == b'{"id":1}'
+    assert _header(request, "Content-Type") == "application/json"
+    assert _header(request, "Kafka-Value-Schema-Subject") == "orders-value"
+    assert _header(request, "Kafka-Value-Schema-Version") == "3"
+    assert _header(request, "Kafka-Value-Schema-Id") == "42"
+    assert _header(request, "Kafka-Value-Schema-Type") == "AVRO"
+    assert _header(request, "Kafka-Key-Schema-Id") is None
+
+
+def test_an_undecoded_record_is_sent_byte_exact_as_before() -> None:
+    record = make_record()
+    assert format_single_request(record, "h", "/r") == format_single_request(
+        record._replace(key_schema=None, value_schema=None), "h", "/r"
+    )
+    request = parse_single(record)
+    assert _header(request, "Content-Type") == "application/octet-stream"
+    assert not [k for k, _ in request.headers if "schema" in k.lower()]
+
+
+def test_a_subject_that_is_no_header_value_is_left_out() -> None:
+    schema = SchemaRef("orders\r\nX-Injected: 1", 1, 7, "JSON")
+    request = parse_single(make_record(value=b"{}", value_schema=schema))
+    assert _header(request, "Kafka-Value-Schema-Id") == "7"
+    assert _header(request, "Kafka-Value-Schema-Subject") is None
+    assert _header(request, "X-Injected") is None
+
+
+def test_a_batch_item_names_the_schema_of_key_and_value() -> None:
+    key_schema = SchemaRef("orders-key", 1, 5, "JSON")
+    raw = format_batch_request(
+        [
+            make_record(
+                key=b'"k"', key_schema=key_schema, value=b"[1]", value_schema=_VALUE_SCHEMA
+            ),
+            make_record(offset=43),
+        ],
+        "h",
+        "/r",
+    )
+    first, second = json.loads(raw.split(b"\r\n\r\n", 1)[1])["records"]
+    assert first["key_schema"] == {"subject": "orders-key", "version": 1, "id": 5, "type": "JSON"}
+    assert first["value_schema"] == {
+        "subject": "orders-value",
+        "version": 3,
+        "id": 42,
+        "type": "AVRO",
+    }
+    assert json.loads(base64.b64decode(first["value"])) == [1]
+    assert "key_schema" not in second and "value_schema" not in second
+
+
+def test_cloudevents_of_a_decoded_value() -> None:
+    ce = CloudEventsFormat("kafka://c/{topic}", "t")
+    record = make_record(value=b'{"id":1}', value_schema=_VALUE_SCHEMA)
+    attributes = cloudevent_attributes(record, ce)
+    assert attributes["datacontenttype"] == "application/json"
+    assert attributes["schemasubject"] == "orders-value"
+    assert attributes["schemaid"] == "42"
+    (event,) = json.loads(format_cloudevents_batch_body([record], ce))
+    assert event["data"] == {"id": 1}
+    assert "data_base64" not in event
+
+
+# ---------------------------------------------------------------------------------------------
+# The DLQ tools: redaction and filters on decoded fields
+
+
+def test_redaction_by_name_at_any_depth_and_by_path() -> None:
+    value = {
+        "card": "4111",
+        "customer": {"email": "a@b", "card": "5500", "name": "Ann"},
+        "items": [{"card": "x", "sku": 1}],
+        "email": "top@b",
+    }
+    out = redact(value, frozenset({"card"}), frozenset({"customer.email"}))
+    assert out == {
+        "card": "***",
+        "customer": {"email": "***", "card": "***", "name": "Ann"},
+        "items": [{"card": "***", "sku": 1}],
+        "email": "top@b",  # a path redacts that path only
+    }
+    assert value["card"] == "4111"  # the input is left as it was
+
+
+def test_a_field_filter_compares_text_and_json() -> None:
+    reader = PayloadReader(None, (), (("customer.id", "42"), ("tags.0", "vip")))
+    ok = Payload({"customer": {"id": 42}, "tags": ["vip"]}, {"subject": "s", "version": 1, "id": 1})
+    assert reader.matches(ok)
+    assert not reader.matches(Payload({"customer": {"id": 41}, "tags": ["vip"]}, ok.schema))
+    assert not reader.matches(Payload({"tags": ["vip"]}, ok.schema))  # missing
+    assert not reader.matches(Payload(reason="not the wire format"))
+    assert not reader.matches(None)
+    assert PayloadReader(None).matches(None)  # no filter: everything
+
+
+def test_a_field_filter_needs_path_and_value() -> None:
+    assert parse_field_filter("a.b=") == ("a.b", "")
+    assert parse_field_filter("a=b=c") == ("a", "b=c")
+    with pytest.raises(UsageError, match="PATH=VALUE"):
+        parse_field_filter("novalue")

@@ -36,6 +36,7 @@ from sidecar.core.wire import (
     interpret_single,
     parse_ack_request,
     parse_retry_after_ms,
+    route_missing,
     validate_status_mapping,
 )
 
@@ -1001,8 +1002,13 @@ def test_documented_single_answers_interpret_as_documented(openapi: dict[str, An
         headers = [(b"content-type", media.encode())]
         for key, value in example.get("x-response-headers", {}).items():
             headers.append((key.encode(), str(value).encode()))
-        result = interpret_single(status, headers, example_body(media, example), None)
+        body = example_body(media, example)
         expected = example["x-interpretation"]
+        # A route-missing answer is no answer: the app client turns it away before interpreting.
+        assert route_missing(status, headers, body) is expected.get("route_missing", False), name
+        if route_missing(status, headers, body):
+            continue
+        result = interpret_single(status, headers, body, None)
         check_answer(result, expected, name)
         if media == "application/json" and "x-raw-body" not in example:
             check_example_schema(openapi, schema, example, name)
@@ -1053,3 +1059,30 @@ def test_local_api_paths_are_documented(openapi: dict[str, Any]) -> None:
     assert set(openapi["paths"]) == {path for _method, path in routes}
     for method, path in routes:
         assert method.lower() in openapi["paths"][path], (method, path)
+
+
+def test_route_missing_is_a_framework_page_under_404_405_415_or_a_mapped_status() -> None:
+    text = [(b"content-type", b"text/plain")]
+    js = [(b"content-type", b"application/json")]
+    for status in (404, 405, 415):
+        assert route_missing(status, text, b"404 page not found")
+        assert route_missing(status, [], b"")
+        assert route_missing(status, js, b'{"detail": "Not Found"}')  # JSON, but no answer
+        assert route_missing(status, js, b"<html>")  # declared JSON, is not
+        assert route_missing(status, js, b"[1]")
+        assert not route_missing(status, js, b'{"ack": "reject"}')  # an answer: read as one
+    assert route_missing(404, js, b'{"results": []}')  # single mode: no ack, no answer
+    assert not route_missing(404, js, b'{"results": []}', batch=True)
+    for status in (200, 400, 410, 500, 503):
+        assert not route_missing(status, text, b"Not Found")
+    # The mapping decides first: a mapped 404 is what it is mapped to, a mapped 410 is missing.
+    assert not route_missing(404, text, b"", {404: "reject"})
+    assert route_missing(410, text, b"gone", {410: "route-missing"})
+    assert not route_missing(410, js, b'{"ack": "accept"}', {410: "route-missing"})
+    # Behind a JSON answer a route-missing mapping leaves the status to the default table.
+    answer = interpret_single(410, js, b'{"error": {"class": "a.B"}}', {410: "route-missing"})
+    assert answer.ack == "release"
+
+
+def test_validate_status_mapping_takes_route_missing() -> None:
+    assert validate_status_mapping({410: "route-missing"}) == {410: "route-missing"}

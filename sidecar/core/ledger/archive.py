@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from sidecar.core.ledger.holdings import Holdings
-from sidecar.core.ledger.machine import Event, _Record, enter
+from sidecar.core.ledger.machine import Event, LedgerRecord, enter
 from sidecar.core.ledger.values import ArchiveRequest, IllegalTransition, RecordState
 from sidecar.core.outcome import ArchiveReason, ErrorInfo
 
@@ -32,7 +32,7 @@ class Archive:
         self.archived_total = 0
         self.tiered_total = 0  # written to a retry tier (reason RETRY_TIER), not archived
 
-    def start(self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None) -> None:
+    def start(self, record: LedgerRecord, reason: ArchiveReason, error: ErrorInfo | None) -> None:
         """The record goes to the DLQ (its suspect mark is the ledger's to clear)."""
         enter(record, _DEAD_LETTER)
         record.reason = reason
@@ -68,7 +68,7 @@ class Archive:
             )
         return out
 
-    def _handed_out(self, offset: int) -> _Record:
+    def _handed_out(self, offset: int) -> LedgerRecord:
         record = self._holdings.records.get(offset)
         if record is None or record.state is not _ARCHIVING or not record.handed_out:
             raise IllegalTransition(
@@ -77,7 +77,7 @@ class Archive:
             )
         return record
 
-    def written(self, offset: int) -> _Record:
+    def written(self, offset: int) -> LedgerRecord:
         """The DLQ record of ``offset`` is confirmed: ARCHIVED (the ledger finishes it)."""
         record = self._handed_out(offset)
         enter(record, Event.DLQ_WRITTEN)
@@ -94,7 +94,7 @@ class Archive:
         record.handed_out = False
         self._queue.append(offset)
 
-    def withheld(self, offset: int) -> _Record:
+    def withheld(self, offset: int) -> LedgerRecord:
         """The DLQ circuit breaker held the write: AVAILABLE again (the ledger queues it)."""
         record = self._handed_out(offset)
         enter(record, Event.DLQ_WITHHELD)

@@ -1,12 +1,6 @@
 """The attempts in flight of a partition's ledger: their ids and their lock-deadline order (sans-IO).
 
-`Attempts` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor.
-An attempt id is ``topic/partition/offset/epoch.seq``: ``epoch`` tells successive assignments of
-the partition apart (an answer from before a rebalance never matches an attempt made after it) and
-``seq`` counts the attempts of this one, so an id this ledger issued and retired (``ExpiredAttempt``)
-is told from one it never issued (``UnknownAttempt``).  The live attempts are kept in lock-deadline
-order: the lock duration is constant and ``now_ms`` never decreases, so insertion order is deadline
-order; a renew moves an entry to the end.
+Owns `Attempts`, a part of `sidecar.core.ledger.partition.PartitionLedger`.
 
 Imports the standard library and the ledger's values and machine only.
 """
@@ -15,22 +9,31 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from sidecar.core.ledger.machine import Event, _Record, enter
+from sidecar.core.ledger.machine import Event, LedgerRecord, enter
 from sidecar.core.ledger.values import ExpiredAttempt, LedgerError, UnknownAttempt
 
 
 class Attempts:
-    """The live attempts of one partition's ledger (see the module docstring)."""
+    """The live attempts of one partition's ledger.
+
+    A part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor.
+    An attempt id is ``topic/partition/offset/epoch.seq``: ``epoch`` tells successive assignments of
+    the partition apart (an answer from before a rebalance never matches an attempt made after it) and
+    ``seq`` counts the attempts of this one, so an id this ledger issued and retired (``ExpiredAttempt``)
+    is told from one it never issued (``UnknownAttempt``).  The live attempts are kept in lock-deadline
+    order: the lock duration is constant and ``now_ms`` never decreases, so insertion order is deadline
+    order; a renew moves an entry to the end.
+    """
 
     def __init__(self, topic: str, partition: int, epoch: int) -> None:
         self._id_prefix = f"{topic}/{partition}/"
         self._id_epoch = f"/{epoch}."
         self._epoch = epoch
-        self.live: OrderedDict[str, _Record] = OrderedDict()
+        self.live: OrderedDict[str, LedgerRecord] = OrderedDict()
         self._next_seq = 0
         self.total = 0  # attempts made (a request never sent is not one)
 
-    def issue(self, record: _Record, deadline_ms: int) -> str:
+    def issue(self, record: LedgerRecord, deadline_ms: int) -> str:
         """A new attempt of ``record`` (ACQUIRED already), locked until ``deadline_ms``: its id."""
         seq = self._next_seq
         self._next_seq = seq + 1
@@ -41,12 +44,12 @@ class Attempts:
         self.total += 1
         return attempt_id
 
-    def renew(self, attempt_id: str, record: _Record, deadline_ms: int) -> None:
+    def renew(self, attempt_id: str, record: LedgerRecord, deadline_ms: int) -> None:
         """The attempt keeps its lock until ``deadline_ms``."""
         record.lock_deadline_ms = deadline_ms
         self.live.move_to_end(attempt_id)
 
-    def retire(self, attempt_id: str, record: _Record) -> None:
+    def retire(self, attempt_id: str, record: LedgerRecord) -> None:
         """The attempt is over (answered, expired, never sent): its id is live no more."""
         del self.live[attempt_id]
         record.attempt_id = None

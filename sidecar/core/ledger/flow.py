@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sidecar.core.ledger.attempts import Attempts
 from sidecar.core.ledger.holdings import Holdings
-from sidecar.core.ledger.metadata import _PAUSE_FILL, _RESUME_FILL, CommitMetadata
+from sidecar.core.ledger.metadata import PAUSE_FILL, RESUME_FILL, CommitMetadata
 from sidecar.core.ledger.values import LedgerConfig
 
 
@@ -46,7 +46,7 @@ class FlowControl:
             len(holdings.records) >= self._max_buffered
             or (max_bytes is not None and holdings.held_bytes >= max_bytes)
             or len(self._live) >= self._max_locks
-            or self._metadata.over(_PAUSE_FILL, version)
+            or self._metadata.over(PAUSE_FILL, version)
         )
 
     def may_resume(self, max_bytes: int | None, version: int) -> bool:
@@ -58,7 +58,7 @@ class FlowControl:
             len(holdings.records) <= self._max_buffered // 2
             and (max_bytes is None or holdings.held_bytes <= max_bytes // 2)
             and len(self._live) < self._max_locks
-            and not self._metadata.over(_RESUME_FILL, version)
+            and not self._metadata.over(RESUME_FILL, version)
         )
 
     def update(self, max_bytes: int | None, version: int) -> bool:

@@ -1,11 +1,7 @@
 """The records a partition's ledger holds, and the order they may go in (sans-IO).
 
-`Holdings` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor:
-the records not done, in offset order; the heaps of offsets that may be handed out now (suspects of
-the isolation pass apart, see `sidecar.core.ledger.horizon`) and of those backing off until a retry
-time; the key queues (KEY / PARTITION ordering: only a queue's head may be in flight); the bytes
-held; and what the restored state says about offsets not fetched again yet.  It decides nothing
-about a record's life: the ledger asks it to hold, queue, back off and remove records.
+Owns `Holdings`, a part of `sidecar.core.ledger.partition.PartitionLedger`: it decides nothing
+about a record's life; the ledger asks it to hold, queue, back off and remove records.
 
 Imports the standard library, `sidecar.core` and the ledger's values and machine only.
 """
@@ -16,7 +12,7 @@ import heapq
 from collections import OrderedDict, deque
 
 from sidecar.core.commitstate import CommitState
-from sidecar.core.ledger.machine import _Record
+from sidecar.core.ledger.machine import LedgerRecord
 from sidecar.core.ledger.values import LedgerConfig, RecordState
 from sidecar.core.ordering import Ordering
 
@@ -27,7 +23,15 @@ _AVAILABLE = RecordState.AVAILABLE
 
 
 class Holdings:
-    """The records held by one partition's ledger and their queues (see the module docstring)."""
+    """The records held by one partition's ledger and their queues.
+
+    A part of `sidecar.core.ledger.partition.PartitionLedger`, built in its constructor:
+    the records not done, in offset order; the heaps of offsets that may be handed out now (suspects of
+    the isolation pass apart, see `sidecar.core.ledger.horizon`) and of those backing off until a retry
+    time; the key queues (KEY / PARTITION ordering: only a queue's head may be in flight); the bytes
+    held; and what the restored state says about offsets not fetched again yet.  It decides nothing
+    about a record's life: the ledger asks it to hold, queue, back off and remove records.
+    """
 
     def __init__(
         self, config: LedgerConfig, start_offset: int, restored: CommitState | None
@@ -35,7 +39,7 @@ class Holdings:
         self.ordering = config.ordering
         # Not-done records in offset order (they are added in offset order); OrderedDict because
         # its front stays O(1) under deletions, which a plain dict's iteration does not.
-        self.records: OrderedDict[int, _Record] = OrderedDict()
+        self.records: OrderedDict[int, LedgerRecord] = OrderedDict()
         self.ready: list[int] = []  # heap of offsets that may be acquired now
         self.suspects_ready: list[int] = []  # heap of suspect offsets that may be isolated
         self.backoff: list[tuple[int, int]] = []  # heap of (not_before_ms, offset)
@@ -107,7 +111,7 @@ class Holdings:
             return _PARTITION
         return _UNORDERED
 
-    def hold(self, record: _Record) -> bool:
+    def hold(self, record: LedgerRecord) -> bool:
         """Hold a record just fetched; True if it may go now (not behind another of its key)."""
         offset = record.offset
         self.records[offset] = record
@@ -122,16 +126,16 @@ class Holdings:
         queue.append(offset)
         return False
 
-    def queue(self, record: _Record) -> None:
+    def queue(self, record: LedgerRecord) -> None:
         """The record may be handed out now (isolated, for a suspect)."""
         record.queued = True
         heapq.heappush(self.suspects_ready if record.suspect else self.ready, record.offset)
 
-    def back_off(self, record: _Record) -> None:
+    def back_off(self, record: LedgerRecord) -> None:
         """The record may go again at its ``not_before_ms``."""
         heapq.heappush(self.backoff, (record.not_before_ms, record.offset))
 
-    def backing_off(self, offset: int, not_before: int) -> _Record | None:
+    def backing_off(self, offset: int, not_before: int) -> LedgerRecord | None:
         """The record a backoff entry stands for, while that entry is still its own (a record
         handed out, queued or backed off again since leaves a stale entry behind)."""
         record = self.records.get(offset)
@@ -163,7 +167,7 @@ class Holdings:
             heapq.heappop(backoff)
         return None
 
-    def next_suspect(self) -> _Record | None:
+    def next_suspect(self) -> LedgerRecord | None:
         """The lowest suspect that may be isolated now (dropping stale heap entries)."""
         heap = self.suspects_ready
         while heap:
@@ -173,7 +177,7 @@ class Holdings:
             heapq.heappop(heap)
         return None
 
-    def take_suspect(self) -> _Record | None:
+    def take_suspect(self) -> LedgerRecord | None:
         """Take the lowest suspect that may be isolated now off its heap, or None."""
         record = self.next_suspect()
         if record is not None:
@@ -191,7 +195,7 @@ class Holdings:
             heapq.heappop(ready)
         return None
 
-    def remove(self, record: _Record) -> _Record | None:
+    def remove(self, record: LedgerRecord) -> LedgerRecord | None:
         """The record is done: drop it; the next of its key, which may go now, or None."""
         del self.records[record.offset]
         self.held_bytes -= record.size

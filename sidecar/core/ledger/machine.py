@@ -1,45 +1,9 @@
 """The record state machine: every state change of a ledger record is made here (sans-IO).
 
-Like h11's ``_state.py``: the transitions are one table, :data:`TRANSITIONS`, of
-``(state, event) -> state``, and one function, :func:`enter`, applies it.  An event the table
-lacks for the record's state raises :class:`IllegalTransition` and leaves the record unchanged;
-nothing else assigns ``_Record.state``.  docs/guarantees.md's lifecycle, as the table holds it::
-
-    state       event          next state     made by (sidecar.core.ledger.*)
-    AVAILABLE   ACQUIRE        ACQUIRED       acquire; committed (an isolated hand-out)
-    AVAILABLE   DEAD_LETTER    ARCHIVING      restored at the limit (add, or next of its key)
-    ACQUIRED    ACCEPT         ACKNOWLEDGED   answer: accept                               done
-    ACQUIRED    RELEASE        AVAILABLE      answer: release, or expire, below the limit
-    ACQUIRED    DEAD_LETTER    ARCHIVING      answer: reject; a release or expiry at the limit
-    ACQUIRED    NOT_ATTEMPTED  AVAILABLE      not_attempted: the request was never sent
-    ACQUIRED    FENCE          AVAILABLE      revoke: the attempt's answer is lost
-    ARCHIVING   DLQ_WRITTEN    ARCHIVED       dlq_written                                  done
-    ARCHIVING   DLQ_WITHHELD   AVAILABLE      dlq_withheld (the DLQ circuit breaker)
-
-Which answer leads to which event is `sidecar.core.outcome.decide`'s verdict: ``Accept`` ->
-ACCEPT, ``Redeliver`` -> RELEASE, ``DeadLetter`` -> DEAD_LETTER, ``KeepLock`` (a renew) -> none.
-What a transition costs besides the state (counts, heaps, the horizon) is the caller's, in the
-module that owns it.
-
-The isolation pass (horizon mode, `sidecar.core.ledger.horizon`) is the second table,
-:data:`ISOLATION`, of ``(phase, event) -> phase``, applied by :func:`enter_pass` alone: nothing else
-assigns an :class:`IsolationPass`'s phase, the record it isolates or the commit point its outcome
-waits for, and an event the table lacks raises :class:`IllegalTransition`, the pass unchanged::
-
-    phase       event       next phase   made by (sidecar.core.ledger.*)
-    NONE        CHARGE      CHARGED      isolate: a suspect's count raised in memory
-    SETTLING    CHARGE      CHARGED      isolate: the next one meanwhile (one commit carries both)
-    CHARGED     HAND_OUT    IN_FLIGHT    committed: the point with its charge; nothing unflushed
-    CHARGED     FLUSH       CHARGED      committed: the previous outcome is committed
-    CHARGED     UNCHARGE    NONE         revoke: a charge never handed out goes back
-    IN_FLIGHT   SETTLE      SETTLING     its outcome: an answer or a lock expiry
-    IN_FLIGHT   TAKE_BACK   SETTLING     not_attempted: never sent, its charge taken back
-    IN_FLIGHT   FENCE       CHARGED      revoke: the answer is lost, the charge stands
-    SETTLING    FLUSH       NONE         committed: a point made after the outcome
-
-READY and WAITING are never stored: between two isolations (NONE) `Horizon.status` tells them
-apart by the suspects left (one ready now, or none).  A pass that would end (NONE) while an earlier
-outcome still waits for its commit is SETTLING (an UNCHARGE after a CHARGE made while SETTLING).
+Like h11's ``_state.py``: the record's transitions are one table, :data:`TRANSITIONS`, applied by
+:func:`enter` alone (the table drawn in its docstring); the isolation pass's moves are the second
+table, :data:`ISOLATION`, applied by :func:`enter_pass` alone.  An event a table lacks raises
+:class:`IllegalTransition` and leaves the record (or the pass) unchanged.
 
 Imports the standard library, `sidecar.core.outcome` and the ledger's values only.
 """
@@ -111,11 +75,32 @@ def _compile() -> tuple[_Rule, ...]:
 _RULES = _compile()
 
 
-def enter(record: _Record, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> None:
+def enter(record: LedgerRecord, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> None:
     """Move ``record`` to the state :data:`TRANSITIONS` gives for its state and ``event``.
 
     Raises :class:`IllegalTransition`, the record unchanged, when the table has no such entry.
     (``_rules`` is bound once: a local is read faster than a global on the hot path.)
+
+    Like h11's ``_state.py``: the transitions are one table, :data:`TRANSITIONS`, of
+    ``(state, event) -> state``, and one function, :func:`enter`, applies it.  An event the table
+    lacks for the record's state raises :class:`IllegalTransition` and leaves the record unchanged;
+    nothing else assigns ``LedgerRecord.state``.  docs/guarantees.md's lifecycle, as the table holds it::
+
+        state       event          next state     made by (sidecar.core.ledger.*)
+        AVAILABLE   ACQUIRE        ACQUIRED       acquire; committed (an isolated hand-out)
+        AVAILABLE   DEAD_LETTER    ARCHIVING      restored at the limit (add, or next of its key)
+        ACQUIRED    ACCEPT         ACKNOWLEDGED   answer: accept                               done
+        ACQUIRED    RELEASE        AVAILABLE      answer: release, or expire, below the limit
+        ACQUIRED    DEAD_LETTER    ARCHIVING      answer: reject; a release or expiry at the limit
+        ACQUIRED    NOT_ATTEMPTED  AVAILABLE      not_attempted: the request was never sent
+        ACQUIRED    FENCE          AVAILABLE      revoke: the attempt's answer is lost
+        ARCHIVING   DLQ_WRITTEN    ARCHIVED       dlq_written                                  done
+        ARCHIVING   DLQ_WITHHELD   AVAILABLE      dlq_withheld (the DLQ circuit breaker)
+
+    Which answer leads to which event is `sidecar.core.outcome.decide`'s verdict: ``Accept`` ->
+    ACCEPT, ``Redeliver`` -> RELEASE, ``DeadLetter`` -> DEAD_LETTER, ``KeepLock`` (a renew) -> none.
+    What a transition costs besides the state (counts, heaps, the horizon) is the caller's, in the
+    module that owns it.
     """
     sources, target = _rules[event]
     if record.state not in sources:
@@ -125,7 +110,7 @@ def enter(record: _Record, event: Event, _rules: tuple[_Rule, ...] = _RULES) -> 
     record.state = target
 
 
-class _Record:
+class LedgerRecord:
     """One record held by a ledger, from its fetch until it is done.
 
     Its ``state`` changes only through :func:`enter`; each other field is documented where the
@@ -234,14 +219,14 @@ class IsolationPass:
 
     def __init__(self) -> None:
         self.phase = IsolationPhase.NONE
-        self.isolating: _Record | None = None
+        self.isolating: LedgerRecord | None = None
         self.unflushed_after: int | None = None
 
 
 def enter_pass(
     isolation: IsolationPass,
     event: PassEvent,
-    record: _Record | None = None,
+    record: LedgerRecord | None = None,
     points: int = 0,
 ) -> None:
     """Move the pass to the phase :data:`ISOLATION` gives for its phase and ``event``.
@@ -250,6 +235,26 @@ def enter_pass(
     (``points``): the outcome waits for a point made after them.  Raises
     :class:`IllegalTransition`, the pass unchanged, when the table has no such entry, on a HAND_OUT
     while an earlier outcome waits for its commit, or on a CHARGE without a record.
+
+    The isolation pass (horizon mode, `sidecar.core.ledger.horizon`) is the second table,
+    :data:`ISOLATION`, of ``(phase, event) -> phase``, applied by :func:`enter_pass` alone: nothing else
+    assigns an :class:`IsolationPass`'s phase, the record it isolates or the commit point its outcome
+    waits for, and an event the table lacks raises :class:`IllegalTransition`, the pass unchanged::
+
+        phase       event       next phase   made by (sidecar.core.ledger.*)
+        NONE        CHARGE      CHARGED      isolate: a suspect's count raised in memory
+        SETTLING    CHARGE      CHARGED      isolate: the next one meanwhile (one commit carries both)
+        CHARGED     HAND_OUT    IN_FLIGHT    committed: the point with its charge; nothing unflushed
+        CHARGED     FLUSH       CHARGED      committed: the previous outcome is committed
+        CHARGED     UNCHARGE    NONE         revoke: a charge never handed out goes back
+        IN_FLIGHT   SETTLE      SETTLING     its outcome: an answer or a lock expiry
+        IN_FLIGHT   TAKE_BACK   SETTLING     not_attempted: never sent, its charge taken back
+        IN_FLIGHT   FENCE       CHARGED      revoke: the answer is lost, the charge stands
+        SETTLING    FLUSH       NONE         committed: a point made after the outcome
+
+    READY and WAITING are never stored: between two isolations (NONE) `Horizon.status` tells them
+    apart by the suspects left (one ready now, or none).  A pass that would end (NONE) while an earlier
+    outcome still waits for its commit is SETTLING (an UNCHARGE after a CHARGE made while SETTLING).
     """
     phase = isolation.phase
     target = ISOLATION.get((phase, event))

@@ -1,14 +1,7 @@
 """Commit metadata: the state a partition's ledger commits, its size, and its commit points.
 
-`CommitMetadata` is a part of `sidecar.core.ledger.partition.PartitionLedger`, built in its
-constructor.  ``commit_state`` derives, from the records held, what to persist beyond the committed
-offset (the codec is `sidecar.core.commitstate`); it walks the records held, bounded by
-``max_buffered_records``.  Everything else here is O(1): the size checks bound the encoded metadata
-from counters this part keeps exact on every change (the done ranges and the count runs) and
-measure it exactly only when the bound is not conclusive, so a partition pauses
-(`sidecar.core.ledger.flow`) before its metadata outgrows ``metadata_max_bytes``.
-``commit_point`` is what the engine commits; in horizon mode it carries the horizon and the
-isolated record's charge (`sidecar.core.ledger.horizon`), and revoke's final state is made here.
+Owns `CommitMetadata`, a part of `sidecar.core.ledger.partition.PartitionLedger` (the codec is
+`sidecar.core.commitstate`).  Sans-IO: imports the standard library and `sidecar.core` only.
 """
 
 from __future__ import annotations
@@ -24,16 +17,16 @@ from sidecar.core.commitstate import (
 )
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
-from sidecar.core.ledger.machine import _Record
+from sidecar.core.ledger.machine import LedgerRecord
 from sidecar.core.ledger.values import CommitPoint, LedgerConfig, RecordState
 
 _AVAILABLE = RecordState.AVAILABLE
 # Metadata fill (fraction of metadata_max_bytes) at which a partition pauses / may resume.
-_PAUSE_FILL = 0.9
-_RESUME_FILL = 0.7
+PAUSE_FILL = 0.9
+RESUME_FILL = 0.7
 # An acquisition changes one count: at most two more count runs of 9 + 9 + 3 raw bytes each (gap,
 # length, count < 2**21), 63 characters with the estimate's 1.5 factor (base64 is 4/3).
-_MAX_ENTRY_CHARS = 64
+MAX_ENTRY_CHARS = 64
 
 
 def _vlen(n: int) -> int:
@@ -41,7 +34,18 @@ def _vlen(n: int) -> int:
 
 
 class CommitMetadata:
-    """The commit metadata of one partition's ledger (see the module docstring)."""
+    """The commit metadata of one partition's ledger.
+
+    A part of `sidecar.core.ledger.partition.PartitionLedger`, built in its
+    constructor.  ``commit_state`` derives, from the records held, what to persist beyond the committed
+    offset (the codec is `sidecar.core.commitstate`); it walks the records held, bounded by
+    ``max_buffered_records``.  Everything else here is O(1): the size checks bound the encoded metadata
+    from counters this part keeps exact on every change (the done ranges and the count runs) and
+    measure it exactly only when the bound is not conclusive, so a partition pauses
+    (`sidecar.core.ledger.flow`) before its metadata outgrows ``metadata_max_bytes``.
+    ``commit_point`` is what the engine commits; in horizon mode it carries the horizon and the
+    isolated record's charge (`sidecar.core.ledger.horizon`), and revoke's final state is made here.
+    """
 
     def __init__(
         self,
@@ -50,7 +54,7 @@ class CommitMetadata:
         config: LedgerConfig,
         holdings: Holdings,
         horizon: Horizon,
-        live: OrderedDict[str, _Record],
+        live: OrderedDict[str, LedgerRecord],
         start_offset: int,
     ) -> None:
         self._topic = topic
@@ -114,7 +118,7 @@ class CommitMetadata:
             delta += 1 - (left == after) - (right == after)
         self._n_count_runs += delta
 
-    def done(self, record: _Record) -> None:
+    def done(self, record: LedgerRecord) -> None:
         """The record is done, about to leave the holdings (it is still held)."""
         offset = record.offset
         seq = record.seq
@@ -323,5 +327,5 @@ class CommitMetadata:
         bound = chars_for_payload(payload_bound(state))
         # Encoding (zlib included) is the expensive part: only when the bound is not conclusive.
         self._measured_chars = (
-            encoded_length(state) if bound > self._budget * _RESUME_FILL else bound
+            encoded_length(state) if bound > self._budget * RESUME_FILL else bound
         )

@@ -1,24 +1,8 @@
 """`PartitionLedger`: the delivery state of one assigned partition (sans-IO).
 
-This module holds the record lifecycle: intake (``add``), hand-outs (``acquire``), the
-application's answers (``answer``, ``not_attempted``), lock expiry (``expire``) and ``revoke``.
-What an answer does is `sidecar.core.outcome.decide`'s verdict; the state change it makes is
-`sidecar.core.ledger.machine`'s table.  The ledger is built of parts, one module each, which its
-constructor builds and gives what they need; each owns its attributes, and a call that touches
-several (a record done, an isolated hand-out) is a method here that asks each in turn::
-
-    PartitionLedger   here: the calls; the clock, ``changes``, revoked
-    ├── Attempts        attempts: the attempts in flight, their ids and lock-deadline order
-    ├── Holdings        holdings: the records held, the ready / backoff heaps, key queues, bytes
-    ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
-    ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
-    ├── FlowControl     flow: pause / resume, the next deadline
-    └── Archive         archive: the DLQ side of archiving
-
-Must not import trio, confluent_kafka, HTTP code or anything that performs I/O, and never reads a
-clock: callers pass ``now_ms`` (a monotonic clock in milliseconds).  It is the hot path, so every
-operation is O(log n) or amortised O(1); only ``commit_state`` and the metadata size check walk
-the records held (bounded by ``max_buffered_records``).
+Owns the record lifecycle's calls (intake, hand-outs, answers, lock expiry, revoke) and builds the
+ledger's parts (drawn in `PartitionLedger`'s docstring).  Must not import trio, confluent_kafka,
+HTTP code or anything that performs I/O, and never reads a clock: callers pass ``now_ms``.
 """
 
 from __future__ import annotations
@@ -32,8 +16,8 @@ from sidecar.core.ledger.attempts import Attempts
 from sidecar.core.ledger.flow import FlowControl
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
-from sidecar.core.ledger.machine import Event, _Record, enter
-from sidecar.core.ledger.metadata import _MAX_ENTRY_CHARS, _PAUSE_FILL, CommitMetadata
+from sidecar.core.ledger.machine import Event, LedgerRecord, enter
+from sidecar.core.ledger.metadata import MAX_ENTRY_CHARS, PAUSE_FILL, CommitMetadata
 from sidecar.core.ledger.values import (
     AnswerResult,
     ArchiveRequest,
@@ -76,7 +60,23 @@ _RELEASE_EVENT = Event.RELEASE
 
 
 class PartitionLedger:
-    """Delivery state of one assigned partition.  See `sidecar.core.ledger`."""
+    """Delivery state of one assigned partition: the record lifecycle's calls.
+
+    Inputs are method calls (``add``, ``acquire``, ``answer``, ``not_attempted``, ``expire``, the
+    ``dlq_*`` calls, ``revoke``; in horizon mode ``isolate`` and ``committed``); outputs are small
+    frozen values.  An illegal call raises a `LedgerError` and leaves the ledger unchanged.  What is
+    committable is derived from the records held, never stored.  Every operation is O(log n) or
+    amortised O(1) (the hot path) but ``commit_state`` and the metadata size check, which walk the
+    records held.  The parts, each owning its attributes; a call that touches several asks each::
+
+        PartitionLedger   here: the calls; the clock, ``changes``, revoked
+        ├── Attempts        attempts: the attempts in flight, their ids and lock-deadline order
+        ├── Holdings        holdings: the records held, the ready / backoff heaps, key queues, bytes
+        ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
+        ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
+        ├── FlowControl     flow: pause / resume, the next deadline
+        └── Archive         archive: the DLQ side of archiving
+    """
 
     def __init__(
         self,
@@ -194,7 +194,7 @@ class PartitionLedger:
             return False
         count = holdings.restored_count(offset) if holdings.restored_counts else 0
         count = max(count, base_count)
-        record = _Record(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
+        record = LedgerRecord(offset, key, item, count, holdings.queue_key(key), seq, size_bytes)
         if not_before_ms:
             record.not_before_ms = not_before_ms
             record.error = error
@@ -257,7 +257,7 @@ class PartitionLedger:
         heappop = heapq.heappop
         get = records.get
         attempts = self._attempts
-        pause_chars = config.metadata_max_bytes * _PAUSE_FILL
+        pause_chars = config.metadata_max_bytes * PAUSE_FILL
         allowance = 0
         # What the loop changes in the parts, added up and handed over before the metadata is
         # measured and at the end: the highest offset handed out (horizon) or counted
@@ -274,6 +274,12 @@ class PartitionLedger:
                 # Beyond the committed horizon: held until its commit (the horizon fell behind).
                 crash.held_beyond(offset)
                 break
+            if horizon and record.delivery_count and not crash.counts_stored:
+                # A redelivery: its count (raised by its last outcome) goes out once committed,
+                # or a death would restore the count below the one the app saw last (a commit
+                # is wanted now: see `horizon_wanted`).
+                crash.hold_for_count()
+                break
             if allowance <= 0:
                 if horizon:
                     crash.handed(top)
@@ -286,14 +292,14 @@ class PartitionLedger:
                 if estimate > pause_chars:
                     if (
                         record.delivery_count == 0
-                        and metadata.over(_PAUSE_FILL, self._version)
+                        and metadata.over(PAUSE_FILL, self._version)
                         and offset != next(iter(records))
                     ):
                         break
                 else:
-                    # An acquisition adds at most _MAX_ENTRY_CHARS to either estimate: that many
+                    # An acquisition adds at most MAX_ENTRY_CHARS to either estimate: that many
                     # need no new estimate.
-                    allowance = int(pause_chars - estimate) // _MAX_ENTRY_CHARS
+                    allowance = int(pause_chars - estimate) // MAX_ENTRY_CHARS
             allowance -= 1
             enter(record, _ACQUIRE)
             self._version += 1
@@ -331,7 +337,7 @@ class PartitionLedger:
             self._changes += 1
         return out
 
-    def _make_ready(self, record: _Record) -> None:
+    def _make_ready(self, record: LedgerRecord) -> None:
         limit = self.config.delivery_count_limit
         if record.delivery_count >= limit:
             # Restored at the limit: the last attempt's outcome was lost in a crash or a
@@ -353,23 +359,24 @@ class PartitionLedger:
         self._holdings.queue(record)
 
     def _start_archiving(
-        self, record: _Record, reason: ArchiveReason, error: ErrorInfo | None
+        self, record: LedgerRecord, reason: ArchiveReason, error: ErrorInfo | None
     ) -> None:
         self._archive.start(record, reason, error)
         if record.suspect:
             self._horizon.clear_suspect(record)  # restored at the limit: no delivery, DLQ now
 
-    def _settle(self, record: _Record) -> None:
+    def _settle(self, record: LedgerRecord) -> None:
         """The outcome of the record's attempt is known (not an accept): charge it if pending."""
         if record.pending:
             record.pending = False
             count = record.delivery_count
             record.delivery_count = count + 1
             self._metadata.counted(record.offset, count, count + 1)
+            self._horizon.count_raised()
         if record.suspect:
             self._horizon.clear_suspect(record)
 
-    def _finish(self, record: _Record) -> None:
+    def _finish(self, record: LedgerRecord) -> None:
         """The record is done: it leaves the holdings; the next of its key may go."""
         self._metadata.done(record)  # before it leaves: the lowest record held may be this one
         following = self._holdings.remove(record)
@@ -428,7 +435,7 @@ class PartitionLedger:
     def _end_attempt(
         self,
         attempt_id: str,
-        record: _Record,
+        record: LedgerRecord,
         ack: Ack | None,
         verdict: Verdict,
         now: int,
@@ -479,7 +486,9 @@ class PartitionLedger:
             retry_at_ms=record.not_before_ms,
         )
 
-    def _decide_release(self, record: _Record, count: int, retry_after_ms: int | None) -> Verdict:
+    def _decide_release(
+        self, record: LedgerRecord, count: int, retry_after_ms: int | None
+    ) -> Verdict:
         """`outcome.decide` for a release (or a lock expiry) of the ``count``-th attempt."""
         return decide(
             _RELEASE,
@@ -586,8 +595,9 @@ class PartitionLedger:
 
         Wanted when the hand-outs have used half the window beyond the committed horizon, or a
         ready record is held beyond it (the commit is asynchronous: hand-outs up to the committed
-        horizon go on meanwhile), and during the isolation pass when a charge or an outcome waits
-        for its commit.  None otherwise, in write-ahead mode and after a revoke.
+        horizon go on meanwhile), when a ready redelivery waits for the commit of the count its
+        last outcome raised, and during the isolation pass when a charge or an outcome
+        waits for its commit.  None otherwise, in write-ahead mode and after a revoke.
         """
         return self._horizon.wanted(self._revoked)
 

@@ -40,7 +40,16 @@ __all__ = [
 
 
 class RecordState(enum.Enum):
-    """Where a record is in its lifecycle (the transitions: `sidecar.core.ledger.machine`)."""
+    """Where a record is in its lifecycle.
+
+    The lifecycle (the transitions are `sidecar.core.ledger.machine.enter`'s table)::
+
+        AVAILABLE --acquire (delivery_count += 1)--> ACQUIRED --accept--> ACKNOWLEDGED        (done)
+            ^                                          |
+            +---- release / lock timeout (backoff) <---+  (while delivery_count < limit)
+                                                       |
+                reject, or release / timeout at the limit --> ARCHIVING --dlq_written--> ARCHIVED (done)
+    """
 
     AVAILABLE = "available"
     ACQUIRED = "acquired"

@@ -1,36 +1,12 @@
 """The HTTP wire contract between the sidecar and the application (docs/app-contract.md), sans-IO.
 
-This package owns the exact bytes of the requests the sidecar sends to the app (single and batch
-mode, in the sidecar's raw format or as CloudEvents: binary mode for one record, the JSON batch
-format for many), the interpretation of the app's answers into acks (the same for both formats),
-and the parsing of the sidecar's own ``POST /v1/acks`` body. ``openapi.yaml`` at the repository root documents the same contract and
-``tests/unit/test_wire.py`` checks the two against each other.
+Owns the exact bytes of the requests sent to the app (single and batch, raw or CloudEvents), the
+app's answers read into acks, and the sidecar's own ``POST /v1/acks`` body; every string a parser
+returns that will become bytes later is checked for UTF-8 (`sidecar.core.text`). ``openapi.yaml``
+documents the same contract (``tests/unit/test_wire.py`` checks the two against each other).
 
-Pure functions and frozen values only: no sockets, no trio, no Kafka, no logging. The one clock
-read (an HTTP-date ``Retry-After``) can be pinned by the caller through ``now_epoch_s``. It imports
-nothing of ``sidecar`` outside `sidecar.core`, so every layer can depend on it.
-
-Errors::
-
-    WireError(ValueError)   malformed input to a parser here (the ack API body, a bad header
-                            value handed to a formatter); the app's *answers* never raise —
-                            a malformed answer is a release carrying a
-                            ``sidecar.MalformedAnswer`` error.
-
-Every string a parser returns that will become bytes later (a DLQ header name or value, an
-error's class, message or stack trace, a delivery id) is checked here to have a UTF-8 encoding:
-JSON's ``\\ud800`` escape is valid JSON but a lone surrogate, which no encoder accepts, and the
-DLQ producer must never be handed one.
-
-One module a part of the contract::
-
-    values        words, limits, WireError, RecordView, AppError, Answer, AckItem
-    requests      single and batch request bytes, X-Kafka-* header encodings, the pull response
-    cloudevents   app.format: cloudevents (binary mode, the JSON batch format)
-    answers       the app's answers interpreted into Answer values
-    acks          the sidecar's own POST /v1/acks body and response
-
-Import the public names from here.
+Pure functions and frozen values only: no sockets, no trio, no Kafka, no logging; the one clock read
+(an HTTP-date ``Retry-After``) can be pinned. Imports only `sidecar.core`; import names from here.
 """
 
 from __future__ import annotations
@@ -43,6 +19,7 @@ from sidecar.core.wire.answers import (
     interpret_batch,
     interpret_single,
     parse_retry_after_ms,
+    route_missing,
     validate_status_mapping,
 )
 from sidecar.core.wire.cloudevents import (
@@ -68,11 +45,14 @@ from sidecar.core.wire.values import (
     ANSWER_ACKS,
     MALFORMED_ANSWER,
     MAX_RETRY_AFTER_MS,
+    ROUTE_MISSING,
+    ROUTE_MISSING_STATUSES,
     AckItem,
     AckWord,
     Answer,
     AppError,
     RecordView,
+    SchemaRef,
     WireError,
 )
 
@@ -84,12 +64,15 @@ __all__ = [
     "CLOUDEVENTS_SPECVERSION",
     "MALFORMED_ANSWER",
     "MAX_RETRY_AFTER_MS",
+    "ROUTE_MISSING",
+    "ROUTE_MISSING_STATUSES",
     "AckItem",
     "AckWord",
     "Answer",
     "AppError",
     "CloudEventsFormat",
     "RecordView",
+    "SchemaRef",
     "WireError",
     "cloudevent_attributes",
     "cloudevents_time",
@@ -106,5 +89,6 @@ __all__ = [
     "is_structured_content_type",
     "parse_ack_request",
     "parse_retry_after_ms",
+    "route_missing",
     "validate_status_mapping",
 ]

@@ -12,12 +12,12 @@ from typing import cast
 
 from sidecar.core.text import has_utf8
 from sidecar.core.wire.answers import (
-    _load_json,
-    _Malformed,
-    _parse_dlq,
-    _parse_dlq_topic,
-    _parse_error,
-    _parse_retry_after,
+    Malformed,
+    load_json,
+    parse_dlq,
+    parse_dlq_topic,
+    parse_error,
+    parse_retry_after,
 )
 from sidecar.core.wire.values import ACK_REQUEST_WORDS, AckItem, AckRequestWord, WireError
 
@@ -31,8 +31,8 @@ def parse_ack_request(body: bytes) -> list[AckItem]:
     "dlq"?}``. Raises :class:`WireError` naming the first bad field.
     """
     try:
-        obj = _load_json(body)
-    except _Malformed as exc:
+        obj = load_json(body)
+    except Malformed as exc:
         raise WireError(str(exc)) from None
     if isinstance(obj, dict):
         if "acks" not in obj:
@@ -59,11 +59,11 @@ def parse_ack_request(body: bytes) -> list[AckItem]:
                 f"{where}.ack must be one of {', '.join(sorted(ACK_REQUEST_WORDS))}, got {ack!r}"
             )
         try:
-            error = _parse_error(entry.get("error"), where)
-            retry_after_ms = _parse_retry_after(entry.get("retry_after_ms"), where)
-            dlq_headers, dlq_value, dlq_value_set = _parse_dlq(entry.get("dlq"), where)
-            dlq_topic = _parse_dlq_topic(entry.get("dlq"), where)
-        except _Malformed as exc:
+            error = parse_error(entry.get("error"), where)
+            retry_after_ms = parse_retry_after(entry.get("retry_after_ms"), where)
+            dlq_headers, dlq_value, dlq_value_set = parse_dlq(entry.get("dlq"), where)
+            dlq_topic = parse_dlq_topic(entry.get("dlq"), where)
+        except Malformed as exc:
             raise WireError(str(exc)) from None
         items.append(
             AckItem(

@@ -18,11 +18,13 @@ from typing import cast
 
 from sidecar.core.text import has_utf8
 from sidecar.core.wire.values import (
-    _STATUS_ACKS,
-    _STATUS_MESSAGE_CHARS,
     ANSWER_ACKS,
     MALFORMED_ANSWER,
     MAX_RETRY_AFTER_MS,
+    ROUTE_MISSING,
+    ROUTE_MISSING_STATUSES,
+    STATUS_ACKS,
+    STATUS_MESSAGE_CHARS,
     AckWord,
     Answer,
     AppError,
@@ -30,22 +32,62 @@ from sidecar.core.wire.values import (
     WireError,
 )
 
-__all__ = ["interpret_batch", "interpret_single", "parse_retry_after_ms", "validate_status_mapping"]
+__all__ = [
+    "interpret_batch",
+    "interpret_single",
+    "parse_retry_after_ms",
+    "route_missing",
+    "validate_status_mapping",
+]
 
 
-def validate_status_mapping(mapping: Mapping[int, str]) -> dict[int, AckWord]:
-    """Check a configured status → ack mapping; raise :class:`WireError` on a bad entry."""
-    checked: dict[int, AckWord] = {}
+def validate_status_mapping(mapping: Mapping[int, str]) -> dict[int, str]:
+    """Check a configured status → ack (or ``route-missing``) mapping; raise :class:`WireError`
+    on a bad entry."""
+    checked: dict[int, str] = {}
+    words = STATUS_ACKS | {ROUTE_MISSING}
     for status, ack in mapping.items():
         if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             raise WireError(f"status mapping key must be an HTTP status 100..599, got {status!r}")
-        if ack not in _STATUS_ACKS:
+        if ack not in words:
             raise WireError(
                 f"status mapping for {status}: expected one of "
-                f"{', '.join(sorted(_STATUS_ACKS))}, got {ack!r}"
+                f"{', '.join(sorted(words))}, got {ack!r}"
             )
-        checked[status] = cast(AckWord, ack)
+        checked[status] = ack
     return checked
+
+
+def route_missing(
+    status: int,
+    headers: HeaderList,
+    body: bytes,
+    mapping: Mapping[int, str] | None = None,
+    *,
+    batch: bool = False,
+) -> bool:
+    """Whether an answer says the app has no such route: the configured URL is wrong, not the record.
+
+    A status of ``ROUTE_MISSING_STATUSES`` (404, 405, 415) the mapping leaves alone, or one the
+    mapping marks ``route-missing``, whose body is not a JSON answer: a JSON object with an
+    ``ack`` (single mode) or a ``results`` list (batch mode). A framework's own error page, JSON
+    or not, has neither; an app that rejects a record with 404 on purpose says so in JSON.
+    """
+    mapped = mapping.get(status) if mapping else None
+    if mapped is None:
+        if status not in ROUTE_MISSING_STATUSES:
+            return False
+    elif mapped != ROUTE_MISSING:
+        return False
+    if not (_is_json(_header(headers, b"content-type")) and body.strip()):
+        return True
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return True
+    if not isinstance(obj, dict):
+        return True
+    return not ("ack" in obj or (batch and isinstance(obj.get("results"), list)))
 
 
 def _header(headers: HeaderList, name: bytes) -> bytes | None:
@@ -94,8 +136,8 @@ def parse_retry_after_ms(value: bytes | None, now_epoch_s: float | None = None) 
 
 def _status_error(status: int, content_type: bytes | None, body: bytes) -> AppError:
     if _is_text(content_type):
-        message = body[: _STATUS_MESSAGE_CHARS * 4].decode("utf-8", "replace")
-        message = message[:_STATUS_MESSAGE_CHARS].strip()
+        message = body[: STATUS_MESSAGE_CHARS * 4].decode("utf-8", "replace")
+        message = message[:STATUS_MESSAGE_CHARS].strip()
     else:
         kind = content_type.split(b";", 1)[0].strip().decode("latin-1") if content_type else ""
         message = f"{len(body)} bytes of {kind}"
@@ -104,8 +146,10 @@ def _status_error(status: int, content_type: bytes | None, body: bytes) -> AppEr
 
 def _status_ack(status: int, mapping: Mapping[int, str]) -> AckWord:
     mapped = mapping.get(status)
+    if mapped == ROUTE_MISSING:
+        mapped = None  # the answer carried JSON (see route_missing): the status alone decides
     if mapped is not None:
-        if mapped not in _STATUS_ACKS:
+        if mapped not in STATUS_ACKS:
             raise WireError(f"status mapping for {status} names unknown ack {mapped!r}")
         return cast(AckWord, mapped)
     if status == 202:
@@ -117,7 +161,7 @@ def _status_ack(status: int, mapping: Mapping[int, str]) -> AckWord:
     return "release"
 
 
-class _Malformed(Exception):
+class Malformed(Exception):
     """A JSON answer that does not follow the contract; the message names the field."""
 
 
@@ -127,74 +171,74 @@ def _malformed_answer(reason: str) -> Answer:
 
 def _checked_text(text: str, where: str) -> str:
     if not has_utf8(text):
-        raise _Malformed(f"{where} is not valid Unicode text (a lone surrogate)")
+        raise Malformed(f"{where} is not valid Unicode text (a lone surrogate)")
     return text
 
 
-def _parse_error(obj: object, where: str) -> AppError | None:
+def parse_error(obj: object, where: str) -> AppError | None:
     if obj is None:
         return None
     if not isinstance(obj, dict):
-        raise _Malformed(f"{where}.error must be an object")
+        raise Malformed(f"{where}.error must be an object")
     fields: list[str] = []
     for field in ("class", "message"):
         text = obj.get(field, "")
         if not isinstance(text, str):
-            raise _Malformed(f"{where}.error.{field} must be a string")
+            raise Malformed(f"{where}.error.{field} must be a string")
         fields.append(_checked_text(text, f"{where}.error.{field}"))
     stacktrace = obj.get("stacktrace")
     if stacktrace is not None:
         if not isinstance(stacktrace, str):
-            raise _Malformed(f"{where}.error.stacktrace must be a string or null")
+            raise Malformed(f"{where}.error.stacktrace must be a string or null")
         _checked_text(stacktrace, f"{where}.error.stacktrace")
     cause = obj.get("cause_class")
     if cause is not None:
         if not isinstance(cause, str):
-            raise _Malformed(f"{where}.error.cause_class must be a string or null")
+            raise Malformed(f"{where}.error.cause_class must be a string or null")
         _checked_text(cause, f"{where}.error.cause_class")
     return AppError(fields[0], fields[1], stacktrace, cause or None)
 
 
-def _parse_retry_after(obj: object, where: str) -> int | None:
+def parse_retry_after(obj: object, where: str) -> int | None:
     if obj is None:
         return None
     if isinstance(obj, bool) or not isinstance(obj, int | float) or not math.isfinite(obj):
-        raise _Malformed(f"{where}.retry_after_ms must be a number")
+        raise Malformed(f"{where}.retry_after_ms must be a number")
     if obj < 0:
-        raise _Malformed(f"{where}.retry_after_ms must not be negative")
+        raise Malformed(f"{where}.retry_after_ms must not be negative")
     return min(math.ceil(obj), MAX_RETRY_AFTER_MS)
 
 
-def _parse_dlq(obj: object, where: str) -> tuple[tuple[tuple[str, bytes], ...], bytes | None, bool]:
+def parse_dlq(obj: object, where: str) -> tuple[tuple[tuple[str, bytes], ...], bytes | None, bool]:
     if obj is None:
         return (), None, False
     if not isinstance(obj, dict):
-        raise _Malformed(f"{where}.dlq must be an object")
+        raise Malformed(f"{where}.dlq must be an object")
     raw_headers = obj.get("headers", {})
     if not isinstance(raw_headers, dict):
-        raise _Malformed(f"{where}.dlq.headers must be an object of strings")
+        raise Malformed(f"{where}.dlq.headers must be an object of strings")
     headers: list[tuple[str, bytes]] = []
     for name, value in raw_headers.items():
         # repr() escapes a lone surrogate, so the reason itself stays encodable.
         field = f"{where}.dlq.headers[{name!r}]"
         if not isinstance(value, str):
-            raise _Malformed(f"{field} must be a string")
+            raise Malformed(f"{field} must be a string")
         _checked_text(name, f"{field} (the name)")
         try:
             headers.append((name, value.encode("utf-8")))
         except UnicodeEncodeError:
-            raise _Malformed(f"{field} is not valid Unicode text (a lone surrogate)") from None
+            raise Malformed(f"{field} is not valid Unicode text (a lone surrogate)") from None
     if "value_b64" not in obj:
         return tuple(headers), None, False
     encoded = obj["value_b64"]
     if encoded is None:
         return tuple(headers), None, True
     if not isinstance(encoded, str):
-        raise _Malformed(f"{where}.dlq.value_b64 must be a base64 string or null")
+        raise Malformed(f"{where}.dlq.value_b64 must be a base64 string or null")
     try:
         value = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise _Malformed(f"{where}.dlq.value_b64 is not valid base64") from exc
+        raise Malformed(f"{where}.dlq.value_b64 is not valid base64") from exc
     return tuple(headers), value, True
 
 
@@ -202,15 +246,15 @@ def _parse_dlq(obj: object, where: str) -> tuple[tuple[tuple[str, bytes], ...], 
 _TOPIC_NAME_MAX = 249
 
 
-def _parse_dlq_topic(obj: object, where: str) -> str | None:
+def parse_dlq_topic(obj: object, where: str) -> str | None:
     """The DLQ topic a reject names (``dlq.topic``); whether it may is the sidecar's routes' call."""
     if not isinstance(obj, dict):
-        return None  # no dlq object (a bad one is _parse_dlq's error)
+        return None  # no dlq object (a bad one is parse_dlq's error)
     topic = obj.get("topic")
     if topic is None:
         return None
     if not isinstance(topic, str) or not topic or len(topic) > _TOPIC_NAME_MAX:
-        raise _Malformed(f"{where}.dlq.topic must be a topic name (1..249 characters) or null")
+        raise Malformed(f"{where}.dlq.topic must be a topic name (1..249 characters) or null")
     return _checked_text(topic, f"{where}.dlq.topic")
 
 
@@ -218,19 +262,19 @@ def _answer_from_object(
     obj: dict[str, object], where: str, fallback: AckWord, fallback_error: AppError | None
 ) -> Answer:
     """An Answer from one JSON answer object; ``fallback`` applies when it has no ``ack``."""
-    error = _parse_error(obj.get("error"), where)
-    retry_after_ms = _parse_retry_after(obj.get("retry_after_ms"), where)
+    error = parse_error(obj.get("error"), where)
+    retry_after_ms = parse_retry_after(obj.get("retry_after_ms"), where)
     ack_word = obj.get("ack")
     if ack_word is None:
         ack: AckWord = fallback
         reason = f"status ({fallback})"
     elif not isinstance(ack_word, str) or ack_word not in ANSWER_ACKS:
-        raise _Malformed(f"{where}.ack names an unknown ack {ack_word!r}")
+        raise Malformed(f"{where}.ack names an unknown ack {ack_word!r}")
     else:
         ack = cast(AckWord, ack_word)
         reason = f"JSON ack {ack}"
-    dlq_headers, dlq_value, dlq_value_set = _parse_dlq(obj.get("dlq"), where)
-    dlq_topic = _parse_dlq_topic(obj.get("dlq"), where)
+    dlq_headers, dlq_value, dlq_value_set = parse_dlq(obj.get("dlq"), where)
+    dlq_topic = parse_dlq_topic(obj.get("dlq"), where)
     if error is None and ack != "accept":
         # A JSON release under a 5xx without its own error still says what went wrong.
         error = fallback_error
@@ -246,11 +290,11 @@ def _answer_from_object(
     )
 
 
-def _load_json(body: bytes) -> object:
+def load_json(body: bytes) -> object:
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise _Malformed(f"invalid JSON: {exc}") from exc
+        raise Malformed(f"invalid JSON: {exc}") from exc
 
 
 def interpret_single(
@@ -276,11 +320,11 @@ def interpret_single(
         retry_after_ms = parse_retry_after_ms(_header(headers, b"retry-after"), now_epoch_s)
     if _is_json(content_type) and body.strip():
         try:
-            obj = _load_json(body)
+            obj = load_json(body)
             if not isinstance(obj, dict):
-                raise _Malformed(f"answer must be a JSON object, got {type(obj).__name__}")
+                raise Malformed(f"answer must be a JSON object, got {type(obj).__name__}")
             answer = _answer_from_object(obj, "answer", status_ack, status_error)
-        except _Malformed as exc:
+        except Malformed as exc:
             return _malformed_answer(f"{exc} under status {status}")
         if answer.retry_after_ms is None and retry_after_ms is not None:
             answer = _with_retry_after(answer, retry_after_ms)
@@ -333,11 +377,11 @@ def interpret_batch(
             )
         return dict.fromkeys(wanted, whole)
     try:
-        obj = _load_json(body)
+        obj = load_json(body)
         if not isinstance(obj, dict) or not isinstance(obj.get("results"), list):
-            raise _Malformed("batch answer must be an object with a 'results' list")
+            raise Malformed("batch answer must be an object with a 'results' list")
         results = cast(list[object], obj["results"])
-    except _Malformed as exc:
+    except Malformed as exc:
         return dict.fromkeys(wanted, _malformed_answer(f"{exc} under status {status}"))
     wanted_set = set(wanted)
     answers: dict[str, Answer] = {}
@@ -352,9 +396,9 @@ def interpret_batch(
             continue
         try:
             if "ack" not in entry:
-                raise _Malformed(f"{where}.ack is missing")
+                raise Malformed(f"{where}.ack is missing")
             answers[delivery_id] = _answer_from_object(entry, where, "release", None)
-        except _Malformed as exc:
+        except Malformed as exc:
             answers[delivery_id] = _malformed_answer(str(exc))
     missing = Answer("release", reason="missing from the batch answer")
     return {delivery_id: answers.get(delivery_id, missing) for delivery_id in wanted}

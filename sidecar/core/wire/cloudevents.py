@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import quote
 
-from sidecar.core.wire.values import RecordView, _is_header_safe
+from sidecar.core.wire.values import RecordView, is_header_safe
 
 __all__ = [
     "CLOUDEVENTS_BATCH_CONTENT_TYPE",
@@ -146,7 +146,7 @@ def cloudevent_attributes(record: RecordView, cloudevents: CloudEventsFormat) ->
         lowered = name.lower()
         if lowered == "content-type":
             text = _ce_string(value)
-            if text is not None and text.strip() and _is_header_safe(text):
+            if text is not None and text.strip() and is_header_safe(text):
                 content_type = text.strip()
             continue
         if not lowered.startswith("ce_"):
@@ -156,13 +156,23 @@ def cloudevent_attributes(record: RecordView, cloudevents: CloudEventsFormat) ->
         if text is None or not _record_attribute_ok(attribute, text):
             continue
         if attribute == "datacontenttype":
-            if text.strip() and _is_header_safe(text):
+            if text.strip() and is_header_safe(text):
                 fallback_content_type = text.strip()
             continue
         attributes[attribute] = text
     content_type = content_type or fallback_content_type
     if content_type is not None:
         attributes["datacontenttype"] = content_type
+    schema = record.value_schema
+    if schema is not None:
+        # Decoded through a Schema Registry: the data is JSON now, and the schema is named in
+        # extension attributes (the registry's URL may carry credentials: no `dataschema`).
+        attributes["datacontenttype"] = "application/json"
+        attributes["schemaid"] = str(schema.schema_id)
+        attributes["schematype"] = schema.schema_type
+        if schema.subject:
+            attributes["schemasubject"] = schema.subject
+            attributes["schemaversion"] = str(schema.version)
     return attributes
 
 
@@ -198,7 +208,7 @@ def _ce_header_value(value: str) -> str:
     return quote(value, safe=_CE_HEADER_SAFE)
 
 
-def _binary_mode(record: RecordView, cloudevents: CloudEventsFormat) -> tuple[str, bytes]:
+def binary_mode(record: RecordView, cloudevents: CloudEventsFormat) -> tuple[str, bytes]:
     """The Content-Type and ``ce-*`` header lines of one record in binary mode.
 
     A record that already is a structured-mode CloudEvent (its content type is an event format)
@@ -232,13 +242,15 @@ def _batch_event(record: RecordView, cloudevents: CloudEventsFormat) -> dict[str
         event = None if record.value is None else _structured_event(record.value)
     if event is None:
         event = dict(attributes)
-        if record.value is not None:
+        if record.value is not None and record.value_schema is not None:
+            event["data"] = json.loads(record.value)  # decoded through a Schema Registry: JSON
+        elif record.value is not None:
             # The value is opaque bytes to the sidecar: JSON format §3.1's Binary data.
             event["data_base64"] = base64.b64encode(record.value).decode("ascii")
-    if record.traceparent is not None and _is_header_safe(record.traceparent):
+    if record.traceparent is not None and is_header_safe(record.traceparent):
         # The distributed-tracing extension's attributes, as the JSON format carries them.
         event["traceparent"] = record.traceparent
-        if record.tracestate is not None and _is_header_safe(record.tracestate):
+        if record.tracestate is not None and is_header_safe(record.tracestate):
             event["tracestate"] = record.tracestate
     event["deliveryid"] = record.delivery_id
     event["deliverycount"] = record.delivery_count

@@ -19,10 +19,10 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 from sidecar.core.wire.cloudevents import (
     CLOUDEVENTS_BATCH_CONTENT_TYPE,
     CloudEventsFormat,
-    _binary_mode,
+    binary_mode,
     format_cloudevents_batch_body,
 )
-from sidecar.core.wire.values import RecordView, WireError, _is_header_safe
+from sidecar.core.wire.values import RecordView, SchemaRef, WireError, is_header_safe
 
 __all__ = [
     "decode_kafka_header",
@@ -87,15 +87,15 @@ def _request_prefix(
     host: str, path: str, extra_headers: tuple[tuple[str, str], ...], content_type: str
 ) -> bytes:
     # Everything that does not depend on the record, built once per (target, mode).
-    if not path.startswith("/") or " " in path or not _is_header_safe(path):
+    if not path.startswith("/") or " " in path or not is_header_safe(path):
         raise WireError(f"request path must be an absolute visible-ASCII path, got {path!r}")
-    if not _is_header_safe(host) or not host:
+    if not is_header_safe(host) or not host:
         raise WireError(f"Host header value is not visible ASCII: {host!r}")
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Type: {content_type}"]
     for name, value in extra_headers:
         if not _TOKEN.fullmatch(name):
             raise WireError(f"extra header name is not a valid token: {name!r}")
-        if not _is_header_safe(value):
+        if not is_header_safe(value):
             raise WireError(f"extra header {name!r} has a value that is not visible ASCII")
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n").encode("ascii")
@@ -117,14 +117,14 @@ def format_single_request(
     With ``cloudevents`` the request is also a CloudEvent in the HTTP binding's binary mode
     (see :func:`cloudevent_attributes`); the ``Kafka-*`` headers stay as they are.
     """
-    content_type = "application/octet-stream"
+    content_type = "application/octet-stream" if record.value_schema is None else "application/json"
     ce_lines = b""
     if cloudevents is not None:
-        content_type, ce_lines = _binary_mode(record, cloudevents)
+        content_type, ce_lines = binary_mode(record, cloudevents)
     prefix = _request_prefix(host, path, _extra_tuple(extra_headers), content_type)
     topic = record.topic
     delivery_id = record.delivery_id
-    if not (_is_header_safe(topic) and _is_header_safe(delivery_id)):
+    if not (is_header_safe(topic) and is_header_safe(delivery_id)):
         raise WireError("topic and delivery id must be visible ASCII")
     value = record.value
     body = b"" if value is None else value
@@ -157,17 +157,49 @@ def format_single_request(
         parts.append(b"Kafka-Value-Null: true\r\n")
     for name, header_value in record.headers:
         parts.append(b"Kafka-Header: %s\r\n" % encode_kafka_header(name, header_value).encode())
+    if record.key_schema is not None:
+        parts.append(_schema_lines(b"Key", record.key_schema))
+    if record.value_schema is not None:
+        parts.append(_schema_lines(b"Value", record.value_schema))
     if ce_lines:
         parts.append(ce_lines)
     # Trace context comes from record headers a producer wrote, so it is untrusted: a value
     # that could break the header block is dropped rather than forwarded.
-    if record.traceparent is not None and _is_header_safe(record.traceparent):
+    if record.traceparent is not None and is_header_safe(record.traceparent):
         parts.append(b"traceparent: %s\r\n" % record.traceparent.encode("ascii"))
-        if record.tracestate is not None and _is_header_safe(record.tracestate):
+        if record.tracestate is not None and is_header_safe(record.tracestate):
             parts.append(b"tracestate: %s\r\n" % record.tracestate.encode("ascii"))
     parts.append(b"\r\n")
     parts.append(body)
     return b"".join(parts)
+
+
+def _schema_lines(field: bytes, schema: SchemaRef) -> bytes:
+    """``Kafka-<Field>-Schema-*`` lines: the schema a decoded key or value was read with. A subject
+    that is not visible ASCII is left out (the id names the schema all the same)."""
+    lines = b"Kafka-%s-Schema-Id: %d\r\nKafka-%s-Schema-Type: %s\r\n" % (
+        field,
+        schema.schema_id,
+        field,
+        schema.schema_type.encode("ascii", "replace"),
+    )
+    if schema.subject and is_header_safe(schema.subject):
+        lines += b"Kafka-%s-Schema-Subject: %s\r\nKafka-%s-Schema-Version: %d\r\n" % (
+            field,
+            schema.subject.encode("ascii"),
+            field,
+            schema.version,
+        )
+    return lines
+
+
+def _schema_json(schema: SchemaRef) -> bytes:
+    return b'{"subject":%s,"version":%d,"id":%d,"type":%s}' % (
+        _jstr(schema.subject),
+        schema.version,
+        schema.schema_id,
+        _jstr(schema.schema_type),
+    )
 
 
 _NULL = b"null"
@@ -201,7 +233,7 @@ def _batch_item(record: RecordView, topics: dict[str, bytes]) -> bytes:
     if topic is None:
         topic = topics[record.topic] = _jstr(record.topic)
     ts = record.timestamp_ms
-    return _BATCH_ITEM % (
+    item = _BATCH_ITEM % (
         _jstr(record.delivery_id),
         topic,
         record.partition,
@@ -215,6 +247,15 @@ def _batch_item(record: RecordView, topics: dict[str, bytes]) -> bytes:
         _jstr(record.traceparent),
         _jstr(record.tracestate),
     )
+    if record.key_schema is None and record.value_schema is None:
+        return item
+    # Decoded through a Schema Registry: `key` / `value` carry JSON text, and the schema is named.
+    extra = b""
+    if record.key_schema is not None:
+        extra += b',"key_schema":%s' % _schema_json(record.key_schema)
+    if record.value_schema is not None:
+        extra += b',"value_schema":%s' % _schema_json(record.value_schema)
+    return item[:-1] + extra + b"}"
 
 
 def format_batch_request(

@@ -18,6 +18,8 @@ __all__ = [
     "ANSWER_ACKS",
     "MALFORMED_ANSWER",
     "MAX_RETRY_AFTER_MS",
+    "ROUTE_MISSING",
+    "ROUTE_MISSING_STATUSES",
     "AckItem",
     "AckRequestWord",
     "AckWord",
@@ -25,6 +27,7 @@ __all__ = [
     "AppError",
     "HeaderList",
     "RecordView",
+    "SchemaRef",
     "WireError",
 ]
 
@@ -35,7 +38,12 @@ HeaderList: TypeAlias = Sequence[tuple[bytes, bytes]]
 # The words an app may put in a JSON answer; "deferred" is only reachable through status 202
 # (or a status mapping), because a JSON body *is* an answer and so cannot defer one.
 ANSWER_ACKS: frozenset[str] = frozenset({"accept", "release", "reject"})
-_STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
+STATUS_ACKS: frozenset[str] = frozenset({"accept", "release", "reject", "deferred"})
+# A status mapping's word for "the app has no such route" (the URL is wrong, not the record), and
+# the statuses that mean it by default when the body carries no JSON answer: what web frameworks
+# answer for a path (404), a method (405) or a content type (415) they do not serve.
+ROUTE_MISSING = "route-missing"
+ROUTE_MISSING_STATUSES: frozenset[int] = frozenset({404, 405, 415})
 ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "renew"})
 
 # A Retry-After far in the future is almost always a bug on the app side (a date in the wrong
@@ -43,11 +51,24 @@ ACK_REQUEST_WORDS: frozenset[str] = frozenset({"accept", "release", "reject", "r
 MAX_RETRY_AFTER_MS = 600_000
 # The message of a synthesised HttpStatusNNN error: enough to recognise the failure in the DLQ
 # headers, small enough that an HTML error page does not bloat them.
-_STATUS_MESSAGE_CHARS = 200
+STATUS_MESSAGE_CHARS = 200
 
 
 class WireError(SidecarError, ValueError):
-    """Input to this module's parsers or formatters is malformed; the message says where."""
+    """Input to a wire parser or formatter is malformed; the message says where.
+
+    The app's *answers* never raise: a malformed answer is a release carrying a
+    ``sidecar.MalformedAnswer`` error.
+    """
+
+
+class SchemaRef(NamedTuple):
+    """The schema a key or value was decoded with (records with schemas): it is JSON text now."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str  # AVRO | PROTOBUF | JSON
 
 
 class RecordView(NamedTuple):
@@ -69,6 +90,9 @@ class RecordView(NamedTuple):
     delivery_id: str
     traceparent: str | None = None
     tracestate: str | None = None
+    # Set when the key / value was decoded through a Schema Registry: `key` / `value` are JSON text.
+    key_schema: SchemaRef | None = None
+    value_schema: SchemaRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +141,6 @@ class AckItem:
     dlq_topic: str | None = None
 
 
-def _is_header_safe(text: str) -> bool:
+def is_header_safe(text: str) -> bool:
     # Visible ASCII plus space, no CR/LF/TAB: anything else could split or smuggle headers.
     return text.isascii() and text.isprintable()

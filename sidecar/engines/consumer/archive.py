@@ -1,18 +1,10 @@
 """The consumer-group engine's archiver: records the ledger archives go to the DLQ step, one task each.
 
-:class:`Archiver` is a part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by
-it and given its collaborators: the pipeline (its DLQ step, `dead_letter`), the DLQ writer, the
-partitions, the committer (whose transaction a record joins in transactional mode) and the
-scheduler's wakeup. It owns the nursery of its archive tasks and what the DLQ circuit breaker held
-(`Slot.held`, released by `release_held`). Its ledger calls (`dlq_written`, `dlq_withheld`) are in
-the engine's table of who may change a ledger.
+Owns `Archiver` (a part of `ConsumerGroupEngine`): the nursery of its archive tasks (each: the
+outlet's `dead_letter`, then the DLQ writer or the committer's transaction, then the ledger) and
+what the DLQ circuit breaker held (`PartitionState.held`, released by `release_held`).
 
-Where a record goes: the scheduler's turn → `start` (the ledger's `to_archive`) → `_archive` →
-the outlet's `dead_letter` (the pipeline's DLQ step: stop, skip, hold, or write) → its sink: the DLQ
-writer, or (transactional) the committer's transaction (`Committer.transaction`), which marks it
-done inside the transaction → the ledger (`dlq_written`), or held until the breaker lets it go.
-A long release (reason RETRY_TIER) goes the same way to the tier step (`TierWriter.write`). Must not import the pipeline, the share
-engine, or confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from sidecar.core.deadletter import ArchiveOutcome
 from sidecar.core.outcome import ArchiveReason
 from sidecar.core.record import Tracked
 from sidecar.engines.consumer.commits import Committer
-from sidecar.engines.consumer.partitions import Partitions, Slot, SlotRef, now_ms
+from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState, now_ms
 from sidecar.engines.interfaces import Outlet, TierWriter
 from sidecar.kafka.dlq import DlqWriter
 
@@ -38,7 +30,7 @@ class Archiver:
 
     def __init__(
         self,
-        pipe: Outlet[SlotRef],
+        outlet: Outlet[PartitionRef],
         dlq: DlqWriter,
         tiers: TierWriter,
         partitions: Partitions,
@@ -47,7 +39,7 @@ class Archiver:
         *,
         transactional: bool,
     ) -> None:
-        self._pipe = pipe
+        self._outlet = outlet
         self._dlq = dlq
         self._tiers = tiers
         self._partitions = partitions
@@ -63,43 +55,43 @@ class Archiver:
             task_status.started()
             await trio.sleep_forever()
 
-    def start(self, slots: Sequence[Slot]) -> None:
-        """A task for each record the slots' ledgers have to archive."""
+    def start(self, states: Sequence[PartitionState]) -> None:
+        """A task for each record the states' ledgers have to archive."""
         nursery = self._nursery
         assert nursery is not None
-        for slot in slots:
-            for req in slot.ledger.to_archive():
-                slot.dlq_writes += 1
-                nursery.start_soon(self._archive_counted, slot, req)
+        for state in states:
+            for req in state.ledger.to_archive():
+                state.dlq_writes += 1
+                nursery.start_soon(self._archive_counted, state, req)
 
     def release_held(self) -> None:
         """The DLQ circuit breaker is half-open or closed: what it held is AVAILABLE again."""
         now = now_ms()
-        for slot in self._partitions.by_key.values():
-            for offset in slot.held:
+        for state in self._partitions.by_key.values():
+            for offset in state.held:
                 with contextlib.suppress(L.LedgerError):
-                    slot.ledger.dlq_withheld(offset, now)
-            slot.held.clear()
+                    state.ledger.dlq_withheld(offset, now)
+            state.held.clear()
         self._kick()
 
-    async def _archive_counted(self, slot: Slot, req: L.ArchiveRequest) -> None:
+    async def _archive_counted(self, state: PartitionState, req: L.ArchiveRequest) -> None:
         try:
-            await self._archive(slot, req)
+            await self._archive(state, req)
         finally:
-            slot.dlq_writes -= 1
+            state.dlq_writes -= 1
             self._partitions.progressed()
 
-    async def _archive(self, slot: Slot, req: L.ArchiveRequest) -> None:
+    async def _archive(self, state: PartitionState, req: L.ArchiveRequest) -> None:
         # Transactional: the committer marks the record done inside the transaction that commits
         # its offset; otherwise the DLQ writer writes it and the ledger is told here.
         # A long release (reason RETRY_TIER) takes the same path to its retry tier's topic.
-        sink = self._committer.transaction(slot, req.offset) if self._transactional else self._dlq
+        sink = self._committer.transaction(state, req.offset) if self._transactional else self._dlq
         if req.reason is ArchiveReason.RETRY_TIER:
             outcome = await self._tiers.write(
                 cast(Tracked, req.item), req.delivery_count, req.delay_ms, req.error, sink=sink
             )
         else:
-            outcome = await self._pipe.dead_letter(
+            outcome = await self._outlet.dead_letter(
                 cast(Tracked, req.item),
                 req.delivery_count,
                 req.reason,
@@ -107,12 +99,12 @@ class Archiver:
                 consequence="stopping with its offset uncommitted",
                 sink=sink,
             )
-        owned = self._partitions.owned(slot)
+        owned = self._partitions.owned(state)
         marked_in_txn = self._transactional and outcome is ArchiveOutcome.WRITTEN
         if outcome.done and not marked_in_txn and owned:
-            slot.ledger.dlq_written(req.offset)
+            state.ledger.dlq_written(req.offset)
         elif outcome is ArchiveOutcome.HELD and owned:
-            slot.held.append(req.offset)  # not done: nothing is committed past it
+            state.held.append(req.offset)  # not done: nothing is committed past it
         self._kick()
 
 

@@ -1,18 +1,11 @@
 """The consumer-group engine's offset commits and transactional DLQ batches.
 
-Owns how the ledgers' state reaches the group's committed offsets: the commit points of a set of
-partitions (`_commit_offsets`), one commit at a time under `_commit_guard`, the periodic and wanted
-commits (`run`), the final commit of a stop (`commit_all`), and, with
-`errors.deadletterqueue.transactional.enable`, batches of DLQ records committed with their offsets in
-one Kafka transaction (`run_transactions`). :class:`Committer` is a part of
-:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by it and given its
-collaborators (the source, the partitions, the sender an isolated record goes to once its count is
-committed, the scheduler's wakeup); it owns the commit guard, its wake, `failing_since` and the
-transaction queue. The ledger calls it makes are in the engine's table of who may change a ledger.
-Commit errors arrive translated (`CommitFailed`) from the Kafka source. Where a record goes from
-here: a transactional DLQ record is marked done inside its transaction (`txn_write`, the archiver's
-sink); an isolated record released by a commit goes to `Sender.hand_out`. Must not import the
-pipeline, the share engine, or confluent-kafka.
+Owns `Committer` (a part of `ConsumerGroupEngine`): the commit points of a set of partitions, one
+commit at a time under its guard, the periodic and wanted commits (`run`), a stop's final commit
+(`commit_all`), `failing_since`, and with `errors.deadletterqueue.transactional.enable` the DLQ
+records committed with their offsets in one Kafka transaction (`run_transactions`).
+
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -30,10 +23,10 @@ from sidecar.core.deadletter import FailedRecord
 from sidecar.core.errors import CommitFailed
 from sidecar.engines.consumer.handout import Sender
 from sidecar.engines.consumer.partitions import (
+    PartitionRef,
     Partitions,
+    PartitionState,
     PendingCommit,
-    Slot,
-    SlotRef,
     TxnItem,
     now_ms,
 )
@@ -54,7 +47,7 @@ class Committer:
 
     def __init__(
         self,
-        pipe: Outlet[SlotRef],
+        outlet: Outlet[PartitionRef],
         config: Config,
         counters: Counters,
         dlq: DlqWriter,
@@ -65,13 +58,13 @@ class Committer:
         *,
         horizon: bool,
     ) -> None:
-        self._pipe = pipe
+        self._outlet = outlet
         self._config = config
         self._counters = counters
         self._dlq = dlq
         self._source = source
         self._partitions = partitions
-        self._slots = partitions.by_key
+        self._states = partitions.by_key
         self._sender = sender
         self._kick = kick
         self._horizon = horizon
@@ -90,16 +83,16 @@ class Committer:
 
     # ----------------------------------------------------------------------------- transactions
 
-    def transaction(self, slot: Slot, offset: int) -> DlqSink:
-        """Where the DLQ step writes the record at `offset` of `slot` (transactional mode): into
+    def transaction(self, state: PartitionState, offset: int) -> DlqSink:
+        """Where the DLQ step writes the record at `offset` of `state` (transactional mode): into
         the next transaction, which commits its offset too (`txn_write`)."""
-        return _TxnSink(self, slot, offset)
+        return _TxnSink(self, state, offset)
 
     async def txn_write(
-        self, slot: Slot, offset: int, failed: FailedRecord, dlq_topic: str
+        self, state: PartitionState, offset: int, failed: FailedRecord, dlq_topic: str
     ) -> bool:
         """True once written and committed; False when the partition went to another owner first."""
-        item = TxnItem(slot, offset, failed, dlq_topic)
+        item = TxnItem(state, offset, failed, dlq_topic)
         self._txn_items.append(item)
         self._txn_wake.set()
         await item.done.wait()
@@ -136,7 +129,7 @@ class Committer:
             marked: set[int] = set()  # ids of the items the ledger already counts as done
             delay_s = 0.5
             while True:
-                batch = [it for it in items if self._partitions.owned(it.slot)]
+                batch = [it for it in items if self._partitions.owned(it.state)]
                 try:
                     if batch:
                         await self._txn_attempt(batch, marked)
@@ -176,23 +169,25 @@ class Committer:
         """
         await self._dlq.txn_begin()
         await self._txn_produce_all(batch)
-        if not all(self._partitions.owned(it.slot) for it in batch):
+        if not all(self._partitions.owned(it.state) for it in batch):
             # Revoked or lost while the records were written: without the partition's offset in the
             # transaction, its DLQ record would be committed and written again by the next owner.
             raise DlqTxnAbortable("a partition went to another owner during the transaction")
-        slots: dict[int, Slot] = {}
+        states: dict[int, PartitionState] = {}
         for it in batch:
             if id(it) not in marked:
-                it.slot.ledger.dlq_written(it.offset)
-                it.slot.txn_uncommitted = True
+                it.state.ledger.dlq_written(it.offset)
+                it.state.txn_uncommitted = True
                 marked.add(id(it))
-            slots[id(it.slot)] = it.slot
-        pending = self._commit_offsets(list(slots.values()), force=True)
+            states[id(it.state)] = it.state
+        pending = self._commit_offsets(list(states.values()), force=True)
         await self._dlq.txn_commit([o for _, o, _ in pending], self._source.group_metadata())
-        for sl in slots.values():
+        for sl in states.values():
             sl.txn_uncommitted = False
         self._confirmed(pending)
-        self._counters.committed()
+        self._counters.committed(
+            partitions=len(pending), metadata_bytes=sum(len(o.metadata) for _, o, _ in pending)
+        )
 
     async def _txn_produce_all(self, batch: list[TxnItem]) -> None:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
@@ -226,65 +221,72 @@ class Committer:
         """
         for it in items:
             if id(it) in marked:
-                self._partitions.drop(it.slot)
+                self._partitions.drop(it.state)
         with contextlib.suppress(DlqFatalError):
             await self._dlq.txn_abort()
         return f"fatal: {reason}"
 
     # ----------------------------------------------------------------------------- commits
 
-    def _commit_offsets(self, slots: Sequence[Slot], force: bool) -> list[PendingCommit]:
-        """What to commit for `slots` (horizon mode: each one's commit point, see `_confirmed`).
+    def _commit_offsets(self, states: Sequence[PartitionState], force: bool) -> list[PendingCommit]:
+        """What to commit for `states` (horizon mode: each one's commit point, see `_confirmed`).
 
         Points are made and committed one at a time, in order, under the commit guard: a horizon
         committed after a higher one would take hand-outs back.
         """
         out: list[PendingCommit] = []
-        for slot in slots:
-            if not self._partitions.owned(slot):
+        for state in states:
+            if not self._partitions.owned(state):
                 continue
-            ledger = slot.ledger
+            ledger = state.ledger
             point: L.CommitPoint | None = None
             must = force
-            if self._horizon and not ledger.revoked:
+            horizon = self._horizon and not ledger.revoked
+            if horizon:
                 must = must or ledger.horizon_wanted() is not None
+            if not must and state.commit_quiet_at == ledger.changes:
+                # Unchanged since a point equal to the last commit: the same point again (an
+                # idle partition costs no encoding, and no scheduler turn for a new `changes`).
+                continue
+            if horizon:
                 point = ledger.commit_point()
                 offset, metadata = point.offset, point.metadata
             else:
                 offset = ledger.committable_offset()
                 metadata = ledger.encode_metadata()
-            if not must and slot.last_commit == (offset, metadata):
+            if not must and state.last_commit == (offset, metadata):
+                state.commit_quiet_at = ledger.changes
                 continue
             out.append(
-                (slot, OffsetToCommit(ledger.topic, ledger.partition, offset, metadata), point)
+                (state, OffsetToCommit(ledger.topic, ledger.partition, offset, metadata), point)
             )
         return out
 
     def _confirmed(self, pending: Sequence[PendingCommit]) -> None:
         """The broker has these commits: record them, and send the isolated records they allow."""
         now = now_ms()
-        released: list[tuple[Slot, L.Attempt]] = []
-        for slot, o, point in pending:
-            slot.last_commit = (o.offset, o.metadata)
-            if point is not None and self._partitions.owned(slot) and not slot.ledger.revoked:
-                attempt = slot.ledger.committed(point, now)
+        released: list[tuple[PartitionState, L.Attempt]] = []
+        for state, o, point in pending:
+            state.last_commit = (o.offset, o.metadata)
+            if point is not None and self._partitions.owned(state) and not state.ledger.revoked:
+                attempt = state.ledger.committed(point, now)
                 if attempt is not None:
-                    released.append((slot, attempt))
+                    released.append((state, attempt))
         if released:
             self._sender.hand_out(released)
         self._kick()
 
-    async def commit_now(self, slots: Sequence[Slot]) -> bool:
-        """Commit the slots' state whether or not it changed (write-ahead: the delivery counts of
+    async def commit_now(self, states: Sequence[PartitionState]) -> bool:
+        """Commit the partitions' state whether or not it changed (write-ahead: the delivery counts of
         records about to be handed out); whether the commit succeeded."""
-        return await self._commit_slots(slots, force=True)
+        return await self._commit_states(states, force=True)
 
-    async def _commit_slots(self, slots: Sequence[Slot], force: bool = False) -> bool:
+    async def _commit_states(self, states: Sequence[PartitionState], force: bool = False) -> bool:
         async with self._commit_guard:
-            return await self._commit_slots_locked(slots, force)
+            return await self._commit_states_locked(states, force)
 
-    async def _commit_slots_locked(self, slots: Sequence[Slot], force: bool) -> bool:
-        pending = self._commit_offsets(slots, force)
+    async def _commit_states_locked(self, states: Sequence[PartitionState], force: bool) -> bool:
+        pending = self._commit_offsets(states, force)
         if not pending:
             return True
         try:
@@ -296,7 +298,9 @@ class Committer:
                 self.failing_since = time.monotonic()
             log.warning("commit failed: %s", exc)
             return False
-        self._counters.committed()
+        self._counters.committed(
+            partitions=len(pending), metadata_bytes=sum(len(o.metadata) for _, o, _ in pending)
+        )
         self.failing_since = None
         self._confirmed(pending)
         return True
@@ -309,42 +313,42 @@ class Committer:
         """
         interval_s = self._config.commit_interval_ms / 1000
         next_periodic = trio.current_time() + interval_s
-        while not self._pipe.room().stopping:
+        while not self._outlet.room().stopping:
             with trio.move_on_at(next_periodic):
                 await self._wake.wait()
             self._wake = trio.Event()
-            slots = list(self._slots.values())
+            states = list(self._states.values())
             if trio.current_time() >= next_periodic:
                 next_periodic = trio.current_time() + interval_s
             else:
-                slots = [s for s in slots if s.ledger.horizon_wanted() is not None]
-            if slots and not await self._commit_slots(slots):
+                states = [s for s in states if s.ledger.horizon_wanted() is not None]
+            if states and not await self._commit_states(states):
                 await trio.sleep(0.1)  # failing: retried soon, not in a tight loop
                 self._wake.set()
 
     async def commit_all(self) -> None:
         """The final commit of a stop (the engine gave back what waited for a write-ahead commit)."""
-        if self._horizon and self._pipe.room().stopping:
+        if self._horizon and self._outlet.room().stopping:
             # A clean stop is a revoke of every partition (after the drain let the app answer):
             # the final state's horizon covers only what is unsettled, so the next owner has no
             # isolation pass unless answers were lost.
-            for slot in self._slots.values():
-                self._partitions.fence(slot)
-        await self._commit_slots(list(self._slots.values()))
+            for state in self._states.values():
+                self._partitions.fence(state)
+        await self._commit_states(list(self._states.values()))
 
 
 class _TxnSink:
     """One record's way into a DLQ transaction (`Committer.transaction`)."""
 
-    __slots__ = ("_committer", "_offset", "_slot")
+    __slots__ = ("_committer", "_offset", "_state")
 
-    def __init__(self, committer: Committer, slot: Slot, offset: int) -> None:
+    def __init__(self, committer: Committer, state: PartitionState, offset: int) -> None:
         self._committer = committer
-        self._slot = slot
+        self._state = state
         self._offset = offset
 
     async def write(self, failed: FailedRecord, dlq_topic: str) -> bool:
-        return await self._committer.txn_write(self._slot, self._offset, failed, dlq_topic)
+        return await self._committer.txn_write(self._state, self._offset, failed, dlq_topic)
 
 
 __all__ = ["TXN_COMMIT_DEADLINE_S", "Committer"]

@@ -1,68 +1,12 @@
 """The consumer-group engine (`engine: consumer`): delivery state in per-partition ledgers and commits.
 
-The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
-the part that is particular to a consumer group: the Kafka source, one ledger per assigned partition,
-crash accounting (a horizon committed ahead of the hand-outs and the isolation pass after an unclean
-stop; or, selectable with `write_ahead=True`, the older write-ahead commit of every hand-out), offset
-commits with the delivery state in their metadata, and the optional transactional DLQ::
+Owns what is particular to a consumer group: the Kafka source's callbacks (assignment, revoke, loss,
+records), one ledger per assigned partition, the answers, and building its parts (`Partitions`,
+`Wakeup`, `Sender`, `Committer`, `WriteAhead`, `IsolationStep`, `Archiver`, `Scheduler`, each given
+its collaborators); who may change a ledger is `ConsumerGroupEngine`'s docstring. The record's path
+and the invariants kept (crash accounting, commits) are told in docs/architecture.md.
 
-    source (poll thread) ──on_messages──▶ ledgers ──scheduler──▶ hand-out ──▶ pipeline requests ──▶ app
-                                             ▲                                       │
-                                             └──────── answered() ◀──────────────────┘  (and /v1/acks)
-    ledgers ──to_archive──▶ archive tasks ──outlet.dead_letter()──▶ DLQ ──▶ ledgers (dlq_written)
-    committer (run, run_transactions) / write-ahead hand-out ──▶ Kafka offsets + metadata
-
-Who may change a partition's ledger (`Slot.ledger`). This adapter and its parts are its only owner:
-the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
-synchronous and runs in the trio thread, so no two transitions interleave:
-
-    task (part)                       ledger calls
-    source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
-                                      opening a slot (Partitions.open)
-    scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
-                                      isolate (IsolationStep: horizon mode, nothing in flight)
-    hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
-    app answers, API request          answer (answered)
-    pipeline (not_reached)            not_attempted
-    archive tasks (Archiver)          dlq_written (plain DLQ or none), dlq_withheld (held released)
-    DLQ transactions (Committer)      dlq_written (inside the transaction), revoke (fatal)
-    commits (Committer, all above)    commit_point, committed (horizon mode: may release an
-                                      isolated attempt), committable_offset, encode_metadata
-
-Invariants kept here (the ledger keeps the rest):
-- horizon mode (the default, docs/guarantees.md): no record waits for a commit in steady state; while any
-  partition's isolation pass has a suspect ready, charged, in flight or settling, nothing is acquired
-  on any partition, and a suspect is isolated only with nothing in flight in the process, so a death
-  charges exactly the isolated record (a killer reaches the DLQ after at most `limit + 1` deaths);
-  commit points are made and committed one at a time, in order (`_commit_guard`); a revoke or a
-  clean stop lets in-flight answers come first, then revokes, then commits the final state;
-- write-ahead mode: delivery counts are persisted *before* a record is handed to the app (group
-  commit of the acquired batch), so every record in flight at a death is charged that attempt;
-- the committed offset is the ledger's committable offset: never past a record that is not done, and a DLQ
-  record is confirmed by the broker before its record counts as done;
-- a revoked partition's attempts are fenced: late answers are reported `expired`, never applied.
-
-The transactional DLQ (`errors.deadletterqueue.transactional.enable`) writes DLQ records and the offset
-commit in one transaction; tracing of DLQ writes happens in the pipeline's DLQ step either way.
-
-The engine is built of parts, each an object with its own attributes, built here in this order and
-given its collaborators when it is built (nothing is set on a part afterwards):
-
-    Partitions     consumer_slots       the slots by partition: open, fence, forget; a revoke's wait
-    Wakeup         consumer_scheduler   the scheduler's doorbell (and the wakes held during a row)
-    Sender         consumer_handout     issue + send an acquired record; give one back unsent
-    Committer      consumer_commits     offset commits, one at a time; the DLQ transactions
-    WriteAhead     consumer_handout     write-ahead mode: acquired records wait for their commit
-    IsolationStep  consumer_isolation   horizon mode: a suspect alone in the process
-    Archiver       consumer_archive     archive tasks; what the DLQ circuit breaker held
-    Scheduler      consumer_scheduler   turns (expiry, acquisition, archiving, flow control)
-
-This class keeps the source's callbacks (assignment, revoke, loss, records) and the answers, and
-builds the status from its parts. Where a record's release and decision flow: an answer reaches
-`answered` → `PartitionLedger.answer`, where `decide` (sidecar.core.outcome) turns it into a
-verdict → AVAILABLE after the backoff (the scheduler acquires it again, the sender sends it) or
-ARCHIVING (the archiver takes it to the pipeline's DLQ step). The Kafka boundary is
-`sidecar.kafka`: this module does not import confluent-kafka (an import-linter contract).
+Must not import the pipeline, the share engine, or confluent-kafka (import-linter contracts).
 """
 
 from __future__ import annotations
@@ -84,9 +28,9 @@ from sidecar.engines.consumer.commits import Committer
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
 from sidecar.engines.consumer.partitions import (
+    PartitionRef,
     Partitions,
-    Slot,
-    SlotRef,
+    PartitionState,
     fix_mmap_threshold,
     horizon_window,
     now_ms,
@@ -112,11 +56,29 @@ POLL_STOP_WAIT_S = 5.0
 
 
 class ConsumerGroupEngine:
-    """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits (see above)."""
+    """The `StateAdapter` of a consumer group: ledgers, crash accounting, commits.
+
+    Who may change a partition's ledger (`PartitionState.ledger`): this adapter and its parts alone;
+    the pipeline never sees a ledger, only `Delivery` values whose `ref` points into one. Every call is
+    synchronous and runs in the trio thread, so no two transitions interleave:
+
+        task (part)                       ledger calls
+        source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
+                                          opening a state (Partitions.open)
+        scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
+                                          isolate (IsolationStep: horizon mode, nothing in flight)
+        hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
+        app answers, API request          answer (answered)
+        pipeline (not_reached)            not_attempted
+        archive tasks (Archiver)          dlq_written (plain DLQ or none), dlq_withheld (held released)
+        DLQ transactions (Committer)      dlq_written (inside the transaction), revoke (fatal)
+        commits (Committer, all above)    commit_point, committed (horizon mode: may release an
+                                          isolated attempt), committable_offset, encode_metadata
+    """
 
     def __init__(
         self,
-        parts: EngineParts[SlotRef],
+        parts: EngineParts[PartitionRef],
         *,
         write_ahead: bool = False,
         tiers_of: str | None = None,
@@ -124,8 +86,8 @@ class ConsumerGroupEngine:
         """`tiers_of`: read only the retry tiers this group writes (a share group's tier reader,
         `sidecar.engines.tiered_share`), not the source topics."""
         config = parts.config
-        pipe = parts.outlet
-        self._pipe = pipe
+        outlet = parts.outlet
+        self._outlet = outlet
         self._config = config
         self._counters = parts.counters
         self._horizon = not write_ahead
@@ -163,9 +125,9 @@ class ConsumerGroupEngine:
             self,
             max_buffered_bytes=d.max_buffered_bytes,
         )
-        # The parts, each given what it uses (see the module docstring).
+        # The parts, each given what it uses.
         partitions = Partitions(
-            pipe,
+            outlet,
             ledger_config,
             horizon=self._horizon,
             max_buffered_records=d.max_buffered_records_per_partition,
@@ -173,9 +135,9 @@ class ConsumerGroupEngine:
         self._partitions = partitions
         wakeup = Wakeup()
         self._wakeup = wakeup
-        sender = Sender(pipe, partitions)
+        sender = Sender(outlet, partitions)
         committer = Committer(
-            pipe,
+            outlet,
             config,
             self._counters,
             parts.dlq,
@@ -190,7 +152,7 @@ class ConsumerGroupEngine:
             WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
         )
         self._archiver = Archiver(
-            pipe,
+            outlet,
             parts.dlq,
             parts.tiers,
             partitions,
@@ -199,7 +161,7 @@ class ConsumerGroupEngine:
             transactional=self._transactional,
         )
         self._scheduler = Scheduler(
-            pipe,
+            outlet,
             config,
             self._counters,
             self.source,
@@ -211,7 +173,7 @@ class ConsumerGroupEngine:
             sender=sender,
             write_ahead=self._write_ahead,
             isolation=(
-                IsolationStep(pipe, self.source, partitions, committer) if self._horizon else None
+                IsolationStep(outlet, self.source, partitions, committer) if self._horizon else None
             ),
             archiver=self._archiver,
             committer=committer,
@@ -221,14 +183,14 @@ class ConsumerGroupEngine:
             self.source,
             partitions,
             committer,
-            pipe,
+            outlet,
             horizon=self._horizon,
             tier_topics=self._tiers.topics,
         )
 
     @property
-    def slots(self) -> dict[PartitionKey, Slot]:
-        """The slots of the partitions this engine owns (the partitions' table; read only)."""
+    def states(self) -> dict[PartitionKey, PartitionState]:
+        """The states of the partitions this engine owns (the partitions' table; read only)."""
         return self._partitions.by_key
 
     @property
@@ -242,7 +204,7 @@ class ConsumerGroupEngine:
         async with trio.open_nursery() as nursery:
             await nursery.start(self._archiver.run)
             self.source.start()
-            nursery.start_soon(self._pipe.run_source, self.source.run)
+            nursery.start_soon(self._outlet.run_source, self.source.run)
             nursery.start_soon(self._scheduler.run)
             nursery.start_soon(self._committer.run)
             if self._transactional:
@@ -256,7 +218,7 @@ class ConsumerGroupEngine:
             self._wakeup.kick()
 
     def intake_changed(self, *, held_may_go: bool = False) -> None:
-        if self._pipe.room().intake_stopped:
+        if self._outlet.room().intake_stopped:
             self.source.stop_polling()
         if held_may_go:
             self._archiver.release_held()
@@ -267,14 +229,14 @@ class ConsumerGroupEngine:
         while True:
             busy = any(
                 (st := s.ledger.statistics()).in_flight > 0 or st.archiving > len(s.held)
-                for s in self.slots.values()
+                for s in self.states.values()
             )
-            if not busy or self._pipe.room().failed:
+            if not busy or self._outlet.room().failed:
                 return
             await trio.sleep(0.05)
 
     async def finish(self) -> None:
-        if self._write_ahead is not None and self._pipe.room().stopping:
+        if self._write_ahead is not None and self._outlet.room().stopping:
             self._write_ahead.give_back_all()
         await self._committer.commit_all()
         # Wait for the poll loop's last consume() to return before closing the handle.
@@ -292,15 +254,13 @@ class ConsumerGroupEngine:
                 self._partitions.open(key, ap.committed_offset, ap.metadata)
             else:
                 # No committed offset: the ledger starts at the first record fetched.
-                self._partitions.pending[key] = ap
+                self._partitions.assigned_without_offset(ap)
         self._wakeup.kick()
 
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
-        self._counters.rebalances += 1
-        out: list[OffsetToCommit] = []
         # Let DLQ writes already under way finish (briefly), so the commit handed to the next
         # owner includes them and it does not write the same DLQ records again.
-        revoking = [s for k in partitions if (s := self.slots.get(k)) is not None]
+        revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
         for revoked in revoking:
             revoked.revoking = True
         if self._write_ahead is not None:
@@ -310,14 +270,27 @@ class ConsumerGroupEngine:
         with trio.move_on_after(REVOKE_DLQ_WAIT_S):
             while (
                 any(s.dlq_writes or (self._horizon and s.ledger.in_flight) for s in revoking)
-                and not self._pipe.room().stopping
+                and not self._outlet.room().stopping
             ):
                 await self._partitions.wait_progress()
+        return self.revoked_now(partitions)
+
+    def revoked_now(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:
+        """The revoke's final state, at once: what is done is committed; what is in flight or
+        being written to the DLQ goes to the next owner (`on_revoked` waits for it first, when the
+        revoke comes from another thread; on trio's own thread nothing can be waited for)."""
+        self._counters.rebalances += 1
+        out: list[OffsetToCommit] = []
+        revoking = [s for k in partitions if (s := self.states.get(k)) is not None]
+        for revoked in revoking:
+            revoked.revoking = True
+        if self._write_ahead is not None:
+            self._write_ahead.give_back(revoking)
         for key in partitions:
-            slot = self._partitions.pop(key)
-            if slot is None:
+            state = self._partitions.pop(key)
+            if state is None:
                 continue
-            if slot.txn_uncommitted:
+            if state.txn_uncommitted:
                 # Its DLQ transaction is still open (a stuck call): committing this state could
                 # pass records whose DLQ write then aborts. The transaction cannot commit them any
                 # more either (it is redone without partitions this sidecar no longer owns), so
@@ -328,8 +301,8 @@ class ConsumerGroupEngine:
                     key[1],
                 )
                 continue
-            offset = slot.ledger.committable_offset()
-            out.append(OffsetToCommit(key[0], key[1], offset, slot.ledger.encode_metadata()))
+            offset = state.ledger.committable_offset()
+            out.append(OffsetToCommit(key[0], key[1], offset, state.ledger.encode_metadata()))
         self._wakeup.kick()
         return out
 
@@ -348,35 +321,33 @@ class ConsumerGroupEngine:
             if tier_topics and record.topic in tier_topics:
                 self._take_tier_record(record, now)
                 continue
-            slot = self.slots.get(key)
-            if slot is None:
-                pending = self._partitions.pending.pop(key, None)
-                if pending is None:
+            state = self.states.get(key)
+            if state is None:
+                state = self._partitions.open_pending(key, record.offset)
+                if state is None:
                     continue  # fetched just before a revoke: the next owner reads it again
-                slot = self._partitions.open(key, record.offset, None)
-            elif slot.ledger.revoked:
+            elif state.ledger.revoked:
                 # Closed for the final commit of a stop (`commit_all`) while the poll thread still
                 # served its last polls: not delivered, not committed; the next owner reads it.
                 continue
-            slot.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
+            state.ledger.add(record.offset, record.key, Tracked(record), now, record_bytes(record))
 
     def _take_tier_record(self, record: SourceRecord, now: int) -> None:
         """A retry tier's record: into its tier partition's ledger as the original, held there
         until it is due (`TierIntake.take`); a copy of one already taken is not delivered."""
         key = (record.topic, record.partition)
-        slot = self.slots.get(key)
-        if slot is None:
-            pending = self._partitions.pending.pop(key, None)
-            if pending is None:
+        state = self.states.get(key)
+        if state is None:
+            state = self._partitions.open_pending(key, record.offset)
+            if state is None:
                 return
-            slot = self._partitions.open(key, record.offset, None)
-        elif slot.ledger.revoked:
+        elif state.ledger.revoked:
             return
         taken = self._tiers.take(record)
         if taken is None:
-            slot.ledger.skip(record.offset, now)  # done, committed past
+            state.ledger.skip(record.offset, now)  # done, committed past
             return
-        slot.ledger.add(
+        state.ledger.add(
             record.offset,
             taken.tracked.record.key,
             taken.tracked,
@@ -394,12 +365,14 @@ class ConsumerGroupEngine:
 
     # ----------------------------------------------------------------------------- answers
 
-    def answered(self, delivery: Delivery[SlotRef], ack: Ack, answer: Answer | AckItem) -> Answered:
+    def answered(
+        self, delivery: Delivery[PartitionRef], ack: Ack, answer: Answer | AckItem
+    ) -> Answered:
         """The ledger decides (`PartitionLedger.answer`: `decide` in its state machine); the
         record's new state says what the answer led to."""
-        slot, attempt = delivery.ref
+        state, attempt = delivery.ref
         try:
-            result = slot.ledger.answer(
+            result = state.ledger.answer(
                 attempt.attempt_id,
                 ack,
                 now_ms(),
@@ -407,27 +380,27 @@ class ConsumerGroupEngine:
                 retry_after_ms=answer.retry_after_ms,
             )
         except L.ExpiredAttempt:
-            slot.live.pop(attempt.attempt_id, None)
+            state.untrack(attempt.attempt_id)
             return "expired"
         except L.UnknownAttempt:
-            slot.live.pop(attempt.attempt_id, None)
+            state.untrack(attempt.attempt_id)
             return "unknown"
         if ack is not Ack.RENEW:
-            slot.live.pop(attempt.attempt_id, None)
-            if slot.revoking:
+            state.untrack(attempt.attempt_id)
+            if state.revoking:
                 self._partitions.progressed()
         return _SETTLED[result.state]
 
-    async def not_reached(self, deliveries: Sequence[Delivery[SlotRef]]) -> bool:
+    async def not_reached(self, deliveries: Sequence[Delivery[PartitionRef]]) -> bool:
         """Not an attempt: back to the ledger uncounted (the pipeline pauses intake meanwhile)."""
         now = now_ms()
         for delivery in deliveries:
-            slot, attempt = delivery.ref
-            self._pipe.retire(delivery)
-            slot.live.pop(attempt.attempt_id, None)
-            if self._partitions.owned(slot):
+            state, attempt = delivery.ref
+            self._outlet.retire(delivery)
+            state.untrack(attempt.attempt_id)
+            if self._partitions.owned(state):
                 with contextlib.suppress(L.LedgerError):
-                    slot.ledger.not_attempted(attempt.attempt_id, now)
+                    state.ledger.not_attempted(attempt.attempt_id, now)
         self._wakeup.kick()
         return False
 

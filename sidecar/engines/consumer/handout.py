@@ -1,18 +1,10 @@
 """The consumer-group engine's hand-out: an acquired record becomes a delivery sent to the app.
 
-Two parts of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, each built by it and given
-its collaborators:
+Owns two parts of `ConsumerGroupEngine`: `Sender` (issues and sends a delivery for each acquired
+record whose partition is still owned, or gives unsent records back uncounted) and `WriteAhead`
+(write-ahead mode: acquired records wait for their counts' group commit, then go to the sender).
 
-- :class:`Sender` issues a delivery for each acquired record whose partition is still owned and
-  sends it (the pipeline's `issue` and `send`), or gives records that will not be sent back to
-  their ledger uncounted (`return_unsent`). The scheduler (horizon mode) and the committer (an
-  isolated record, once its count is committed) hand records to it;
-- :class:`WriteAhead` (write-ahead mode only) holds the acquired records until their delivery
-  counts are committed, as one group commit, then hands them to the sender.
-
-Where a record goes from here: `Outlet.send` (the pipeline's app requests or pull queue); its answer
-comes back to `ConsumerGroupEngine.answered`. Must not import the pipeline, the share engine, or
-confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -25,41 +17,41 @@ import trio
 
 from sidecar.core import ledger as L
 from sidecar.core.record import Tracked
-from sidecar.engines.consumer.partitions import Partitions, Slot, SlotRef, now_ms
+from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState, now_ms
 from sidecar.engines.interfaces import Outlet
 
 
 class Sender:
-    """Issues and sends acquired records (see the module docstring)."""
+    """Issues and sends acquired records."""
 
-    def __init__(self, pipe: Outlet[SlotRef], partitions: Partitions) -> None:
-        self._pipe = pipe
+    def __init__(self, outlet: Outlet[PartitionRef], partitions: Partitions) -> None:
+        self._outlet = outlet
         self._partitions = partitions
 
-    def hand_out(self, acquired: list[tuple[Slot, L.Attempt]]) -> None:
-        pipe, owned = self._pipe, self._partitions.owned
+    def hand_out(self, acquired: list[tuple[PartitionState, L.Attempt]]) -> None:
+        outlet, owned = self._outlet, self._partitions.owned
         # A lock deadline in trio time: the ledger's (monotonic ms) moved onto trio's clock.
         offset_s = trio.current_time() - now_ms() / 1000
-        for slot, attempt in acquired:
-            if not owned(slot):
+        for state, attempt in acquired:
+            if not owned(state):
                 continue  # revoked while the commit was in flight: fenced
             tracked = cast(Tracked, attempt.item)
-            delivery = pipe.issue(
+            delivery = outlet.issue(
                 tracked,
                 attempt.delivery_count,
-                (slot, attempt),
+                (state, attempt),
                 lock_deadline=offset_s + attempt.lock_deadline_ms / 1000,
             )
-            slot.live[attempt.attempt_id] = delivery
-            pipe.send(delivery)
+            state.track(attempt.attempt_id, delivery)
+            outlet.send(delivery)
 
-    def return_unsent(self, batch: list[tuple[Slot, L.Attempt]]) -> None:
+    def return_unsent(self, batch: list[tuple[PartitionState, L.Attempt]]) -> None:
         """Acquired records that will not be sent go back without counting the attempt."""
         now = now_ms()
-        for slot, attempt in batch:
-            if self._partitions.owned(slot):
+        for state, attempt in batch:
+            if self._partitions.owned(state):
                 with contextlib.suppress(L.LedgerError):
-                    slot.ledger.not_attempted(attempt.attempt_id, now)
+                    state.ledger.not_attempted(attempt.attempt_id, now)
 
 
 class WriteAhead:
@@ -74,30 +66,30 @@ class WriteAhead:
     def __init__(
         self,
         sender: Sender,
-        commit: Callable[[Sequence[Slot]], Awaitable[bool]],
+        commit: Callable[[Sequence[PartitionState]], Awaitable[bool]],
         kick: Callable[[], None],
     ) -> None:
-        """`commit` commits the slots' state now, whether or not it changed (the committer's
+        """`commit` commits the states' state now, whether or not it changed (the committer's
         `commit_now`); `kick` rings the scheduler."""
         self._sender = sender
         self._commit = commit
         self._kick = kick
-        self._awaiting: list[tuple[Slot, L.Attempt]] = []
+        self._awaiting: list[tuple[PartitionState, L.Attempt]] = []
         self._wake = trio.Event()
 
-    def add(self, acquired: list[tuple[Slot, L.Attempt]]) -> None:
+    def add(self, acquired: list[tuple[PartitionState, L.Attempt]]) -> None:
         self._awaiting.extend(acquired)
         self._wake.set()
 
     def waiting(self) -> int:
         return len(self._awaiting)
 
-    def give_back(self, slots: list[Slot]) -> None:
-        """A revoke: the records of `slots` not sent yet go back uncounted rather than into the
+    def give_back(self, states: list[PartitionState]) -> None:
+        """A revoke: the records of `states` not sent yet go back uncounted rather than into the
         commit for the next owner."""
-        if not self._awaiting or not slots:
+        if not self._awaiting or not states:
             return
-        gone = {id(s) for s in slots}
+        gone = {id(s) for s in states}
         self._sender.return_unsent([(s, a) for s, a in self._awaiting if id(s) in gone])
         self._awaiting = [(s, a) for s, a in self._awaiting if id(s) not in gone]
 

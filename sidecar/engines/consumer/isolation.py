@@ -1,14 +1,11 @@
 """The consumer-group engine's isolation passes (horizon mode): the scheduler's exclusivity step.
 
-After an unclean stop, the records that may have been in flight (suspects) are delivered one at a
-time, alone in the whole process, so a death charges only the isolated record. The ledger keeps each
-partition's pass (`sidecar.core.ledger.horizon`); what it cannot see is the other partitions, which
-is this step's part. :class:`IsolationStep` is a part of
-:class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built by it with what it reads (the
-pipeline's room, the source, the partitions) and the committer it asks for a commit; the scheduler
-calls `step` at the start of each turn. Its ledger call (``isolate``) is in the engine's table of
-who may change a ledger; an isolated record leaves once its count is committed (the committer
-hands it to the sender). Must not import the pipeline, the share engine, or confluent-kafka.
+Owns `IsolationStep` (a part of `ConsumerGroupEngine`): a suspect goes out alone in the whole
+process, so a death charges only the isolated record; the ledger keeps each partition's pass
+(`sidecar.core.ledger.horizon`), this step the other partitions. The scheduler calls `step` at the
+start of each turn; an isolated record leaves once its count is committed.
+
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import logging
 
 from sidecar.core import ledger as L
 from sidecar.engines.consumer.commits import Committer
-from sidecar.engines.consumer.partitions import Partitions, Slot, SlotRef
+from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState
 from sidecar.engines.interfaces import Outlet
 from sidecar.kafka.source import KafkaSource
 
@@ -29,14 +26,14 @@ class IsolationStep:
 
     def __init__(
         self,
-        pipe: Outlet[SlotRef],
+        outlet: Outlet[PartitionRef],
         source: KafkaSource,
         partitions: Partitions,
         committer: Committer,
     ) -> None:
-        self._pipe = pipe
+        self._outlet = outlet
         self._source = source
-        self._slots = partitions.by_key
+        self._states = partitions.by_key
         self._committer = committer
 
     def step(self, now: int) -> bool:
@@ -48,20 +45,20 @@ class IsolationStep:
         process and no other partition's isolated outcome waiting for its commit.
         """
         blocking = False
-        candidates: list[Slot] = []
-        for slot in self._slots.values():
-            if slot.suspect_top is None:
+        candidates: list[PartitionState] = []
+        for state in self._states.values():
+            if state.suspect_top is None:
                 continue
-            ledger = slot.ledger
+            ledger = state.ledger
             if not ledger.statistics().isolation_active:
-                if slot.in_pass:
-                    self._pass_over(slot)
-                if ledger.committable_offset() > slot.suspect_top:
-                    slot.suspect_top = None  # every suspect is done: nothing more to isolate
+                if state.in_pass:
+                    self._pass_over(state)
+                if ledger.committable_offset() > state.suspect_top:
+                    state.suspect_top = None  # every suspect is done: nothing more to isolate
                 continue
             status = ledger.horizon_status()
-            if not slot.in_pass and status.pass_active:
-                slot.in_pass = True
+            if not state.in_pass and status.pass_active:
+                state.in_pass = True
                 log.info(
                     "isolation pass on %s[%d]: %d suspects (records that may have been in flight "
                     "at an unclean stop) delivered one at a time",
@@ -69,19 +66,19 @@ class IsolationStep:
                     ledger.partition,
                     status.suspects_left,
                 )
-            elif slot.in_pass and not status.pass_active:
-                self._pass_over(slot)
+            elif state.in_pass and not status.pass_active:
+                self._pass_over(state)
             phase = status.isolation
             if phase is L.IsolationPhase.WAITING or phase is L.IsolationPhase.NONE:
                 continue
             blocking = True
-            if ledger.wants_isolation and not slot.revoking:
-                candidates.append(slot)
+            if ledger.wants_isolation and not state.revoking:
+                candidates.append(state)
         if not blocking:
             return False
         # Commits are on the isolated records' path: keep the poll thread's timeouts short.
         self._source.mark_busy()
-        room = self._pipe.room()
+        room = self._outlet.room()
         idle = room.in_flight == 0 and room.sending == 0
         if not candidates or not idle or not room.app_reachable or room.draining:
             return True
@@ -89,29 +86,29 @@ class IsolationStep:
             return True  # pull mode with no poll waiting: charge a suspect only for a poll
         if room.breaker_room == 0:
             return True  # the DLQ circuit breaker is open (or its probe is out)
-        for slot in candidates:
+        for state in candidates:
             others_busy = any(
-                o is not slot
+                o is not state
                 and o.ledger.horizon_status().isolation
                 in (L.IsolationPhase.CHARGED, L.IsolationPhase.IN_FLIGHT, L.IsolationPhase.SETTLING)
-                for o in self._slots.values()
+                for o in self._states.values()
             )
             if others_busy:
                 continue
-            if any(o.ledger.in_flight for o in self._slots.values()):
+            if any(o.ledger.in_flight for o in self._states.values()):
                 break
-            slot.ledger.isolate(now)
+            state.ledger.isolate(now)
             self._committer.want_commit()
             break
         return True
 
-    def _pass_over(self, slot: Slot) -> None:
-        slot.in_pass = False
-        status = slot.ledger.horizon_status()
+    def _pass_over(self, state: PartitionState) -> None:
+        state.in_pass = False
+        status = state.ledger.horizon_status()
         log.info(
             "isolation pass over on %s[%d]: %d suspects, %d isolated deliveries; normal delivery",
-            slot.ledger.topic,
-            slot.ledger.partition,
+            state.ledger.topic,
+            state.ledger.partition,
             status.suspects_total,
             status.isolated_total,
         )

@@ -1,11 +1,11 @@
-"""The consumer-group engine's partitions: their slots, and the values it derives from the configuration.
+"""The consumer-group engine's partitions: their states, and the values it derives from the configuration.
 
-Owns what :mod:`sidecar.engines.consumer.group` keeps beside each partition's ledger (:class:`Slot`),
-the table of the partitions it owns (:class:`Partitions`: opening a slot from the committed offset
+Owns what :mod:`sidecar.engines.consumer.group` keeps beside each partition's ledger (:class:`PartitionState`),
+the table of the partitions it owns (:class:`Partitions`: opening a state from the committed offset
 and its metadata, fencing one, and the event a revoke waits on), a DLQ record on its way into a
 transaction (:class:`TxnItem`), the horizon's window, the engine's clock, and glibc's mmap threshold
-for large records. A slot's fields are changed by the engine's parts, each field by one part (see
-:class:`Slot`). Must not import the pipeline, either engine, or confluent-kafka.
+for large records. A state's fields are changed by the engine's parts, each field by one part (see
+:class:`PartitionState`). Must not import the pipeline, either engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -75,19 +75,22 @@ def now_ms() -> int:
 
 
 @dataclass(slots=True, eq=False)
-class Slot:
+class PartitionState:
     """One partition's ledger plus what the engine keeps beside it.
 
-    Who changes which field: `live`, `revoking` and `dlq_writes` the engine and its archiver
-    (:mod:`sidecar.engines.consumer.archive`: `dlq_writes`, `held`); `last_commit` and
-    `txn_uncommitted` the committer; `in_pass` and `suspect_top` (after its construction) the
-    isolation step; the `quiet_*` fields and `flow_seen` the scheduler.
+    Each field has one writer: `live` this class (`track`, `untrack`, `untrack_all`), `revoking`
+    the engine, `dlq_writes` and `held` the archiver, `last_commit`, `txn_uncommitted` and
+    `commit_quiet_at` the committer, `in_pass` and `suspect_top` (after construction) the isolation
+    step, the `quiet_*` fields and `flow_seen` the scheduler.
     """
 
     ledger: L.PartitionLedger
     last_commit: tuple[int, str] | None = None
+    # The ledger's `changes` when a commit point made for it equalled `last_commit`: until it
+    # changes again, a periodic commit neither makes a point nor sends one for this partition.
+    commit_quiet_at: int = -1
     # The live deliveries of this partition, by ledger attempt id (expiry and revoke find them).
-    live: dict[str, Delivery[SlotRef]] = field(default_factory=dict)
+    live: dict[str, Delivery[PartitionRef]] = field(default_factory=dict)
     dlq_writes: int = 0  # DLQ writes in progress for this partition
     revoking: bool = False  # no new acquisitions: the partition is being handed over
     # Transactional mode: the ledger counts records of a DLQ transaction that has not committed
@@ -109,12 +112,26 @@ class Slot:
     quiet_due: int | None = None
     flow_seen: tuple[int, int, bool, bool] | None = None
 
+    def track(self, attempt_id: str, delivery: Delivery[PartitionRef]) -> None:
+        """A delivery of the ledger attempt `attempt_id` is live."""
+        self.live[attempt_id] = delivery
+
+    def untrack(self, attempt_id: str) -> Delivery[PartitionRef] | None:
+        """The attempt is over (answered, expired, not sent): its delivery, if it was live."""
+        return self.live.pop(attempt_id, None)
+
+    def untrack_all(self) -> list[Delivery[PartitionRef]]:
+        """The partition is fenced: every live delivery, forgotten."""
+        out = list(self.live.values())
+        self.live.clear()
+        return out
+
 
 class Partitions:
-    """The partitions this engine owns, by partition: their slots, and the ones assigned with no
+    """The partitions this engine owns, by partition: their states, and the ones assigned with no
     committed offset whose ledger starts at the first record fetched (`pending`).
 
-    The engine's source callbacks open and forget slots (`open`, `pop`); the committer forgets
+    The engine's source callbacks open and forget states (`open`, `pop`); the committer forgets
     the partitions a failed DLQ transaction leaves unsafe to commit (`drop`); whoever sees a
     revoke's partition move (an answer, an expiry, a DLQ write done) says so (`progressed`), and
     the revoke waits for it (`wait_progress`).
@@ -122,27 +139,27 @@ class Partitions:
 
     def __init__(
         self,
-        pipe: Outlet[SlotRef],
+        outlet: Outlet[PartitionRef],
         ledger_config: L.LedgerConfig,
         *,
         horizon: bool,
         max_buffered_records: int,
     ) -> None:
-        self._pipe = pipe
+        self._outlet = outlet
         self._ledger_config = ledger_config
         self._horizon = horizon
         # Decoding bound: the default fits the default buffer; a larger buffer writes more.
         self._max_entries = max(DEFAULT_MAX_ENTRIES, 2 * max_buffered_records + 2)
-        self.by_key: dict[PartitionKey, Slot] = {}
+        self.by_key: dict[PartitionKey, PartitionState] = {}
         self.pending: dict[PartitionKey, AssignedPartition] = {}
         self._epoch = 0
         # Something a revoke waits for finished (a DLQ write; horizon mode: an answer, an expiry).
         self._progress = trio.Event()
 
-    def owned(self, slot: Slot) -> bool:
-        return self.by_key.get((slot.ledger.topic, slot.ledger.partition)) is slot
+    def owned(self, state: PartitionState) -> bool:
+        return self.by_key.get((state.ledger.topic, state.ledger.partition)) is state
 
-    def open(self, key: PartitionKey, start_offset: int, metadata: str | None) -> Slot:
+    def open(self, key: PartitionKey, start_offset: int, metadata: str | None) -> PartitionState:
         """A ledger for the partition from `start_offset`, with the delivery state its commit
         metadata carries when that is usable (a warning when it is not)."""
         restored = None
@@ -174,30 +191,42 @@ class Partitions:
             key[0], key[1], start_offset, self._ledger_config, restored=restored, epoch=self._epoch
         )
         top = restored.horizon if self._horizon and restored is not None else None
-        slot = Slot(ledger, suspect_top=top if top is not None and top >= start_offset else None)
-        self.by_key[key] = slot
-        return slot
+        state = PartitionState(
+            ledger, suspect_top=top if top is not None and top >= start_offset else None
+        )
+        self.by_key[key] = state
+        return state
 
-    def fence(self, slot: Slot) -> None:
+    def fence(self, state: PartitionState) -> None:
         """The partition is no longer ours: fence its ledger and its live deliveries."""
-        slot.ledger.revoke()
-        for delivery in slot.live.values():
-            self._pipe.retire(delivery)
-        slot.live.clear()
+        state.ledger.revoke()
+        for delivery in state.untrack_all():
+            self._outlet.retire(delivery)
 
-    def pop(self, key: PartitionKey) -> Slot | None:
-        """Forget the partition (revoked, lost); its slot, fenced, when it had one."""
+    def assigned_without_offset(self, assigned: AssignedPartition) -> None:
+        """Assigned with no committed offset: its ledger opens at the first record fetched."""
+        self.pending[(assigned.topic, assigned.partition)] = assigned
+
+    def open_pending(self, key: PartitionKey, first_offset: int) -> PartitionState | None:
+        """The first record fetched of a partition assigned with no committed offset opens its
+        ledger there; None when the partition is not pending (fetched just before a revoke)."""
+        if self.pending.pop(key, None) is None:
+            return None
+        return self.open(key, first_offset, None)
+
+    def pop(self, key: PartitionKey) -> PartitionState | None:
+        """Forget the partition (revoked, lost); its state, fenced, when it had one."""
         self.pending.pop(key, None)
-        slot = self.by_key.pop(key, None)
-        if slot is not None:
-            self.fence(slot)
-        return slot
+        state = self.by_key.pop(key, None)
+        if state is not None:
+            self.fence(state)
+        return state
 
-    def drop(self, slot: Slot) -> None:
+    def drop(self, state: PartitionState) -> None:
         """Forget a partition whose state must not be committed (see the committer's
         `_txn_fatal`): the next owner reads its records again from the last commit."""
-        if self.owned(slot):
-            self.pop((slot.ledger.topic, slot.ledger.partition))
+        if self.owned(state):
+            self.pop((state.ledger.topic, state.ledger.partition))
 
     def progressed(self) -> None:
         self._progress.set()
@@ -208,15 +237,15 @@ class Partitions:
 
 
 # A consumer-group delivery's `ref`: its partition and its ledger attempt.
-SlotRef = tuple[Slot, L.Attempt]
+PartitionRef = tuple[PartitionState, L.Attempt]
 
 # One partition's commit: what goes to the broker, and (horizon mode) the ledger's commit point.
-PendingCommit = tuple[Slot, OffsetToCommit, "L.CommitPoint | None"]
+PendingCommit = tuple[PartitionState, OffsetToCommit, "L.CommitPoint | None"]
 
 
 @dataclass(slots=True, eq=False)
 class TxnItem:
-    slot: Slot
+    state: PartitionState
     offset: int
     failed: FailedRecord
     dlq_topic: str
@@ -226,10 +255,10 @@ class TxnItem:
 
 
 __all__ = [
+    "PartitionRef",
+    "PartitionState",
     "Partitions",
     "PendingCommit",
-    "Slot",
-    "SlotRef",
     "TxnItem",
     "fix_mmap_threshold",
     "horizon_window",

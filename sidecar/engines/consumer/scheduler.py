@@ -1,22 +1,11 @@
 """The consumer-group engine's scheduler: when it looks at its ledgers, and what a turn does.
 
-A turn expires locks, acquires records for the room the pipeline has (and hands them out), starts
-DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon commits, on the
-partitions that changed since a turn last found nothing to do in them. A turn runs in the task
-whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
-in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
-they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
-wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
-which also waits for the next deadline (a lock, a retry time), runs the turn.
+Owns `Scheduler` (a part of `ConsumerGroupEngine`, given the isolation step, the sender, the
+write-ahead queue, the archiver and the committer) and its doorbell `Wakeup`: a turn expires locks,
+acquires and hands out records, starts DLQ writes, applies flow control and asks for horizon commits,
+on the partitions that changed; when a turn runs is told in `Scheduler`'s docstring.
 
-:class:`Scheduler` is a part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`, built
-by it and given its collaborators: the isolation step (horizon mode), the sender and the
-write-ahead queue (:mod:`sidecar.engines.consumer.handout`), the archiver
-(:mod:`sidecar.engines.consumer.archive`) and the committer (:mod:`sidecar.engines.consumer.commits`).
-Its ledger calls are in the engine's table of who may change a ledger. Where a record goes from
-here: acquired → `Sender.hand_out` (or the write-ahead queue first); to archive →
-`Archiver.start`; a lock expired → the pipeline's `lock_expired`. Must not import the pipeline,
-the share engine, or confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -33,13 +22,13 @@ from sidecar.engines.consumer.archive import Archiver
 from sidecar.engines.consumer.commits import Committer
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
-from sidecar.engines.consumer.partitions import Partitions, Slot, SlotRef, now_ms
+from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState, now_ms
 from sidecar.engines.interfaces import Counters, Outlet, PartitionKey
 from sidecar.kafka.source import KafkaSource
 
 log = logging.getLogger("sidecar.engine")
 
-# `Slot.quiet_at` during a turn: the partition gave less than it was offered (see _turn_body).
+# `PartitionState.quiet_at` during a turn: the partition gave less than it was offered (see _turn_body).
 _QUIET_CANDIDATE = -2
 
 
@@ -63,11 +52,21 @@ class Wakeup:
 
 
 class Scheduler:
-    """The scheduler of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` (see above)."""
+    """The scheduler of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine` (see above).
+
+    A turn expires locks, acquires records for the room the pipeline has (and hands them out), starts
+    DLQ writes, applies flow control (pause/resume of fetching) and asks for horizon commits, on the
+    partitions that changed since a turn last found nothing to do in them. A turn runs in the task
+    whose event caused it, at the end of that event (`turn_now`): a poll's batches once they are all
+    in the ledgers (`messages_taken`), the app answers of one wake-up of the app client's reader once
+    they are all applied (the pipeline's `wake(now=True)` at the end of the row), so a record costs no
+    wake-up of a task of its own; anything else rings the scheduler's :class:`Wakeup`, and its task,
+    which also waits for the next deadline (a lock, a retry time), runs the turn.
+    """
 
     def __init__(
         self,
-        pipe: Outlet[SlotRef],
+        outlet: Outlet[PartitionRef],
         config: Config,
         counters: Counters,
         source: KafkaSource,
@@ -82,12 +81,12 @@ class Scheduler:
         archiver: Archiver,
         committer: Committer,
     ) -> None:
-        self._pipe = pipe
+        self._outlet = outlet
         self._config = config
         self._counters = counters
         self._source = source
         self._partitions = partitions
-        self._slots = partitions.by_key
+        self._states = partitions.by_key
         self._budget = budget
         self._ledger_config = ledger_config
         self._wakeup = wakeup
@@ -107,7 +106,7 @@ class Scheduler:
         (which would cost a trio task step for the same turn); the scheduler then waits for what
         the turn says. A ring when the scheduler is not waiting, or a turn is running."""
         scope = self._schedule_scope
-        if scope is None or self._in_turn or self._pipe.room().stopping:
+        if scope is None or self._in_turn or self._outlet.room().stopping:
             self._wakeup.kick()
             return
         deadline = trio.current_time() + self._turn()
@@ -118,45 +117,45 @@ class Scheduler:
 
     # ----------------------------------------------------------------------------- flow control
 
-    def apply_flow_control(self, busy: Sequence[Slot] | None = None) -> None:
+    def apply_flow_control(self, busy: Sequence[PartitionState] | None = None) -> None:
         """Pause or resume fetching per partition. With ``busy`` (a scheduler turn's partitions
         that changed), only those and the ones a decision is pending for are looked at, unless
         the conditions every partition shares (its byte share, intake closed) changed."""
         to_pause: list[PartitionKey] = []
         to_resume: list[PartitionKey] = []
-        room = self._pipe.room()
+        room = self._outlet.room()
         intake_closed = room.draining or not room.app_reachable or room.breaker_open
         # Each assigned partition's share of the byte budget. A partition over it is paused, and
         # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
         # a record larger than a share is delivered and the partition resumes once it is done.
-        share = self._budget.share_bytes(len(self._source.assigned) or len(self._slots))
+        share = self._budget.share_bytes(len(self._source.assigned) or len(self._states))
         source_paused = self._source.paused
-        shared = (share, intake_closed, len(self._slots))
+        shared = (share, intake_closed, len(self._states))
         if busy is None or shared != self._flow_shared:
             self._flow_shared = shared
-            looked_at = list(self._slots.items())
+            looked_at = list(self._states.items())
         else:
             # An unchanged partition under unchanged shared conditions decides what it decided
             # (`flow_seen`): only the changed ones, and those with a decision not yet applied.
             looked_at = [((s.ledger.topic, s.ledger.partition), s) for s in busy]
             looked_at += [
                 ((s.ledger.topic, s.ledger.partition), s)
-                for s in self._slots.values()
+                for s in self._states.values()
                 if s.flow_seen is None and s not in busy
             ]
-        for key, slot in looked_at:
+        for key, state in looked_at:
             paused = key in source_paused
             # The same ledger under the same conditions decides the same: nothing to do again.
-            seen = (slot.ledger.changes, share, intake_closed, paused)
-            if slot.flow_seen == seen:
+            seen = (state.ledger.changes, share, intake_closed, paused)
+            if state.flow_seen == seen:
                 continue
             decided = len(to_pause) + len(to_resume)
             if intake_closed:
                 if not paused:
                     to_pause.append(key)
-            elif not paused and slot.ledger.should_pause(share):
+            elif not paused and state.ledger.should_pause(share):
                 to_pause.append(key)
-                st = slot.ledger.statistics()
+                st = state.ledger.statistics()
                 lc = self._ledger_config
                 if (
                     st.buffered < lc.max_buffered_records
@@ -170,11 +169,11 @@ class Scheduler:
                         key[0],
                         key[1],
                     )
-            elif paused and slot.ledger.may_resume(share):
+            elif paused and state.ledger.may_resume(share):
                 to_resume.append(key)
             # Remembered only when it decided nothing: a pause or resume is looked at again
             # until the source has applied it.
-            slot.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
+            state.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
         if to_pause:
             self._source.pause(to_pause)
         if to_resume:
@@ -195,10 +194,10 @@ class Scheduler:
     async def _schedule_loop(self) -> None:
         # One cancel scope serves many turns: a turn moves its deadline (cheap) instead of
         # entering a scope of its own; a scope whose deadline came is replaced.
-        pipe = self._pipe
-        while not pipe.room().stopping:
+        outlet = self._outlet
+        while not outlet.room().stopping:
             with trio.CancelScope() as scope:
-                while not pipe.room().stopping:
+                while not outlet.room().stopping:
                     scope.deadline = trio.current_time() + self._turn()
                     self._schedule_scope = scope
                     try:
@@ -215,7 +214,7 @@ class Scheduler:
             self._in_turn = False
 
     def _turn_body(self) -> float:
-        pipe = self._pipe
+        outlet = self._outlet
         max_total = self._config.delivery.max_in_flight_records
         now = now_ms()
         # A partition whose ledger has not changed since a turn found nothing to do in it,
@@ -224,26 +223,26 @@ class Scheduler:
         # It is looked at again once it changes, a deadline comes, or a turn does not offer
         # it room to acquire.
         busy = [
-            slot
-            for slot in self._slots.values()
-            if slot.quiet_at != slot.ledger.changes
-            or (slot.quiet_due is not None and now >= slot.quiet_due)
+            state
+            for state in self._states.values()
+            if state.quiet_at != state.ledger.changes
+            or (state.quiet_due is not None and now >= state.quiet_due)
         ]
-        for slot in busy:
-            slot.quiet_at = -1
-            for expired in slot.ledger.expire(now):
-                self._pipe.lock_expired(
-                    slot.ledger.topic, slot.live.pop(expired.attempt_id, None), "lock_expired"
+        for state in busy:
+            state.quiet_at = -1
+            for expired in state.ledger.expire(now):
+                self._outlet.lock_expired(
+                    state.ledger.topic, state.untrack(expired.attempt_id), "lock_expired"
                 )
-                if slot.revoking:
+                if state.revoking:
                     self._partitions.progressed()
-        acquired: list[tuple[Slot, L.Attempt]] = []
+        acquired: list[tuple[PartitionState, L.Attempt]] = []
         may_acquire = False  # every partition was offered room: no retry time is pending
         isolation = self._isolation
         exclusive = isolation is not None and isolation.step(now)
         if exclusive:
             pass  # an isolated delivery goes alone in the whole process: no acquire anywhere
-        elif (room := pipe.room()).app_reachable and not room.draining and room.dlq_ready:
+        elif (room := outlet.room()).app_reachable and not room.draining and room.dlq_ready:
             # Acquire no more than the open requests can take right away: an acquired record's
             # attempt is counted (and persisted) before it is sent, so one that waited in a
             # queue while the process crashed would be charged an attempt it never had.
@@ -258,25 +257,25 @@ class Scheduler:
                 # The DLQ circuit breaker: none, or one probe (an acquired record waiting
                 # for its write-ahead commit is not issued yet, but it is the probe).
                 budget = min(budget, breaker_room - waiting)
-            slots = busy
-            if slots:
+            states = busy
+            if states:
                 # Rotate the starting partition so a busy one cannot starve the others.
-                self._rr = (self._rr + 1) % len(slots)
-                slots = slots[self._rr :] + slots[: self._rr]
-            for slot in slots:
+                self._rr = (self._rr + 1) % len(states)
+                states = states[self._rr :] + states[: self._rr]
+            for state in states:
                 if budget <= 0:
                     break
-                if slot.revoking:
+                if state.revoking:
                     continue
-                got = slot.ledger.acquire(now, budget)
+                got = state.ledger.acquire(now, budget)
                 budget -= len(got)
-                acquired.extend((slot, a) for a in got)
+                acquired.extend((state, a) for a in got)
                 if budget > 0:
                     # It gave less than it was offered: nothing more to acquire until it
                     # changes or its next deadline (a lock, a retry time) comes.
-                    slot.quiet_at = _QUIET_CANDIDATE
+                    state.quiet_at = _QUIET_CANDIDATE
             may_acquire = budget > 0
-        if self._write_ahead is not None and (acquired or pipe.room().in_flight):
+        if self._write_ahead is not None and (acquired or outlet.room().in_flight):
             # Write-ahead commits are on the records' path: keep the poll thread's
             # consume() timeouts short while records flow.
             self._source.mark_busy()
@@ -289,30 +288,30 @@ class Scheduler:
         self.apply_flow_control(busy)
         if self._write_ahead is None:
             wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
-            for slot in wanted:
-                slot.quiet_at = -1  # a commit is wanted: asked again next turn
+            for state in wanted:
+                state.quiet_at = -1  # a commit is wanted: asked again next turn
             if wanted:
                 self._committer.want_commit()
                 if any(s.ledger.horizon_status().held for s in wanted):
                     # The horizon commit fell behind the hand-outs (near saturation): records
                     # wait on it, so queued commits must not wait out a blocking poll.
                     self._source.mark_busy()
-        for slot in busy:
-            if slot.quiet_at == _QUIET_CANDIDATE:
-                ledger = slot.ledger
-                slot.quiet_at = ledger.changes
-                slot.quiet_due = ledger.next_deadline_ms()
-                slot.quiet_lock_due = ledger.next_lock_deadline_ms()
+        for state in busy:
+            if state.quiet_at == _QUIET_CANDIDATE:
+                ledger = state.ledger
+                state.quiet_at = ledger.changes
+                state.quiet_due = ledger.next_deadline_ms()
+                state.quiet_lock_due = ledger.next_lock_deadline_ms()
         return self._next_wait_s(now_ms(), may_acquire)
 
     def _next_wait_s(self, now: int, may_acquire: bool) -> float:
         # A retry time that has come only matters when a record could be acquired now: with no
-        # room (every send slot taken or waiting for its commit), intake paused (app down,
+        # room (every send state taken or waiting for its commit), intake paused (app down,
         # draining) or the partition being revoked, waking for it would spin until that changes,
         # and every change of that kind kicks the scheduler anyway. Lock expiry always matters.
         deadlines = [
             d
-            for s in self._slots.values()
+            for s in self._states.values()
             if (
                 d := (
                     (s.quiet_due if may_acquire else s.quiet_lock_due)

@@ -14,7 +14,7 @@ from typing import Any
 
 from sidecar.config import Config
 from sidecar.engines.consumer.commits import Committer
-from sidecar.engines.consumer.partitions import Partitions, SlotRef
+from sidecar.engines.consumer.partitions import PartitionRef, Partitions
 from sidecar.engines.interfaces import Outlet, PartitionKey
 from sidecar.kafka.source import KafkaSource
 
@@ -31,7 +31,7 @@ class ConsumerView:
         source: KafkaSource,
         partitions: Partitions,
         committer: Committer,
-        pipe: Outlet[SlotRef],
+        outlet: Outlet[PartitionRef],
         *,
         horizon: bool,
         tier_topics: Mapping[str, str] | None = None,
@@ -39,9 +39,9 @@ class ConsumerView:
         self._config = config
         self._source = source
         self._partitions = partitions
-        self._slots = partitions.by_key
+        self._states = partitions.by_key
         self._committer = committer
-        self._pipe = pipe
+        self._outlet = outlet
         self._horizon = horizon
         self._tier_topics = tier_topics or {}  # tier topic -> its tier's label
 
@@ -80,7 +80,7 @@ class ConsumerView:
         return self._source.lag()
 
     def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
-        return {k: len(s.last_commit[1]) for k, s in self._slots.items() if s.last_commit}
+        return {k: len(s.last_commit[1]) for k, s in self._states.items() if s.last_commit}
 
     def status_fields(self) -> dict[str, Any]:
         since = self._committer.failing_since
@@ -98,27 +98,27 @@ class ConsumerView:
         """Per retry tier (its label): records waiting (written, not yet done: from the tier
         partitions' committed offsets to their high watermarks; None before any is known) and
         of those the ones fetched and held until due (`/v1/status`, metrics)."""
-        stopping = self._pipe.room().stopping
+        stopping = self._outlet.room().stopping
         high = self._source.high_watermarks() if not stopping else {}
         out: dict[str, dict[str, int | None]] = {
             label: {"waiting": None, "held": 0} for label in self._tier_topics.values()
         }
-        for (topic, partition), slot in self._slots.items():
+        for (topic, partition), state in self._states.items():
             label = self._tier_topics.get(topic)
             if label is None:
                 continue
-            st = slot.ledger.statistics()
+            st = state.ledger.statistics()
             row = out[label]
             row["held"] = (row["held"] or 0) + st.buffered
             hi = high.get((topic, partition))
             if hi is not None:
-                committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
+                committed = state.last_commit[0] if state.last_commit else st.committable_offset
                 row["waiting"] = (row["waiting"] or 0) + max(0, hi - committed)
         return out
 
     def isolation_summary(self) -> dict[str, Any]:
         """Crash isolation across the assigned partitions (`/v1/status`, metrics)."""
-        statuses = [s.ledger.horizon_status() for s in self._slots.values()]
+        statuses = [s.ledger.horizon_status() for s in self._states.values()]
         return {
             "isolation_active": any(h.pass_active for h in statuses),
             "suspects_left": sum(h.suspects_left for h in statuses),
@@ -127,24 +127,24 @@ class ConsumerView:
         }
 
     def partitions(self) -> list[dict[str, Any]]:
-        stopping = self._pipe.room().stopping
+        stopping = self._outlet.room().stopping
         lag = self._source.lag() if not stopping else {}
         high = self._source.high_watermarks() if not stopping else {}
         paused = self._source.paused
         out = []
-        for (topic, partition), slot in sorted(self._slots.items()):
-            st = slot.ledger.statistics()
-            hz = slot.ledger.horizon_status()
+        for (topic, partition), state in sorted(self._states.items()):
+            st = state.ledger.statistics()
+            hz = state.ledger.horizon_status()
             # Records not finished: from the committed offset (the committable one before this
             # process's first commit) to the high watermark, held records included.
             hi = high.get((topic, partition))
-            committed = slot.last_commit[0] if slot.last_commit else st.committable_offset
+            committed = state.last_commit[0] if state.last_commit else st.committable_offset
             out.append(
                 {
                     "topic": topic,
                     "partition": partition,
                     "committable_offset": st.committable_offset,
-                    "last_committed_offset": slot.last_commit[0] if slot.last_commit else None,
+                    "last_committed_offset": state.last_commit[0] if state.last_commit else None,
                     "in_flight": st.in_flight,
                     "buffered": st.buffered,
                     "buffered_bytes": st.buffered_bytes,

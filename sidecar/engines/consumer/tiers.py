@@ -1,23 +1,10 @@
 """The consumer-group engine's retry tier intake: a tier topic's record becomes the original again.
 
-:class:`TierIntake` is a part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`,
-built by it. The engine subscribes to its tier topics with its source topics; a record fetched
-from a tier topic is handed here (`take`) before it enters its tier partition's ledger, and comes
-out as the original (topic, partition, offset, key, value, headers; `sidecar.core.tiers`), its
-delivery count so far, its due time on the engine's clock, and the last error. The ledger holds
-it until it is due (`PartitionLedger.add`'s `not_before_ms`) and asks for the tier partition to
-be paused until then; the scheduler's flow control pauses and resumes it (a source partition is
-never paused for a tier). Its answer is applied as any record's: accepted (done in the tier
-partition), released again (memory or the next tier), or dead-lettered under its original name.
+Owns `TierIntake` (a part of `ConsumerGroupEngine`): a tier record back to its original, count, due
+time and last error before it enters its ledger; the bounded table of originals taken (copies of an
+at-least-once tier write are skipped); the tier counters. Told in its docstring.
 
-A tier record written by another group (two groups reading one source topic, one tier topic) is
-skipped: its own group's sidecar delivers it.
-
-At least once without the transactional DLQ: a tier write whose source commit was lost is written
-again after a restart, with the same original coordinates and count. `take` skips such a copy (a
-tier record of another offset with an original and count it has already taken), from a bounded
-table of the originals it took last (`SEEN_MAX`). Owns that table and the tier counters of
-deliveries. Must not import the pipeline, the share engine, or confluent-kafka.
+Must not import the pipeline, the share engine, or confluent-kafka.
 """
 
 from __future__ import annotations
@@ -50,7 +37,21 @@ class TierTaken(NamedTuple):
 
 
 class TierIntake:
-    """Tier records back to their originals (see the module docstring)."""
+    """Tier records back to their originals.
+
+    A part of :class:`~sidecar.engines.consumer.group.ConsumerGroupEngine`,
+    built by it. The engine subscribes to its tier topics with its source topics; a record fetched
+    from a tier topic is handed here (`take`) before it enters its tier partition's ledger, and comes
+    out as the original (topic, partition, offset, key, value, headers; `sidecar.core.tiers`), its
+    delivery count so far, its due time on the engine's clock, and the last error. The ledger holds
+    it until it is due (`PartitionLedger.add`'s `not_before_ms`) and asks for the tier partition to
+    be paused until then; the scheduler's flow control pauses and resumes it (a source partition is
+    never paused for a tier). Its answer is applied as any record's: accepted (done in the tier
+    partition), released again (memory or the next tier), or dead-lettered under its original name.
+
+    A tier record written by another group (two groups reading one source topic, one tier topic) is
+    skipped: its own group's sidecar delivers it.
+    """
 
     def __init__(self, config: Config, counters: Counters, *, group: str) -> None:
         """`group`: the group whose tier records these are (the others' are skipped)."""

@@ -1,47 +1,12 @@
 """The share-group engine (`engine: share`, KIP-932): the broker keeps delivery counts and locks.
 
-The pipeline (:mod:`sidecar.engines.pipeline`) sends records to the app and applies answers; this adapter owns
-what is particular to a share group: the share consumers, the batches they acquire, and turning each
-answer into ACCEPT / RELEASE / REJECT::
+Owns what is particular to a share group: the batches its share consumers acquire (`ShareListener`:
+`on_batch` in trio, one call per poll, its decisions returned as a `Step`), turning each answer into
+ACCEPT / RELEASE / REJECT, the limit on the sidecar's count and the isolation of suspects. The
+consumers and the start-up checks are the Kafka side's (`sidecar.kafka.share`); the record's path
+and the invariants kept are told in docs/architecture.md.
 
-    consumer thread i ──poll──▶ batch ──issue/send──▶ pipeline requests ──HTTP──▶ app   (and /v1/acks)
-          ▲                       │
-          └── acknowledge ◀───────┴── decide() per record (+ outlet.dead_letter() confirmed, then REJECT)
-
-The share consumers are the Kafka side's (:mod:`sidecar.kafka.share.consumer`, `ShareSource`): each of
-`min(4, app.max.in.flight)` consumers lives on a thread of its own and has one batch in flight, and
-calls this engine (its `ShareListener`) in trio for each poll's records (`on_batch`), which returns
-the decisions as a `Step`; the source acknowledges them, `Ack` words turned into the client's types
-there. The records of a batch go to the app concurrently (up to `app.max.in.flight` requests), so
-throughput comes from several batches at once, not from one long batch. The start-up checks (the
-group's limit and record lock, `ShareSettings`) are the Kafka side's too
-(:mod:`sidecar.kafka.share.admin`); this module imports no confluent-kafka (an import-linter contract).
-
-Who may change what: a batch (`Batch`) belongs to the `on_batch` call of its consumer thread (run in
-trio through `trio.from_thread.run`); answers reach it only through `answered` (the app client's reader or the API's
-request task), which records the answer and counts down `pending`; the decisions are made by that batch's
-call alone. The delivery state itself (counts, locks) is the broker's; the source's flags (readiness,
-the partitions seen, unsent acknowledgements) are the source's, read here.
-
-Invariants kept here:
-- a record is REJECTed only after its DLQ record is confirmed by the broker (acks=all) — or when no DLQ is
-  configured, as KIP-1191 does;
-- the limit is the sidecar's `delivery.count.limit` (L), on the sidecar's count: the broker's, or
-  with a journal (`share.journal.path`) the broker's less what deaths charged (`DeathAccount`,
-  sidecar.engines.share.recovery). The group's own (G) must be at least L plus the number of share
-  consumers (`sidecar.core.share_limits.required_group_limit`; with a journal, the broker's
-  maximum): a lower G is raised or the sidecar refuses to start
-  (`sidecar.kafka.share.ShareGroupLimitUnsafe`). A release at count L, or on the broker's delivery
-  G, becomes DLQ write + REJECT; a record acquired past L is dead-lettered at acquisition, unsent;
-- isolation: a record acquired again whose last delivery ended in a death (the journal says so, or this
-  process did not see it end) is a suspect; it goes to the app alone, once every other outcome is at the
-  broker (`commit_sync`) and no consumer polls, one at a time within the lock (`_next_suspect`); after
-  a death, one consumer runs until the dead incarnation's records are back (`DeathAccount.wait_turn`);
-- a batch never outlives its acquisition lock: answers still missing shortly before the lock expires count as
-  releases (`sidecar.LockTimeout`, as with the consumer-group engine), and late answers are reported `expired`;
-  a record not even sent by then is released unsent (no attempt: `_NOT_SENT`).
-
-Must not import the ledger or the consumer-group source's consumer (state lives in the broker).
+Must not import the ledger, the consumer engine, or confluent-kafka (import-linter contracts).
 """
 
 from __future__ import annotations
@@ -90,11 +55,11 @@ PartitionKey = tuple[str, int]
 
 class ShareGroupEngine:
     """The `StateAdapter` of a share group, and its own `StateView`: the broker's share
-    partitions (see above)."""
+    partitions."""
 
     def __init__(self, parts: EngineParts[Acquired]) -> None:
         config = parts.config
-        self.pipe = parts.outlet
+        self._outlet = parts.outlet
         self.config = config
         self.counters = parts.counters
         self.dlq = parts.dlq
@@ -137,7 +102,7 @@ class ShareGroupEngine:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.lag_estimate.run, self.source.admin)
             task_status.started()
-            await self.pipe.run_source(functools.partial(self.source.run, self.run_consumers))
+            await self._outlet.run_source(functools.partial(self.source.run, self.run_consumers))
             nursery.cancel_scope.cancel()
 
     @property
@@ -150,7 +115,7 @@ class ShareGroupEngine:
     def intake_changed(self, *, held_may_go: bool = False) -> None:
         """The consumer threads read reachability and draining before each poll; records the
         breaker held were released to the broker, which hands them out again once we poll."""
-        if self.pipe.room().intake_stopped:
+        if self._outlet.room().intake_stopped:
             self.source.stop_polling()
 
     async def wait_drained(self) -> None:
@@ -174,8 +139,9 @@ class ShareGroupEngine:
         return None
 
     def readiness(self) -> dict[str, bool]:
+        # What the client knows (it sees no assignment; docs/engines.md: the first 5 s).
         return {
-            "assigned": self.source.subscribed and self.source.fatal_error is None,
+            "subscribed": self.source.subscribed and self.source.fatal_error is None,
             "broker_reachable": self.source.broker_ok,
         }
 
@@ -184,7 +150,7 @@ class ShareGroupEngine:
 
     def paused(self) -> set[PartitionKey]:
         """Every partition records came from while intake is stopped (app unreachable, draining)."""
-        room = self.pipe.room()
+        room = self._outlet.room()
         if room.draining or not room.app_reachable or self.source.stop_requested:
             return set(self.source.assigned)
         return set()
@@ -215,6 +181,7 @@ class ShareGroupEngine:
                 "consumers": self.consumer_count,
                 "consumers_running": self.source.consumers_running,
                 "batches_in_flight": len(self._batches),
+                "records_received": bool(self.source.assigned),
                 "delivery_count_limit": s.delivery_count_limit if s else None,
                 "group_delivery_count_limit": s.group_delivery_count_limit if s else None,
                 "group_delivery_count_limit_source": (
@@ -315,16 +282,16 @@ class ShareGroupEngine:
         )
 
     def breaker_stops_polling(self) -> bool:
-        return self.pipe.room().breaker_room == 0
+        return self._outlet.room().breaker_room == 0
 
     async def wait_intake_open(self) -> bool:
         """Wait while the app is unreachable (pull mode: while no poll waits), the DLQ circuit
         breaker lets no record out (open, or its probe is out) or suspects wait for isolation;
         False when the consumer should re-check for a stop."""
-        if self.pipe.room().breaker_room == 0:
+        if self._outlet.room().breaker_room == 0:
             await trio.sleep(0.1)
             return False
-        if not await self.pipe.wait(Until.INTAKE_OPEN, trio.current_time() + 0.5):
+        if not await self._outlet.wait(Until.INTAKE_OPEN, trio.current_time() + 0.5):
             return False
         if self._suspects_waiting:
             # Isolation: no new acquisitions while suspects wait (they would be charged by a death).
@@ -345,14 +312,14 @@ class ShareGroupEngine:
         go out one at a time (`_next_suspect`).
         """
         assert self.settings is not None
-        pipe = self.pipe
+        outlet = self._outlet
         limit = self.settings.delivery_count_limit
         lock_ms = self.settings.lock_duration_ms
         deadline = trio.current_time() + (lock_ms - lock_margin_ms(lock_ms)) / 1000
         released: list[tuple[Message, Ack]] = []
         # The DLQ circuit breaker lets no record out (open, or another consumer's probe is out):
         # wait for it within half the lock (a probe's verdict is usually quick), then release.
-        if not await pipe.wait(
+        if not await outlet.wait(
             Until.BREAKER_ROOM, trio.current_time() + (deadline - trio.current_time()) / 2
         ):
             released, messages = self._hold_back(messages)
@@ -383,7 +350,7 @@ class ShareGroupEngine:
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
-                    pipe.issue(
+                    outlet.issue(
                         Tracked(record),
                         count,
                         Acquired(msg, batch, coordinates),
@@ -431,7 +398,7 @@ class ShareGroupEngine:
             self._delivering -= 1
             self._batches.discard(batch)
             for d in deliveries:
-                pipe.retire(d)
+                outlet.retire(d)
             if run is None:
                 if suspects:  # cut short before the suspects' turn: closing releases them
                     self._suspects_done(len(suspects))
@@ -492,7 +459,7 @@ class ShareGroupEngine:
         `_isolation_turn_s`, and the batches with suspects take turns) are released unsent at once,
         not held meanwhile; they come back as suspects (the journal does not count that release).
         """
-        pipe = self.pipe
+        outlet = self._outlet
         decisions: list[tuple[Message, Ack]] = []
         done = False
         self._suspect_runs += 1
@@ -500,7 +467,7 @@ class ShareGroupEngine:
             async with self._isolation_lock:
                 quiet = False
                 with trio.move_on_at(run.deadline):
-                    while not self.source.stop_requested and not pipe.room().stopping:
+                    while not self.source.stop_requested and not outlet.room().stopping:
                         if not self._delivering and not self.source.unflushed(besides=run.consumer):
                             quiet = True
                             break
@@ -538,7 +505,9 @@ class ShareGroupEngine:
                 self.deaths.alone(coordinates(m) for m, _t, _c in chunk)
                 batch = Batch(run.consumer, run.deadline)
                 ds = [
-                    pipe.issue(t, c, Acquired(m, batch, coordinates(m)), lock_deadline=run.deadline)
+                    outlet.issue(
+                        t, c, Acquired(m, batch, coordinates(m)), lock_deadline=run.deadline
+                    )
                     for m, t, c in chunk
                 ]
                 batch.pending = len(ds)
@@ -553,7 +522,7 @@ class ShareGroupEngine:
                 finally:
                     self._batches.discard(batch)
                     for d in ds:
-                        pipe.retire(d)
+                        outlet.retire(d)
                 took = trio.current_time() - started + _ISOLATION_POLL_S
                 # Up at once, down slowly: a slow answer must not leave the next ones past the lock.
                 self._isolation_turn_s = max(took, 0.5 * self._isolation_turn_s + 0.5 * took)
@@ -598,18 +567,18 @@ class ShareGroupEngine:
 
     async def _wait_answers(self, batch: Batch, deliveries: Sequence[Delivery[Acquired]]) -> None:
         """Send the batch's deliveries; an answer still missing at the deadline is a release."""
-        pipe = self.pipe
+        outlet = self._outlet
         for d in deliveries:
-            pipe.send(d)
+            outlet.send(d)
         with batch.cancel, trio.move_on_at(batch.deadline):
             await batch.answered.wait()
         for d in deliveries:
             if d.answer is None and not d.sent and d.handed_at is None:
                 d.answer = _NOT_SENT  # no room for it at the app before the lock expired
-                pipe.lock_expired(d.topic, d, "lock_expired")
+                outlet.lock_expired(d.topic, d, "lock_expired")
             elif d.answer is None:
                 # No answer within the lock (or the sidecar is stopping): a release, like a lock timeout.
-                room = pipe.room()
+                room = outlet.room()
                 stopping = room.stopping or room.draining or self.source.stop_requested
                 d.answer = Answer(
                     "release",
@@ -620,7 +589,7 @@ class ShareGroupEngine:
                         else "no answer before the record lock expired",
                     ),
                 )
-                pipe.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
+                outlet.lock_expired(d.topic, d, "abandoned" if stopping else "lock_expired")
 
     def _decide_all(
         self,
@@ -725,7 +694,7 @@ class ShareGroupEngine:
         """DLQ write, then REJECT; a release when it was not written (the sidecar is stopping)."""
         assert self.settings is not None
         broker = msg.delivery_count() or 1  # the broker's count: its limit is on that
-        outcome = await self.pipe.dead_letter(
+        outcome = await self._outlet.dead_letter(
             tracked,
             delivery_count,
             reason,
@@ -787,7 +756,7 @@ class ShareGroupEngine:
         than releasing now) is what keeps an app restart from using up deliveries.
         """
         deadline = min(d.ref.batch.deadline for d in deliveries)
-        return await self.pipe.wait(Until.APP_REACHABLE, deadline)
+        return await self._outlet.wait(Until.APP_REACHABLE, deadline)
 
 
 _KNOWN_OUTCOMES_MAX = 100_000  # records released by this process, remembered until acquired again

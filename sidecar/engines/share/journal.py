@@ -1,38 +1,10 @@
 """The share engine's own account of deliveries (`share.journal.path`): what a death really charged.
 
-A share group's broker counts every acquisition as a delivery, so a sidecar's death charges every
-record it held, and up to once more per share consumer of the dead process (docs/engines.md, "What a
-death charges"). This journal lets the next incarnation count as the consumer engine does: a
-delivery that ended in a death counts only when the record was **alone** at the app; a record merely
-held at the death is delivered again at the count it had. It is a local append-only file (on a
-volume that survives a container restart: an `emptyDir` in the chart), one line per event:
+Owns `ShareJournal`: a local append-only file, one line per event (its grammar, where it lives, the
+lock that makes it one sidecar's, and why a write needs no fsync: its docstring). What cannot be read
+degrades to the broker's counts, never to a loss.
 
-    J1 <group>                     header (the group the journal belongs to)
-    I <pid> <consumers> <allowance>  an incarnation started (allowance: see Recovery); C: it stopped
-                                   cleanly
-    a <topic> <p> <offset> <broker count> <count>   acquired (the broker's count, the sidecar's)
-    s <topic> <p> <offset>         sent to the app alone (an isolation turn)
-    k <topic> <p> <offset>         answered: accepted or rejected, the broker not told yet
-    r / u / d <topic> <p> <offset> released after an attempt / released unsent / done (forgotten)
-    v <topic> <p> <offset>         a suspect released unsent (no turn for it in the isolation pass)
-    z <topic> <p> <offset>         its incarnation died with it in the state above
-
-Where: `share.journal.path`, by default (`auto`) `dlq-sidecar/share-journal-<group>` under the user's
-state directory (`$XDG_STATE_HOME`, or `~/.local/state`; `default_journal_path`), the directory
-created if missing; null: no journal. One sidecar per journal: the first to open it holds an exclusive
-`flock` on `<path>.lock` until it closes it (the kernel drops it when the process dies, so a SIGKILL
-leaves no stale lock). A second sidecar of the same group on the same host finds it locked, logs one
-line and runs without a journal, counting as the broker does: a journal must describe one process's
-deliveries, and a second file picked for it (a suffix, a free slot) could be read after a death by a
-process that did not write it, which its header cannot tell.
-
-Writes go to the file at once without fsync: a SIGKILL of the process keeps them (the page cache is
-the kernel's); a node's crash may lose the last ones, and then those records are counted by the
-broker, as without a journal. Whatever cannot be read (missing, unreadable, another group's, lines
-that do not parse) degrades to the broker's counts for the records concerned, with one log line,
-never to a loss: the journal only ever lowers a count the broker has raised through deaths.
-
-Pure bookkeeping (no Kafka client): the share engine (:mod:`sidecar.engines.share.group`) calls it.
+Pure bookkeeping (no Kafka client): the share engine (`sidecar.engines.share.group`) calls it.
 """
 
 from __future__ import annotations
@@ -142,7 +114,40 @@ def counted(entry: Entry | None, broker: int) -> int:
 
 
 class ShareJournal:
-    """One group's journal file; `open` reads what the last incarnation left and starts a new one."""
+    """One group's journal file; `open` reads what the last incarnation left and starts a new one.
+
+    A share group's broker counts every acquisition as a delivery, so a sidecar's death charges every
+    record it held, and up to once more per share consumer of the dead process (docs/engines.md, "What a
+    death charges"). This journal lets the next incarnation count as the consumer engine does: a
+    delivery that ended in a death counts only when the record was **alone** at the app; a record merely
+    held at the death is delivered again at the count it had. It is a local append-only file (on a
+    volume that survives a container restart: an `emptyDir` in the chart), one line per event:
+
+        J1 <group>                     header (the group the journal belongs to)
+        I <pid> <consumers> <allowance>  an incarnation started (allowance: see Recovery); C: it stopped
+                                       cleanly
+        a <topic> <p> <offset> <broker count> <count>   acquired (the broker's count, the sidecar's)
+        s <topic> <p> <offset>         sent to the app alone (an isolation turn)
+        k <topic> <p> <offset>         answered: accepted or rejected, the broker not told yet
+        r / u / d <topic> <p> <offset> released after an attempt / released unsent / done (forgotten)
+        v <topic> <p> <offset>         a suspect released unsent (no turn for it in the isolation pass)
+        z <topic> <p> <offset>         its incarnation died with it in the state above
+
+    Where: `share.journal.path`, by default (`auto`) `dlq-sidecar/share-journal-<group>` under the user's
+    state directory (`$XDG_STATE_HOME`, or `~/.local/state`; `default_journal_path`), the directory
+    created if missing; null: no journal. One sidecar per journal: the first to open it holds an exclusive
+    `flock` on `<path>.lock` until it closes it (the kernel drops it when the process dies, so a SIGKILL
+    leaves no stale lock). A second sidecar of the same group on the same host finds it locked, logs one
+    line and runs without a journal, counting as the broker does: a journal must describe one process's
+    deliveries, and a second file picked for it (a suffix, a free slot) could be read after a death by a
+    process that did not write it, which its header cannot tell.
+
+    Writes go to the file at once without fsync: a SIGKILL of the process keeps them (the page cache is
+    the kernel's); a node's crash may lose the last ones, and then those records are counted by the
+    broker, as without a journal. Whatever cannot be read (missing, unreadable, another group's, lines
+    that do not parse) degrades to the broker's counts for the records concerned, with one log line,
+    never to a loss: the journal only ever lowers a count the broker has raised through deaths.
+    """
 
     def __init__(self, path: str, group: str, fh: IO[str] | None) -> None:
         self.path = path

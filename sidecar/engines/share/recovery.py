@@ -1,22 +1,8 @@
 """The share engine's account of deaths: counts that leave out what a death charged, and recovery.
 
-The share engine (:mod:`sidecar.engines.share.group`) asks `DeathAccount` for a record's count at
-each acquisition and tells it every outcome; with `share.journal.path` set it keeps them in the
-journal (:mod:`sidecar.engines.share.journal`), so after a death:
-
-- a record held at the death is delivered again at the count it had, and only one alone at the app
-  (an isolation turn) is charged: the counts the sidecar dead-letters on are its own, the broker's
-  count only bounds them (the group's limit is raised as far as the broker allows, so the broker's
-  extra charges do not archive a record the sidecar still means to deliver);
-- until the records the dead incarnation held are back and settled, one share consumer runs, not
-  all: the broker charges a death once per share consumer of the dead process, so a death during
-  the isolation pass then charges one acquisition only;
-- a record the dead incarnation held near the group's limit that does not come back within the
-  dead members' session and two locks was archived by the broker: logged with its coordinates and
-  counted in `dlq_sidecar_broker_archived_without_dlq_total`.
-
-Without a journal (`share.journal.path: null`, or unusable or in use by another sidecar: logged) every
-count is the broker's.
+Owns `DeathAccount`: a record's count at each acquisition, every outcome (kept in the journal,
+`sidecar.engines.share.journal`), and the recovery after a death (told in its docstring). Without a
+journal every count is the broker's.
 
 Runs in trio; no Kafka client here.
 """
@@ -54,7 +40,23 @@ _S = TypeVar("_S")
 
 
 class DeathAccount:
-    """What deaths charged, per record, and the recovery after one (see the module docstring)."""
+    """What deaths charged, per record, and the recovery after one.
+
+    The share engine (:mod:`sidecar.engines.share.group`) asks `DeathAccount` for a record's count at
+    each acquisition and tells it every outcome; with `share.journal.path` set it keeps them in the
+    journal (:mod:`sidecar.engines.share.journal`), so after a death:
+
+    - a record held at the death is delivered again at the count it had, and only one alone at the app
+      (an isolation turn) is charged: the counts the sidecar dead-letters on are its own, the broker's
+      count only bounds them (the group's limit is raised as far as the broker allows, so the broker's
+      extra charges do not archive a record the sidecar still means to deliver);
+    - until the records the dead incarnation held are back and settled, one share consumer runs, not
+      all: the broker charges a death once per share consumer of the dead process, so a death during
+      the isolation pass then charges one acquisition only;
+    - a record the dead incarnation held near the group's limit that does not come back within the
+      dead members' session and two locks was archived by the broker: logged with its coordinates and
+      counted in `dlq_sidecar_broker_archived_without_dlq_total`.
+    """
 
     def __init__(self, group: str, consumers: int, on_archived: Callable[[str], None]) -> None:
         self.group = group

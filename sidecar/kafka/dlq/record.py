@@ -65,7 +65,7 @@ def is_reserved_header(name: str) -> bool:
     return name[: len(DLQ_HEADER_PREFIX)].lower() == DLQ_HEADER_PREFIX
 
 
-def _encodable_name(name: str) -> str:
+def encodable_name(name: str) -> str:
     # confluent-kafka encodes header names as UTF-8 in C and crashes (a segfault, not an exception) on a
     # lone surrogate. The wire refuses those from the app; anything else that carries one (a source
     # header name, a future caller) has it replaced here, so produce() is never handed one.
@@ -133,14 +133,14 @@ def build_dlq_record(
     app_headers: list[tuple[str, bytes]] = []
     dropped: list[str] = []
     for raw_name, header_value in failed.extra_headers:
-        name = _encodable_name(raw_name)
+        name = encodable_name(raw_name)
         if is_reserved_header(name):
             dropped.append(name)
         else:
             app_headers.append((name, header_value))
     overridden = {name for name, _ in context} | {n for n, _ in app_headers}
 
-    originals = ((_encodable_name(n), v) for n, v in failed.headers)
+    originals = ((encodable_name(n), v) for n, v in failed.headers)
     headers: list[Header] = []
     if copy:
         # Original headers first, in order; same-named context and app headers overwrite (drop) them.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sidecar.core.deadletter import FailedRecord
 from sidecar.core.tiers import tier_headers
-from sidecar.kafka.dlq.record import DlqRecord, _encodable_name
+from sidecar.kafka.dlq.record import DlqRecord, encodable_name
 
 
 def build_tier_record(failed: FailedRecord, topic: str, partitions: int) -> DlqRecord:
@@ -20,7 +20,7 @@ def build_tier_record(failed: FailedRecord, topic: str, partitions: int) -> DlqR
         topic=failed.topic,
         partition=failed.partition,
         offset=failed.offset,
-        headers=tuple((_encodable_name(n), v) for n, v in failed.headers),
+        headers=tuple((encodable_name(n), v) for n, v in failed.headers),
         group=failed.group,
         delivery_count=failed.delivery_count,
         tier=failed.tier,

@@ -30,6 +30,7 @@ __all__ = [
     "RegistryUnreachable",
     "SchemaDecoder",
     "Undecodable",
+    "decode_blocking",
 ]
 
 KEY = "key"
@@ -107,6 +108,20 @@ class SchemaDecoder:
 
     def close(self) -> None:
         self.catalog.close()
+
+
+def decode_blocking(
+    catalog: Catalog, data: bytes, field: str, topic: str = ""
+) -> Decoded | Undecodable:
+    """One key or value decoded whatever its topic, its schema loaded first if need be (blocking: the
+    operator tools). Raises RegistryUnreachable."""
+    schema_id = schema_id_of(data)
+    if isinstance(schema_id, Undecodable):
+        return schema_id
+    entry = catalog.load(schema_id)  # the kept one when it is there
+    if isinstance(entry, Undecodable):
+        return entry
+    return _decode(entry, topic, field, data)
 
 
 def _decode(entry: LoadedSchema, topic: str, field: str, data: bytes) -> Decoded | Undecodable:

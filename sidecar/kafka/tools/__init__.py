@@ -10,8 +10,9 @@ demo): blocking calls with timeouts, no trio, every `KafkaException` translated 
     producer  `ToolProducer`: an idempotent acks=all producer whose deliveries come back as texts
     admin     `TopicAdmin`: topic names and partition counts, delete, create (the demo, the console)
 
-The tools above may import these; these import the pure core and confluent-kafka only, never
-`sidecar.ops`, the engines or the service.
+The tools above may import these; these import the pure core, the log summary
+(`sidecar.kafka.logsummary`: an unreachable broker is one line, not hundreds) and confluent-kafka
+only, never `sidecar.ops`, the engines or the service.
 """
 
 from __future__ import annotations

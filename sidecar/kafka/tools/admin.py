@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sidecar.kafka.errors import KafkaCallError, translate
+from sidecar.kafka.logsummary import librdkafka_logger
 
 
 class TopicAdmin:
@@ -23,7 +24,7 @@ class TopicAdmin:
 
     def __init__(self, props: Mapping[str, Any]) -> None:
         try:
-            self._admin = AdminClient(dict(props))
+            self._admin = AdminClient(dict(props), logger=librdkafka_logger())
         except KafkaException as exc:
             raise translate("cannot create a Kafka admin client", exc, KafkaCallError) from exc
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sidecar.kafka.errors import KafkaCallError, translate
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.tools.records import ReadRecord
 
 
@@ -29,6 +30,9 @@ class Fetched(NamedTuple):
     record: ReadRecord | None
     reason: str | None
     gone: bool
+
+
+FETCH_WAIT_MAX_MS = 10
 
 
 class OffsetFetcher:
@@ -45,7 +49,12 @@ class OffsetFetcher:
                     "enable.partition.eof": True,
                     # A deleted offset must show as an error, never silently jump to another record.
                     "auto.offset.reset": "error",
-                }
+                    # One record at a time: a fetch that reached the partition's end waits on the
+                    # broker up to this long for more (500 ms by default), and the next record's
+                    # fetch queues behind it: 0.5 s per record of a dry run, not the records' size.
+                    "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
+                },
+                logger=librdkafka_logger(),
             )
         except KafkaException as exc:
             raise translate("cannot create a Kafka consumer", exc, KafkaCallError) from exc

@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from sidecar.kafka.errors import KafkaCallError, translate
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.tools.records import Header
 
 DeliveryHook = Callable[[str | None], None]
@@ -41,7 +42,7 @@ class ToolProducer:
         if message_timeout_ms is not None:
             settings["message.timeout.ms"] = message_timeout_ms
         try:
-            self._producer = Producer(settings)
+            self._producer = Producer(settings, logger=librdkafka_logger())
         except KafkaException as exc:
             raise translate("cannot create a Kafka producer", exc, KafkaCallError) from exc
 

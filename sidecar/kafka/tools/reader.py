@@ -20,6 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sidecar.kafka.errors import KafkaCallError, translate
+from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.tools.records import ReadRecord
 
 
@@ -43,7 +44,8 @@ class ReadConsumer:
                     # Whatever the configuration says: aborted transactional DLQ writes (and the
                     # abort-only probes of the marker check) are not DLQ records.
                     "isolation.level": "read_committed",
-                }
+                },
+                logger=librdkafka_logger(),
             )
         except KafkaException as exc:
             raise translate("cannot create a Kafka consumer", exc, KafkaCallError) from exc

@@ -191,6 +191,14 @@ def _start_once(libs: Path, secured: bool, last: bool) -> int:
         "log.segment.bytes": str(64 * 1024 * 1024),
         "log.retention.check.interval.ms": "60000",
     }
+    # DLQ_KAFKA_EXTRA="name=value,...": broker properties over these (the scale bench's share
+    # heartbeat, for instance); a name without "=" is refused.
+    for item in filter(None, os.environ.get("DLQ_KAFKA_EXTRA", "").split(",")):
+        name, sep, value = item.partition("=")
+        if not sep:
+            say(f"DLQ_KAFKA_EXTRA: {item!r} is not name=value")
+            return 1
+        props[name.strip()] = value.strip()
     format_args: list[str] = []
     secured_state: dict[str, object] | None = None
     if secured:

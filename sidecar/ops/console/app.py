@@ -281,7 +281,7 @@ async def records_page(request: Request) -> Response:
     def read() -> Any:
         consumer = ReadConsumer(c.props)
         try:
-            return inspect_page(
+            page = inspect_page(
                 consumer,
                 topic,
                 filters,
@@ -291,6 +291,10 @@ async def records_page(request: Request) -> Response:
             )
         finally:
             consumer.close()
+        if c.payloads is not None:
+            for entry in page.entries:
+                c.payloads.read(entry)  # decoded (and redacted) for the payload column
+        return page
 
     page = await _blocking(read)
     query = _filter_query(params)
@@ -328,6 +332,8 @@ async def record_page(request: Request) -> Response:
             consumer.close()
         if entry is None:
             raise _Refused(404, f"no record at {topic}[{partition}]@{offset}")
+        if c.payloads is not None:
+            c.payloads.read(entry)
         original = None
         if (
             entry.headers_only

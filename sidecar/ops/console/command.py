@@ -67,6 +67,21 @@ def add_console_parser(subparsers: Any) -> None:
     )
     p.add_argument("--read-only", action="store_true", help="no redrives, no token")
     p.add_argument(
+        "--registry",
+        default=None,
+        metavar="URL",
+        help="a Schema Registry: values in the Confluent wire format are shown decoded, with their "
+        "subject and version (docs/schemas.md)",
+    )
+    p.add_argument(
+        "--redact",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="a decoded field shown as *** everywhere (a name at any depth, or a dotted path); "
+        "repeatable",
+    )
+    p.add_argument(
         "--max-replays",
         type=int,
         default=1,
@@ -114,6 +129,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         from sidecar.ops.console.access import Access, load_token
         from sidecar.ops.console.app import build_app
         from sidecar.ops.console.context import Console, Settings
+        from sidecar.ops.dlq.payloads import payloads_for
     except ImportError as exc:
         print(
             f"dlq-sidecar console: {exc.name} is not installed: pip install 'dlq-sidecar[console]'",
@@ -132,6 +148,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         if args.max_replays < 1:
             raise UsageError("--max-replays must be 1 or more")
         token, generated = load_token(args.token_file, read_only=args.read_only)
+        payloads = payloads_for(None, args.registry, args.redact, ())
     except UsageError as exc:
         print(f"dlq-sidecar console: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -142,7 +159,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         max_replays=args.max_replays,
     )
-    app = build_app(Console(settings=settings, access=Access(token)))
+    app = build_app(Console(settings=settings, access=Access(token), payloads=payloads))
     config = ServerConfig()
     host = f"[{args.host}]" if ":" in args.host else args.host
     config.bind = [f"{host}:{args.port}"]

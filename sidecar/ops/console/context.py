@@ -16,6 +16,7 @@ import jinja2
 
 from sidecar.ops.console.access import MAX_RUNNING_REDRIVES, Access
 from sidecar.ops.console.redrive import Redrives
+from sidecar.ops.dlq.payloads import PayloadReader
 
 T = TypeVar("T")
 CATALOG_TTL_S = 10.0
@@ -34,6 +35,8 @@ class Console:
     settings: Settings
     access: Access
     redrives: Redrives = field(default_factory=lambda: Redrives(MAX_RUNNING_REDRIVES))
+    # Decodes values in the Confluent wire format (`--registry`), redacting `--redact`; None: bytes.
+    payloads: PayloadReader | None = None
     templates: jinja2.Environment = field(
         default_factory=lambda: jinja2.Environment(
             loader=jinja2.PackageLoader("sidecar.ops.console", "templates"),

@@ -265,7 +265,8 @@ class Demo:
             # /readyz answers 503 with its checks until all pass; "assigned" is the one we need
             # (a partition appears in /v1/status only once it has records).
             with contextlib.suppress(OSError, ValueError, KeyError):
-                if http_get_json(api_port, "/readyz")["checks"]["assigned"]:
+                checks = http_get_json(api_port, "/readyz")["checks"]
+                if checks.get("assigned") or checks.get("subscribed"):  # subscribed: a share group
                     return
             time.sleep(0.1)
         raise DemoError(f"the sidecar was not assigned its partitions within {timeout_s:.0f} s")

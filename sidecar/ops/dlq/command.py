@@ -31,6 +31,7 @@ from sidecar.ops.dlq.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolErr
 from sidecar.ops.dlq.filters import Filters, filters_from_values
 from sidecar.ops.dlq.formats import FORMATS
 from sidecar.ops.dlq.inspect import inspect_dlq
+from sidecar.ops.dlq.payloads import PayloadReader, parse_field_filter, payloads_for
 from sidecar.ops.dlq.render import render_inspect, render_inspect_summary, render_replay_summary
 from sidecar.ops.dlq.replay import REPLAY_NAME, Replayer, ReplayOptions, ReplaySummary
 
@@ -129,6 +130,26 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TEXT",
         help="text in the exception message or cause, any case",
+    )
+    s = p.add_argument_group(
+        "records with schemas (docs/schemas.md): values in the Confluent wire format are shown decoded "
+        "through a Schema Registry, --registry or --config's schemas.registry"
+    )
+    s.add_argument("--registry", default=None, metavar="URL", help="the Schema Registry's URL")
+    s.add_argument(
+        "--redact",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="show this decoded field as *** (a name at any depth, or a dotted path); adds to "
+        "--config's schemas.redact; repeatable",
+    )
+    s.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="only records whose decoded value has VALUE at PATH (customer.id=42); repeatable",
     )
     f.add_argument(
         "--record",
@@ -339,30 +360,42 @@ def _width(stream: TextIO) -> int | None:
         return 200
 
 
+def _payloads(args: argparse.Namespace) -> PayloadReader | None:
+    config = _config(args) if args.config is not None else None
+    fields = [parse_field_filter(text) for text in args.field]
+    return payloads_for(config, args.registry, args.redact, fields)
+
+
 def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) -> int:
     filters = filters_from_args(args)
     topics = _dlq_topics(args, args.topic, tiers=True)
     bootstrap = _bootstrap(args)
+    payloads = _payloads(args)
+    try:
 
-    def emit(entry: DlqEntry) -> None:
-        console.file.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
+        def emit(entry: DlqEntry) -> None:
+            console.file.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
 
-    for topic in topics:  # one topic after the other; --limit applies to each
-        result = inspect_dlq(
-            bootstrap,
-            topic,
-            filters,
-            limit=args.limit,
-            kafka=dict(args.kafka_property),
-            on_entry=emit if args.json else None,
-        )
-        if args.json:
-            console.file.flush()
-            if len(topics) > 1:
-                errors.print(f"DLQ {topic}", markup=False, highlight=False)
-            render_inspect_summary(errors, result)
-        else:
-            render_inspect(console, result, topic)
+        for topic in topics:  # one topic after the other; --limit applies to each
+            result = inspect_dlq(
+                bootstrap,
+                topic,
+                filters,
+                limit=args.limit,
+                kafka=dict(args.kafka_property),
+                on_entry=emit if args.json else None,
+                payloads=payloads,
+            )
+            if args.json:
+                console.file.flush()
+                if len(topics) > 1:
+                    errors.print(f"DLQ {topic}", markup=False, highlight=False)
+                render_inspect_summary(errors, result)
+            else:
+                render_inspect(console, result, topic)
+    finally:
+        if payloads is not None:
+            payloads.close()
     return EXIT_OK
 
 
@@ -392,6 +425,7 @@ def _replay_one(args: argparse.Namespace, console: Console, bootstrap: str, topi
         limit=args.limit,
         kafka=dict(args.kafka_property),
         by=args.by,
+        payloads=_payloads(args),
     )
     replayer = Replayer(options)
     if console.is_terminal:
@@ -433,6 +467,8 @@ def _replay_one(args: argparse.Namespace, console: Console, bootstrap: str, topi
 
         replayer.on_progress = on_plain_progress
         summary = replayer.run()
+    if options.payloads is not None:
+        options.payloads.close()
     render_replay_summary(console, summary, options)
     return EXIT_OK if summary.ok else EXIT_FAILURE
 

@@ -42,7 +42,7 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", errors="replace")
 
 
-def _int(value: bytes | None) -> int | None:
+def int_or_none(value: bytes | None) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:
@@ -70,6 +70,9 @@ class DlqEntry:
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...]
+    # The value decoded through a Schema Registry (`sidecar.ops.dlq.payloads.Payload`), when the
+    # command reads schemas; set by the reader that decoded it.
+    payload: Any = field(default=None, repr=False, compare=False)
     context: DlqContext = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -126,7 +129,7 @@ class DlqEntry:
 
     @property
     def replay_count(self) -> int:
-        return _int(self.header(H_REPLAY_COUNT)) or 0
+        return int_or_none(self.header(H_REPLAY_COUNT)) or 0
 
     @property
     def is_dlq_record(self) -> bool:
@@ -153,6 +156,16 @@ class DlqEntry:
         return f"{self.dlq_topic}/{self.dlq_partition}/{self.dlq_offset}"
 
     def to_json(self) -> dict[str, Any]:
+        out = self._json()
+        payload = self.payload
+        if payload is not None:
+            out.update(payload.to_json())
+            if payload.hide_bytes:
+                # Redacted fields would still be readable in the raw bytes.
+                out["value"] = {"redacted": True, "size": len(self.value or b"")}
+        return out
+
+    def _json(self) -> dict[str, Any]:
         return {
             "dlq_topic": self.dlq_topic,
             "dlq_partition": self.dlq_partition,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from sidecar.kafka.tools import ReadConsumer
 from sidecar.ops.dlq.entries import DlqEntry, entry_from_record
 from sidecar.ops.dlq.filters import Filters
+from sidecar.ops.dlq.payloads import PayloadReader
 from sidecar.ops.dlq.reader import client_properties, dlq_partitions
 
 
@@ -45,6 +46,7 @@ def inspect_dlq(
     kafka: Mapping[str, str] | None = None,
     on_entry: Callable[[DlqEntry], None] | None = None,
     each: Callable[[DlqEntry], None] | None = None,
+    payloads: PayloadReader | None = None,
 ) -> InspectResult:
     """Read `topic` from the beginning to its current end; count every matching record, keep the first `limit`."""
     props = client_properties(bootstrap, kafka or {})
@@ -60,6 +62,8 @@ def inspect_dlq(
                 result.scanned += 1
                 if filters.mismatch(entry, now_ms) is not None:
                     continue
+                if payloads is not None and not payloads.read(entry):
+                    continue  # a --field filter on the decoded value
                 result.matched += 1
                 result.by_exception_class[entry.exception_class or "(none)"] += 1
                 result.by_source_topic[

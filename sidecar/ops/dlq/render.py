@@ -28,15 +28,23 @@ def payload_preview(entry: DlqEntry, width: int = 40) -> str:
         return "(headers only)"
     if entry.value is None:
         return "(null value)"
+    payload = entry.payload
+    if payload is not None and payload.schema is not None:
+        text: str = payload.preview()
+        return text if len(text) <= width * 3 else text[: width * 3 - 1] + "…"
+    if payload is not None:
+        return f"{_bytes_preview(entry.value, width)} not decoded: {payload.reason}"
+    return _bytes_preview(entry.value, width)
+
+
+def _bytes_preview(value: bytes, width: int) -> str:
     try:
-        text = entry.value.decode("utf-8")
+        text = value.decode("utf-8")
         shown = text if len(text) <= width else text[: width - 1] + "…"
         shown = shown.replace("\n", "\\n")
     except UnicodeDecodeError:
-        shown = (
-            "0x" + entry.value[: width // 2].hex() + ("…" if len(entry.value) > width // 2 else "")
-        )
-    return f"{shown} ({len(entry.value)} B)"
+        shown = "0x" + value[: width // 2].hex() + ("…" if len(value) > width // 2 else "")
+    return f"{shown} ({len(value)} B)"
 
 
 def written_by(e: DlqEntry) -> str:

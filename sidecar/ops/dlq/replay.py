@@ -47,8 +47,8 @@ from sidecar.ops.dlq.entries import (
     H_REPLAY_NAME,
     DlqEntry,
     Header,
-    _int,
     entry_from_record,
+    int_or_none,
 )
 from sidecar.ops.dlq.errors import UsageError
 from sidecar.ops.dlq.filters import Filters
@@ -97,17 +97,23 @@ class ReplayOptions:
     kafka: Mapping[str, str] = field(default_factory=dict)
     fetch_timeout_s: float = 15.0
     by: str | None = None  # who replays: `__dlq.replay.by` (and `.at`) on every replayed record
+    # Records with schemas (`sidecar.ops.dlq.payloads.PayloadReader`): values decoded for the dry
+    # run's lines and for `--field` filters. None: no registry named.
+    payloads: Any = None
 
     @property
     def group(self) -> str:
         return REPLAY_GROUP_PREFIX + self.name
 
     def fingerprint_fields(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "filters": self.filters.describe(),
             "to": self.target_topic or "(source topic)",
             "max_replays": self.max_replays,
         }
+        if self.payloads is not None and self.payloads.fields:
+            out["fields"] = [f"{path}={value}" for path, value in self.payloads.fields]
+        return out
 
     def fingerprint(self) -> str:
         canonical = json.dumps(self.fingerprint_fields(), sort_keys=True, separators=(",", ":"))
@@ -344,6 +350,9 @@ class Replayer:
         if mismatch is not None:
             s.skipped[f"filtered out by --{mismatch}"] += 1
             return None
+        if o.payloads is not None and not o.payloads.read(entry):
+            s.skipped["filtered out by --field"] += 1
+            return None
         s.matched += 1
         source_topic, source_partition = entry.source_topic, entry.source_partition
         if source_topic is None or source_partition is None:
@@ -392,7 +401,7 @@ class Replayer:
                 return self._unrecoverable(problem)
             key, value = fetched.key, fetched.value
             original = list(fetched.headers)
-            previous = max(previous, _int(_last(original, H_REPLAY_COUNT)) or 0)
+            previous = max(previous, int_or_none(_last(original, H_REPLAY_COUNT)) or 0)
             if previous >= o.max_replays:
                 s.skipped[f"replayed {previous} times already (--max-replays {o.max_replays})"] += 1
                 s.max_replays_skipped.append(
@@ -452,6 +461,7 @@ class Replayer:
                 f"{_source_of(plan.entry)}, "
                 f"{plan.entry.exception_class or 'no exception class'}) to {where}"
                 + (" (read from the source topic)" if plan.entry.headers_only else "")
+                + _decoded_of(plan.entry)
             )
             return
         assert self._producer is not None
@@ -482,6 +492,16 @@ def _last(headers: Sequence[Header], name: str) -> bytes | None:
         if n == name:
             found = v
     return found
+
+
+def _decoded_of(entry: DlqEntry) -> str:
+    """The dry run's view of a value read through the registry: decoded, or why not."""
+    payload = entry.payload
+    if payload is None:
+        return ""
+    if payload.schema is not None:
+        return f"; value {payload.preview()}"
+    return f"; value not decoded: {payload.reason}"
 
 
 def _source_of(entry: DlqEntry) -> str:

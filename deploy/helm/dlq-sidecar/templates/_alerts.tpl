@@ -240,6 +240,31 @@ groups:
           description: >-
             The sidecar cannot connect to the app: intake is paused and records wait in Kafka.
           runbook_url: {{ printf "%s#dlqsidecarappunreachable" $book }}
+      - alert: DlqSidecarAppRouteMissing
+        expr: >-
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_app_route_missing%s == 1" $sel)) }}
+        for: {{ $t.appUnreachableFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the app has no route at the configured URL (source topic {{ $labels.topic }})'`}}
+          description: >-
+            The app answers the sidecar's requests with 404, 405 or 415 and no JSON answer: app.url
+            names a path, method or content type the app does not serve. Intake is paused and records
+            wait in Kafka, none counted or dead-lettered; /readyz names the URL and the status.
+          runbook_url: {{ printf "%s#dlqsidecarapproutemissing" $book }}
+      - alert: DlqSidecarSchemaRegistryUnreachable
+        expr: >-
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check="schema_registry_reachable"`)))) }}
+        for: {{ $t.schemaRegistryUnreachableFor }}
+        labels:
+          severity: critical
+        annotations:
+          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the schema registry cannot be used (source topic {{ $labels.topic }})'`}}
+          description: >-
+            The sidecar cannot load the schemas of the records it decodes (schemas.decode): intake is
+            paused, records wait in Kafka and none go to the DLQ for it.
+          runbook_url: {{ printf "%s#dlqsidecarschemaregistryunreachable" $book }}
       {{- $commitLag := printf "dlq_sidecar_committed_lag_records%s" $sel }}
       {{- $shareLag := printf "min by (namespace, job, topic, partition) (dlq_sidecar_share_lag_records%s)" $sel }}
       - alert: DlqSidecarLagGrowing
@@ -271,7 +296,7 @@ groups:
           runbook_url: {{ printf "%s#dlqsidecarisolationpasslong" $book }}
       - alert: DlqSidecarNotReady
         expr: >-
-          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|broker_reachable|app_reachable|dlq_writable|commits_ok|circuit_breaker_closed"`)))) }}
+          {{ include "dlq-sidecar.perTopic" (list $s (printf "dlq_sidecar_readiness_check%s == 0" (include "dlq-sidecar.promSel" (list $s `check!~"assigned|subscribed|broker_reachable|app_reachable|app_route_found|dlq_writable|commits_ok|circuit_breaker_closed|schema_registry_reachable"`)))) }}
         for: {{ $t.notReadyFor }}
         labels:
           severity: warning
@@ -280,7 +305,7 @@ groups:
           description: >-
             /readyz answers 503 for a readiness check with no alert of its own (a check these rules do
             not know; dlq_sidecar_readiness_check says which). The known checks page through their
-            cause's alert, and `assigned` not at all: an idle pod has no partitions.
+            cause's alert, and `assigned` (`subscribed` for a share group) not at all: an idle pod has no partitions.
           runbook_url: {{ printf "%s#dlqsidecarnotready" $book }}
       - alert: DlqSidecarBrokerArchivedWithoutDlq
         expr: >-

@@ -1,26 +1,8 @@
 """Who holds a listener's connection slots, and whom to close to make room: sans-IO, no clock.
 
-A listener takes at most ``max_connections`` connections, and at most ``max_per_peer`` from one
-peer (a TCP client's IP address; every Unix-socket client is one peer, ``unix``, and the per-peer
-cap does not apply to it). A connection is in one of three states::
-
-    waiting  no byte of a request yet: a new connection, or a keep-alive one between requests
-    reading  part of a request has arrived, not all of it
-    busy     a handler runs for it, or its response is being written
-
-When a new connection finds its peer at its cap, or the listener full, it is not refused: one
-connection is closed to make room for it (a full listener makes room rather than refusing a
-probe: docs/security.md). The victim is, within the peer when the peer is at its cap, else among all,
-the connection that has gone longest without a request answered: of the one waiting longest
-and the one reading a request for longest, whichever entered its state first. Busy connections
-are never closed; when every one is busy, the new connection is refused (503).
-
-So a flood of idle or slow connections, from one peer or many, only ever pushes out its own
-oldest members: a probe (a fresh connection that sends its request at once) is the newest
-connection in the room and is answered in the time it takes. Callers pass the time (``now``).
-
-:class:`Room` holds the bookkeeping; the server owns the sockets, the timers and the closing.
-Every operation is O(1).
+Owns `Seating`: the seats (waiting, reading, busy) of one listener's connections, per peer and in
+all, and the choice of the connection to close for a new one (told in its docstring); the server owns
+the sockets, the timers and the closing. Every operation is O(1); callers pass the time.
 
 Imports only the standard library.
 """
@@ -31,7 +13,7 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["UNIX_PEER", "Room", "Seat", "SeatState"]
+__all__ = ["UNIX_PEER", "Seat", "SeatState", "Seating"]
 
 UNIX_PEER = "unix"
 
@@ -44,7 +26,7 @@ class SeatState(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class Seat:
-    """One admitted connection. ``evicted`` is set when :meth:`Room.admit` chose it to make room:
+    """One admitted connection. ``evicted`` is set when :meth:`Seating.admit` chose it to make room:
     its owner must close it (it no longer counts against any cap)."""
 
     peer: str
@@ -80,8 +62,28 @@ class _Queues:
         return waiting if waiting.since <= reading.since else reading
 
 
-class Room:
-    """The seats of one listener (see the module docstring)."""
+class Seating:
+    """The seats of one listener.
+
+    A listener takes at most ``max_connections`` connections, and at most ``max_per_peer`` from one
+    peer (a TCP client's IP address; every Unix-socket client is one peer, ``unix``, and the per-peer
+    cap does not apply to it). A connection is in one of three states::
+
+        waiting  no byte of a request yet: a new connection, or a keep-alive one between requests
+        reading  part of a request has arrived, not all of it
+        busy     a handler runs for it, or its response is being written
+
+    When a new connection finds its peer at its cap, or the listener full, it is not refused: one
+    connection is closed to make room for it (a full listener makes room rather than refusing a
+    probe: docs/security.md). The victim is, within the peer when the peer is at its cap, else among all,
+    the connection that has gone longest without a request answered: of the one waiting longest
+    and the one reading a request for longest, whichever entered its state first. Busy connections
+    are never closed; when every one is busy, the new connection is refused (503).
+
+    So a flood of idle or slow connections, from one peer or many, only ever pushes out its own
+    oldest members: a probe (a fresh connection that sends its request at once) is the newest
+    connection in the room and is answered in the time it takes. Callers pass the time (``now``).
+    """
 
     def __init__(self, max_connections: int, max_per_peer: int) -> None:
         if max_connections < 1 or max_per_peer < 1:

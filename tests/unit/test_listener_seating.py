@@ -1,4 +1,4 @@
-"""sidecar.http.room: whom a full listener closes to make room, and the api.* limits behind it."""
+"""sidecar.http.seating: whom a full listener closes to make room, and the api.* limits behind it."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import yaml
 from trio.testing import MockClock
 
 from sidecar.config import ConfigError
-from sidecar.http.room import UNIX_PEER, Room, SeatState
+from sidecar.http.seating import UNIX_PEER, Seating, SeatState
 from sidecar.http.server import CUT_LOG_INTERVAL_S, CUT_LOG_LINES, Limits, ServerStats
 from sidecar.service.api import listener_limits
 from tests.unit.test_config import MINIMAL, load_dict, patched
 
 
 def test_a_full_room_closes_the_seat_longest_without_an_answer() -> None:
-    room = Room(3, 3)
+    room = Seating(3, 3)
     a, _ = room.admit("10.0.0.1", 0.0)
     b, _ = room.admit("10.0.0.2", 1.0)
     c, _ = room.admit("10.0.0.3", 2.0)
@@ -47,7 +47,7 @@ def test_a_full_room_closes_the_seat_longest_without_an_answer() -> None:
 
 
 def test_a_peer_at_its_cap_makes_room_among_its_own_connections() -> None:
-    room = Room(10, 2)
+    room = Seating(10, 2)
     other, _ = room.admit("10.0.0.9", 0.0)  # older than the noisy peer's seats
     first, _ = room.admit("10.0.0.1", 1.0)
     second, _ = room.admit("10.0.0.1", 2.0)
@@ -62,7 +62,7 @@ def test_a_peer_at_its_cap_makes_room_among_its_own_connections() -> None:
 
 
 def test_unix_socket_clients_have_no_per_peer_cap_and_a_left_seat_is_free() -> None:
-    room = Room(4, 1)
+    room = Seating(4, 1)
     seats = [room.admit(UNIX_PEER, float(i)) for i in range(4)]
     assert all(seat is not None and evicted is None for seat, evicted in seats)
     seat = seats[0][0]

@@ -1,0 +1,365 @@
+"""*scale-many*, *scale-share*, *scale-dapr*: N members of one group through a rolling restart.
+
+A member is a sidecar (engine consumer, classic cooperative-sticky or ``group.protocol: consumer``;
+or engine share on a share group) or a daprd, all in front of the one bench app in journal mode
+(2 % rejected, 2 % released once). Records are produced at ``rate`` to one topic throughout; once
+every member delivers, each member in turn is stopped (SIGTERM and a wait for its exit, or SIGKILL)
+and a new one started in its place; the next stop waits until the new one is ready (a sidecar: its
+``/readyz``; daprd, whose readiness says nothing of its partitions: its group stable with N members
+and every partition assigned). Then the producer stops, and once every record is done (accepted, or
+its DLQ record written) the journal and the DLQ topic are judged (``bench.scale.journal``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.app import App
+from bench.broker import Broker
+from bench.dapr import DaprSetup, group_assigned, running_daprd
+from bench.measure import cpu_seconds
+from bench.scale.journal import Coord, Journal, judge
+from bench.sidecars import Side, api_get, running_sidecar, sidecar_config
+
+KINDS = ("classic", "consumer", "share", "dapr")
+VALUE_ID = re.compile(rb"bench-r(\d+):")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout's shape."""
+
+    kind: str  # of KINDS
+    members: int
+    partitions: int
+    rate: float
+    sig: str  # "term" or "kill"
+    warmup_s: float = 5.0
+    ready_timeout_s: float = 120.0
+    done_timeout_s: float = 180.0
+    broker_note: str = ""  # e.g. the share heartbeat the broker runs with
+
+
+@dataclass
+class Fleet:
+    """The running members, by slot; each member's exit stack stops it."""
+
+    stacks: list[contextlib.ExitStack] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    apis: list[str | None] = field(default_factory=list)
+    started: int = 0
+
+
+class Producer:
+    """Records at a fixed rate until stopped, each value ``bench-r<id>:``; notes where each went."""
+
+    def __init__(self, broker: Broker, topic: str, rate: float) -> None:
+        self.where: dict[int, tuple[int, int]] = {}
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(broker, topic, rate), daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(60)
+        return self.sent
+
+    def _run(self, broker: Broker, topic: str, rate: float) -> None:
+        from confluent_kafka import Producer as KafkaProducer
+
+        producer = KafkaProducer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+        start = time.monotonic()
+        i = 0
+        while not self._stop.is_set():
+            pause = start + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+
+            def noted(err: Any, msg: Any, i: int = i) -> None:
+                if err is None:
+                    self.where[i] = (msg.partition(), msg.offset())
+
+            producer.produce(
+                topic, b"bench-r%d:" % i + b"x" * 90, b"key-%05d" % (i % 10_000), on_delivery=noted
+            )
+            producer.poll(0)
+            i += 1
+        producer.flush(30)
+        self.sent = i
+
+
+def _sidecar_config(
+    r: Rollout, broker: Broker, topic: str, dlq: str, group: str, app: App, api: str
+) -> str:
+    kafka: dict[str, Any] = {}
+    extra: dict[str, Any] = {
+        "errors.deadletterqueue.topic.name": dlq,
+        "errors.retry.delay.initial.ms": 50,
+        "logging": {"level": "info", "format": "json"},
+    }
+    engine = None
+    if r.kind == "classic":
+        # A killed member's partitions wait for its session to expire: the broker's minimum.
+        kafka = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    elif r.kind == "consumer":
+        kafka = {"group.protocol": "consumer"}
+    elif r.kind == "share":
+        engine = "share"
+        extra["share.journal.path"] = None
+    text = sidecar_config(
+        "c-tcp-key",
+        broker.bootstrap,
+        topic,
+        group,
+        app,
+        api,
+        ordering="none" if r.kind == "share" else "key",
+        engine=engine,
+        kafka_extra=kafka,
+        extra=extra,
+    )
+    return text.replace("logging:\n  level: warning\n", "")
+
+
+def _ready(api: str) -> bool:
+    ready = api_get(api, "/readyz") or {}
+    return bool(ready.get("checks", {}).get("assigned"))
+
+
+def _start(
+    fleet: Fleet,
+    slot: int,
+    r: Rollout,
+    broker: Broker,
+    topic: str,
+    dlq: str,
+    group: str,
+    app: App,
+    directory: str,
+    side: Side,
+) -> None:
+    name = f"{r.kind}-{r.sig}-{fleet.started}"
+    fleet.started += 1
+    stack = contextlib.ExitStack()
+    api: str | None = None
+    if r.kind == "dapr":
+        setup = DaprSetup(
+            broker.bootstrap, topic, group, app.port, dlq_topic=dlq, session_timeout_s=6
+        )
+        proc = stack.enter_context(running_daprd(setup, directory, name))
+    else:
+        api = os.path.join(directory, f"api-{name}.sock")
+        config = _sidecar_config(r, broker, topic, dlq, group, app, api)
+        proc = stack.enter_context(running_sidecar(config, directory, name, side))
+    if slot < len(fleet.procs):
+        fleet.stacks[slot], fleet.procs[slot], fleet.apis[slot] = stack, proc, api
+    else:
+        fleet.stacks.append(stack)
+        fleet.procs.append(proc)
+        fleet.apis.append(api)
+
+
+def _wait(predicate: Any, timeout_s: float, what: str, fleet: Fleet) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        for proc in fleet.procs:
+            if proc.poll() is not None and proc.returncode not in (0, -signal.SIGKILL):
+                raise RuntimeError(f"a member exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def _fleet_stopped_at_end(fleet: Fleet) -> Iterator[Fleet]:
+    try:
+        yield fleet
+    finally:
+        for proc in fleet.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for stack in fleet.stacks:
+            stack.close()
+
+
+def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    topic = broker.create_topic(f"bench-roll-{r.kind}-{tag}", r.partitions)
+    dlq = broker.create_topic(f"dlq.{topic}", 1)
+    group = f"bench-roll-{r.kind}-{r.sig}-{tag}"
+    journal_path = os.path.join(directory, f"roll-{r.kind}-{r.sig}-{tag}.journal")
+    app.reset(journal=journal_path)
+    producer = Producer(broker, topic, r.rate)
+
+    def journal_lines() -> list[str]:
+        app.stats()  # flushes the journal
+        return Path(journal_path).read_text().splitlines()
+
+    def ready(slot: int) -> bool:
+        api = fleet.apis[slot]
+        if api is not None:
+            return _ready(api)
+        return (
+            group_assigned(broker.bootstrap, group, r.partitions)
+            and _members(broker, group) == r.members
+        )
+
+    stops: list[dict[str, Any]] = []
+    with _fleet_stopped_at_end(Fleet()) as fleet:
+        for slot in range(r.members):
+            _start(fleet, slot, r, broker, topic, dlq, group, app, directory, side)
+        up_s = _wait(
+            lambda: all(ready(s) for s in range(r.members)),
+            r.ready_timeout_s,
+            "every member",
+            fleet,
+        )
+        producer.start()
+        _wait(
+            lambda: len({tuple(line.split()[:2]) for line in journal_lines()}) >= r.partitions,
+            max(60.0, r.warmup_s * 4),
+            "deliveries on every partition",
+            fleet,
+        )
+        time.sleep(r.warmup_s)  # steady state before the first stop (the figure is the rollout)
+        window_start = time.time_ns()
+        for slot in range(r.members):
+            proc, api = fleet.procs[slot], fleet.apis[slot]
+            status = api_get(api, "/v1/status") if api else None
+            in_flight = int(status.get("in_flight", 0)) if status else None
+            t0 = time.monotonic()
+            if r.sig == "kill":
+                proc.kill()
+                proc.wait()
+            else:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=120)
+            stopped_s = time.monotonic() - t0
+            fleet.stacks[slot].close()
+            _start(fleet, slot, r, broker, topic, dlq, group, app, directory, side)
+            ready_s = _wait(
+                lambda slot=slot: ready(slot), r.ready_timeout_s, f"member {slot}", fleet
+            )
+            stops.append(
+                {
+                    "in_flight": in_flight,
+                    "exit": proc.returncode,
+                    "stop_s": round(stopped_s, 2),
+                    "ready_s": round(ready_s, 2),
+                }
+            )
+        window_end = time.time_ns()
+        produced = producer.stop()
+        ends = _ends(broker, topic, r.partitions)
+        cpu = sum(cpu_seconds(p.pid) for p in fleet.procs if p.poll() is None)
+
+        def verdict_now() -> Any:
+            dlq_sources = _dlq_sources(
+                broker, dlq, topic, producer.where, by_value=r.kind == "dapr"
+            )
+            journal = Journal.parse(journal_lines(), topic)
+            return judge(
+                journal,
+                ends,
+                dlq_sources,
+                (window_start, window_end),
+                reject_is_done=r.kind == "dapr",
+            )
+
+        verdict = None
+        deadline = time.monotonic() + r.done_timeout_s
+        while time.monotonic() < deadline:
+            verdict = verdict_now()
+            if verdict.lost == 0:
+                break
+            time.sleep(2.0)
+        assert verdict is not None
+    return {
+        "kind": r.kind,
+        "members": r.members,
+        "partitions": r.partitions,
+        "rate": r.rate,
+        "signal": r.sig,
+        "broker": r.broker_note,
+        "produced": produced,
+        "up_s": round(up_s, 1),
+        "rollout_wall_s": round((window_end - window_start) / 1e9, 1),
+        "in_flight_at_stops": sum(s["in_flight"] or 0 for s in stops),
+        "in_flight_known": all(s["in_flight"] is not None for s in stops),
+        "stops": stops,
+        "members_cpu_s_at_end": round(cpu, 1),
+        **verdict.as_dict(),
+    }
+
+
+def _members(broker: Broker, group: str) -> int:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    try:
+        described = admin.describe_consumer_groups([group], request_timeout=5)[group].result(
+            timeout=10
+        )
+    except Exception:
+        return -1
+    return len(described.members)
+
+
+def _ends(broker: Broker, topic: str, partitions: int) -> dict[tuple[str, int], int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bench-watermarks"})
+    try:
+        return {
+            (topic, p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def _dlq_sources(
+    broker: Broker,
+    dlq: str,
+    topic: str,
+    where: dict[int, tuple[int, int]],
+    *,
+    by_value: bool,
+) -> list[Coord]:
+    """Each DLQ record's source: from our headers, or (daprd, whose DLQ record carries the original
+    payload in a CloudEvent) from the record id in its value and where the producer put it."""
+    out: list[Coord] = []
+    if not by_value:
+        for _, _, headers in broker.read_headers(dlq):
+            p, o = headers.get("__dlq.errors.partition"), headers.get("__dlq.errors.offset")
+            if p is not None and o is not None:
+                out.append((topic, int(p), int(o)))
+        return out
+    for raw in broker.read_values(dlq):
+        value = raw
+        if raw.startswith(b"{"):
+            with contextlib.suppress(ValueError, TypeError, binascii.Error):
+                value = base64.b64decode(json.loads(raw).get("data_base64", "")) or raw
+        found = VALUE_ID.search(value)
+        if found and int(found.group(1)) in where:
+            p, o = where[int(found.group(1))]
+            out.append((topic, p, o))
+    return out

@@ -1,0 +1,180 @@
+"""Decoded payloads for the DLQ tools (`dlq inspect`, `dlq replay --dry-run`, the console).
+
+Owns `PayloadReader`: a DLQ record's value read through the Schema Registry (blocking), its
+configured fields redacted (shown as ``***``), and the filters on decoded fields (compared on the
+redacted value, so a redacted field cannot be probed); `payloads_for` builds one from the config.
+
+Imports: the standard library, `sidecar.config` and `sidecar.kafka.schemas` (which imports
+confluent-kafka's `schema_registry` package: only when a registry is named).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.ops.dlq.entries import DlqEntry
+from sidecar.ops.dlq.errors import UsageError
+
+REDACTED = "***"
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A DLQ record's value as the tools show it: decoded (and redacted) JSON with its schema, or
+    the reason it is not."""
+
+    decoded: Any = None
+    schema: dict[str, Any] | None = None
+    reason: str | None = None  # why the value is shown as bytes
+    hide_bytes: bool = False  # decoded with fields redacted: the raw bytes are not shown either
+
+    def to_json(self) -> dict[str, Any]:
+        if self.schema is not None:
+            return {"value_decoded": self.decoded, "value_schema": self.schema}
+        return {"value_not_decoded": self.reason}
+
+    def preview(self) -> str:
+        """The schema, then the decoded value, compact: ``orders-value v1: {"id":7}``."""
+        if self.schema is None:
+            return ""
+        text = json.dumps(self.decoded, separators=(",", ":"), ensure_ascii=False)
+        subject = self.schema["subject"] or f"schema id {self.schema['id']}"
+        return f"{subject} v{self.schema['version']}: {text}"
+
+
+def redact(value: Any, names: frozenset[str], paths: frozenset[str], at: str = "") -> Any:
+    """`value` with every field named in `names` (any depth) or at a path in `paths` replaced."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            path = f"{at}.{key}" if at else str(key)
+            if key in names or path in paths:
+                out[key] = REDACTED
+            else:
+                out[key] = redact(inner, names, paths, path)
+        return out
+    if isinstance(value, list):
+        return [redact(item, names, paths, at) for item in value]
+    return value
+
+
+def field_at(value: Any, path: str) -> Any:
+    """The value at dotted `path` (list items by index), or a sentinel missing object."""
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return _MISSING
+    return value
+
+
+_MISSING = object()
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def parse_field_filter(text: str) -> tuple[str, str]:
+    """``PATH=VALUE`` of ``--field``."""
+    path, sep, value = text.partition("=")
+    if not sep or not path:
+        raise UsageError(f"--field {text!r}: expected PATH=VALUE (customer.id=42)")
+    return path, value
+
+
+class PayloadReader:
+    """Decodes, redacts and filters DLQ values through one registry.
+
+    A value in the Confluent wire format is read through `sidecar.kafka.schemas`; `redact` names a
+    field at any depth, or a dotted path from the top; ``--field PATH=VALUE`` filters on the redacted
+    value. A value that does not decode keeps its bytes and says why.
+    """
+
+    def __init__(
+        self,
+        catalog: Any,
+        redacted: Sequence[str] = (),
+        fields: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._catalog = catalog  # sidecar.kafka.schemas.catalog.Catalog
+        self.names = frozenset(r for r in redacted if "." not in r)
+        self.paths = frozenset(r for r in redacted if "." in r)
+        self.fields = tuple(fields)
+
+    @property
+    def redacting(self) -> bool:
+        return bool(self.names or self.paths)
+
+    def payload(self, entry: DlqEntry) -> Payload | None:
+        """The entry's value decoded, or why not; None when it has no value to decode."""
+        from sidecar.kafka.schemas.catalog import RegistryUnreachable
+        from sidecar.kafka.schemas.decoder import Decoded, decode_blocking
+
+        if entry.headers_only or entry.value is None:
+            return None
+        try:
+            found = decode_blocking(self._catalog, entry.value, "value", entry.source_topic or "")
+        except RegistryUnreachable as exc:
+            return Payload(reason=str(exc))
+        if not isinstance(found, Decoded):
+            return Payload(reason=f"{found.exception_class}: {found.message}")
+        decoded = redact(json.loads(found.json), self.names, self.paths)
+        schema = {
+            "subject": found.subject,
+            "version": found.version,
+            "id": found.schema_id,
+            "type": found.schema_type,
+        }
+        return Payload(decoded, schema, hide_bytes=self.redacting)
+
+    def read(self, entry: DlqEntry) -> bool:
+        """Decode `entry`'s value onto it (`DlqEntry.payload`); whether it passes the filters."""
+        payload = self.payload(entry)
+        object.__setattr__(entry, "payload", payload)
+        return self.matches(payload)
+
+    def matches(self, payload: Payload | None) -> bool:
+        """Whether a decoded value passes every ``--field`` filter (none given: all pass)."""
+        if not self.fields:
+            return True
+        if payload is None or payload.schema is None:
+            return False
+        return all(
+            (found := field_at(payload.decoded, path)) is not _MISSING and _as_text(found) == want
+            for path, want in self.fields
+        )
+
+    def close(self) -> None:
+        self._catalog.close()
+
+
+def payloads_for(
+    config: Any,
+    registry_url: str | None,
+    redacted: Sequence[str],
+    fields: Sequence[tuple[str, str]],
+) -> PayloadReader | None:
+    """A reader for the registry named by `registry_url` or the config's ``schemas.registry``;
+    None when neither names one (``--field`` then is a usage error)."""
+    schemas = None if config is None else config.schemas
+    url = registry_url or (schemas.registry.url if schemas is not None else "")
+    if not url:
+        if fields:
+            raise UsageError("--field needs a schema registry: --registry URL or --config FILE")
+        return None
+    from sidecar.kafka.schemas.catalog import Catalog, RegistrySettings
+
+    timeout_s = 10.0
+    properties: Any = None
+    if schemas is not None and schemas.registry.url == url:
+        timeout_s = schemas.registry.timeout_ms / 1000
+        properties = schemas.registry.properties
+    configured = tuple(schemas.redact) if schemas is not None else ()
+    catalog = Catalog(RegistrySettings(url, timeout_s, properties), 1000)
+    return PayloadReader(catalog, (*configured, *redacted), fields)
