@@ -1,13 +1,8 @@
 """Which topics are DLQs: by the prefix rule (`dlq.` by default, the sidecar's
 `errors.deadletterqueue.topic.name.prefix`) and by format detection (the newest record of a partition
-carries a known writer's context headers: Spring's `TOPIC-dlt`, a Connect or Streams DLQ, a share
-group's DLQ under any name).
+carries a known writer's context headers).
 
-Each DLQ is shown with its record count (the watermarks' difference, transaction markers included) and
-the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
-at most `MAX_PARTITIONS_PROBED` partitions of every topic the prefix names and of at most
-`MAX_TOPICS_PROBED` others, through the DLQ tools'
-reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq.entries`).
+Owns `find_dlq_topics` (the bounded probe: its docstring) and `Catalog`.
 
 Imports: the standard library, `sidecar.kafka.tools` and the `sidecar.ops.dlq.*` modules.
 """
@@ -44,7 +39,14 @@ class Catalog:
 
 
 def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> Catalog:
-    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass)."""
+    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass).
+
+    Each DLQ is shown with its record count (the watermarks' difference, transaction markers included) and
+    the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
+    at most `MAX_PARTITIONS_PROBED` partitions of every topic the prefix names and of at most
+    `MAX_TOPICS_PROBED` others, through the DLQ tools'
+    reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq.entries`).
+    """
     counts = admin.topics()
     names = sorted(
         n for n, parts in counts.items() if parts and not n.startswith(_INTERNAL_PREFIXES)
