@@ -35,8 +35,6 @@ PENDING = {
     "sidecar/kafka/dlq/writer.py",
     "sidecar/kafka/errors.py",
     "sidecar/kafka/logsummary.py",
-    "sidecar/kafka/schemas/__init__.py",
-    "sidecar/kafka/schemas/catalog.py",
     "sidecar/kafka/share/consumer.py",
     "sidecar/kafka/share/lag.py",
     "sidecar/kafka/tools/__init__.py",
