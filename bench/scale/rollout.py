@@ -240,6 +240,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
             fleet,
         )
         time.sleep(r.warmup_s)  # steady state before the first stop (the figure is the rollout)
+        internal0 = {t: _topic_end(broker, t) for t in INTERNAL_TOPICS}
         window_start = time.time_ns()
         for slot in range(r.members):
             proc, api = fleet.procs[slot], fleet.apis[slot]
@@ -267,6 +268,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
                 }
             )
         window_end = time.time_ns()
+        internal1 = {t: _topic_end(broker, t) for t in INTERNAL_TOPICS}
         produced = producer.stop()
         ends = _ends(broker, topic, r.partitions)
         cpu = sum(cpu_seconds(p.pid) for p in fleet.procs if p.poll() is None)
@@ -306,8 +308,35 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
         "in_flight_known": all(s["in_flight"] is not None for s in stops),
         "stops": stops,
         "members_cpu_s_at_end": round(cpu, 1),
+        # Records written to the broker's internal topics during the rollout, per second (every
+        # group on the broker: on a shared broker, an upper bound for this run's).
+        "internal_records_per_s": {
+            t: round((internal1[t] - internal0[t]) / ((window_end - window_start) / 1e9), 1)
+            for t in INTERNAL_TOPICS
+            if internal0[t] is not None and internal1[t] is not None
+        },
         **verdict.as_dict(),
     }
+
+
+INTERNAL_TOPICS = ("__consumer_offsets", "__share_group_state")
+
+
+def _topic_end(broker: Broker, topic: str) -> int | None:
+    """The sum of a topic's partitions' end offsets, or None when it does not exist."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "bench-watermarks"})
+    try:
+        md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None:
+            return None
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in md.partitions
+        )
+    finally:
+        consumer.close()
 
 
 def _members(broker: Broker, group: str) -> int:

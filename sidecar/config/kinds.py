@@ -1,11 +1,6 @@
 """Value kinds and the key-table reader: how one raw YAML value, and one mapping, are read.
 
-A kind (`IntKey`, `FloatKey`, `BoolKey`, `StrKey`, `ChoiceKey`, `CustomKey`, `Section`) reads a raw value at
-a dotted path or raises `Invalid`. Typing is strict on purpose: a quoted ``"100"`` or ``true``
-where an integer is expected is an error; only a value that is entirely an environment reference
-is converted. `read_table` reads a mapping against a tuple of `Key` (YAML name, kind, owning
-dataclass attribute): unknown keys first (with a suggestion), then each key in table order, and
-a key is required exactly when its attribute has no default.
+Owns the kinds (`IntKey` ... `Section`: strict typing, told at `read_table`) and `read_table`.
 
 Imports: the standard library, `sidecar.config.errors`, `sidecar.config.environment` and
 `sidecar.config.suggest`; not the tables themselves (`sidecar.config.schema`).
@@ -271,7 +266,15 @@ def _required(owner: type, attr: str) -> bool:
 def read_table(
     raw: object, path: str, keys: tuple[Key, ...], ctx: ReadContext
 ) -> dict[type, dict[str, Any]]:
-    """Read a mapping against a key table: unknown keys first, then each key in table order."""
+    """Read a mapping against a key table: unknown keys first, then each key in table order.
+
+    A kind (`IntKey`, `FloatKey`, `BoolKey`, `StrKey`, `ChoiceKey`, `CustomKey`, `Section`) reads a raw value at
+    a dotted path or raises `Invalid`. Typing is strict on purpose: a quoted ``"100"`` or ``true``
+    where an integer is expected is an error; only a value that is entirely an environment reference
+    is converted. `read_table` reads a mapping against a tuple of `Key` (YAML name, kind, owning
+    dataclass attribute): unknown keys first (with a suggestion), then each key in table order, and
+    a key is required exactly when its attribute has no default.
+    """
     data = mapping_at(raw, path)
     known = {key.name: key for key in keys}
     for name in data:

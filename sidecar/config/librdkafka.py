@@ -1,26 +1,11 @@
 """The properties under ``kafka:`` checked by librdkafka itself, before anything runs.
 
-Owns `check_properties`: each property is set, in the file's order, on a fresh librdkafka
-configuration object of the librdkafka the confluent-kafka wheel ships (``rd_kafka_conf_set``,
-through `ctypes`), so a name librdkafka does not know, or a value it refuses (a wrong enum word, a
-bool that is not true/false, a number out of its range), is the reason librdkafka gives, with the
-key's path, at ``check-config`` and at ``run`` start — not an exception from the consumer's
-constructor once the service is starting. Two things librdkafka takes silently are refused too, since
-they would make a client that misbehaves for ever: an integer property with trailing text
-(``session.timeout.ms: "45s"``, which librdkafka reads as 45 ms) and one past librdkafka's integer
-range (which it wraps). Then a consumer and a producer are built from the whole set, with no broker
-to reach, and destroyed at once: what ``rd_kafka_new`` refuses (SASL without credentials, `acks`
-against idempotence, a setting the group protocol does not take) is reported the same way. That
-build leaves out the properties that name files (they may exist only in the pod: at run time the
-start-up check reports and retries them) and is skipped with OIDC (its client fetches a token). The "did you mean" picks from librdkafka's own property list
-(``rd_kafka_conf_properties_show``), read once; nothing here keeps a list of property names.
-
-The library is found through the confluent-kafka distribution's file list, without importing
-confluent_kafka (the one Kafka boundary stays `sidecar.kafka`); when it cannot be loaded the check is
-skipped and the consumer's constructor reports what it refuses.
+Owns `check_properties`: a name or value librdkafka refuses is reported with the key's path at
+``check-config`` and at ``run`` start, not by the consumer's constructor (how, and what librdkafka
+would take silently: its docstring). Nothing here keeps a list of property names.
 
 Imports: the standard library, `sidecar.config.errors`, `sidecar.config.masking` and
-`sidecar.config.suggest`.
+`sidecar.config.suggest` (librdkafka through ctypes, never confluent_kafka).
 """
 
 from __future__ import annotations
@@ -251,7 +236,27 @@ def _integer_problem(lib: _Library, name: str, value: str) -> str | None:
 
 
 def check_properties(props: Mapping[str, str | int | bool], path: str) -> None:
-    """Raise `Invalid` for the first property (under `path`) librdkafka would refuse or misread."""
+    """Raise `Invalid` for the first property (under `path`) librdkafka would refuse or misread.
+
+    Each property is set, in the file's order, on a fresh librdkafka
+    configuration object of the librdkafka the confluent-kafka wheel ships (``rd_kafka_conf_set``,
+    through `ctypes`), so a name librdkafka does not know, or a value it refuses (a wrong enum word, a
+    bool that is not true/false, a number out of its range), is the reason librdkafka gives, with the
+    key's path, at ``check-config`` and at ``run`` start — not an exception from the consumer's
+    constructor once the service is starting. Two things librdkafka takes silently are refused too, since
+    they would make a client that misbehaves for ever: an integer property with trailing text
+    (``session.timeout.ms: "45s"``, which librdkafka reads as 45 ms) and one past librdkafka's integer
+    range (which it wraps). Then a consumer and a producer are built from the whole set, with no broker
+    to reach, and destroyed at once: what ``rd_kafka_new`` refuses (SASL without credentials, `acks`
+    against idempotence, a setting the group protocol does not take) is reported the same way. That
+    build leaves out the properties that name files (they may exist only in the pod: at run time the
+    start-up check reports and retries them) and is skipped with OIDC (its client fetches a token). The "did you mean" picks from librdkafka's own property list
+    (``rd_kafka_conf_properties_show``), read once; nothing here keeps a list of property names.
+
+    The library is found through the confluent-kafka distribution's file list, without importing
+    confluent_kafka (the one Kafka boundary stays `sidecar.kafka`); when it cannot be loaded the check is
+    skipped and the consumer's constructor reports what it refuses.
+    """
     lib = _library()
     if lib is None:
         return

@@ -1,19 +1,7 @@
 """DLQ routes in the configuration: ``errors.deadletterqueue.routes`` and ``...routes.app.allowed``.
 
-    errors.deadletterqueue.routes:            # ordered; the first rule that matches picks the topic
-      - exception.class: [com.acme.SchemaError]   # the error's class or its cause's, exactly
-        reason: rejected                          # rejected | delivery_count_exceeded
-        source.topic: [orders]                    # a source topic
-        topic.name: dlq.{topic}.schema            # required; {topic} is the source topic
-    errors.deadletterqueue.routes.app.allowed:    # what a reject's `dlq.topic` may name
-      - dlq.{topic}.manual
-
-A rule lists at least one criterion; a criterion is one string or a list of them (any may match),
-and all the criteria a rule lists must match. Read here (`read_routes`, `read_allowed`: types,
-keys, reasons), checked against the rest of the configuration at start-up (`check_routes`: a DLQ to
-route from, source topics that exist, and every topic a template can give obeying the DLQ name
-rules), applied by :class:`sidecar.core.routes.DlqRoutes` (`dlq_routes`). `route_plain` is a rule
-in the file's own shape (`sidecar.config.dump`).
+Owns reading them (`read_routes`, whose docstring shows the keys; `read_allowed`), their start-up check
+(`check_routes`), the values `sidecar.core.routes.DlqRoutes` applies (`dlq_routes`), and `route_plain`.
 
 Imports: the standard library, `sidecar.config` modules errors, environment, kinds, syntax and values,
 and `sidecar.core.routes`; not schema, checks, load, yamlcore, masking or dump.
@@ -99,6 +87,23 @@ def _read_rule(raw: object, path: str, ctx: ReadContext) -> RouteRule:
 
 
 def read_routes(raw: object, path: str, ctx: ReadContext) -> tuple[RouteRule, ...]:
+    """The rules of ``errors.deadletterqueue.routes``, read (types, keys, reasons)::
+
+        errors.deadletterqueue.routes:            # ordered; the first rule that matches picks the topic
+          - exception.class: [com.acme.SchemaError]   # the error's class or its cause's, exactly
+            reason: rejected                          # rejected | delivery_count_exceeded
+            source.topic: [orders]                    # a source topic
+            topic.name: dlq.{topic}.schema            # required; {topic} is the source topic
+        errors.deadletterqueue.routes.app.allowed:    # what a reject's `dlq.topic` may name
+          - dlq.{topic}.manual
+
+    A rule lists at least one criterion; a criterion is one string or a list of them (any may match),
+    and all the criteria a rule lists must match. Read here (`read_routes`, `read_allowed`: types,
+    keys, reasons), checked against the rest of the configuration at start-up (`check_routes`: a DLQ to
+    route from, source topics that exist, and every topic a template can give obeying the DLQ name
+    rules), applied by :class:`sidecar.core.routes.DlqRoutes` (`dlq_routes`). `route_plain` is a rule
+    in the file's own shape (`sidecar.config.dump`).
+    """
     if raw is None:
         return ()
     if not isinstance(raw, list):

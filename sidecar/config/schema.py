@@ -1,15 +1,11 @@
 """The key tables: which YAML key goes where, of which kind, and the readers of the odd keys.
 
-One table per section (`Key`: YAML name, value kind, owning dataclass attribute), `TOP_KEYS` for
-the top level. The seeds' dotted property names (``share.*``, ``errors.*``) are flat top-level
-keys, spelt verbatim; ``kafka:`` is passed through to librdkafka, except the properties the
-sidecar must own. Custom readers: ``kafka``, ``source.topics``, ``app.unix_socket``, ``share.journal.path``
-(and ``metrics.exit.record.path``),
-``app.status.mapping``, ``app.headers``, and the listen/token checks of ``api``.
+Owns one table per section (`Key`: YAML name, kind, owning attribute), `TOP_KEYS`, and the custom
+readers (``kafka``, ``source.topics``, ``app.unix_socket``, ``share.journal.path``, ``app.headers`` ...).
+The seeds' dotted property names (``share.*``, ``errors.*``) are flat top-level keys, spelt verbatim.
 
-Imports: the standard library and the `sidecar.config` modules errors, environment, syntax,
-values, kinds, routes (the DLQ routes' readers), schemas (the ``schemas:`` section), tiers (the retry tiers' reader), suggest and
-librdkafka (librdkafka's own check of ``kafka:``); not checks, load, yamlcore, masking or dump.
+Imports the `sidecar.config` modules errors, environment, syntax, values, kinds, routes, schemas, tiers,
+suggest and librdkafka; not checks, load, yamlcore, masking or dump.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Retry tiers: `errors.retry.tiers`, `errors.retry.tier.threshold.ms`, `errors.retry.tier.topic.name`.
 
-A release whose delay is above the threshold leaves the sidecar's memory: it is written to the
-smallest tier (a topic of one fixed delay) that covers the delay, and read back when it is due
-(docs/retry-tiers.md). This module owns the tiers' values (:class:`RetryTiersConfig`: which tier a
-delay goes to, a tier's label and topic), the reader of the delay list and the start-up check of
-the tier topics' names (the DLQ prefix rule applies to them).
+Owns the tiers' values (`RetryTiersConfig`: which tier a delay goes to, a tier's label and topic), the
+reader of the delay list and the start-up check of the tier topics' names (docs/retry-tiers.md).
 
 Imports: the standard library and the `sidecar.config` modules errors, environment and syntax only
 (values imports this module for the dataclass).

@@ -1,12 +1,7 @@
 """The YAML loader: YAML 1.2 core-schema scalars, a little stricter, with hard limits.
 
-Only ``true``/``false`` are booleans, integers are decimal without leading zeros (``0123`` stays
-the string ``"0123"``), and there are no sexagesimal numbers or timestamps; duplicate keys are
-rejected. YAML 1.1 would silently turn ``0123`` into 83 or ``no`` into ``False``, which is how
-passwords and topic names get corrupted. The limits, so no file ends in a traceback: nesting at
-most `_MAX_DEPTH` levels, integers of at most `_MAX_INT_DIGITS` digits, and only the core schema's
-tags (``!!str``, ``!!int``, ``!!float``, ``!!bool``, ``!!null``, ``!!seq``, ``!!map``). Every
-failure is a `yaml.YAMLError` with a mark.
+Owns `LineLoader` (which scalars mean what, and the limits: its docstring); every failure is a
+`yaml.YAMLError` with a mark.
 
 Imports: the standard library and PyYAML only; it knows nothing of the configuration's keys.
 """
@@ -28,6 +23,17 @@ _INT_TEXT = re.compile(r"[-+]?[0-9]+")
 
 
 class LineLoader(yaml.SafeLoader):
+    """The strict core-schema loader.
+
+    Only ``true``/``false`` are booleans, integers are decimal without leading zeros (``0123`` stays
+    the string ``"0123"``), and there are no sexagesimal numbers or timestamps; duplicate keys are
+    rejected. YAML 1.1 would silently turn ``0123`` into 83 or ``no`` into ``False``, which is how
+    passwords and topic names get corrupted. The limits, so no file ends in a traceback: nesting at
+    most `_MAX_DEPTH` levels, integers of at most `_MAX_INT_DIGITS` digits, and only the core schema's
+    tags (``!!str``, ``!!int``, ``!!float``, ``!!bool``, ``!!null``, ``!!seq``, ``!!map``). Every
+    failure is a `yaml.YAMLError` with a mark.
+    """
+
     yaml_implicit_resolvers: dict[Any, Any] = {}
     _depth = 0
 

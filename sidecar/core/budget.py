@@ -15,11 +15,15 @@ from sidecar.core.errors import SidecarError
 from sidecar.core.record import SourceRecord
 
 __all__ = [
+    "BASE_PROCESS_BYTES",
     "DEFAULT_BUFFERED_BYTES",
     "MIN_BUFFERED_BYTES",
+    "PARTITION_OVERHEAD_BYTES",
     "RECORD_OVERHEAD_BYTES",
     "BudgetError",
     "ByteBudget",
+    "memory_needed_bytes",
+    "partitions_within",
     "record_bytes",
     "split_budget",
 ]
@@ -33,6 +37,24 @@ DEFAULT_BUFFERED_BYTES = 64 * MiB
 MIN_BUFFERED_BYTES = 16 * MiB
 #: The sidecar's own memory per record held beyond its bytes (record view, ledger entry, indexes).
 RECORD_OVERHEAD_BYTES = 1400
+#: What an assigned partition costs with nothing held (its ledger and state, librdkafka's partition
+#: and fetch-session state), outside the budget: idle RSS grew 13-15 KiB per partition from 100 to
+#: 1,000 partitions (the scale bench, docs/scaling.md); rounded up.
+PARTITION_OVERHEAD_BYTES = 16 * 1024
+#: The process with no partition and no record: idle RSS at 100 partitions, less their overhead.
+BASE_PROCESS_BYTES = 55 * MiB
+
+
+def memory_needed_bytes(max_buffered_bytes: int, partitions: int) -> int:
+    """What a sidecar may take with ``partitions`` assigned and its budget full."""
+    return BASE_PROCESS_BYTES + max_buffered_bytes + partitions * PARTITION_OVERHEAD_BYTES
+
+
+def partitions_within(memory_limit_bytes: int, max_buffered_bytes: int) -> int:
+    """How many assigned partitions a memory limit holds beside a full budget."""
+    room = memory_limit_bytes - BASE_PROCESS_BYTES - max_buffered_bytes
+    return max(0, room // PARTITION_OVERHEAD_BYTES)
+
 
 PREFETCH_KEY = "queued.max.messages.kbytes"
 FETCH_KEY = "fetch.max.bytes"

@@ -1,26 +1,9 @@
 """The pod annotations the injector reads, and what they choose.
 
-A pod asks for the sidecar with ``dlq-sidecar.io/inject: "true"``; every other annotation under the
-``dlq-sidecar.io/`` prefix tunes what it gets, and whatever none of them says comes from the injector's
-own defaults (:class:`sidecar.injector.settings.InjectorSettings`)::
+Owns `read_choices` (the annotations and their defaults: its docstring), `wants_injection`, `Choices`
+and the refusals (`Refusal`, `BadAnnotation`: a typo under the prefix refuses the pod whole).
 
-    annotation                      value                                  default (injector config)
-    dlq-sidecar.io/inject           "true" | "false"                       (absent: not injected)
-    dlq-sidecar.io/config           the ConfigMap (pod's namespace)        defaults.configMap
-    dlq-sidecar.io/app-container    the app's container name               the pod's first container
-    dlq-sidecar.io/app-transport    tcp | unix | pull                      unix with app-socket, else defaults.app.transport
-    dlq-sidecar.io/app-port         1-65535 (transport tcp)                defaults.app.port
-    dlq-sidecar.io/app-socket       a file name in /var/run/dlq-sidecar    defaults.app.socketName
-    dlq-sidecar.io/app-push-path    /path the records are POSTed to        defaults.app.pushPath
-    dlq-sidecar.io/app-shutdown-seconds   0-3600                           defaults.app.shutdownSeconds
-    dlq-sidecar.io/drain-timeout-ms       1-3600000                        defaults.sidecar.shutdown.drainTimeoutMs
-    dlq-sidecar.io/cpu-request, cpu-limit, memory-request, memory-limit   defaults.sidecar.resources
-    dlq-sidecar.io/log-level        debug | info | warning | error         defaults.logLevel (empty: the ConfigMap's)
-    dlq-sidecar.io/status           written by the injector: "injected"
-
-An unknown key under the prefix (a typo) is refused like a bad value: :class:`BadAnnotation` names the
-annotation and the reason, and the pod is refused whole. Pure: no I/O; imports the standard library,
-`sidecar.core.errors` and `sidecar.injector.settings`.
+Pure: no I/O; imports the standard library, `sidecar.core.errors` and `sidecar.injector.settings`.
 """
 
 from __future__ import annotations
@@ -172,7 +155,29 @@ def _match(annotation: str, text: str, pattern: str, what: str, max_len: int) ->
 
 
 def read_choices(annotations: Mapping[str, str], settings: InjectorSettings) -> Choices:
-    """The choices of a pod that asked for the sidecar; BadAnnotation for the first bad one."""
+    """The choices of a pod that asked for the sidecar; BadAnnotation for the first bad one.
+
+    A pod asks for the sidecar with ``dlq-sidecar.io/inject: "true"``; every other annotation under the
+    ``dlq-sidecar.io/`` prefix tunes what it gets, and whatever none of them says comes from the injector's
+    own defaults (:class:`sidecar.injector.settings.InjectorSettings`)::
+
+        annotation                      value                                  default (injector config)
+        dlq-sidecar.io/inject           "true" | "false"                       (absent: not injected)
+        dlq-sidecar.io/config           the ConfigMap (pod's namespace)        defaults.configMap
+        dlq-sidecar.io/app-container    the app's container name               the pod's first container
+        dlq-sidecar.io/app-transport    tcp | unix | pull                      unix with app-socket, else defaults.app.transport
+        dlq-sidecar.io/app-port         1-65535 (transport tcp)                defaults.app.port
+        dlq-sidecar.io/app-socket       a file name in /var/run/dlq-sidecar    defaults.app.socketName
+        dlq-sidecar.io/app-push-path    /path the records are POSTed to        defaults.app.pushPath
+        dlq-sidecar.io/app-shutdown-seconds   0-3600                           defaults.app.shutdownSeconds
+        dlq-sidecar.io/drain-timeout-ms       1-3600000                        defaults.sidecar.shutdown.drainTimeoutMs
+        dlq-sidecar.io/cpu-request, cpu-limit, memory-request, memory-limit   defaults.sidecar.resources
+        dlq-sidecar.io/log-level        debug | info | warning | error         defaults.logLevel (empty: the ConfigMap's)
+        dlq-sidecar.io/status           written by the injector: "injected"
+
+    An unknown key under the prefix (a typo) is refused like a bad value: `BadAnnotation` names the
+    annotation and the reason, and the pod is refused whole.
+    """
     for key in sorted(annotations):
         if key.startswith(PREFIX) and key not in KNOWN:
             raise BadAnnotation(

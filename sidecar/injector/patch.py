@@ -1,27 +1,11 @@
 """What the injector does to one pod: the sidecar container, its volumes, and the JSONPatch that adds them.
 
-The container is the one the dlq-sidecar chart runs (its ``dlq-sidecar.container`` template): a native
-sidecar (an init container with ``restartPolicy: Always``, started and past its startup probe before the
-app's containers start, stopped after them), the same probes, ports, resources and mounts, and the
-restricted Pod Security Standard on the container itself (non-root, no privilege escalation, read-only
-root filesystem, every capability dropped, seccomp ``RuntimeDefault``: the pod's own settings are the
-app's, so the container may not lean on them). Three things differ, because the ConfigMap is the team's
-own and not rendered by the chart:
+Owns `decide`, the whole decision for one pod (left alone, refused, or a patch that applies whole),
+`sidecar_container` (the chart's container, and the three ways it differs: its docstring) and
+`grace_period_s`.
 
-* the keys the chart derives (``api.listen``, ``api.observability.listen``, ``app.url``,
-  ``app.unix_socket`` or ``app.mode: pull``, ``shutdown.drain.timeout.ms``, and ``logging.level`` when
-  chosen) are passed as ``run --overlay <JSON>``, merged over the ConfigMap's config.yaml;
-* ``XDG_STATE_HOME=/tmp`` puts ``share.journal.path: auto`` in the ``/tmp`` emptyDir, where the chart
-  writes ``/tmp/share-journal`` into its own ConfigMap;
-* ``seccompProfile: RuntimeDefault`` is set on the container (the chart sets it on its pod).
-
-The grace-period rule: the pod's ``terminationGracePeriodSeconds`` becomes at least the app's shutdown
-plus the drain timeout (whole seconds, rounded up) plus the margin, never less than it was.
-
-:func:`decide` is the whole decision for one pod: left alone (not asked, already has the container, in
-kube-system), refused (:class:`sidecar.injector.annotations.Refusal`, nothing patched), or a patch that
-applies as a whole. Pure: no I/O, no clock; imports the standard library and the injector's
-`annotations` and `settings` modules only.
+Pure: no I/O, no clock; imports the standard library and the injector's `annotations` and `settings`
+modules only.
 """
 
 from __future__ import annotations
@@ -107,7 +91,26 @@ def overlay(settings: InjectorSettings, choices: Choices) -> Json:
 
 
 def sidecar_container(settings: InjectorSettings, choices: Choices) -> Json:
-    """The sidecar container, an item of the pod's ``initContainers``."""
+    """The sidecar container, an item of the pod's ``initContainers``.
+
+    The container is the one the dlq-sidecar chart runs (its ``dlq-sidecar.container`` template): a native
+    sidecar (an init container with ``restartPolicy: Always``, started and past its startup probe before the
+    app's containers start, stopped after them), the same probes, ports, resources and mounts, and the
+    restricted Pod Security Standard on the container itself (non-root, no privilege escalation, read-only
+    root filesystem, every capability dropped, seccomp ``RuntimeDefault``: the pod's own settings are the
+    app's, so the container may not lean on them). Three things differ, because the ConfigMap is the team's
+    own and not rendered by the chart:
+
+    * the keys the chart derives (``api.listen``, ``api.observability.listen``, ``app.url``,
+      ``app.unix_socket`` or ``app.mode: pull``, ``shutdown.drain.timeout.ms``, and ``logging.level`` when
+      chosen) are passed as ``run --overlay <JSON>``, merged over the ConfigMap's config.yaml;
+    * ``XDG_STATE_HOME=/tmp`` puts ``share.journal.path: auto`` in the ``/tmp`` emptyDir, where the chart
+      writes ``/tmp/share-journal`` into its own ConfigMap;
+    * ``seccompProfile: RuntimeDefault`` is set on the container (the chart sets it on its pod).
+
+    The grace-period rule: the pod's ``terminationGracePeriodSeconds`` becomes at least the app's shutdown
+    plus the drain timeout (whole seconds, rounded up) plus the margin, never less than it was.
+    """
     s = settings.sidecar
     container: Json = {
         "name": CONTAINER_NAME,
@@ -183,7 +186,13 @@ def app_env(settings: InjectorSettings, choices: Choices) -> list[Json]:
 
 
 def grace_period_s(settings: InjectorSettings, choices: Choices) -> int:
-    """The app's shutdown, then the sidecar's drain (rounded up to whole seconds), then the margin."""
+    """The app's shutdown, then the sidecar's drain (rounded up to whole seconds), then the margin.
+
+    :func:`decide` is the whole decision for one pod: left alone (not asked, already has the container, in
+    kube-system), refused (:class:`sidecar.injector.annotations.Refusal`, nothing patched), or a patch that
+    applies as a whole. Pure: no I/O, no clock; imports the standard library and the injector's
+    `annotations` and `settings` modules only.
+    """
     drain_s = -(-choices.drain_timeout_ms // 1000)
     return choices.app_shutdown_s + drain_s + settings.sidecar.margin_s
 

@@ -1,19 +1,8 @@
 """AdmissionReview (``admission.k8s.io/v1``) in and out: the bytes the API server sends, the bytes it gets.
 
-::
+Owns `review` (the request, response and refusal shapes: its docstring) and `MalformedReview`.
 
-    request   {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-               "request": {"uid": ..., "kind": {"kind": "Pod"}, "resource": {"resource": "pods"},
-                           "operation": "CREATE", "namespace": ..., "object": <the pod>, ...}}
-    response  {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-               "response": {"uid": <the request's>, "allowed": true,
-                            "patchType": "JSONPatch", "patch": <base64 of the JSON patch>}}
-    refusal   ... "response": {"uid": ..., "allowed": false,
-                               "status": {"code": 400, "reason": "BadRequest", "message": ...}}
-
-Anything but a pod CREATE (the webhook is registered for those only) is allowed unchanged. A body that
-is not an AdmissionReview is :class:`MalformedReview` (the server answers 400, and the API server
-applies the webhook's failurePolicy). Pure: imports the standard library and `sidecar.injector.patch`.
+Pure: imports the standard library and `sidecar.injector.patch`.
 """
 
 from __future__ import annotations
@@ -63,7 +52,23 @@ def _request(body: bytes) -> Mapping[str, Any]:
 
 
 def review(body: bytes, settings: InjectorSettings) -> Reviewed:
-    """The AdmissionReview response to ``body``; MalformedReview when it is none."""
+    """The AdmissionReview response to ``body``; MalformedReview when it is none.
+
+    ::
+
+        request   {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                   "request": {"uid": ..., "kind": {"kind": "Pod"}, "resource": {"resource": "pods"},
+                               "operation": "CREATE", "namespace": ..., "object": <the pod>, ...}}
+        response  {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                   "response": {"uid": <the request's>, "allowed": true,
+                                "patchType": "JSONPatch", "patch": <base64 of the JSON patch>}}
+        refusal   ... "response": {"uid": ..., "allowed": false,
+                                   "status": {"code": 400, "reason": "BadRequest", "message": ...}}
+
+    Anything but a pod CREATE (the webhook is registered for those only) is allowed unchanged. A body that
+    is not an AdmissionReview is :class:`MalformedReview` (the server answers 400, and the API server
+    applies the webhook's failurePolicy).
+    """
     request = _request(body)
     kind = request.get("kind") or {}
     resource = request.get("resource") or {}

@@ -1,21 +1,10 @@
 """`dlq-sidecar injector`: the mutating admission webhook, served over HTTPS on trio.
 
-Routes: ``POST /mutate`` (an AdmissionReview, answered by :func:`sidecar.injector.review.review`),
-``GET /healthz`` (200 once listening; the chart's probes). It listens through the project's own HTTP
-server (:func:`sidecar.http.server.serve_http`) with its TLS option, so the same hard limits hold as on
-the sidecar's listeners: a body over :data:`MAX_REVIEW_BYTES` is a 413, a slow header block, body or
-request a 408, an idle connection is closed. Keep-alive connections stay open for
-:data:`KEEP_ALIVE_S`, longer than the 90 s after which the API server's HTTP client drops an idle
-connection itself: the client closes first, so it never sends a review into a connection the
-injector is closing (a POST that it would not retry, and the webhook's failurePolicy would apply).
+Owns `serve_injector` (routes ``POST /mutate`` and ``GET /healthz`` through `sidecar.http.server`'s
+limits and TLS; keep-alive, certificate reloads and the shutdown delay: its docstring) and
+`CertificateStore`.
 
-The certificate and key are read again when either file changes (checked at most once a second, on a
-new connection): cert-manager, or the kubelet updating a mounted Secret, rotates them without a restart.
-A pair that does not load (half written) leaves the previous one in use.
-
-On SIGTERM or SIGINT it keeps answering for ``shutdown_delay_s`` (while the Service's endpoints are
-being updated, reviews still arrive), then stops. Imports the injector's pure modules, `sidecar.http`
-and `sidecar.telemetry.logs`.
+Imports the injector's pure modules, `sidecar.http` and `sidecar.telemetry.logs`.
 """
 
 from __future__ import annotations
@@ -154,7 +143,24 @@ async def serve_injector(
     limits: Limits = LIMITS,
     task_status: trio.TaskStatus[int | str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the webhook until cancelled; reports the bound port through ``task_status``."""
+    """Serve the webhook until cancelled; reports the bound port through ``task_status``.
+
+    Routes: ``POST /mutate`` (an AdmissionReview, answered by :func:`sidecar.injector.review.review`),
+    ``GET /healthz`` (200 once listening; the chart's probes). It listens through the project's own HTTP
+    server (:func:`sidecar.http.server.serve_http`) with its TLS option, so the same hard limits hold as on
+    the sidecar's listeners: a body over :data:`MAX_REVIEW_BYTES` is a 413, a slow header block, body or
+    request a 408, an idle connection is closed. Keep-alive connections stay open for
+    :data:`KEEP_ALIVE_S`, longer than the 90 s after which the API server's HTTP client drops an idle
+    connection itself: the client closes first, so it never sends a review into a connection the
+    injector is closing (a POST that it would not retry, and the webhook's failurePolicy would apply).
+
+    The certificate and key are read again when either file changes (checked at most once a second, on a
+    new connection): cert-manager, or the kubelet updating a mounted Secret, rotates them without a restart.
+    A pair that does not load (half written) leaves the previous one in use.
+
+    On SIGTERM or SIGINT it keeps answering for ``shutdown_delay_s`` (while the Service's endpoints are
+    being updated, reviews still arrive), then stops.
+    """
     await serve_http(
         handler_for(settings),
         ("tcp", settings.listen_host, settings.listen_port),

@@ -1,31 +1,11 @@
 """The injector's own configuration: where it listens, its TLS files, and the defaults of what it injects.
 
-One YAML file (the injector chart renders it into a ConfigMap). Its ``defaults`` section has the shape of
-the dlq-sidecar chart's values (under ``sidecar:`` its image, api, shutdown, resources and probes; under
-``app:`` its port, socketName, pushPath and shutdownSeconds), so
-that one set of values means the same container in the chart and in an injected pod
-(tests/integration/test_injector_chart.py renders both and compares them)::
+Owns `parse_settings` (one YAML file whose ``defaults`` have the shape of the dlq-sidecar chart's
+values: its docstring) and `InjectorSettings`. Every key is optional except ``tls``; a bad one is an
+`InjectorConfigError` naming the dotted path and the reason (exit 2).
 
-    listen: 0.0.0.0:8443
-    tls: {certFile: /etc/tls/tls.crt, keyFile: /etc/tls/tls.key}
-    defaults:
-      configMap: dlq-sidecar           # the ConfigMap when a pod names none (dlq-sidecar.io/config)
-      logLevel: ""                     # empty: the ConfigMap's logging.level decides
-      app: {transport: tcp, port: 8080, socketName: app.sock, pushPath: /records, shutdownSeconds: 10}
-      sidecar:
-        image: {repository: dlq-sidecar, tag: 0.1.0, digest: "", pullPolicy: IfNotPresent}
-        api: {port: 8787, observabilityPort: 8788, exposure: pod}
-        shutdown: {drainTimeoutMs: 20000, marginSeconds: 5}
-        resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 256Mi}}
-        startupProbe: {enabled: true, periodSeconds: 2, failureThreshold: 30, timeoutSeconds: 2}
-        livenessProbe: ...
-        readinessProbe: ...
-
-Every key is optional except ``tls``; an unknown key, a wrong type or a value out of range is an
-:class:`InjectorConfigError` naming the dotted path and the reason (the CLI prints it and exits 2).
-
-Pure: parses already-loaded data; reading the file is the caller's (sidecar.injector.server).
-Imports the standard library and `sidecar.core.errors` only.
+Pure: parses already-loaded data (the file is read by `sidecar.injector.server`). Imports the
+standard library and `sidecar.core.errors` only.
 """
 
 from __future__ import annotations
@@ -314,7 +294,29 @@ def _listen(raw: object, path: str) -> tuple[str, int]:
 
 
 def parse_settings(data: object, *, file: str = "<injector config>") -> InjectorSettings:
-    """Validate already-loaded YAML data; raise :class:`InjectorConfigError`."""
+    """Validate already-loaded YAML data; raise :class:`InjectorConfigError`.
+
+    One YAML file (the injector chart renders it into a ConfigMap). Its ``defaults`` section has the shape of
+    the dlq-sidecar chart's values (under ``sidecar:`` its image, api, shutdown, resources and probes; under
+    ``app:`` its port, socketName, pushPath and shutdownSeconds), so
+    that one set of values means the same container in the chart and in an injected pod
+    (tests/integration/test_injector_chart.py renders both and compares them)::
+
+        listen: 0.0.0.0:8443
+        tls: {certFile: /etc/tls/tls.crt, keyFile: /etc/tls/tls.key}
+        defaults:
+          configMap: dlq-sidecar           # the ConfigMap when a pod names none (dlq-sidecar.io/config)
+          logLevel: ""                     # empty: the ConfigMap's logging.level decides
+          app: {transport: tcp, port: 8080, socketName: app.sock, pushPath: /records, shutdownSeconds: 10}
+          sidecar:
+            image: {repository: dlq-sidecar, tag: 0.1.0, digest: "", pullPolicy: IfNotPresent}
+            api: {port: 8787, observabilityPort: 8788, exposure: pod}
+            shutdown: {drainTimeoutMs: 20000, marginSeconds: 5}
+            resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 256Mi}}
+            startupProbe: {enabled: true, periodSeconds: 2, failureThreshold: 30, timeoutSeconds: 2}
+            livenessProbe: ...
+            readinessProbe: ...
+    """
     try:
         top = _mapping(data, "", ("listen", "tls", "defaults"))
         if not top:

@@ -1,15 +1,10 @@
 """librdkafka's errors, translated in one place for every Kafka adapter.
 
-    kafka_error(exc)     the `KafkaError` a `KafkaException` carries (or a generic `_FAIL` one): what the
-                         adapters decide on (retriable codes, refusals, fencing)
-    error_text(exc)      librdkafka's text for an error message, `NAME: text` when `named`
-    translate(...)       the one way a `KafkaException` becomes one of the sidecar's errors:
-                         `error(f"{what}: {error_text(exc)}")`
-    KafkaCallError       a blocking client call of the operator tools (`sidecar.kafka.tools`) failed
+Owns `kafka_error` (the `KafkaError` a `KafkaException` carries), `error_text`, `translate` (the one way
+a `KafkaException` becomes one of the sidecar's errors) and `KafkaCallError`. The adapters decide what
+an error means for them and translate with these; no other module unpacks a `KafkaException`.
 
-The adapters (`sidecar.kafka.source`, `.dlq`, `.share`, `.tools`) decide what an error means for them
-(the DLQ's retriable codes, the share group's refusals) and translate with these; no other module
-unpacks a `KafkaException`. Imports the pure core and confluent-kafka only.
+Imports the pure core and confluent-kafka only.
 """
 
 from __future__ import annotations

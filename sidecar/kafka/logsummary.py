@@ -1,23 +1,9 @@
 """librdkafka's log, summarised: one line per distinct condition per interval, and the sidecar's
 own plain line first when a broker cannot be reached.
 
-librdkafka logs a broker it cannot reach on every reconnect attempt, from every client the
-sidecar runs (the consumer, the start-up check, the DLQ producer and its admin client): about
-twenty lines a second for one unreachable bootstrap server. Owns `librdkafka_logger()`, the logger
-every client of the service is given (``logger=``), with `_Summary` as its filter:
-
-- a *condition* is librdkafka's line without what changes between repeats (the client's name,
-  ``(after 3ms in state CONNECT)``, librdkafka's own "N identical error(s) suppressed");
-- the first line of a condition goes out; its repeats for `INTERVAL_S` are counted, and the first
-  repeat after that goes out once, with how many there were (``repeats=193 interval_s=30``);
-- lines below a warning (shown only when `kafka.debug` asks for them) go out as they are, every one;
-- a failure to reach a broker is a warning (librdkafka retries it; the sidecar is not ready until it
-  answers), and before its first line the sidecar says, in its own words, which broker, what
-  failed (its name does not resolve, the connection is refused, no answer, TLS, authentication)
-  and what it does about it (`connection_problem` keeps that, for the start-up check's reason).
-
-Bounded: at most `MAX_CONDITIONS` conditions are remembered (the oldest is forgotten first).
-Thread-safe: librdkafka's lines arrive on the threads that poll each client.
+Owns `librdkafka_logger()`, the logger every client of the service is given, and its filter
+`_Summary` (what a condition is, and what goes out: its docstring). Bounded (`MAX_CONDITIONS`) and
+thread-safe: librdkafka's lines arrive on the threads that poll each client.
 
 Imports: the standard library only.
 """
@@ -127,7 +113,23 @@ def _connection_kind(facility: str, text: str) -> _Kind | None:
 
 
 class _Summary(logging.Filter):
-    """The filter of `LOGGER_NAME`: lets a condition's first line through, counts its repeats."""
+    """The filter of `LOGGER_NAME`: lets a condition's first line through, counts its repeats.
+
+    librdkafka logs a broker it cannot reach on every reconnect attempt, from every client the
+    sidecar runs (the consumer, the start-up check, the DLQ producer and its admin client): about
+    twenty lines a second for one unreachable bootstrap server. `librdkafka_logger()` is the logger
+    every client of the service is given (``logger=``), with `_Summary` as its filter:
+
+    - a *condition* is librdkafka's line without what changes between repeats (the client's name,
+      ``(after 3ms in state CONNECT)``, librdkafka's own "N identical error(s) suppressed");
+    - the first line of a condition goes out; its repeats for `INTERVAL_S` are counted, and the first
+      repeat after that goes out once, with how many there were (``repeats=193 interval_s=30``);
+    - lines below a warning (shown only when `kafka.debug` asks for them) go out as they are, every one;
+    - a failure to reach a broker is a warning (librdkafka retries it; the sidecar is not ready until it
+      answers), and before its first line the sidecar says, in its own words, which broker, what
+      failed (its name does not resolve, the connection is refused, no answer, TLS, authentication)
+      and what it does about it (`connection_problem` keeps that, for the start-up check's reason).
+    """
 
     def __init__(self, interval_s: float, clock: Callable[[], float]) -> None:
         super().__init__()

@@ -1,25 +1,8 @@
-"""The sidecar's own local HTTP API (docs/app-contract.md, docs/security.md), on two listeners; owns routing and request guards.
+"""The sidecar's own local HTTP API (docs/app-contract.md, docs/security.md), on two listeners.
 
-The engine does the work. Two handlers over one route table:
-
-    control        every route: POST /v1/acks, GET /v1/records (pull mode), GET /v1/status,
-                   POST /v1/breaker/close, and the read-only ones below.
-                   Listens on loopback or a Unix socket only (config.py refuses anything else).
-    observability  GET /healthz, /readyz, /metrics only; may listen on the pod IP.
-
-Guards of the control API, in order (each refusal is logged and counted in its ServerStats):
-
-    403  over TCP, a ``Host`` header that is not loopback (localhost, 127.0.0.0/8, [::1]):
-         a browser page whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name
-    401  /v1/*: with ``api.token`` set, no or a wrong ``dlq-sidecar-api-token`` header (or
-         ``Authorization: Bearer``), compared in constant time
-    415  a POST whose Content-Type is not application/json: a cross-origin page can send a
-         text/plain POST without a CORS preflight, never an application/json one
-    413  a /v1/acks body over ``api.max.request.bytes`` (the server) or over ``api.max.ack.items``
-         items; bodies over 64 KiB are parsed on a worker thread, never on the trio thread
-
-It also turns the ``api.*`` limits into each listener's :class:`~sidecar.http.server.Limits`
-(:func:`listener_limits`), fitting the connection caps to the process's open-file limit.
+Owns `LocalApi`: the routes of the control and observability listeners and the control API's guards
+(drawn in its docstring; the engine does the work), and `listener_limits` (the ``api.*`` limits as
+each listener's `sidecar.http.server.Limits`, fitted to the process's open-file limit).
 
 Imports the engine, the HTTP server, the wire parsers, config's loopback test and prometheus_client.
 """
@@ -185,6 +168,27 @@ def _media_type(content_type: str | None) -> str:
 
 
 class LocalApi:
+    """The local API's two listeners, their routes and guards.
+
+    Routing and request guards (the engine does the work). Two handlers over one route table::
+
+        control        every route: POST /v1/acks, GET /v1/records (pull mode), GET /v1/status,
+                       POST /v1/breaker/close, and the read-only ones below.
+                       Listens on loopback or a Unix socket only (the configuration refuses anything else).
+        observability  GET /healthz, /readyz, /metrics only; may listen on the pod IP.
+
+    Guards of the control API, in order (each refusal is logged and counted in its ServerStats)::
+
+        403  over TCP, a ``Host`` header that is not loopback (localhost, 127.0.0.0/8, [::1]):
+             a browser page whose name was rebound to 127.0.0.1 (DNS rebinding) sends its own name
+        401  /v1/*: with ``api.token`` set, no or a wrong ``dlq-sidecar-api-token`` header (or
+             ``Authorization: Bearer``), compared in constant time
+        415  a POST whose Content-Type is not application/json: a cross-origin page can send a
+             text/plain POST without a CORS preflight, never an application/json one
+        413  a /v1/acks body over ``api.max.request.bytes`` (the server) or over ``api.max.ack.items``
+             items; bodies over 64 KiB are parsed on a worker thread, never on the trio thread
+    """
+
     def __init__(
         self,
         engine: Engine,

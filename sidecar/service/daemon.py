@@ -1,16 +1,8 @@
 """`dlq-sidecar run`: start-up checks, the task tree, signals and the shutdown order.
 
-Shutdown order (SIGTERM/SIGINT): stop polling and pause intake → let in-flight attempts and DLQ writes finish
-within `shutdown.drain.timeout.ms` → commit every partition's state → close the consumer (its revoke callback
-commits once more and the group sees us leave) → flush the DLQ producer → exit 0. A second signal skips the
-drain; the commits that follow are still safe because a committed offset never passes a record that is not done.
-A fatal error (a DLQ write that cannot succeed, `errors.tolerance: none`) follows the same path without the
-drain and exits 1; with `metrics.exit.record.path` it is counted there first, for the next process's metrics
-(`sidecar.service.exits`).
-
-The engine (`sidecar.engines.pipeline.Engine`) runs that order itself: this module starts it with
-`nursery.start(engine.run)`, serves the local API beside it, and steers it only through `request_stop()` and
-`skip_drain()`.
+Owns `run_sidecar` (the shutdown order, written once in its docstring): it starts the engine with
+`nursery.start(engine.run)`, serves the local API beside it, and steers it only through
+`request_stop()` and `skip_drain()`.
 """
 
 from __future__ import annotations
@@ -127,6 +119,18 @@ async def run_sidecar(
     hold of the engine (e.g. to call `request_stop()` instead of sending a signal). `own_process`:
     the process is the sidecar's alone (`dlq-sidecar run`), so its garbage collector is tuned for
     the record path once running (`_tune_gc`); a caller's process is left as it is.
+
+    Shutdown order (SIGTERM/SIGINT): stop polling and pause intake → let in-flight attempts and DLQ writes finish
+    within `shutdown.drain.timeout.ms` → commit every partition's state → close the consumer (its revoke callback
+    commits once more and the group sees us leave) → flush the DLQ producer → exit 0. A second signal skips the
+    drain; the commits that follow are still safe because a committed offset never passes a record that is not done.
+    A fatal error (a DLQ write that cannot succeed, `errors.tolerance: none`) follows the same path without the
+    drain and exits 1; with `metrics.exit.record.path` it is counted there first, for the next process's metrics
+    (`sidecar.service.exits`).
+
+    The engine (`sidecar.engines.pipeline.Engine`) runs that order itself: this module starts it with
+    `nursery.start(engine.run)`, serves the local API beside it, and steers it only through `request_stop()` and
+    `skip_drain()`.
     """
     for note in config.deprecations:
         log.warning("configuration: %s", note)

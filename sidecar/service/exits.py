@@ -1,24 +1,8 @@
 """The exit record: this pod's process starts and fatal exits, kept in a file across container restarts.
 
-A DLQ write that fails for good stops the process (exit 1) before a scrape can see
-`dlq_sidecar_dlq_failed_total` rise, and the restarted process starts every counter at 0: in-process
-metrics cannot show a failure that ends the process. So the sidecar writes what happened to
-`metrics.exit.record.path` (a file on a volume that outlives a container restart, e.g. the pod's /tmp
-emptyDir) and the next process exports it:
-
-    dlq_sidecar_restarts_total                             starts before this one
-    dlq_sidecar_fatal_exits_total{reason}                  exits with code 1, by reason
-    dlq_sidecar_last_fatal_exit_timestamp_seconds{reason}  Unix time of the last one
-    dlq_sidecar_pod_broker_archived_without_dlq_total{topic}
-                                                           records lost in this pod (share engine), so the
-                                                           loss alert outlives a restart
-
-The losses are this process's count (the engine's) plus what earlier processes of the pod counted; the file
-is rewritten at a scrape that sees the count change (a process killed before that scrape leaves the log
-lines, which name each record, as the only trace).
-
-The file is JSON, replaced atomically (a temporary file and `os.replace`); one that cannot be read
-is started over with a warning, one that cannot be written costs a warning, never the sidecar.
+Owns `ExitRecord` (why in-process metrics cannot show a fatal exit, and the series the next process
+exports: its docstring) and its collector. The file is JSON, replaced atomically; one that cannot be
+read or written costs a warning, never the sidecar.
 
 Imports: the standard library and prometheus_client; nothing of the sidecar (the daemon passes the reason in).
 """
@@ -56,7 +40,25 @@ class _Exits:
 
 @dataclass(slots=True)
 class ExitRecord:
-    """The record of one pod, read at start-up; `started` and `failed` write it back."""
+    """The record of one pod, read at start-up; `started` and `failed` write it back.
+
+    A DLQ write that fails for good stops the process (exit 1) before a scrape can see
+    `dlq_sidecar_dlq_failed_total` rise, and the restarted process starts every counter at 0: in-process
+    metrics cannot show a failure that ends the process. So the sidecar writes what happened to
+    `metrics.exit.record.path` (a file on a volume that outlives a container restart, e.g. the pod's /tmp
+    emptyDir) and the next process exports it:
+
+        dlq_sidecar_restarts_total                             starts before this one
+        dlq_sidecar_fatal_exits_total{reason}                  exits with code 1, by reason
+        dlq_sidecar_last_fatal_exit_timestamp_seconds{reason}  Unix time of the last one
+        dlq_sidecar_pod_broker_archived_without_dlq_total{topic}
+                                                               records lost in this pod (share engine), so the
+                                                               loss alert outlives a restart
+
+    The losses are this process's count (the engine's) plus what earlier processes of the pod counted; the file
+    is rewritten at a scrape that sees the count change (a process killed before that scrape leaves the log
+    lines, which name each record, as the only trace).
+    """
 
     path: Path
     starts: int = 0

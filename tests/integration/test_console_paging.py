@@ -141,3 +141,27 @@ def test_a_headers_only_record_shows_its_original_while_the_source_holds_it(brok
     finally:
         fetcher.close()
         consumer.close()
+
+
+def test_retry_tier_topics_are_not_listed_as_dlqs(broker: Broker) -> None:
+    """`dlq.{topic}.retry.{tier}` matches the DLQ prefix; a tier topic is no DLQ all the same,
+    whether it holds tier records or none yet."""
+    tag = uuid.uuid4().hex[:8]
+    dlq = broker.create_topic(f"dlq.tiers-{tag}", partitions=2)
+    _seed(broker, dlq, f"tiers-{tag}")
+    holding = broker.create_topic(f"dlq.tiers-{tag}.retry.1m", partitions=1)
+    broker.produce(
+        holding,
+        [Rec(key=b"k", value=b"v", headers=(("__dlq.retry.topic", f"tiers-{tag}".encode()),))],
+    )
+    empty = broker.create_topic(f"dlq.tiers-{tag}.retry.10m", partitions=1)
+    consumer = ReadConsumer({"bootstrap.servers": broker.bootstrap})
+    try:
+        catalog = find_dlq_topics(
+            TopicAdmin({"bootstrap.servers": broker.bootstrap}), consumer, "dlq."
+        )
+    finally:
+        consumer.close()
+    names = {t.name for t in catalog.topics}
+    assert dlq in names
+    assert holding not in names and empty not in names

@@ -255,6 +255,7 @@ class ConsumerGroupEngine:
             else:
                 # No committed offset: the ledger starts at the first record fetched.
                 self._partitions.assigned_without_offset(ap)
+        self._view.check_memory()
         self._wakeup.kick()
 
     async def on_revoked(self, partitions: Sequence[PartitionKey]) -> Sequence[OffsetToCommit]:

@@ -89,6 +89,10 @@ class Scheduler:
         self._states = partitions.by_key
         self._budget = budget
         self._ledger_config = ledger_config
+        tiers = config.errors.tiers
+        self._tier_topics = frozenset(
+            tiers.topic(t, i) for t in config.source.topics for i in range(len(tiers.delays_ms))
+        )
         self._wakeup = wakeup
         self._sender = sender
         self._write_ahead = write_ahead  # None: horizon mode
@@ -162,13 +166,23 @@ class Scheduler:
                     and st.buffered_bytes < share
                     and st.in_flight < lc.max_record_locks
                 ):
-                    # Neither record limit: the delivery state nears offset.metadata.max.bytes.
-                    self._counters.metadata_pauses += 1
-                    log.warning(
-                        "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
-                        key[0],
-                        key[1],
-                    )
+                    if key[0] in self._tier_topics:
+                        # The normal state of a retry tier: what it holds is not due yet.
+                        log.debug(
+                            "retry tier %s[%d]: %d records wait for their due time; read on "
+                            "when the first is due",
+                            key[0],
+                            key[1],
+                            st.buffered,
+                        )
+                    else:
+                        # Neither record limit: the delivery state nears offset.metadata.max.bytes.
+                        self._counters.metadata_pauses += 1
+                        log.warning(
+                            "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
+                            key[0],
+                            key[1],
+                        )
             elif paused and state.ledger.may_resume(share):
                 to_resume.append(key)
             # Remembered only when it decided nothing: a pause or resume is looked at again

@@ -8,18 +8,42 @@ pipeline, the share engine, or confluent-kafka.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sidecar.config import Config
+from sidecar.core.budget import memory_needed_bytes, partitions_within
 from sidecar.engines.consumer.commits import Committer
 from sidecar.engines.consumer.partitions import PartitionRef, Partitions
 from sidecar.engines.interfaces import Outlet, PartitionKey
 from sidecar.kafka.source import KafkaSource
 
+log = logging.getLogger("sidecar.engine")
+
 # Readiness reports `commits_ok: false` once every commit has failed for this long.
 COMMITS_FAILING_NOT_READY_S = 30.0
+# Where the container's memory limit is: cgroup v2, then v1.
+CGROUP_MEMORY_FILES = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+_NO_LIMIT = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
+
+
+def memory_limit_bytes(files: tuple[Path, ...] = CGROUP_MEMORY_FILES) -> int | None:
+    """The process's memory limit from its cgroup, or None (no limit, or none readable)."""
+    for path in files:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < _NO_LIMIT:
+            return int(text)
+        return None
+    return None
 
 
 class ConsumerView:
@@ -44,6 +68,8 @@ class ConsumerView:
         self._outlet = outlet
         self._horizon = horizon
         self._tier_topics = tier_topics or {}  # tier topic -> its tier's label
+        self._memory_limit = memory_limit_bytes()
+        self._over_memory = False  # the last assignment was past what the memory limit holds
 
     def stalled(self) -> str | None:
         """Why the sidecar cannot make progress and should be restarted (None: it can).
@@ -82,12 +108,48 @@ class ConsumerView:
     def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
         return {k: len(s.last_commit[1]) for k, s in self._states.items() if s.last_commit}
 
+    def memory(self) -> dict[str, Any]:
+        """What the assigned partitions and a full budget may take, against the container's
+        memory limit (None when it has none): `/v1/status` `memory`."""
+        budget = self._config.delivery.max_buffered_bytes
+        assigned = len(self._source.assigned)
+        limit = self._memory_limit
+        return {
+            "partitions_assigned": assigned,
+            "needed_bytes": memory_needed_bytes(budget, assigned),
+            "limit_bytes": limit,
+            "partitions_within_limit": None if limit is None else partitions_within(limit, budget),
+        }
+
+    def check_memory(self) -> None:
+        """After an assignment: say once when the partitions assigned are past what the memory
+        limit holds beside a full budget (and once when they are back within it)."""
+        m = self.memory()
+        within = m["partitions_within_limit"]
+        over = within is not None and m["partitions_assigned"] > within
+        if over and not self._over_memory:
+            log.warning(
+                "%d partitions assigned: with max.buffered.bytes full this sidecar may take %d MiB,"
+                " past its memory limit of %d MiB (which holds %d partitions); raise the limit,"
+                " lower max.buffered.bytes or run more replicas (docs/scaling.md)",
+                m["partitions_assigned"],
+                m["needed_bytes"] // 2**20,
+                m["limit_bytes"] // 2**20,
+                within,
+            )
+        elif self._over_memory and not over:
+            log.info(
+                "%d partitions assigned: within the memory limit again", m["partitions_assigned"]
+            )
+        self._over_memory = over
+
     def status_fields(self) -> dict[str, Any]:
         since = self._committer.failing_since
         out: dict[str, Any] = {
             # Seconds every commit has been failing (null: the last one succeeded).
             "commits_failing_s": None if since is None else round(time.monotonic() - since, 3),
             "crash_accounting": "horizon" if self._horizon else "write_ahead",
+            "memory": {**self.memory(), "over_limit": self._over_memory},
         }
         out.update(self.isolation_summary())
         if self._tier_topics:
@@ -178,4 +240,4 @@ class ConsumerView:
         return out
 
 
-__all__ = ["COMMITS_FAILING_NOT_READY_S", "ConsumerView"]
+__all__ = ["COMMITS_FAILING_NOT_READY_S", "ConsumerView", "memory_limit_bytes"]

@@ -1,16 +1,9 @@
 """The dead-letter queue: DLQ records, DLQ topics, plain writes and the transactional protocol.
 
-    record   the DLQ record (pure): `__dlq.errors.*` header names, `build_dlq_record`
-    errors   the DLQ's errors and librdkafka's error codes seen from a DLQ write
-    topics   DLQ topics (admin): create or check them, partition counts, max.message.bytes; the
-             producer's properties
-    writer   `PlainDlqWriter`: the producer handle, delivery reports, plain (at-least-once) `write()`
-    txn      `DlqWriter`: the plain writer plus the transaction protocol (DLQ records and the source
-             offsets in one Kafka transaction), its watchdog, fencing, outcome settling, abort markers
+Owns the package's surface: `from sidecar.kafka.dlq import X` is how the engines, the operator tools
+and the tests import it (`FailedRecord` and the cause texts are re-exported from the pure core).
+Each module's docstring says what it owns; docs/architecture.md lists them.
 
-Each module's docstring says which task may change what. The names below are the package's surface:
-`from sidecar.kafka.dlq import X` is how the engines, the operator tools and the tests import them.
-`FailedRecord` (the DLQ step's output) and the cause texts come from the pure core and are re-exported.
 Must not import the ledger, the source, the engines or the HTTP modules.
 """
 

@@ -1,14 +1,8 @@
 """The transactional DLQ protocol: DLQ records and the source offsets in one Kafka transaction.
 
-`DlqWriter` is `PlainDlqWriter` plus the transaction calls the consumer engine's transaction loop makes
-(`txn_begin`, `txn_produce`, `txn_commit`, `txn_abort`) and what keeps them safe: a watchdog on every
-librdkafka transaction call, replacing (fencing) a stuck or broken producer, settling a commit whose outcome
-is unknown from the group's stable offsets, and the KAFKA-20734 check for an ABORT marker the broker skipped.
-
-Who changes what: the transaction state (`_in_txn`, `_stuck`, `_broken`, `_txn_touched`, the producer swap
-in `_replace_producer`) is changed only by these methods, called by one task at a time (the consumer engine's
-transaction loop), in the trio thread; a poll that reports a fatal error only marks the producer `_broken`
-(`_poll_failed`). Without a `transactional_id` none of this runs and the writer is a plain one.
+Owns `DlqWriter`: `PlainDlqWriter` plus the transaction calls and what keeps them safe (a watchdog,
+fencing, outcome settling, the check for a skipped ABORT marker), and the transaction state, changed
+by one task at a time (told in its docstring).
 
 Imports the pure core, confluent-kafka and the DLQ modules below it; never the ledger, the source, the
 engines or the HTTP modules.
@@ -116,7 +110,18 @@ class CommitOffset(Protocol):
 
 
 class DlqWriter(PlainDlqWriter):
-    """Plain DLQ writes, and with a `transactional_id` (given when built) the transactional protocol."""
+    """Plain DLQ writes, and with a `transactional_id` (given when built) the transactional protocol.
+
+    `DlqWriter` is `PlainDlqWriter` plus the transaction calls the consumer engine's transaction loop makes
+    (`txn_begin`, `txn_produce`, `txn_commit`, `txn_abort`) and what keeps them safe: a watchdog on every
+    librdkafka transaction call, replacing (fencing) a stuck or broken producer, settling a commit whose outcome
+    is unknown from the group's stable offsets, and the KAFKA-20734 check for an ABORT marker the broker skipped.
+
+    Who changes what: the transaction state (`_in_txn`, `_stuck`, `_broken`, `_txn_touched`, the producer swap
+    in `_replace_producer`) is changed only by these methods, called by one task at a time (the consumer engine's
+    transaction loop), in the trio thread; a poll that reports a fatal error only marks the producer `_broken`
+    (`_poll_failed`). Without a `transactional_id` none of this runs and the writer is a plain one.
+    """
 
     def _init_protocol(self) -> None:
         self._stuck = False  # a transaction call on the producer overstayed its watchdog

@@ -1,16 +1,7 @@
 """Plain DLQ writes (at-least-once): the producer handle, its delivery reports, `write()`.
 
-Writing never loops and never drops silently (docs/guarantees.md): an idempotent acks=all producer, retriable failures retried, a record too large
-retried once as headers only, anything else fatal — never an infinite loop and never a silent drop.
-
-`PlainDlqWriter` owns the producer handle: `run()` creates it and serves its delivery reports; every call
-that acts on the handle (produce, and in :mod:`sidecar.kafka.dlq.txn` the transaction calls and the swap of
-a replaced producer) takes `_handle_lock`, one at a time in order; the poll does not (librdkafka's handle is
-thread-safe, and a poll only waits for reports). Every call that can wait (poll, the transaction calls) runs
-in a worker thread, so the trio thread never blocks on librdkafka; produce() only queues a record and
-returns, so it runs in the trio thread. Delivery reports come back to
-trio through the trio token; only the trio thread changes the writer's counters. The transaction protocol
-(a subclass, :class:`sidecar.kafka.dlq.txn.DlqWriter`) may replace the handle, under the same lock.
+Owns `PlainDlqWriter`: the producer handle, the lock every call on it takes, and the rule that
+writing never loops and never drops silently (told in its docstring).
 
 Imports the pure core, confluent-kafka and the DLQ modules below it (record, errors, topics); never the
 ledger, the source, the engines or the HTTP modules.
@@ -46,7 +37,20 @@ class _Pending:
 
 
 class PlainDlqWriter:
-    """Writes DLQ records with acks=all and waits for the broker's confirmation of each."""
+    """Writes DLQ records with acks=all and waits for the broker's confirmation of each.
+
+    Writing never loops and never drops silently (docs/guarantees.md): an idempotent acks=all producer, retriable failures retried, a record too large
+    retried once as headers only, anything else fatal — never an infinite loop and never a silent drop.
+
+    `PlainDlqWriter` owns the producer handle: `run()` creates it and serves its delivery reports; every call
+    that acts on the handle (produce, and in :mod:`sidecar.kafka.dlq.txn` the transaction calls and the swap of
+    a replaced producer) takes `_handle_lock`, one at a time in order; the poll does not (librdkafka's handle is
+    thread-safe, and a poll only waits for reports). Every call that can wait (poll, the transaction calls) runs
+    in a worker thread, so the trio thread never blocks on librdkafka; produce() only queues a record and
+    returns, so it runs in the trio thread. Delivery reports come back to
+    trio through the trio token; only the trio thread changes the writer's counters. The transaction protocol
+    (a subclass, :class:`sidecar.kafka.dlq.txn.DlqWriter`) may replace the handle, under the same lock.
+    """
 
     def __init__(
         self,

@@ -1,11 +1,8 @@
-"""The registry client and the schemas it loaded, by id, bounded (least recently used dropped first).
+"""The registry client and the schemas it loaded, by id, bounded.
 
-`Catalog.load` (blocking: a worker thread) fetches a schema by id through confluent-kafka's
-`SchemaRegistryClient` (auth, TLS, retries, always a timeout), its subjects and versions and every schema
-it references, and builds confluent-kafka's deserializer for it, fed by `_Pinned` (recorded answers): decoding
-never makes a request, and the client's caches are emptied after each load. Protobuf is read with the
-message class built from the file descriptor, no registry-aware fetch: the default answer when it is a
-descriptor (Apicurio keeps it as registered), else a `format=serialized` refetch (Confluent's server).
+Owns `Catalog`: loading a schema (blocking: a worker thread) with its subjects and references, and at
+most `capacity` of them kept, least recently used dropped first; decoding never makes a request (how:
+its docstring).
 """
 
 from __future__ import annotations
@@ -114,7 +111,19 @@ class LoadedSchema:
 
 
 class Catalog:
-    """Schemas by id, at most `capacity`, loaded through the registry on demand."""
+    """Schemas by id, at most `capacity`, loaded through the registry on demand.
+
+    `Catalog.load` (blocking: run it on a worker thread) fetches a schema by id through confluent-kafka's
+    `SchemaRegistryClient` (its auth, TLS, retries; a request timeout always), with the subjects and versions
+    it is registered under and every schema it references, and builds confluent-kafka's own deserializer for
+    it. The deserializer is given a registry of that one schema's answers (`_Pinned`), so decoding a record
+    never makes a request; the client's own caches are emptied after each load, so what is kept is what the
+    catalog keeps: at most `capacity` schemas, the least recently used dropped first.
+
+    Protobuf is read with the message class built from the schema's file descriptor and no registry-aware
+    fetch: a registry that keeps the descriptor as registered (Apicurio) answers the default format with it,
+    and one that turns it into .proto text (Confluent's) answers `format=serialized` with it.
+    """
 
     def __init__(self, settings: RegistrySettings, capacity: int = 1000) -> None:
         self.settings = settings

@@ -1,24 +1,9 @@
 """The share consumers (`engine: share`, KIP-932): confluent-kafka `ShareConsumer`s driven from trio.
 
-Owns the consumers, each on a thread of its own, their acknowledgements and what status and readiness
-read of them; the engine behind `ShareListener` owns the batches and decides every acknowledgement::
-
-    consumer thread i ──poll──▶ records ──on_batch (trio)──▶ listener ──▶ Step(decisions, flush, next)
-          ▲                                                                   │
-          └── acknowledge (+ commit_sync when flush) ◀──────────────────────┘   then next() if any
-
-Why threads: a `ShareConsumer` is not thread-safe and, in explicit mode, every record of a poll must
-be acknowledged before the next poll. Each consumer lives on a thread of its own (every call on it,
-close included, happens there) and has one batch in flight; `trio.from_thread` brings the listener's
-calls back to trio. librdkafka's acknowledgement-commit callback fires inside `poll` / `commit_sync`
-on that thread and reaches the listener the same way (`on_acknowledged`).
-
-Who may change what: `assigned`, `broker_ok` and `consumers_running` are this object's, set here (on
-trio's thread, except `broker_ok = False` from librdkafka's error callback, a flag); each consumer's
-`unflushed` flag (acknowledgements the broker has not received yet) is its thread's. The engine reads
-them and calls `stop_polling` / `close`. The answers' `Ack` words become `AcknowledgeType`s here, and
-`KafkaException`s become `SourceError`s (:mod:`sidecar.kafka.share.errors`). The group's settings are
-read with this object's one admin client (`admin`, shared with the share lag estimate).
+Owns `ShareSource`: the consumers, each on a thread of its own with one batch in flight, their
+acknowledgements (`Ack` words to `AcknowledgeType`s here) and the flags status and readiness read
+(drawn and told in its docstring); the engine behind `ShareListener` owns the batches and decides
+every acknowledgement. `KafkaException`s become `SourceError`s (`sidecar.kafka.share.errors`).
 """
 
 from __future__ import annotations
@@ -168,6 +153,26 @@ class ShareSource:
 
     A share consumer has no assignment the client can see; `assigned` holds the partitions records
     came from.
+
+    Owns the consumers, each on a thread of its own, their acknowledgements and what status and readiness
+    read of them; the engine behind `ShareListener` owns the batches and decides every acknowledgement::
+
+        consumer thread i ──poll──▶ records ──on_batch (trio)──▶ listener ──▶ Step(decisions, flush, next)
+              ▲                                                                   │
+              └── acknowledge (+ commit_sync when flush) ◀──────────────────────┘   then next() if any
+
+    Why threads: a `ShareConsumer` is not thread-safe and, in explicit mode, every record of a poll must
+    be acknowledged before the next poll. Each consumer lives on a thread of its own (every call on it,
+    close included, happens there) and has one batch in flight; `trio.from_thread` brings the listener's
+    calls back to trio. librdkafka's acknowledgement-commit callback fires inside `poll` / `commit_sync`
+    on that thread and reaches the listener the same way (`on_acknowledged`).
+
+    Who may change what: `assigned`, `broker_ok` and `consumers_running` are this object's, set here (on
+    trio's thread, except `broker_ok = False` from librdkafka's error callback, a flag); each consumer's
+    `unflushed` flag (acknowledgements the broker has not received yet) is its thread's. The engine reads
+    them and calls `stop_polling` / `close`. The answers' `Ack` words become `AcknowledgeType`s here, and
+    `KafkaException`s become `SourceError`s (:mod:`sidecar.kafka.share.errors`). The group's settings are
+    read with this object's one admin client (`admin`, shared with the share lag estimate).
     """
 
     def __init__(self, config: Config, listener: ShareListener, consumers: int) -> None:

@@ -1,23 +1,7 @@
 """The share group's lag as this sidecar estimates it (engine: share), for metrics and autoscaling.
 
-Kafka 4.2+ brokers compute a share partition's lag themselves (KIP-1226: DescribeShareGroupOffsets
-returns it next to the share-partition start offset), but the pinned confluent-kafka (2.16) and its
-librdkafka have no share-group admin call, so the sidecar cannot read it. It estimates instead, per
-source partition:
-
-    lag = high watermark - (furthest offset this process was handed + 1)
-
-that is, the records past the furthest one this sidecar's share consumers acquired, for each partition
-it was handed a record of at least once (a partition the group assigned elsewhere gets no series, so a
-pod never reports a partition it does not read). Records acquired and not yet acknowledged are not in
-it (they are in flight).
-
-With several pods in one share group each one sees only the records it acquired: the group's lag is
-the smallest estimate across pods for a partition (``min by (topic, partition)`` in PromQL), the
-furthest any member got; a pod that lost a partition in a rebalance keeps its older, larger estimate,
-which the minimum ignores. It is an estimate: it lags the broker by up to one refresh, it counts
-nothing on a partition before the first record was acquired, and a record released back and acquired
-again is not counted.
+Owns `ShareLagEstimate`: per source partition, the high watermark less the furthest offset this
+process was handed (why an estimate, and how several pods' estimates combine: its docstring).
 
 Imports confluent_kafka's admin types and trio only.
 """
@@ -41,7 +25,27 @@ REFRESH_S = 10.0
 
 
 class ShareLagEstimate:
-    """Per partition of the source topics: the high watermark and the furthest offset handed here."""
+    """Per partition of the source topics: the high watermark and the furthest offset handed here.
+
+    Kafka 4.2+ brokers compute a share partition's lag themselves (KIP-1226: DescribeShareGroupOffsets
+    returns it next to the share-partition start offset), but the pinned confluent-kafka (2.16) and its
+    librdkafka have no share-group admin call, so the sidecar cannot read it. It estimates instead, per
+    source partition:
+
+        lag = high watermark - (furthest offset this process was handed + 1)
+
+    that is, the records past the furthest one this sidecar's share consumers acquired, for each partition
+    it was handed a record of at least once (a partition the group assigned elsewhere gets no series, so a
+    pod never reports a partition it does not read). Records acquired and not yet acknowledged are not in
+    it (they are in flight).
+
+    With several pods in one share group each one sees only the records it acquired: the group's lag is
+    the smallest estimate across pods for a partition (``min by (topic, partition)`` in PromQL), the
+    furthest any member got; a pod that lost a partition in a rebalance keeps its older, larger estimate,
+    which the minimum ignores. It is an estimate: it lags the broker by up to one refresh, it counts
+    nothing on a partition before the first record was acquired, and a record released back and acquired
+    again is not counted.
+    """
 
     def __init__(self, topics: Iterable[str], refresh_s: float = REFRESH_S) -> None:
         self.topics = tuple(topics)

@@ -1,11 +1,6 @@
 """The operator tools' read-only consumer: partitions, watermarks, a group's offsets, a bounded read.
 
-`ReadConsumer` reads by assign(), never commits on its own, and reads committed records only (aborted
-transactional DLQ writes are not DLQ records). `read_range` stops at the ends it is given (the high
-watermarks seen at start, as `dlq inspect` and `dlq replay` pass them), so a command never waits for
-records appended meanwhile, and raises `KafkaCallError` when the broker stalls. A group given to it is
-only ever committed to explicitly (`commit`: `dlq replay`'s progress under its name). Blocking, every
-broker call has a timeout; every `KafkaException` leaves as `KafkaCallError`.
+Owns `ReadConsumer` (assign only, read_committed, never commits on its own: its docstring).
 
 Imports confluent-kafka, the pure core and `sidecar.kafka.errors` / `.tools.records` only.
 """
@@ -26,7 +21,15 @@ from sidecar.kafka.tools.records import ReadRecord
 
 class ReadConsumer:
     """A consumer that reads by assign() and never commits on its own (`group`: the one it commits to
-    when asked, else a throwaway one)."""
+    when asked, else a throwaway one).
+
+    `ReadConsumer` reads by assign(), never commits on its own, and reads committed records only (aborted
+    transactional DLQ writes are not DLQ records). `read_range` stops at the ends it is given (the high
+    watermarks seen at start, as `dlq inspect` and `dlq replay` pass them), so a command never waits for
+    records appended meanwhile, and raises `KafkaCallError` when the broker stalls. A group given to it is
+    only ever committed to explicitly (`commit`: `dlq replay`'s progress under its name). Blocking, every
+    broker call has a timeout; every `KafkaException` leaves as `KafkaCallError`.
+    """
 
     def __init__(self, props: Mapping[str, Any], group: str | None = None) -> None:
         # A group id is required by librdkafka even for assign(); a throwaway one leaves no trace

@@ -14,9 +14,11 @@ Imports: the standard library, `sidecar.kafka.tools` and the `sidecar.ops.dlq.*`
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from sidecar.core.tiers import RETRY_HEADER_PREFIX
 from sidecar.kafka.tools import ReadConsumer, TopicAdmin
 from sidecar.ops.dlq.entries import entry_from_record
 
@@ -25,6 +27,8 @@ MAX_PARTITIONS_PROBED = 8
 SAMPLE_PER_PARTITION = 3
 # Kafka's own topics and the sidecar's replay groups never hold dead letters.
 _INTERNAL_PREFIXES = ("__", "_confluent", "_schemas")
+# The default retry tier topic's tail (`.retry.{tier}`, a duration label: 1m, 10m, 1h, 1500ms).
+_TIER_NAME = re.compile(r"\.retry\.[0-9]+(?:ms|s|m|h|d)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +48,11 @@ class Catalog:
 
 
 def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> Catalog:
-    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass)."""
+    """The DLQ topics of the cluster, by name, then by their newest records (read in one pass).
+
+    A retry tier topic (`dlq.{topic}.retry.{tier}` by default) matches the prefix but is no DLQ:
+    its records carry `__dlq.retry.*` headers (or, empty, its name ends in `.retry.<duration>`).
+    """
     counts = admin.topics()
     names = sorted(
         n for n, parts in counts.items() if parts and not n.startswith(_INTERNAL_PREFIXES)
@@ -63,8 +71,12 @@ def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> C
         if hi > lo
     }
     writers: dict[str, Counter[str]] = {name: Counter() for name in probed}
+    tiers: set[str] = set()  # topics whose sampled records are retry tier records
     for batch in consumer.read_ranges(sample, stall_timeout_s=10):
         for record in batch:
+            if any(name.startswith(RETRY_HEADER_PREFIX) for name, _ in record.headers):
+                tiers.add(record.topic)
+                continue
             entry = entry_from_record(record)
             if entry.is_dlq_record:
                 writers[record.topic][entry.format] += 1
@@ -77,7 +89,9 @@ def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> C
             writers=writers[name],
         )
         for name in probed
-        if marks[name] and ((prefix and name.startswith(prefix)) or writers[name])
+        if marks[name]
+        and ((prefix and name.startswith(prefix)) or writers[name])
+        and not (not writers[name] and (name in tiers or _TIER_NAME.search(name)))
     ]
     return Catalog(topics=out, probed=len(probed), skipped=len(names) - len(probed))
 

@@ -68,8 +68,8 @@ class Display:
                 f"[{elapsed_s:5.1f}s] produced {produced}/{self.total}  done {snap.done}/{self.total}"
                 f"  delivered {snap.attempts}  accepted {snap.accepted}"
                 f"  released {snap.delivered.get('release', 0)}"
-                f"  rejected {snap.delivered.get('reject', 0)}  archived {snap.archived_total}"
-                f"  dlq {snap.dlq_written}  in-flight {snap.in_flight}  {self.rate:.0f} deliveries/s",
+                f"  rejected {snap.delivered.get('reject', 0)}"
+                f"  dead-lettered {snap.archived_total}  DLQ records {snap.dlq_written}  in-flight {snap.in_flight}  {self.rate:.0f} deliveries/s",
                 markup=False,
                 highlight=False,
                 soft_wrap=True,
@@ -91,7 +91,9 @@ class Display:
             "released (redelivered later)", f"[yellow]{snap.delivered.get('release', 0)}[/]"
         )
         table.add_row("rejected", f"[red]{snap.delivered.get('reject', 0)}[/]")
-        table.add_row("archived", f"[red]{_fmt_counts(snap.archived)}[/]")
+        # Every record on its way to the DLQ, by reason (rejected, at the delivery limit): the
+        # final table's "archived at the limit" is one of the two.
+        table.add_row("dead-lettered (by reason)", f"[red]{_fmt_counts(snap.archived)}[/]")
         table.add_row("DLQ records written", f"[magenta]{snap.dlq_written}[/]")
         table.add_row("in flight", str(snap.in_flight))
         table.add_row("throughput", f"{self.rate:.0f} deliveries/s")
