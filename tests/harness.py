@@ -636,7 +636,7 @@ class InProcessSidecar:
     codes: list[int] = field(default_factory=list)
 
     def request_stop(self) -> None:
-        self.engines[0].request_stop()
+        self.engines[0].stop()
 
 
 @dataclass

@@ -309,6 +309,40 @@ class StateAdapter(Protocol):
 AdapterFactory = Callable[[EngineParts[Any]], StateAdapter]
 
 
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What `/healthz` and `/readyz` read of an engine at one moment."""
+
+    failure: str | None  # why it stopped (exit 1); None while it runs
+    stalled: str | None  # why it cannot make progress and should be restarted; None: it can
+    checks: dict[str, bool]  # the readiness checks by name
+    broker_error: str | None  # why the broker cannot be used, when that is known
+    missing_topics: str | None  # which source topics do not exist (None: all do, or not asked)
+    app_route_missing: str | None  # why the app has no route at its URL (None: it has, as known)
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What the metrics read of an engine at scrape time (besides its status and health)."""
+
+    counters: Counters
+    in_flight: int  # live deliveries
+    app_reachable: bool
+    paused: set[PartitionKey]
+    lag: dict[PartitionKey, int]
+    commit_metadata_bytes: dict[PartitionKey, int]
+
+
+class BreakerControl(Protocol):
+    """The DLQ circuit breaker as the local API sees it
+    (:class:`sidecar.engines.breaker_gate.BreakerGate`)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def close(self, reason: str) -> bool:
+        """Close it; False when it was closed already."""
+
+
 class Engine(Protocol):
     """What the daemon, the local API and the metrics may do with an engine.
 
@@ -327,41 +361,39 @@ class Engine(Protocol):
       issued, sent and retired, the DLQ step, the room the pipeline leaves and the waits for it.
     """
 
-    @property
-    def config(self) -> Config: ...
-    @property
-    def failure(self) -> str | None: ...
-    @property
-    def counters(self) -> Counters: ...
-    @property
-    def app_reachable(self) -> bool: ...
-    def app_route_missing(self) -> str | None:
-        """Why the app has no route at the configured URL (None: it has, as far as known)."""
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Prepare (DLQ topics), start, report started, and run until stopped; then shut down."""
 
-    def request_stop(self) -> None: ...
-    def skip_drain(self) -> None: ...
-    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]: ...
-    def readiness(self) -> dict[str, bool]: ...
-    def broker_error(self) -> str | None: ...
-    def missing_topics_reason(self) -> str | None: ...
-    def stalled(self) -> str | None: ...
-    def status(self) -> dict[str, Any]: ...
-    def in_flight_records(self) -> int: ...
-    def paused_partitions(self) -> set[PartitionKey]: ...
-    def lag(self) -> dict[PartitionKey, int]: ...
-    def commit_metadata_bytes(self) -> dict[PartitionKey, int]: ...
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop: let in-flight work finish first (`drain`), or not (a second signal)."""
+
+    def answer(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
+        """`POST /v1/acks`: apply each answer; per delivery id ok / already / expired / unknown."""
+
+    async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]:
+        """`GET /v1/records` (pull mode): up to `max_records` deliveries, waiting up to `wait_s`."""
+
+    def health(self) -> Health: ...
+
+    def status(self) -> dict[str, Any]:
+        """`/v1/status`'s body."""
+
+    def figures(self) -> Figures: ...
+
     def observe_latencies(
         self,
         app: Callable[[float], None],
         dlq: Callable[[float], None],
         acks: Callable[[float], None],
-    ) -> None: ...
-    async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]: ...
-    def breaker_status(self) -> dict[str, Any] | None: ...
-    def close_breaker(self, reason: str) -> bool: ...
+    ) -> None:
+        """Latency observers (seconds): app requests, DLQ writes, answers through /v1/acks."""
+
+    @property
+    def breaker(self) -> BreakerControl | None:
+        """The DLQ circuit breaker (None: disabled)."""
+
+    @property
+    def counters(self) -> Counters: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,11 +408,14 @@ __all__ = [
     "AckResult",
     "AdapterFactory",
     "Answered",
+    "BreakerControl",
     "Counters",
     "Delivery",
     "DlqSink",
     "Engine",
     "EngineParts",
+    "Figures",
+    "Health",
     "Outlet",
     "PartitionKey",
     "PulledRecord",

@@ -10,6 +10,7 @@ Must not import either engine, the ledger, or confluent-kafka.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import threading
@@ -21,7 +22,7 @@ from typing import Any
 import trio
 
 from sidecar.config import AppMode, Config
-from sidecar.core.breaker import BreakerState, CircuitBreaker, Transition
+from sidecar.core.breaker import BreakerState, Transition
 from sidecar.core.outcome import ACK_BY_WORD, Ack
 from sidecar.core.record import LiveIds, custom_dead_letter
 from sidecar.core.wire import AckItem, Answer, RecordView
@@ -44,12 +45,12 @@ from sidecar.engines.interfaces import (
     Delivery,
     Engine,
     EngineParts,
-    Outlet,
+    Figures,
+    Health,
     PartitionKey,
     PulledRecord,
     Settled,
     StateAdapter,
-    Until,
 )
 from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import NotPullMode, PullQueue
@@ -79,8 +80,7 @@ class Pipeline:
     breaker's gate, the DLQ step, the outlet) and then the adapter, giving it `EngineParts`; it talks to
     the adapter only through `StateAdapter` (and reads its `StateView`), and the adapter to it only
     through the `Outlet`. Nothing is set on a part after it is built. The daemon starts it with
-    ``await nursery.start(engine.run)`` and steers it only through `Engine` (``request_stop``,
-    ``skip_drain``). Every call runs in the trio thread and changes state between two awaits, so each
+    ``await nursery.start(engine.run)`` and steers it only through `Engine` (``stop``). Every call runs in the trio thread and changes state between two awaits, so each
     change is atomic; who may change what is docs/architecture.md's "Which task owns what".
 
     Errors: a failure that cannot be retried ends in `fail` (the sidecar stops with exit 1); the
@@ -144,9 +144,10 @@ class Pipeline:
             config, after_round=self._round_end, on_error=self._answer_failed
         )
         self.dlq: DlqWriter = dlq_writer_for(config)
-        breaker = breaker_for(config)
-        self._gate = None if breaker is None else BreakerGate(breaker, self._breaker_moved)
-        self._dlq_step = DlqStep(config, self.tracing, self.counters, self._gate, self.fail)
+        circuit = breaker_for(config)
+        # The DLQ circuit breaker's gate (None: disabled).
+        self.breaker = None if circuit is None else BreakerGate(circuit, self._breaker_moved)
+        self._dlq_step = DlqStep(config, self.tracing, self.counters, self.breaker, self.fail)
         # Records with schemas (schemas.decode): None unless a topic decodes.
         self._schemas = decoding_for(
             config,
@@ -154,7 +155,8 @@ class Pipeline:
             intake_changed=lambda: self._state.intake_changed(),  # noqa: PLW0108 (built below)
             stopping=lambda: self._flags.stopping,
         )
-        self._outlet = PipelineOutlet(
+        # What the adapter is given of the pipeline.
+        self.outlet = PipelineOutlet(
             self._live,
             self.counters,
             self._flags,
@@ -163,7 +165,7 @@ class Pipeline:
             pull=self._pull,
             # Deliveries the open requests can carry at once (push mode).
             send_capacity=app.max_in_flight * (app.batch_max_records if batch else 1),
-            gate=self._gate,
+            gate=self.breaker,
             dlq_step=self._dlq_step,
             fail=self.fail,
             registry=None if self._schemas is None else self._schemas.registry,
@@ -173,39 +175,12 @@ class Pipeline:
                 config,
                 self.counters,
                 self.dlq,
-                self._outlet,
+                self.outlet,
                 TierStep(config, self.counters, self.fail),
             )
         )
 
     # ------------------------------------------------------------------------- the Engine face
-
-    @property
-    def failure(self) -> str | None:
-        return self._flags.failure
-
-    @property
-    def app_reachable(self) -> bool:
-        """The app accepts connections (one that answers route-missing does)."""
-        return self._reachability.reachable or self._route.missing
-
-    def app_route_missing(self) -> str | None:
-        """Why the app has no route at the configured URL (None: it has, as far as known)."""
-        return self._route.reason()
-
-    @property
-    def app_down_since(self) -> float | None:
-        return self._reachability.down_since
-
-    @property
-    def outlet(self) -> Outlet[Any]:
-        """What the adapter was given of the pipeline."""
-        return self._outlet
-
-    @property
-    def sending(self) -> int:
-        """Deliveries handed over by the outlet's `send` whose request has not finished."""
-        return self._outlet.sending
 
     def observe_latencies(
         self,
@@ -222,7 +197,7 @@ class Pipeline:
         """Check the DLQ topics (DlqStartupError before `started`), run, and shut down in order.
 
         Shutdown order: stop intake → let in-flight attempts and DLQ writes finish within
-        `shutdown.drain.timeout.ms` (skipped after a failure or `skip_drain`) → the adapter's final
+        `shutdown.drain.timeout.ms` (skipped after a failure or `stop(drain=False)`) → the adapter's final
         commits and close, shielded → drop the open requests, cancel the tasks → close the app
         client and the tracer.
         """
@@ -246,8 +221,8 @@ class Pipeline:
                 await nursery.start(self.dlq.run)
                 await nursery.start(self._state.run)
                 self.start_requests(nursery)
-                if self._gate is not None:
-                    nursery.start_soon(self._gate.run_timer)
+                if self.breaker is not None:
+                    nursery.start_soon(self.breaker.run_timer)
                 nursery.start_soon(self._sources.watch)
                 nursery.start_soon(self._dlq_step.summary.run)
                 task_status.started()
@@ -293,10 +268,6 @@ class Pipeline:
                 return False
             delay_s = min(delay_s * 2, CLUSTER_RETRY_MAX_S)
 
-    def broker_error(self) -> str | None:
-        """Why the broker cannot be used (authentication, TLS, connection), when that is known."""
-        return self._cluster_error or self._state.view.broker_error()
-
     async def _drain(self, deadline_s: float) -> None:
         """Stop handing out records; wait (up to the deadline) for in-flight attempts and DLQ writes."""
         self._flags.draining = True
@@ -306,7 +277,11 @@ class Pipeline:
         with self._drain_cancel, trio.move_on_after(deadline_s):
             await self._state.wait_drained()
 
-    def request_stop(self) -> None:
+    def stop(self, *, drain: bool = True) -> None:
+        """Stop; without `drain` (a second signal), without waiting for in-flight work."""
+        if not drain:
+            self._skip_drain = True
+            self._drain_cancel.cancel()
         self._stop.set()
         self._stop_sync.set()  # the start-up check's worker thread sees it too
         if self._pull is not None:
@@ -314,12 +289,6 @@ class Pipeline:
             # during start-up never reaches the drain that releases them too.
             self._pull.release_waiters()
         self._wake()
-
-    def skip_drain(self) -> None:
-        """Stop without waiting for in-flight work (a second signal)."""
-        self._skip_drain = True
-        self._drain_cancel.cancel()
-        self.request_stop()
 
     def fail(self, reason: str) -> None:
         """Stop with exit 1: something that must not be retried or skipped went wrong."""
@@ -338,63 +307,64 @@ class Pipeline:
         else:
             self._state.wake()
 
-    def readiness(self) -> dict[str, bool]:
-        state = self._state.view.readiness()
+    def health(self) -> Health:
+        view = self._state.view
+        flags = self._flags
+        checks = view.readiness()
         if self._cluster_error is not None:
-            state["broker_reachable"] = False
-        checks = {
-            **state,
-            "app_reachable": self.app_reachable,
-            "app_route_found": not self._route.missing,
-            "dlq_writable": self._flags.dlq_ready and self._flags.failure is None,
-            "source_topics_exist": not self._sources.missing,
-        }
+            checks["broker_reachable"] = False
+        checks["app_reachable"] = self._app_reachable()
+        checks["app_route_found"] = not self._route.missing
+        checks["dlq_writable"] = flags.dlq_ready and flags.failure is None
+        checks["source_topics_exist"] = not self._sources.missing
         if self._pull is not None:
             del checks["app_reachable"]  # pull mode: nothing connects to the app
             del checks["app_route_found"]
-        if self._gate is not None:
-            checks["circuit_breaker_closed"] = self._gate.closed
+        if self.breaker is not None:
+            checks["circuit_breaker_closed"] = self.breaker.closed
         if self._schemas is not None:
             checks["schema_registry_reachable"] = self._schemas.registry.reachable
-        return checks
+        return Health(
+            flags.failure,
+            None if flags.stopping else view.stalled(),
+            checks,
+            self._cluster_error or view.broker_error(),
+            self._sources.reason(),
+            self._route.reason(),
+        )
 
-    def missing_topics_reason(self) -> str | None:
-        """Which source topics do not exist on the cluster (None: all do, or not asked yet)."""
-        return self._sources.reason()
+    def _app_reachable(self) -> bool:
+        """The app accepts connections (one that answers route-missing does)."""
+        return self._reachability.reachable or self._route.missing
 
-    def stalled(self) -> str | None:
-        """Why the sidecar cannot make progress and should be restarted (None: it can)."""
-        return None if self._flags.stopping else self._state.view.stalled()
-
-    def in_flight_records(self) -> int:
-        return len(self._live)
-
-    def paused_partitions(self) -> set[PartitionKey]:
-        return self._state.view.paused()
-
-    def lag(self) -> dict[PartitionKey, int]:
-        return self._state.view.lag()
-
-    def commit_metadata_bytes(self) -> dict[PartitionKey, int]:
-        return self._state.view.commit_metadata_bytes()
+    def figures(self) -> Figures:
+        view = self._state.view
+        return Figures(
+            self.counters,
+            len(self._live),
+            self._app_reachable(),
+            view.paused(),
+            view.lag(),
+            view.commit_metadata_bytes(),
+        )
 
     def status(self) -> dict[str, Any]:
         view = self._state.view
         return {
             "group": self.config.group_id,
             "engine": self.config.engine.value,
-            "app_reachable": self.app_reachable,
+            "app_reachable": self._app_reachable(),
             "app_route_missing": self._route.reason(),
             "draining": self._flags.draining,
             "failure": self._flags.failure,
             "uptime_s": round(time.time() - self.started_at, 3),
-            "in_flight": self.in_flight_records(),
+            "in_flight": len(self._live),
             "paused_partitions": [f"{t}[{p}]" for t, p in sorted(view.paused())],
             "missing_topics": list(self._sources.missing),
             "partitions": view.partitions(),
             **view.status_fields(),
             **self._pull_status(),
-            "circuit_breaker": self.breaker_status(),
+            "circuit_breaker": None if self.breaker is None else self.breaker.status(),
             "dlq_routes": self._dlq_step.route_status(),
             **({} if self._schemas is None else {"schemas": self._schemas.status()}),
             "counters": self.counters.snapshot(),
@@ -402,11 +372,16 @@ class Pipeline:
 
     # ------------------------------------------------------------------------- answers
 
-    def ack(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
-        """`POST /v1/acks`: apply each answer; per id ok / already / expired / unknown."""
-        return [(item.delivery_id, self.answer(item.delivery_id, item)) for item in items]
+    def answer(self, items: Sequence[AckItem]) -> list[tuple[str, str]]:
+        """`POST /v1/acks`: apply each answer; per id ok / already / expired / unknown. The
+        adapter re-evaluates once, after the last."""
+        out: list[tuple[str, str]] = [
+            (item.delivery_id, self._answer_one(item.delivery_id, item)) for item in items
+        ]
+        self._wake()
+        return out
 
-    def answer(self, delivery_id: str, answer: Answer | AckItem) -> AckResult:
+    def _answer_one(self, delivery_id: str, answer: Answer | AckItem) -> AckResult:
         """Apply an app answer; 'ok', 'already', 'expired' or 'unknown' (the /v1/acks result words).
 
         An id that is not live is `already` when it was answered (one of the last answered ids),
@@ -427,21 +402,20 @@ class Pipeline:
         ack = ACK_BY_WORD[answer.ack]
         settled = self._state.answered(delivery, ack, answer)  # the adapter decides
         if isinstance(settled, str):  # unknown, expired
-            self._outlet.retire(delivery)
+            self.outlet.retire(delivery)
             self.counters.expired_answers += 1
             return settled
         if settled is not Settled.KEPT:
             if delivery.handed_at is not None:
                 self._observe_ack(time.perf_counter() - delivery.handed_at)
-            if self._gate is not None:
-                self._gate.answered(delivery, settled)
-            self._outlet.retire(delivery)
+            if self.breaker is not None:
+                self.breaker.answered(delivery, settled)
+            self.outlet.retire(delivery)
             self._live.answered(delivery.id)
             self.counters.outcome(delivery.topic, answer.ack)
             if ack is Ack.REJECT:
                 delivery.tracked.custom = custom_dead_letter(answer)
-        self._wake()
-        return "ok"
+        return "ok"  # the adapter re-evaluates at the end of the row of answers
 
     # ------------------------------------------------------------------------- app requests
 
@@ -475,16 +449,15 @@ class Pipeline:
         traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
         for d in live:
             d.sent = True
-        request = _Request(self, items, live, traced)
+        request = _Request(items, live, traced)
         self._requests.add(request)
+        answered = functools.partial(self._answered, request)
         if self._batch:
             request.exchange = self.app.start_batch(
-                [v for v, _ in traced], self._timeout_s, request.answered
+                [v for v, _ in traced], self._timeout_s, answered
             )
         else:
-            request.exchange = self.app.start_single(
-                traced[0][0], self._timeout_s, request.answered
-            )
+            request.exchange = self.app.start_single(traced[0][0], self._timeout_s, answered)
 
     async def _load_schemas(self, items: list[Delivery[Any]], missing: set[int]) -> None:
         """Load the schemas a request's records need, then send it in its slot; with the
@@ -496,7 +469,7 @@ class Pipeline:
             await self._not_reached(items)
 
     def _request_done(self, items: list[Delivery[Any]]) -> None:
-        self._outlet.request_done(len(items))
+        self.outlet.request_done(len(items))
         self._wake()
 
     def _answered(
@@ -569,11 +542,6 @@ class Pipeline:
 
     # ------------------------------------------------------------------------- pull mode
 
-    async def wait_intake_open(self, deadline: float) -> bool:
-        """Wait (until the trio time `deadline`) for intake to make sense: the app reachable
-        (push mode), or a poll waiting (pull mode); whether it does."""
-        return await self._outlet.wait(Until.INTAKE_OPEN, deadline)
-
     async def pull(self, max_records: int, wait_s: float) -> list[PulledRecord]:
         """`GET /v1/records`: up to `max_records` deliveries, waiting up to `wait_s` for one.
 
@@ -635,10 +603,6 @@ class Pipeline:
         if self._nursery is not None:
             self._nursery.start_soon(self._probe_app)
 
-    async def wait_app_reachable(self, deadline: float) -> bool:
-        """Wait (until the trio time `deadline`) for the app to be reachable; whether it is."""
-        return await self._outlet.wait(Until.APP_REACHABLE, deadline)
-
     async def _probe_app(self) -> None:
         app = self.config.app
         delay_s = app.connect_backoff_initial_ms / 1000
@@ -663,37 +627,6 @@ class Pipeline:
             self._state.intake_changed(held_may_go=transition.after is not BreakerState.OPEN)
         self._wake()
 
-    @property
-    def breaker(self) -> CircuitBreaker | None:
-        """The DLQ circuit breaker (None: disabled); its gate is `gate`."""
-        return None if self._gate is None else self._gate.breaker
-
-    @property
-    def gate(self) -> BreakerGate | None:
-        return self._gate
-
-    async def wait_breaker_room(self, deadline: float) -> bool:
-        """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
-        does (at once when it is closed or disabled)."""
-        return await self._outlet.wait(Until.BREAKER_ROOM, deadline)
-
-    def breaker_room(self) -> int | None:
-        """How many more records may go to the app now: None (no limit), 1 (a probe) or 0."""
-        return None if self._gate is None else self._gate.room()
-
-    @property
-    def breaker_open(self) -> bool:
-        """Open (not half-open): intake stops."""
-        return self._gate is not None and self._gate.open
-
-    def close_breaker(self, reason: str) -> bool:
-        """Close the breaker (the control API); False when it was closed already (or disabled)."""
-        return False if self._gate is None else self._gate.close(reason)
-
-    def breaker_status(self) -> dict[str, Any] | None:
-        """The breaker and its window for `/v1/status` and the API (None: disabled)."""
-        return None if self._gate is None else self._gate.status()
-
 
 # A pulled record's attempt span ends when it is handed out: the answer comes through /v1/acks.
 _PULLED = Answer("deferred")
@@ -707,15 +640,11 @@ class _Request:
     """One app request in flight: its deliveries (the live ones sent, with their views and
     spans), when it started, and its exchange in the app client (set once it is started)."""
 
-    pipeline: Pipeline
     items: list[Delivery[Any]]
     live: list[Delivery[Any]]
     traced: list[tuple[RecordView, AttemptContext | None]]
     started: float = field(default_factory=time.perf_counter)
     exchange: Exchange | None = None
-
-    def answered(self, result: Answer | dict[str, Answer] | AppNotReachable) -> None:
-        self.pipeline._answered(self, result)
 
 
 async def _probe(target: AppTarget) -> None:

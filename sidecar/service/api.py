@@ -20,7 +20,7 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sidecar.config import ApiConfig, dump_config, is_loopback_host
+from sidecar.config import ApiConfig, Config, dump_config, is_loopback_host
 from sidecar.core.errors import SidecarError
 from sidecar.core.wire import (
     AckItem,
@@ -192,12 +192,14 @@ class LocalApi:
     def __init__(
         self,
         engine: Engine,
+        config: Config,
         metrics: MetricsRenderer | None = None,
         *,
         token: str = "",
         max_ack_items: int = 10_000,
     ) -> None:
         self.engine = engine
+        self.config = config
         self.metrics = metrics
         self._token = token.encode("ascii")
         self.max_ack_items = max_ack_items
@@ -289,7 +291,7 @@ class LocalApi:
                 {"error": f"at most {self.max_ack_items} items per request, got {len(items)}"},
                 413,
             )
-        results = self.engine.ack(items)
+        results = self.engine.answer(items)
         return Response(200, (("Content-Type", "application/json"),), format_ack_response(results))
 
     async def records(self, request: Request) -> Response:
@@ -333,25 +335,26 @@ class LocalApi:
             await trio.sleep(POLL_ANSWER_SEND_S)
 
     async def healthz(self, _request: Request) -> Response:
-        if self.engine.failure:
-            return json_response({"status": "failed", "reason": self.engine.failure}, 503)
-        stalled = self.engine.stalled()
-        if stalled:
-            return json_response({"status": "stalled", "reason": stalled}, 503)
+        health = self.engine.health()
+        if health.failure:
+            return json_response({"status": "failed", "reason": health.failure}, 503)
+        if health.stalled:
+            return json_response({"status": "stalled", "reason": health.stalled}, 503)
         return json_response({"status": "ok"})
 
     async def readyz(self, _request: Request) -> Response:
-        checks = self.engine.readiness()
+        health = self.engine.health()
+        checks = health.checks
         ready = all(checks.values())
         body: dict[str, object] = {"ready": ready, "checks": checks}
         # Why the broker cannot be used (authentication, TLS, connection), when the source knows.
-        reason = self.engine.broker_error()
+        reason = health.broker_error
         if not checks.get("broker_reachable", True) and reason:
             body["reason"] = reason
-        route = self.engine.app_route_missing()
+        route = health.app_route_missing
         if not checks.get("app_route_found", True) and route:
             body["reason"] = f"{body['reason']}; {route}" if "reason" in body else route
-        missing = self.engine.missing_topics_reason()
+        missing = health.missing_topics
         if not checks.get("source_topics_exist", True) and missing:
             body["reason"] = f"{body['reason']}; {missing}" if "reason" in body else missing
         if not checks.get("schema_registry_reachable", True):
@@ -359,7 +362,8 @@ class LocalApi:
             why = f"the schema registry {schemas.get('registry')} cannot be used: {schemas.get('registry_error')}"
             body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
         if not checks.get("circuit_breaker_closed", True):
-            breaker = self.engine.breaker_status() or {}
+            gate = self.engine.breaker
+            breaker = gate.status() if gate is not None else {}
             why = f"the DLQ circuit breaker is {breaker.get('state')}: {breaker.get('reason')}"
             body["reason"] = f"{body['reason']}; {why}" if "reason" in body else why
         if "subscribed" in checks:
@@ -370,7 +374,8 @@ class LocalApi:
 
     async def close_breaker(self, _request: Request) -> Response:
         """`POST /v1/breaker/close`: close the DLQ circuit breaker; held records go out again."""
-        if self.engine.breaker_status() is None:
+        gate = self.engine.breaker
+        if gate is None:
             return json_response(
                 {
                     "error": "the DLQ circuit breaker is disabled "
@@ -378,12 +383,12 @@ class LocalApi:
                 },
                 409,
             )
-        closed = self.engine.close_breaker("closed through POST /v1/breaker/close")
-        return json_response({"closed": closed, "circuit_breaker": self.engine.breaker_status()})
+        closed = gate.close("closed through POST /v1/breaker/close")
+        return json_response({"closed": closed, "circuit_breaker": gate.status()})
 
     async def status(self, _request: Request) -> Response:
         body = self.engine.status()
-        body["config"] = dump_config(self.engine.config)
+        body["config"] = dump_config(self.config)
         return Response(
             200, (("Content-Type", "application/json"),), json.dumps(body, indent=1).encode()
         )

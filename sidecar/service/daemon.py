@@ -2,7 +2,7 @@
 
 Owns `run_sidecar` (the shutdown order, written once in its docstring): it starts the engine with
 `nursery.start(engine.run)`, serves the local API beside it, and steers it only through
-`request_stop()` and `skip_drain()`.
+`stop()`.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ async def run_sidecar(
     """Run until SIGTERM/SIGINT or a fatal error; returns the exit code.
 
     `tracing` and `on_engine` let an in-process caller (tests) bring its own span processor and get
-    hold of the engine (e.g. to call `request_stop()` instead of sending a signal). `own_process`:
+    hold of the engine (e.g. to call `stop()` instead of sending a signal). `own_process`:
     the process is the sidecar's alone (`dlq-sidecar run`), so its garbage collector is tuned for
     the record path once running (`_tune_gc`); a caller's process is left as it is.
 
@@ -129,8 +129,7 @@ async def run_sidecar(
     (`sidecar.service.exits`).
 
     The engine (`sidecar.engines.pipeline.Engine`) runs that order itself: this module starts it with
-    `nursery.start(engine.run)`, serves the local API beside it, and steers it only through `request_stop()` and
-    `skip_drain()`.
+    `nursery.start(engine.run)`, serves the local API beside it, and steers it only through `stop()`.
     """
     for note in config.deprecations:
         log.warning("configuration: %s", note)
@@ -146,7 +145,7 @@ async def run_sidecar(
     if config.metrics.enable:
         from sidecar.service.metrics import Metrics
 
-        metrics = Metrics(engine)
+        metrics = Metrics(engine, config)
         if exits is not None:
 
             def lost_now() -> dict[str, int]:
@@ -155,6 +154,7 @@ async def run_sidecar(
             metrics.registry.register(ExitCollector(exits, config.source.topics, lost_now))
     api = LocalApi(
         engine,
+        config,
         metrics.render if metrics else None,
         token=config.api.token,
         max_ack_items=config.api.max_ack_items,
@@ -199,8 +199,9 @@ async def run_sidecar(
         await api.polls_answered(POLL_ANSWER_WAIT_S)
         nursery.cancel_scope.cancel()
     flush_summary()  # librdkafka's repeats not said yet, with their counts
-    if engine.failure:
-        log.error("dlq-sidecar stopped: %s", engine.failure)
+    failure = engine.health().failure
+    if failure:
+        log.error("dlq-sidecar stopped: %s", failure)
         if exits is not None:
             exits.failed(fatal_reason(engine.counters.dlq_failed))
         return EXIT_FAILURE
@@ -227,7 +228,7 @@ async def _watch_signals(engine: Engine, signalled: trio.Event) -> None:
                 stopping = True
                 signalled.set()
                 log.info("received %s: draining", name)
-                engine.request_stop()
+                engine.stop()
             else:
                 log.warning("received %s again: stopping without waiting", name)
-                engine.skip_drain()
+                engine.stop(drain=False)

@@ -19,16 +19,21 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from sidecar.config import Config
     from sidecar.engines.pipeline import Engine
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, config: Config) -> None:
         self.engine = engine
+        self.config = config
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         e = self.engine
-        c = e.counters
+        config = self.config
+        figures = e.figures()
+        health = e.health()
+        c = figures.counters
         delivered = CounterMetricFamily(
             "dlq_sidecar_records_delivered",
             "Answers applied to records (and lock expiries), by topic and outcome.",
@@ -68,9 +73,7 @@ class EngineCollector(Collector):
             labels=["topic"],
         )
         # Every source topic from the start (0 until a refusal), so a rate or an alert has a series.
-        for topic, n in sorted(
-            (dict.fromkeys(e.config.source.topics, 0) | c.route_refused).items()
-        ):
+        for topic, n in sorted((dict.fromkeys(config.source.topics, 0) | c.route_refused).items()):
             refused.add_metric([topic], n)
         yield refused
         broker_archived = CounterMetricFamily(
@@ -79,7 +82,7 @@ class EngineCollector(Collector):
             labels=["topic"],
         )
         # Every source topic from 0, so the first archive is an increase Prometheus sees.
-        by_topic = dict.fromkeys(e.config.source.topics, 0) | c.broker_archived
+        by_topic = dict.fromkeys(config.source.topics, 0) | c.broker_archived
         for topic, n in sorted(by_topic.items()):
             broker_archived.add_metric([topic], n)
         yield broker_archived
@@ -106,23 +109,23 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily(
             "dlq_sidecar_in_flight_records",
             "Records handed to the app and not yet answered.",
-            value=e.in_flight_records(),
+            value=figures.in_flight,
         )
         yield GaugeMetricFamily(
             "dlq_sidecar_paused_partitions",
             "Partitions whose intake is paused.",
-            value=len(e.paused_partitions()),
+            value=len(figures.paused),
         )
         yield GaugeMetricFamily(
             "dlq_sidecar_app_reachable",
             "1 when the app accepts connections.",
-            value=1 if e.app_reachable else 0,
+            value=1 if figures.app_reachable else 0,
         )
         yield GaugeMetricFamily(
             "dlq_sidecar_app_route_missing",
             "1 while the app answers the configured URL that it has no such route (404, 405 or 415"
             " with no JSON answer): intake is paused, nothing is counted or dead-lettered.",
-            value=0 if e.app_route_missing() is None else 1,
+            value=0 if health.app_route_missing is None else 1,
         )
         status = e.status()
         share = status.get("engine") == "share"
@@ -140,7 +143,7 @@ class EngineCollector(Collector):
             " records of. The group's lag is the minimum across pods.",
             labels=["topic", "partition"],
         )
-        for (topic, partition), n in sorted(e.lag().items()):
+        for (topic, partition), n in sorted(figures.lag.items()):
             (share_lag if share else lag).add_metric([topic, str(partition)], n)
         yield lag
         yield share_lag
@@ -177,9 +180,9 @@ class EngineCollector(Collector):
             "dlq_sidecar_stalled",
             "1 while /healthz answers 503 (the sidecar failed, or every commit failed for"
             " commit.stall.timeout.ms).",
-            value=1 if (e.failure or e.stalled()) else 0,
+            value=1 if (health.failure or health.stalled) else 0,
         )
-        checks = e.readiness()
+        checks = health.checks
         yield GaugeMetricFamily(
             "dlq_sidecar_ready",
             "1 when /readyz answers 200 (every readiness check passes).",
@@ -198,15 +201,15 @@ class EngineCollector(Collector):
             "1 per source topic, labelled with the engine and group (joins a topic into per-pod alerts).",
             labels=["topic", "engine", "group"],
         )
-        for topic in e.config.source.topics:
-            info.add_metric([topic, str(status.get("engine")), e.config.group_id], 1)
+        for topic in config.source.topics:
+            info.add_metric([topic, str(status.get("engine")), config.group_id], 1)
         yield info
         meta = GaugeMetricFamily(
             "dlq_sidecar_commit_metadata_bytes",
             "Size of the delivery state last committed in the offset metadata, per partition.",
             labels=["topic", "partition"],
         )
-        for (topic, partition), size in sorted(e.commit_metadata_bytes().items()):
+        for (topic, partition), size in sorted(figures.commit_metadata_bytes.items()):
             meta.add_metric([topic, str(partition)], size)
         yield meta
         yield CounterMetricFamily(
@@ -347,9 +350,9 @@ class LatencyHistogram(Collector):
 
 
 class Metrics:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, config: Config) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(EngineCollector(engine))
+        self.registry.register(EngineCollector(engine, config))
         # The process's own: CPU, memory, file descriptors (`process_*`) and the cyclic garbage
         # collector (`python_gc_*`: the record path makes no cycles, so its objects collected stay
         # flat while records flow).

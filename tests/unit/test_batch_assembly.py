@@ -22,7 +22,7 @@ from sidecar.config import Config, parse_config
 from sidecar.core.outcome import Ack
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import AckItem, Answer, RecordView
-from sidecar.engines.interfaces import Answered, Settled
+from sidecar.engines.interfaces import Answered, Settled, Until
 from sidecar.engines.pipeline import BatchAssembler, Delivery, Pipeline
 
 LINGER_S = 0.005
@@ -288,7 +288,7 @@ async def test_at_1000_records_per_second_a_record_waits_at_most_the_linger(
     waits = [app.sent_at[o] - arrived[o] for o in range(1000)]
     assert max(waits) <= LINGER_S + 1e-6, f"a record waited {max(waits) * 1000:.1f} ms"
     assert min(app.batch_sizes) >= 1 and len(app.batch_sizes) <= 1000 / 4
-    assert pipe.sending == 0 and pipe.in_flight_records() == 0
+    assert pipe.outlet.sending == 0 and pipe.outlet.room().in_flight == 0
 
 
 async def test_the_workers_send_full_batches_at_once(autojump_clock: MockClock) -> None:
@@ -316,8 +316,8 @@ async def test_waiting_for_a_reachable_app_returns_at_once(autojump_clock: MockC
     """
     pipe = Pipeline(batch_config(4), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
     start = trio.current_time()
-    assert await pipe.wait_app_reachable(start + 0.5) is True
-    assert await pipe.wait_intake_open(start + 0.5) is True
+    assert await pipe.outlet.wait(Until.APP_REACHABLE, start + 0.5) is True
+    assert await pipe.outlet.wait(Until.INTAKE_OPEN, start + 0.5) is True
     assert trio.current_time() == start
 
 

@@ -11,7 +11,7 @@ from sidecar.core.deadletter import ArchiveOutcome, FailedRecord
 from sidecar.core.outcome import Ack, ArchiveReason
 from sidecar.core.record import SourceRecord, Tracked
 from sidecar.core.wire import AckItem, Answer
-from sidecar.engines.interfaces import Answered, Settled
+from sidecar.engines.interfaces import Answered, Settled, Until
 from sidecar.engines.pipeline import Delivery, Pipeline
 
 B = "errors.deadletterqueue.circuit.breaker."
@@ -42,6 +42,12 @@ class FakeState:
 
     def readiness(self) -> dict[str, bool]:
         return {}
+
+    def stalled(self) -> str | None:
+        return None
+
+    def broker_error(self) -> str | None:
+        return None
 
     async def not_reached(self, deliveries: Sequence[Delivery]) -> bool:
         raise AssertionError("not used")
@@ -80,35 +86,37 @@ async def dead_letter(pipe: Pipeline, offset: int) -> ArchiveOutcome:
 
 def half_open(pipe: Pipeline) -> None:
     assert pipe.breaker is not None
-    pipe.breaker._since -= 1000  # the cool-down is over
-    transition = pipe.breaker.tick(pipe.breaker._now + 1000)
+    pipe.breaker.breaker._since -= 1000  # the cool-down is over
+    transition = pipe.breaker.breaker.tick(pipe.breaker.breaker._now + 1000)
     assert transition is not None
-    assert pipe.gate is not None
-    pipe.gate.transition(transition)
+    assert pipe.breaker is not None
+    pipe.breaker.transition(transition)
 
 
 async def test_trip_hold_probe_close() -> None:
     state = FakeState()
     pipe = Pipeline(config(), lambda _p: state)  # type: ignore[arg-type,return-value]
-    assert pipe.breaker_room() is None
+    assert pipe.outlet.room().breaker_room is None
     assert await dead_letter(pipe, 0) is ArchiveOutcome.NO_DLQ  # 1 finished: below min.records
     assert await dead_letter(pipe, 1) is ArchiveOutcome.HELD  # 2 of 2: trips, held
-    assert pipe.breaker_open and pipe.breaker_room() == 0
-    assert pipe.readiness()["circuit_breaker_closed"] is False
+    assert pipe.outlet.room().breaker_open and pipe.outlet.room().breaker_room == 0
+    assert pipe.health().checks["circuit_breaker_closed"] is False
     assert await dead_letter(pipe, 2) is ArchiveOutcome.HELD
     half_open(pipe)
     assert state.released == 1  # half-open: the held records may go (one at a time)
     probe = pipe.outlet.issue(tracked(1), 2, None)
-    assert pipe.breaker_room() == 0  # the probe is out
+    assert pipe.outlet.room().breaker_room == 0  # the probe is out
     other = pipe.outlet.issue(tracked(2), 2, None)
-    assert pipe.answer(other.id, Answer("accept")) == "ok"  # not the probe: still half-open
-    assert pipe.breaker_status()["state"] == "half_open"  # type: ignore[index]
-    assert pipe.answer(probe.id, Answer("accept")) == "ok"
-    status = pipe.breaker_status()
+    assert pipe.answer([AckItem(other.id, "accept")]) == [
+        (other.id, "ok")
+    ]  # not the probe: still half-open
+    assert pipe.breaker.status()["state"] == "half_open"  # type: ignore[index]
+    assert pipe.answer([AckItem(probe.id, "accept")]) == [(probe.id, "ok")]
+    status = pipe.breaker.status()
     assert status is not None and status["state"] == "closed"
     assert (status["finished"], status["trips"], status["held"]) == (0, 1, 2)
     assert state.released == 2
-    assert pipe.readiness()["circuit_breaker_closed"] is True
+    assert pipe.health().checks["circuit_breaker_closed"] is True
 
 
 async def test_a_probe_answered_after_the_breaker_reopened_is_ignored() -> None:
@@ -120,19 +128,19 @@ async def test_a_probe_answered_after_the_breaker_reopened_is_ignored() -> None:
     half_open(pipe)
     probe = pipe.outlet.issue(tracked(1), 2, None)
     assert await dead_letter(pipe, 3) is ArchiveOutcome.HELD  # re-opens
-    assert pipe.breaker_open
-    assert pipe.answer(probe.id, Answer("accept")) == "ok"
-    assert pipe.breaker_open  # a stale probe's answer does not close it
+    assert pipe.outlet.room().breaker_open
+    assert pipe.answer([AckItem(probe.id, "accept")]) == [(probe.id, "ok")]
+    assert pipe.outlet.room().breaker_open  # a stale probe's answer does not close it
 
 
 async def test_an_explicit_close_releases_the_held_records() -> None:
     state = FakeState()
     pipe = Pipeline(config(), lambda _p: state)  # type: ignore[arg-type,return-value]
-    assert pipe.close_breaker("test") is False  # closed already
+    assert pipe.breaker.close("test") is False  # closed already
     await dead_letter(pipe, 0)
     await dead_letter(pipe, 1)
-    assert pipe.close_breaker("test") is True
-    assert state.released == 1 and not pipe.breaker_open
+    assert pipe.breaker.close("test") is True
+    assert state.released == 1 and not pipe.outlet.room().breaker_open
     assert await dead_letter(pipe, 5) is ArchiveOutcome.NO_DLQ  # a fresh window
 
 
@@ -140,11 +148,11 @@ async def test_the_timer_moves_to_half_open_after_the_cool_down(autojump_clock: 
     pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
     await dead_letter(pipe, 0)
     await dead_letter(pipe, 1)
-    assert pipe.gate is not None
+    assert pipe.breaker is not None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(pipe.gate.run_timer)
+        nursery.start_soon(pipe.breaker.run_timer)
         with trio.fail_after(5):
-            while pipe.breaker_room() != 1:
+            while pipe.outlet.room().breaker_room != 1:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
 
@@ -153,21 +161,23 @@ async def test_waiting_for_room_ends_when_the_breaker_lets_records_out(
     autojump_clock: object,
 ) -> None:
     pipe = Pipeline(config(), lambda _p: FakeState())  # type: ignore[arg-type,return-value]
-    assert await pipe.wait_breaker_room(trio.current_time())  # closed: at once
+    assert await pipe.outlet.wait(Until.BREAKER_ROOM, trio.current_time())  # closed: at once
     await dead_letter(pipe, 0)
     await dead_letter(pipe, 1)
-    assert not await pipe.wait_breaker_room(trio.current_time() + 0.5)  # open: the deadline
+    assert not await pipe.outlet.wait(
+        Until.BREAKER_ROOM, trio.current_time() + 0.5
+    )  # open: the deadline
     woke: list[float] = []
 
     async def waiter() -> None:
-        assert await pipe.wait_breaker_room(trio.current_time() + 60)
+        assert await pipe.outlet.wait(Until.BREAKER_ROOM, trio.current_time() + 60)
         woke.append(trio.current_time())
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
         await trio.sleep(2)
         closed_at = trio.current_time()
-        pipe.close_breaker("test")
+        pipe.breaker.close("test")
     assert woke == [closed_at]
 
 

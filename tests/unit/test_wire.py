@@ -1055,7 +1055,7 @@ def test_local_api_paths_are_documented(openapi: dict[str, Any]) -> None:
     from sidecar.service.api import LocalApi
 
     assert openapi["openapi"].startswith("3.1")
-    routes = LocalApi(None)._routes  # type: ignore[arg-type]
+    routes = LocalApi(None, None)._routes  # type: ignore[arg-type]
     assert set(openapi["paths"]) == {path for _method, path in routes}
     for method, path in routes:
         assert method.lower() in openapi["paths"][path], (method, path)

@@ -7,17 +7,15 @@ HTTP code or anything that performs I/O, and never reads a clock: callers pass `
 
 from __future__ import annotations
 
-import heapq
-
-from sidecar.core.backoff import jitter_rand
 from sidecar.core.commitstate import MAX_OFFSET, CommitState
 from sidecar.core.ledger.archive import Archive
 from sidecar.core.ledger.attempts import Attempts
 from sidecar.core.ledger.flow import FlowControl
+from sidecar.core.ledger.handout import HandOut
 from sidecar.core.ledger.holdings import Holdings
 from sidecar.core.ledger.horizon import Horizon
 from sidecar.core.ledger.machine import Event, LedgerRecord, enter
-from sidecar.core.ledger.metadata import MAX_ENTRY_CHARS, PAUSE_FILL, CommitMetadata
+from sidecar.core.ledger.metadata import CommitMetadata
 from sidecar.core.ledger.values import (
     AnswerResult,
     ArchiveRequest,
@@ -33,16 +31,10 @@ from sidecar.core.ledger.values import (
     RecordState,
 )
 from sidecar.core.outcome import (
-    COUNT_EXHAUSTED,
-    LOCK_TIMEOUT,
     Accept,
     Ack,
     ArchiveReason,
-    DeadLetter,
     ErrorInfo,
-    KeepLock,
-    Redeliver,
-    Verdict,
     decide,
 )
 
@@ -75,7 +67,8 @@ class PartitionLedger:
         ├── Horizon         horizon: crash accounting (the horizon, suspects, the isolation pass)
         ├── CommitMetadata  metadata: the state to commit, its size counters, commit points
         ├── FlowControl     flow: pause / resume, the next deadline
-        └── Archive         archive: the DLQ side of archiving
+        ├── Archive         archive: the DLQ side of archiving
+        └── HandOut         handout: records out as attempts and back (answers, expiry, unsent)
     """
 
     def __init__(
@@ -121,6 +114,9 @@ class PartitionLedger:
         )
         self._flow = FlowControl(config, holdings, attempts, metadata)
         self._archive = Archive(topic, partition, holdings)
+        self._handout = HandOut(
+            topic, partition, config, attempts, holdings, horizon, metadata, self._archive
+        )
         # Retry tiers: the latest due time of the records taken (`add`); fetching waits for it.
         self._waiting_until = 0
 
@@ -207,7 +203,7 @@ class PartitionLedger:
         if count:
             metadata.counted(offset, 0, count)
         if may_go:
-            self._make_ready(record)
+            self._handout.make_ready(record, self._now)
         return True
 
     def skip(self, offset: int, now_ms: int) -> bool:
@@ -233,155 +229,11 @@ class PartitionLedger:
         if holdings.backoff:
             self._changes += 1  # a retry time may have come: the ready set may change
             holdings.release_backoffs(now)
-        crash = self._horizon
-        if crash.busy or (holdings.suspects_ready and holdings.next_suspect() is not None):
-            return []  # the isolation pass goes first, and alone
-        live = self._live
-        config = self.config
-        room = min(max_n, config.max_record_locks - len(live))
-        # Holdings' ready heap: the one container of a part this module changes itself (the loop
-        # pops what it hands out), because a call per record would cost the hot path.
-        ready = holdings.ready
-        if room <= 0 or not ready:
-            return []
-        horizon = crash.enabled
-        confirmed = crash.confirmed
-        metadata = self._metadata
-        records = holdings.records
-        deadline = now + config.lock_duration_ms
-        topic = self.topic
-        partition = self.partition
-        out: list[Attempt] = []
-        append = out.append
-        # Locals: this loop runs once per record handed out (the hot path).
-        heappop = heapq.heappop
-        get = records.get
-        attempts = self._attempts
-        pause_chars = config.metadata_max_bytes * PAUSE_FILL
-        allowance = 0
-        # What the loop changes in the parts, added up and handed over before the metadata is
-        # measured and at the end: the highest offset handed out (horizon) or counted
-        # (write-ahead), and the change in count runs (write-ahead).
-        top = -1
-        runs = 0
-        while ready and len(out) < room:
-            offset = ready[0]
-            record = get(offset)
-            if record is None or not record.queued:
-                heappop(ready)  # stale entry
-                continue
-            if horizon and offset > confirmed:
-                # Beyond the committed horizon: held until its commit (the horizon fell behind).
-                crash.held_beyond(offset)
-                break
-            if horizon and record.delivery_count and not crash.counts_stored:
-                # A redelivery: its count (raised by its last outcome) goes out once committed,
-                # or a death would restore the count below the one the app saw last (a commit
-                # is wanted now: see `horizon_wanted`).
-                crash.hold_for_count()
-                break
-            if allowance <= 0:
-                if horizon:
-                    crash.handed(top)
-                else:
-                    metadata.counted_runs(runs, top)
-                    runs = 0
-                # Near the metadata budget, a first attempt (a new count entry) may only go for
-                # the lowest record (it frees the most); records already counted always may.
-                estimate = metadata.estimate()
-                if estimate > pause_chars:
-                    if (
-                        record.delivery_count == 0
-                        and metadata.over(PAUSE_FILL, self._version)
-                        and offset != next(iter(records))
-                    ):
-                        break
-                else:
-                    # An acquisition adds at most MAX_ENTRY_CHARS to either estimate: that many
-                    # need no new estimate.
-                    allowance = int(pause_chars - estimate) // MAX_ENTRY_CHARS
-            allowance -= 1
-            enter(record, _ACQUIRE)
-            self._version += 1
-            heappop(ready)
-            record.queued = False
-            if offset > top:  # noqa: PLR1730 (hot path: no max() call)
-                top = offset
-            if horizon:
-                # Not counted until its outcome is known: a death does not charge it.
-                record.pending = True
-                count = record.delivery_count + 1
-            else:
-                count = record.delivery_count + 1
-                record.delivery_count = count
-                # CommitMetadata.recount(offset, count - 1, count), inlined: the hot path.
-                neighbour = get(offset - 1)
-                left = neighbour.delivery_count if neighbour is not None else 0
-                neighbour = get(offset + 1)
-                right = neighbour.delivery_count if neighbour is not None else 0
-                runs += 1 - (left == count) - (right == count)
-                if count > 1:
-                    runs -= 1 - (left == count - 1) - (right == count - 1)
-            attempt_id = attempts.issue(record, deadline)
-            append(
-                Attempt(
-                    topic, partition, offset, attempt_id, count, deadline, record.key, record.item
-                )
-            )
-        if horizon:
-            crash.handed(top)
-        else:
-            metadata.counted_runs(runs, top)
+        out = self._handout.acquire(now, max_n, self._version)
         if out:
-            self._version += 1
+            self._version += len(out) + 1  # one per record handed out, and the batch
             self._changes += 1
         return out
-
-    def _make_ready(self, record: LedgerRecord) -> None:
-        limit = self.config.delivery_count_limit
-        if record.delivery_count >= limit:
-            # Restored at the limit: the last attempt's outcome was lost in a crash or a
-            # rebalance.  Archiving now is what bounds a poison pill that kills the pod.
-            self._start_archiving(
-                record,
-                ArchiveReason.DELIVERY_COUNT_EXCEEDED,
-                ErrorInfo(
-                    COUNT_EXHAUSTED,
-                    f"delivery count {record.delivery_count} reached the limit "
-                    f"{limit} before a restart or rebalance",
-                    None,
-                ),
-            )
-            return
-        if record.not_before_ms > self._now:
-            self._holdings.back_off(record)  # a retry tier's record, not due yet
-            return
-        self._holdings.queue(record)
-
-    def _start_archiving(
-        self, record: LedgerRecord, reason: ArchiveReason, error: ErrorInfo | None
-    ) -> None:
-        self._archive.start(record, reason, error)
-        if record.suspect:
-            self._horizon.clear_suspect(record)  # restored at the limit: no delivery, DLQ now
-
-    def _settle(self, record: LedgerRecord) -> None:
-        """The outcome of the record's attempt is known (not an accept): charge it if pending."""
-        if record.pending:
-            record.pending = False
-            count = record.delivery_count
-            record.delivery_count = count + 1
-            self._metadata.counted(record.offset, count, count + 1)
-            self._horizon.count_raised()
-        if record.suspect:
-            self._horizon.clear_suspect(record)
-
-    def _finish(self, record: LedgerRecord) -> None:
-        """The record is done: it leaves the holdings; the next of its key may go."""
-        self._metadata.done(record)  # before it leaves: the lowest record held may be this one
-        following = self._holdings.remove(record)
-        if following is not None:
-            self._make_ready(following)
 
     # -- answers and expiry ------------------------------------------------------------------
 
@@ -403,101 +255,24 @@ class PartitionLedger:
         self._now = now
         self._version += 1
         self._changes += 1
-        # The count with this attempt settled (horizon mode charges it only now, see _settle).
+        # The count with this attempt settled (horizon mode charges it only now).
         count = record.delivery_count + record.pending
+        handout = self._handout
         if ack is _RELEASE:
-            verdict = self._decide_release(record, count, retry_after_ms)
+            verdict = handout.decide_release(record, count, retry_after_ms)
         else:  # no delay to compute: the hot path (an accept) skips the retry policy's arguments
             verdict = decide(ack, count, self.config.delivery_count_limit)
-        verdict_type = verdict.__class__
-        if verdict_type is Accept:
-            enter(record, _ACCEPT)
-            self._attempts.retire(attempt_id, record)
-            self._acknowledged_total += 1
-            if record.pending:
-                record.pending = False  # done: its count is never written again
-            if record.suspect:
-                self._horizon.clear_suspect(record)
-            self._finish(record)
-            return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
-        if verdict_type is KeepLock:
-            self._attempts.renew(attempt_id, record, now + self.config.lock_duration_ms)
-            return AnswerResult(
-                attempt_id,
-                record.offset,
-                ack,
-                _ACQUIRED,
-                count,
-                lock_deadline_ms=record.lock_deadline_ms,
-            )
-        return self._end_attempt(attempt_id, record, ack, verdict, now, error)
-
-    def _end_attempt(
-        self,
-        attempt_id: str,
-        record: LedgerRecord,
-        ack: Ack | None,
-        verdict: Verdict,
-        now: int,
-        error: ErrorInfo | None,
-    ) -> AnswerResult:
-        """A live attempt ends without an accept: dead-lettered or redelivered, as ``verdict`` says."""
+        if verdict.__class__ is not Accept:
+            return handout.answered(attempt_id, record, ack, verdict, count, now, error)
+        enter(record, _ACCEPT)
         self._attempts.retire(attempt_id, record)
-        if record.pending or record.suspect:
-            self._settle(record)
-        if isinstance(verdict, DeadLetter):
-            reason = verdict.reason
-            if reason is _REJECTED:
-                record.error = error  # the reject's own account, or none
-            elif error is not None:
-                record.error = error  # else the last release's account stays
-            self._start_archiving(record, reason, record.error)
-            return AnswerResult(
-                attempt_id, record.offset, ack, _ARCHIVING, record.delivery_count, reason=reason
-            )
-        assert isinstance(verdict, Redeliver)
-        if error is not None:
-            record.error = error
-        threshold = self.config.tier_threshold_ms
-        if threshold is not None and verdict.delay_ms > threshold:
-            # A long delay leaves this ledger: written to a retry tier, then done here.
-            record.tier_delay_ms = verdict.delay_ms
-            self._start_archiving(record, ArchiveReason.RETRY_TIER, record.error)
-            return AnswerResult(
-                attempt_id,
-                record.offset,
-                ack,
-                _ARCHIVING,
-                record.delivery_count,
-                reason=ArchiveReason.RETRY_TIER,
-            )
-        enter(record, _RELEASE_EVENT)
-        record.not_before_ms = now + verdict.delay_ms
-        if verdict.delay_ms <= 0:
-            self._holdings.queue(record)  # settled: never a suspect here
-        else:
-            self._holdings.back_off(record)
-        return AnswerResult(
-            attempt_id,
-            record.offset,
-            ack,
-            _AVAILABLE,
-            record.delivery_count,
-            retry_at_ms=record.not_before_ms,
-        )
-
-    def _decide_release(
-        self, record: LedgerRecord, count: int, retry_after_ms: int | None
-    ) -> Verdict:
-        """`outcome.decide` for a release (or a lock expiry) of the ``count``-th attempt."""
-        return decide(
-            _RELEASE,
-            count,
-            self.config.delivery_count_limit,
-            retry=self.config.retry,
-            rand=jitter_rand(record.offset, count),
-            retry_after_ms=retry_after_ms,
-        )
+        self._acknowledged_total += 1
+        if record.pending:
+            record.pending = False  # done: its count is never written again
+        if record.suspect:
+            self._horizon.clear_suspect(record)
+        handout.finish(record, now)
+        return AnswerResult(attempt_id, record.offset, ack, _ACKNOWLEDGED, count)
 
     def not_attempted(self, attempt_id: str, now_ms: int, delay_ms: int = 0) -> AnswerResult:
         """The request could not be sent at all (connection refused): not an attempt.
@@ -513,54 +288,16 @@ class PartitionLedger:
             raise ExpiredAttempt(f"attempt {attempt_id}: lock expired at {record.lock_deadline_ms}")
         if delay_ms < 0:
             raise ValueError(f"delay_ms must be >= 0, got {delay_ms}")
-        enter(record, Event.NOT_ATTEMPTED)
+        result = self._handout.not_attempted(attempt_id, record, now, delay_ms)
         self._now = now
         self._version += 1
         self._changes += 1
-        attempts = self._attempts
-        attempts.retire(attempt_id, record)
-        attempts.not_sent()
-        if record.pending:
-            record.pending = False  # nothing was charged for it
-        else:
-            # Write-ahead, or an isolated attempt: take its charge back.  The next commit writes
-            # the lower count again (a death before it leaves the charge: see the invariants).
-            record.delivery_count -= 1
-            self._metadata.recount(record.offset, record.delivery_count + 1, record.delivery_count)
-            # An isolated attempt: still a suspect, it goes again, alone, once the take-back
-            # is committed.
-            self._horizon.take_back(record)
-        record.not_before_ms = now + delay_ms
-        if delay_ms == 0:
-            self._holdings.queue(record)
-        else:
-            self._holdings.back_off(record)
-        return AnswerResult(
-            attempt_id,
-            record.offset,
-            None,
-            _AVAILABLE,
-            record.delivery_count,
-            retry_at_ms=record.not_before_ms,
-        )
+        return result
 
     def expire(self, now_ms: int) -> list[AnswerResult]:
         """Release every ACQUIRED record whose lock deadline has passed (``ack=None``)."""
         now = self._tick(now_ms)
-        live = self._live
-        out: list[AnswerResult] = []
-        while live:
-            attempt_id, record = next(iter(live.items()))
-            if record.lock_deadline_ms > now:
-                break
-            # A lock timeout is a release with no answer.
-            verdict = self._decide_release(record, record.delivery_count + record.pending, None)
-            error = ErrorInfo(
-                LOCK_TIMEOUT,
-                f"no answer within the lock duration of {self.config.lock_duration_ms} ms",
-                None,
-            )
-            out.append(self._end_attempt(attempt_id, record, None, verdict, now, error))
+        out = self._handout.expire(now)
         if out:
             self._version += 1
             self._changes += 1
@@ -633,13 +370,10 @@ class PartitionLedger:
         record = holdings.take_suspect()
         if record is None:
             raise IllegalTransition("no suspect is ready to be isolated")
-        count = record.delivery_count
-        record.delivery_count = count + 1
-        self._metadata.counted(record.offset, count, count + 1)
-        self._horizon.charge(record)
+        charge = self._handout.isolated(record)
         self._version += 1
         self._changes += 1
-        return IsolationCharge(self.topic, self.partition, record.offset, count + 1)
+        return charge
 
     def committed(self, point: CommitPoint, now_ms: int) -> Attempt | None:
         """The broker confirmed ``point``: hand-outs may reach its horizon, and if it carried the
@@ -652,24 +386,11 @@ class PartitionLedger:
         self._changes += 1
         if record is None:
             return None
-        enter(record, Event.ACQUIRE)
-        crash.hand_out(record)
-        now = self._tick(now_ms)
+        attempt = self._handout.charged(record, max(self._now, now_ms))
+        self._tick(now_ms)
         self._version += 1
         self._changes += 1
-        deadline = now + self.config.lock_duration_ms
-        attempt_id = self._attempts.issue(record, deadline)
-        crash.handed(record.offset)
-        return Attempt(
-            self.topic,
-            self.partition,
-            record.offset,
-            attempt_id,
-            record.delivery_count,
-            deadline,
-            record.key,
-            record.item,
-        )
+        return attempt
 
     def horizon_status(self) -> HorizonStatus:
         return self._horizon.status(self._revoked)
@@ -736,7 +457,7 @@ class PartitionLedger:
         record = self._archive.written(offset)
         self._version += 1
         self._changes += 1
-        self._finish(record)
+        self._handout.finish(record, self._now)
 
     def dlq_failed(self, offset: int) -> None:
         """A retriable DLQ write failure: ``to_archive`` hands the record out again."""

@@ -19,10 +19,9 @@ from sidecar.core import ledger as L
 from sidecar.core.deadletter import ArchiveOutcome
 from sidecar.core.outcome import ArchiveReason
 from sidecar.core.record import Tracked
-from sidecar.engines.consumer.commits import Committer
 from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState, now_ms
-from sidecar.engines.interfaces import Outlet, TierWriter
-from sidecar.kafka.dlq import DlqWriter
+from sidecar.engines.consumer.ports import Transactions
+from sidecar.engines.interfaces import DlqSink, Outlet, TierWriter
 
 
 class Archiver:
@@ -31,10 +30,10 @@ class Archiver:
     def __init__(
         self,
         outlet: Outlet[PartitionRef],
-        dlq: DlqWriter,
+        dlq: DlqSink,
         tiers: TierWriter,
         partitions: Partitions,
-        committer: Committer,
+        committer: Transactions,
         kick: Callable[[], None],
         *,
         transactional: bool,

@@ -30,9 +30,10 @@ from sidecar.engines.consumer.partitions import (
     TxnItem,
     now_ms,
 )
+from sidecar.engines.consumer.ports import CommitPort, TxnPort
 from sidecar.engines.interfaces import Counters, DlqSink, Outlet
-from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable, DlqWriter
-from sidecar.kafka.source import KafkaSource, OffsetToCommit
+from sidecar.kafka.dlq import DlqFatalError, DlqTxnAbortable
+from sidecar.kafka.source import OffsetToCommit
 
 log = logging.getLogger("sidecar.engine")
 
@@ -50,8 +51,8 @@ class Committer:
         outlet: Outlet[PartitionRef],
         config: Config,
         counters: Counters,
-        dlq: DlqWriter,
-        source: KafkaSource,
+        dlq: TxnPort,
+        source: CommitPort,
         partitions: Partitions,
         sender: Sender,
         kick: Callable[[], None],

@@ -2,9 +2,9 @@
 
 Owns what is particular to a consumer group: the Kafka source's callbacks (assignment, revoke, loss,
 records), one ledger per assigned partition, the answers, and building its parts (`Partitions`,
-`Wakeup`, `Sender`, `Committer`, `WriteAhead`, `IsolationStep`, `Archiver`, `Scheduler`, each given
-its collaborators); who may change a ledger is `ConsumerGroupEngine`'s docstring. The record's path
-and the invariants kept (crash accounting, commits) are told in docs/architecture.md.
+`Wakeup`, `Sender`, `Committer`, `WriteAhead`, `FlowControl`, `IsolationStep`, `Archiver`,
+`Scheduler`, each given narrow interfaces, `ports`); who may change a ledger is in the class's
+docstring; the record's path and the invariants kept are told in docs/architecture.md.
 
 Must not import the pipeline, the share engine, or confluent-kafka (import-linter contracts).
 """
@@ -25,6 +25,7 @@ from sidecar.core.record import SourceRecord, Tracked, source_record
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.consumer.archive import Archiver
 from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.flow import FlowControl
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
 from sidecar.engines.consumer.partitions import (
@@ -65,7 +66,7 @@ class ConsumerGroupEngine:
         task (part)                       ledger calls
         source callbacks (via trio)       add, skip (on_messages), revoke (on_revoked, on_lost; Partitions),
                                           opening a state (Partitions.open)
-        scheduler (Scheduler)             expire, acquire, to_archive, should_pause / may_resume,
+        scheduler (Scheduler)             expire, acquire, to_archive; FlowControl: should_pause / may_resume,
                                           isolate (IsolationStep: horizon mode, nothing in flight)
         hand-out (Sender, WriteAhead)     not_attempted (write-ahead commit failed: not sent)
         app answers, API request          answer (answered)
@@ -151,6 +152,16 @@ class ConsumerGroupEngine:
         self._write_ahead = (
             WriteAhead(sender, committer.commit_now, wakeup.kick) if write_ahead else None
         )
+        self._flow = FlowControl(
+            outlet,
+            self.source,
+            partitions,
+            # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
+            split_budget(d.max_buffered_bytes, config.kafka),
+            ledger_config,
+            self._counters,
+            tier_topics=frozenset(self._tiers.topics),
+        )
         self._archiver = Archiver(
             outlet,
             parts.dlq,
@@ -163,13 +174,10 @@ class ConsumerGroupEngine:
         self._scheduler = Scheduler(
             outlet,
             config,
-            self._counters,
             self.source,
             partitions,
-            # What the ledgers may hold together, after librdkafka's prefetch (max.buffered.bytes).
-            split_budget(d.max_buffered_bytes, config.kafka),
-            ledger_config,
             wakeup,
+            self._flow,
             sender=sender,
             write_ahead=self._write_ahead,
             isolation=(
@@ -222,7 +230,7 @@ class ConsumerGroupEngine:
             self.source.stop_polling()
         if held_may_go:
             self._archiver.release_held()
-        self._scheduler.apply_flow_control()
+        self._flow.apply()
         self._wakeup.kick()
 
     async def wait_drained(self) -> None:

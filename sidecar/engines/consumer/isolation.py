@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 
 from sidecar.core import ledger as L
-from sidecar.engines.consumer.commits import Committer
 from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState
+from sidecar.engines.consumer.ports import CommitWanted, SourcePort
 from sidecar.engines.interfaces import Outlet
-from sidecar.kafka.source import KafkaSource
 
 log = logging.getLogger("sidecar.engine")
 
@@ -27,9 +26,9 @@ class IsolationStep:
     def __init__(
         self,
         outlet: Outlet[PartitionRef],
-        source: KafkaSource,
+        source: SourcePort,
         partitions: Partitions,
-        committer: Committer,
+        committer: CommitWanted,
     ) -> None:
         self._outlet = outlet
         self._source = source

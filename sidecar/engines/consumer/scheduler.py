@@ -1,9 +1,9 @@
 """The consumer-group engine's scheduler: when it looks at its ledgers, and what a turn does.
 
-Owns `Scheduler` (a part of `ConsumerGroupEngine`, given the isolation step, the sender, the
-write-ahead queue, the archiver and the committer) and its doorbell `Wakeup`: a turn expires locks,
-acquires and hands out records, starts DLQ writes, applies flow control and asks for horizon commits,
-on the partitions that changed; when a turn runs is told in `Scheduler`'s docstring.
+Owns `Scheduler` (a part of `ConsumerGroupEngine`, given flow control, the isolation step, the
+sender, the write-ahead queue, the archiver and the committer) and its doorbell `Wakeup`: a turn
+expires locks, acquires and hands out records, starts DLQ writes, applies flow control and asks for
+horizon commits, on the partitions that changed; when a turn runs is told in `Scheduler`'s docstring.
 
 Must not import the pipeline, the share engine, or confluent-kafka.
 """
@@ -11,20 +11,17 @@ Must not import the pipeline, the share engine, or confluent-kafka.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import trio
 
 from sidecar.config import Config
 from sidecar.core import ledger as L
-from sidecar.core.budget import ByteBudget
-from sidecar.engines.consumer.archive import Archiver
-from sidecar.engines.consumer.commits import Committer
+from sidecar.engines.consumer.flow import FlowControl
 from sidecar.engines.consumer.handout import Sender, WriteAhead
 from sidecar.engines.consumer.isolation import IsolationStep
 from sidecar.engines.consumer.partitions import PartitionRef, Partitions, PartitionState, now_ms
-from sidecar.engines.interfaces import Counters, Outlet, PartitionKey
-from sidecar.kafka.source import KafkaSource
+from sidecar.engines.consumer.ports import ArchiveStart, CommitWanted, SourcePort
+from sidecar.engines.interfaces import Outlet
 
 log = logging.getLogger("sidecar.engine")
 
@@ -68,32 +65,24 @@ class Scheduler:
         self,
         outlet: Outlet[PartitionRef],
         config: Config,
-        counters: Counters,
-        source: KafkaSource,
+        source: SourcePort,
         partitions: Partitions,
-        budget: ByteBudget,
-        ledger_config: L.LedgerConfig,
         wakeup: Wakeup,
+        flow: FlowControl,
         *,
         sender: Sender,
         write_ahead: WriteAhead | None,
         isolation: IsolationStep | None,
-        archiver: Archiver,
-        committer: Committer,
+        archiver: ArchiveStart,
+        committer: CommitWanted,
     ) -> None:
         self._outlet = outlet
-        self._config = config
-        self._counters = counters
+        self._max_in_flight = config.delivery.max_in_flight_records
         self._source = source
-        self._partitions = partitions
         self._states = partitions.by_key
-        self._budget = budget
-        self._ledger_config = ledger_config
-        tiers = config.errors.tiers
-        self._tier_topics = frozenset(
-            tiers.topic(t, i) for t in config.source.topics for i in range(len(tiers.delays_ms))
-        )
+        self._partitions = partitions
         self._wakeup = wakeup
+        self._flow = flow
         self._sender = sender
         self._write_ahead = write_ahead  # None: horizon mode
         self._isolation = isolation  # None: write-ahead mode
@@ -102,7 +91,6 @@ class Scheduler:
         # The scheduler's wait (None while it is not waiting), and whether a turn is running.
         self._schedule_scope: trio.CancelScope | None = None
         self._in_turn = False
-        self._flow_shared: tuple[int, bool, int] | None = None  # see apply_flow_control
         self._rr = 0
 
     def turn_now(self) -> None:
@@ -118,80 +106,6 @@ class Scheduler:
         # early costs one turn that finds nothing and waits again.
         if deadline < scope.deadline:  # noqa: PLR1730 (setting it always is the dear part)
             scope.deadline = deadline
-
-    # ----------------------------------------------------------------------------- flow control
-
-    def apply_flow_control(self, busy: Sequence[PartitionState] | None = None) -> None:
-        """Pause or resume fetching per partition. With ``busy`` (a scheduler turn's partitions
-        that changed), only those and the ones a decision is pending for are looked at, unless
-        the conditions every partition shares (its byte share, intake closed) changed."""
-        to_pause: list[PartitionKey] = []
-        to_resume: list[PartitionKey] = []
-        room = self._outlet.room()
-        intake_closed = room.draining or not room.app_reachable or room.breaker_open
-        # Each assigned partition's share of the byte budget. A partition over it is paused, and
-        # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
-        # a record larger than a share is delivered and the partition resumes once it is done.
-        share = self._budget.share_bytes(len(self._source.assigned) or len(self._states))
-        source_paused = self._source.paused
-        shared = (share, intake_closed, len(self._states))
-        if busy is None or shared != self._flow_shared:
-            self._flow_shared = shared
-            looked_at = list(self._states.items())
-        else:
-            # An unchanged partition under unchanged shared conditions decides what it decided
-            # (`flow_seen`): only the changed ones, and those with a decision not yet applied.
-            looked_at = [((s.ledger.topic, s.ledger.partition), s) for s in busy]
-            looked_at += [
-                ((s.ledger.topic, s.ledger.partition), s)
-                for s in self._states.values()
-                if s.flow_seen is None and s not in busy
-            ]
-        for key, state in looked_at:
-            paused = key in source_paused
-            # The same ledger under the same conditions decides the same: nothing to do again.
-            seen = (state.ledger.changes, share, intake_closed, paused)
-            if state.flow_seen == seen:
-                continue
-            decided = len(to_pause) + len(to_resume)
-            if intake_closed:
-                if not paused:
-                    to_pause.append(key)
-            elif not paused and state.ledger.should_pause(share):
-                to_pause.append(key)
-                st = state.ledger.statistics()
-                lc = self._ledger_config
-                if (
-                    st.buffered < lc.max_buffered_records
-                    and st.buffered_bytes < share
-                    and st.in_flight < lc.max_record_locks
-                ):
-                    if key[0] in self._tier_topics:
-                        # The normal state of a retry tier: what it holds is not due yet.
-                        log.debug(
-                            "retry tier %s[%d]: %d records wait for their due time; read on "
-                            "when the first is due",
-                            key[0],
-                            key[1],
-                            st.buffered,
-                        )
-                    else:
-                        # Neither record limit: the delivery state nears offset.metadata.max.bytes.
-                        self._counters.metadata_pauses += 1
-                        log.warning(
-                            "pausing %s[%d]: its delivery state nears offset.metadata.max.bytes",
-                            key[0],
-                            key[1],
-                        )
-            elif paused and state.ledger.may_resume(share):
-                to_resume.append(key)
-            # Remembered only when it decided nothing: a pause or resume is looked at again
-            # until the source has applied it.
-            state.flow_seen = seen if len(to_pause) + len(to_resume) == decided else None
-        if to_pause:
-            self._source.pause(to_pause)
-        if to_resume:
-            self._source.resume(to_resume)
 
     # ----------------------------------------------------------------------------- scheduler
 
@@ -229,7 +143,7 @@ class Scheduler:
 
     def _turn_body(self) -> float:
         outlet = self._outlet
-        max_total = self._config.delivery.max_in_flight_records
+        max_total = self._max_in_flight
         now = now_ms()
         # A partition whose ledger has not changed since a turn found nothing to do in it,
         # and whose next deadline has not come, has nothing to do now either: the turn skips
@@ -299,7 +213,7 @@ class Scheduler:
             else:
                 self._sender.hand_out(acquired)
         self._archiver.start(busy)
-        self.apply_flow_control(busy)
+        self._flow.apply(busy)
         if self._write_ahead is None:
             wanted = [s for s in busy if s.ledger.horizon_wanted() is not None]
             for state in wanted:
