@@ -1,18 +1,12 @@
 """What decoding records with schemas costs, ``python -m bench --scenarios schemas-avro``: the same Avro
-records delivered decoded (``schemas.decode``: JSON to the app) and undecoded (the wire-format bytes),
-runs alternated (A B A B), the same broker, app and machine.
+records (~1 KiB in the wire format, by confluent-kafka's ``AvroSerializer``, 10,000 keys, 6 partitions)
+delivered decoded (``schemas.decode``: JSON to the app) and undecoded, by the sidecar in scenario
+``c-tcp-key``, runs alternated (A B A B), with a real Schema Registry (``scripts/install-registry``) started
+on loopback for the part.
 
-A real Schema Registry (Apicurio, ``scripts/install-registry``) is started for the part on loopback. The
-records (``--records``, 10,000 keys, 6 partitions) are Avro, written by confluent-kafka's
-``AvroSerializer``: an order of eight fields (long, strings, a double, an enum-like string, a 900-byte
-note), about 1 KiB in the wire format, like the other scenarios' values. The sidecar runs single mode,
-TCP, ordering key (scenario ``c-tcp-key``); one side adds ``schemas.decode`` for the topic.
-
-Figures per run: records/s at saturation (first record to last at the app) and the sidecar process's CPU
-per record over the run (utime + stime, librdkafka's threads included); then, at a fixed offered rate
-(``--latency-rate``, 1,000 records/s, for ``--rate-seconds``) with the sidecar started before the
-records are produced, its CPU per record and share of a core. The medians are printed, with the
-difference decoded minus undecoded per record.
+Figures per run: records/s at saturation and the sidecar process's CPU per record (utime + stime), then at
+a fixed offered rate (``--latency-rate``, 1,000 records/s, for ``--rate-seconds``) its CPU per record and
+share of a core. The medians are printed with the difference decoded minus undecoded.
 """
 
 from __future__ import annotations

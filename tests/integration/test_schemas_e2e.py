@@ -257,3 +257,50 @@ async def test_an_unreachable_registry_pauses_intake_and_dead_letters_nothing(
             # Every record is done (committed to the end): none of them went to the DLQ.
             assert await trio.to_thread.run_sync(lambda: broker.count_records(rig.dlq_topic)) == 0
     assert sorted(json.loads(d.value or b"")["id"] for d in app.deliveries) == [0, 1, 2, 3, 4]
+
+
+async def test_a_decoded_key_and_value_each_name_their_schema(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str, tmp_path: Path
+) -> None:
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    client = registry_client(schema_registry.url)
+    try:
+        key_serializer = AvroSerializer(
+            client,
+            json.dumps(
+                {"type": "record", "name": "OrderKey", "fields": [{"name": "id", "type": "long"}]}
+            ),
+            conf={"subject.name.strategy.type": "TOPIC"},
+        )
+        keys = [
+            key_serializer({"id": n}, SerializationContext(topic, MessageField.KEY))
+            for n in range(2)
+        ]
+        values = [serializer(client, "json")(topic, order(n)) for n in range(2)]
+    finally:
+        client.close()
+    app = RecordingApp()
+    extra = schemas_extra(schema_registry.url, topic)
+    extra["schemas"]["decode"] = {topic: ["key", "value"]}
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        topic=topic,
+        group=f"g-{unique}",
+        extra=extra,
+        produce_first=[Rec(k, v) for k, v in zip(keys, values, strict=True)],
+    ) as rig:
+        await wait_until(lambda: len(app.deliveries) >= 2, 60, "two records delivered")
+        await rig.committed_at_end()
+    for n, d in enumerate(sorted(app.deliveries, key=lambda d: d.offset)):
+        assert json.loads(d.key or b"") == {"id": n}
+        assert json.loads(d.value or b"") == decoded_order("json", n)
+        raw = d.raw_headers
+        assert header(raw, "kafka-key-schema-subject") == f"{topic}-key"
+        assert header(raw, "kafka-key-schema-type") == "AVRO"
+        assert header(raw, "kafka-value-schema-subject") == f"{topic}-value"
+        assert header(raw, "kafka-value-schema-type") == "JSON"

@@ -14,23 +14,6 @@ import pytest
 ROOT = pathlib.Path(__file__).parents[2]
 PACKAGE = ROOT / "sidecar"
 MAX_LINES = 10
-# Modules whose docstring is still being shortened (issue 47): this set only shrinks.
-PENDING = {
-    "sidecar/ops/broker/__init__.py",
-    "sidecar/ops/console/__init__.py",
-    "sidecar/ops/console/access.py",
-    "sidecar/ops/console/app.py",
-    "sidecar/ops/console/catalog.py",
-    "sidecar/ops/console/redrive.py",
-    "sidecar/ops/demo/runner.py",
-    "sidecar/ops/dlq/command.py",
-    "sidecar/ops/dlq/entries.py",
-    "sidecar/ops/dlq/errors.py",
-    "sidecar/ops/dlq/formats.py",
-    "sidecar/ops/dlq/inspect.py",
-    "sidecar/ops/dlq/render.py",
-    "sidecar/ops/dlq/replay.py",
-}
 
 
 def _modules() -> list[pathlib.Path]:
@@ -64,15 +47,4 @@ def test_the_scan_finds_the_package() -> None:
 def test_a_module_docstring_is_short(path: pathlib.Path) -> None:
     lines = _docstring_lines(path)
     assert lines > 0, "a module says what it owns"
-    if str(path.relative_to(ROOT)) in PENDING:
-        return
     assert lines <= MAX_LINES, f"{lines} lines: keep what it owns and must not import"
-
-
-def test_pending_modules_exist_and_are_still_long() -> None:
-    still = {
-        name
-        for name in PENDING
-        if (ROOT / name).is_file() and _docstring_lines(ROOT / name) > MAX_LINES
-    }
-    assert still == PENDING, f"shortened or gone, drop from PENDING: {sorted(PENDING - still)}"

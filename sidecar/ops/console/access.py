@@ -1,11 +1,7 @@
 """Who may write, and what one request may ask for: the console's token, sessions, CSRF and limits.
 
-Anything that writes (a redrive) needs a session, opened by posting the token (generated and printed at
-start, or read from a file or `DLQ_CONSOLE_TOKEN`); a read-only console has no token and no session
-ever opens. The session is a random id in an HttpOnly, SameSite=Strict cookie, mapped here to the name
-the operator gave (the "who" of the redrive's log line and `__dlq.replay.by` header). Every POST carries
-a CSRF field, an HMAC of the session id (or of "anonymous") under a key made at start, and a POST whose
-Origin is another host is refused. Tokens are compared in constant time and never logged.
+Owns `Access` (sessions, CSRF and the request limits: its docstring) and `load_token`. Tokens are
+compared in constant time and never logged.
 
 Imports: the standard library and `sidecar.ops.dlq.errors` only.
 """
@@ -59,7 +55,15 @@ def load_token(token_file: str | None, *, read_only: bool) -> tuple[str | None, 
 
 @dataclass(slots=True)
 class Access:
-    """The token, the open sessions and the CSRF key of one console process."""
+    """The token, the open sessions and the CSRF key of one console process.
+
+    Anything that writes (a redrive) needs a session, opened by posting the token (generated and printed at
+    start, or read from a file or `DLQ_CONSOLE_TOKEN`); a read-only console has no token and no session
+    ever opens. The session is a random id in an HttpOnly, SameSite=Strict cookie, mapped here to the name
+    the operator gave (the "who" of the redrive's log line and `__dlq.replay.by` header). Every POST carries
+    a CSRF field, an HMAC of the session id (or of "anonymous") under a key made at start, and a POST whose
+    Origin is another host is refused. Tokens are compared in constant time and never logged.
+    """
 
     token: str | None
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))

@@ -1,18 +1,7 @@
 """The console's web app (Starlette, run on trio by Hypercorn): routes, the security checks, the pages.
 
-    GET  /                                   the DLQ topics found (`catalog`)
-    GET  /topics/{topic}                     counts, writers and dead letters over time (`timeline`)
-    GET  /topics/{topic}/records             the filtered table, a page at a time (`inspect_page`)
-    GET  /topics/{topic}/records/{p}/{o}     one record, every header decoded per its format
-    POST /topics/{topic}/preview             the dry run of a redrive (`redrive.preview`)
-    POST /topics/{topic}/redrive             start a redrive (a session needed)
-    GET  /redrives/{id}, /redrives/{id}.json a redrive's page and its progress (polled by console.js)
-    POST /login, /logout                     open or close a session with the token
-
-Reading, filtering and replaying are the DLQ tools' own code (`sidecar.ops.dlq.*`), run on worker
-threads (`anyio.to_thread`); this module only turns requests into their arguments and their results into
-pages. Every POST is checked for its Origin, its size and its CSRF field; a redrive for a session; every
-request's asks against the limits in `access`. Bad input is a 400 page with the CLI's own message.
+Owns `build_app` (the routes and the checks every request passes: its docstring): requests into the
+DLQ tools' arguments, run on worker threads, and their results into pages.
 
 Imports: the standard library, Starlette, anyio and `sidecar.ops` (no confluent-kafka).
 """
@@ -481,7 +470,22 @@ async def healthz(_request: Request) -> Response:
 
 
 def build_app(console: Console) -> Starlette:
-    """The console's ASGI app over `console`'s settings, access rules and redrives."""
+    """The console's ASGI app over `console`'s settings, access rules and redrives.
+
+        GET  /                                   the DLQ topics found (`catalog`)
+        GET  /topics/{topic}                     counts, writers and dead letters over time (`timeline`)
+        GET  /topics/{topic}/records             the filtered table, a page at a time (`inspect_page`)
+        GET  /topics/{topic}/records/{p}/{o}     one record, every header decoded per its format
+        POST /topics/{topic}/preview             the dry run of a redrive (`redrive.preview`)
+        POST /topics/{topic}/redrive             start a redrive (a session needed)
+        GET  /redrives/{id}, /redrives/{id}.json a redrive's page and its progress (polled by console.js)
+        POST /login, /logout                     open or close a session with the token
+
+    Reading, filtering and replaying are the DLQ tools' own code (`sidecar.ops.dlq.*`), run on worker
+    threads (`anyio.to_thread`); this module only turns requests into their arguments and their results into
+    pages. Every POST is checked for its Origin, its size and its CSRF field; a redrive for a session; every
+    request's asks against the limits in `access`. Bad input is a 400 page with the CLI's own message.
+    """
     from importlib.resources import files
 
     static = StaticFiles(directory=str(files("sidecar.ops.console") / "static"))

@@ -1,13 +1,8 @@
 """Which topics are DLQs: by the prefix rule (`dlq.` by default, the sidecar's
 `errors.deadletterqueue.topic.name.prefix`) and by format detection (the newest record of a partition
-carries a known writer's context headers: Spring's `TOPIC-dlt`, a Connect or Streams DLQ, a share
-group's DLQ under any name).
+carries a known writer's context headers).
 
-Each DLQ is shown with its record count (the watermarks' difference, transaction markers included) and
-the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
-at most `MAX_PARTITIONS_PROBED` partitions of every topic the prefix names and of at most
-`MAX_TOPICS_PROBED` others, through the DLQ tools'
-reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq.entries`).
+Owns `find_dlq_topics` (the bounded probe: its docstring) and `Catalog`.
 
 Imports: the standard library, `sidecar.kafka.tools` and the `sidecar.ops.dlq.*` modules.
 """
@@ -49,6 +44,12 @@ class Catalog:
 
 def find_dlq_topics(admin: TopicAdmin, consumer: ReadConsumer, prefix: str) -> Catalog:
     """The DLQ topics of the cluster, by name, then by their newest records (read in one pass).
+
+    Each DLQ is shown with its record count (the watermarks' difference, transaction markers included) and
+    the writers seen in the sample of newest records. The probe reads, in one pass (one assignment), at most `SAMPLE_PER_PARTITION` records of
+    at most `MAX_PARTITIONS_PROBED` partitions of every topic the prefix names and of at most
+    `MAX_TOPICS_PROBED` others, through the DLQ tools'
+    reader (`sidecar.kafka.tools.ReadConsumer`, read_committed) and decoder (`sidecar.ops.dlq.entries`).
 
     A retry tier topic (`dlq.{topic}.retry.{tier}` by default) matches the prefix but is no DLQ:
     its records carry `__dlq.retry.*` headers (or, empty, its name ends in `.retry.<duration>`).

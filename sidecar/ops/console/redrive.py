@@ -1,12 +1,7 @@
 """The console's redrives: the preview (a dry run of `dlq replay`) and the redrive itself, on a thread.
 
-Both run `sidecar.ops.dlq.replay.Replayer`, the code `dlq-sidecar dlq replay` runs: the same filters
-(the chosen records are `Filters.records`), the same loop guard (`--max-replays`, default 1: a record
-replayed once already is skipped), headers-only records read back from the source, the rate through its
-token bucket, progress committed under a replay name of its own (`console-<time>-<random>`, one per
-redrive). Each redrive is recorded: a log line when it starts (who, when, the topic, the filters, the
-rate, the name) and when it ends (the counts), never a payload; and `__dlq.replay.by` / `.at` on every
-record it sends (`ReplayOptions.by`).
+Owns `Redrives` and `preview`: both run `sidecar.ops.dlq.replay.Replayer`, the code `dlq replay` runs
+(what that gives, and how a redrive is recorded: `Redrives`' docstring).
 
 Imports: the standard library, rich and the `sidecar.ops.dlq.*` modules.
 """
@@ -84,7 +79,16 @@ class Job:
 
 
 class Redrives:
-    """The redrives of one console process: started on their own threads, kept for their pages."""
+    """The redrives of one console process: started on their own threads, kept for their pages.
+
+    Both run `sidecar.ops.dlq.replay.Replayer`, the code `dlq-sidecar dlq replay` runs: the same filters
+    (the chosen records are `Filters.records`), the same loop guard (`--max-replays`, default 1: a record
+    replayed once already is skipped), headers-only records read back from the source, the rate through its
+    token bucket, progress committed under a replay name of its own (`console-<time>-<random>`, one per
+    redrive). Each redrive is recorded: a log line when it starts (who, when, the topic, the filters, the
+    rate, the name) and when it ends (the counts), never a payload; and `__dlq.replay.by` / `.at` on every
+    record it sends (`ReplayOptions.by`).
+    """
 
     def __init__(self, max_running: int, max_kept: int = 100) -> None:
         self._jobs: dict[str, Job] = {}

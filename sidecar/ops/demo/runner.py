@@ -1,24 +1,10 @@
 """`dlq-sidecar demo`: a local broker, the bundled example app, the sidecar, and orders landing in the DLQ.
 
-This module owns the demo's orchestration and nothing else (the pieces it orchestrates live beside
-it: `demo_setup` files, ports, config and broker; `demo_orders` the order stream; `demo_children` the
-producer, the child processes and the status reads; `demo_display` the progress and the DLQ records
-shown). It finds (or starts) a broker through the
-launcher behind `scripts/kafka` (`sidecar.ops.broker`), recreates the `orders` topic (on a broker it
-did not start, only after asking when the topic or its DLQ topic is there, or with `--yes`), derives a
-config from `config.example.yaml`, runs the example app (`examples/python/app.py`) and the sidecar as
-subprocesses — exactly as a user runs them — produces a seeded stream of orders (ok, poison, flaky,
-slow), shows progress read from the sidecar's `GET /v1/status`, and ends with a summary and the first
-DLQ records with their `__dlq.errors.*` headers. It stops everything it started, in order: the sidecar
-(so it drains and commits), the app, the broker.
+Owns the demo's orchestration and nothing else (`Demo`: what it starts, in which order, and what it
+stops: its docstring); its pieces live beside it (`setup`, `orders`, `children`, `display`).
 
-It runs from a source checkout and from an installed package alike: the files it needs ship in the
-package. `data/config.example.yaml` and `data/example_app.py` are links to the repository's
-own files (one copy in the repository; the wheel holds their contents), and the broker launcher and its
-Maven POM live in `sidecar/ops`. The children import the same `sidecar` package as the demo.
-
-It talks to the sidecar over HTTP only: it must not import the engine, the daemon or the API modules.
-`sidecar.config` is imported only to validate the derived config before anything starts (`demo_setup`).
+It talks to the sidecar over HTTP only: it must not import the engine, the daemon or the API modules;
+`sidecar.config` only validates the derived config before anything starts.
 """
 
 from __future__ import annotations
@@ -100,6 +86,25 @@ class Options:
 
 
 class Demo:
+    """The demo's orchestration, from the broker to the summary.
+
+    The pieces it orchestrates live beside it: `setup` files, ports, config and broker; `orders` the order stream; `children` the
+    producer, the child processes and the status reads; `display` the progress and the DLQ records
+    shown. It finds (or starts) a broker through the
+    launcher behind `scripts/kafka` (`sidecar.ops.broker`), recreates the `orders` topic (on a broker it
+    did not start, only after asking when the topic or its DLQ topic is there, or with `--yes`), derives a
+    config from `config.example.yaml`, runs the example app (`examples/python/app.py`) and the sidecar as
+    subprocesses — exactly as a user runs them — produces a seeded stream of orders (ok, poison, flaky,
+    slow), shows progress read from the sidecar's `GET /v1/status`, and ends with a summary and the first
+    DLQ records with their `__dlq.errors.*` headers. It stops everything it started, in order: the sidecar
+    (so it drains and commits), the app, the broker.
+
+    It runs from a source checkout and from an installed package alike: the files it needs ship in the
+    package. `data/config.example.yaml` and `data/example_app.py` are links to the repository's
+    own files (one copy in the repository; the wheel holds their contents), and the broker launcher and its
+    Maven POM live in `sidecar/ops/broker`. The children import the same `sidecar` package as the demo.
+    """
+
     def __init__(self, options: Options, console: Console) -> None:
         self.o = options
         self.console = console

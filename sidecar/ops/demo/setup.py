@@ -43,7 +43,7 @@ class Layout:
 
 
 def find_layout() -> Layout:
-    """The files the demo runs, shipped in this package (see the module docstring)."""
+    """The files the demo runs, shipped in this package."""
     # In a checkout the data files are links into the repository: resolved, the demo names (and
     # runs) examples/python/app.py and config.example.yaml themselves.
     layout = Layout(

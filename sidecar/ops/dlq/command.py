@@ -2,13 +2,10 @@
 
 Owns the sub-commands' arguments (`add_dlq_parser`, which `sidecar.cli` mounts), turning them into
 `Filters`/`ReplayOptions`, and `cmd_dlq`: 0 ok, 1 failures (broker, replay), 2 bad arguments, every
-error printed as one ``dlq-sidecar dlq: ...`` line. `python -m sidecar.ops.dlq.command` runs the same
-commands without the rest of the CLI.
+error one ``dlq-sidecar dlq: ...`` line. `python -m sidecar.ops.dlq.command` runs the same commands.
 
-Imports: the standard library, rich, the Kafka adapters' error (`sidecar.kafka.errors`) and the other
-`sidecar.ops.dlq.*` modules; no confluent-kafka.
-Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.kafka.dlq`).
+Imports the standard library, rich, `sidecar.kafka.errors` and the other `sidecar.ops.dlq.*` modules;
+no confluent-kafka, never the engines, the ledger, the source, the daemon or the HTTP modules.
 """
 
 from __future__ import annotations

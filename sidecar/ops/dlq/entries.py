@@ -1,10 +1,8 @@
 """One record read back from a DLQ topic, with its context decoded whichever system wrote it (docs/dlq-operations.md).
 
 Owns `DlqEntry` (the writer's format and the fields every format shares, decoded by
-`sidecar.ops.dlq.formats`: source coordinates, exception, group or connector; the replay markers;
-whether the original record is held or only its headers), its JSON form for `dlq inspect --json` (bytes
-as UTF-8 text or base64), and the names of the `__dlq.replay.*` markers a replay adds. Pure: no broker
-calls.
+`sidecar.ops.dlq.formats`), its JSON form for `dlq inspect --json`, and the names of the
+`__dlq.replay.*` markers a replay adds. Pure: no broker calls.
 
 Imports: the standard library, the header names of `sidecar.kafka.dlq`, the record type of
 `sidecar.kafka.tools` and `sidecar.ops.dlq.formats`.

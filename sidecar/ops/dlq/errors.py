@@ -1,12 +1,8 @@
 """The errors and exit codes of `dlq-sidecar dlq inspect` and `dlq replay`.
 
-    DlqToolError          root of what the two commands report about their arguments (under SidecarError)
-    └── UsageError        the arguments cannot work (bad filter, unknown topic, a name used with other
-                          filters): exit 2
-
-A broker that cannot be reached or refuses a read, a write or a commit is reported by the Kafka
-adapters as `sidecar.kafka.errors.KafkaCallError` (librdkafka's errors are translated there, once):
-exit 1.
+Owns `DlqToolError` and `UsageError` (exit 2; drawn in `sidecar.core.errors.SidecarError`'s tree). A
+broker that cannot be reached or refuses a call is reported as `sidecar.kafka.errors.KafkaCallError`
+(exit 1).
 
 Imports: the standard library and `sidecar.core.errors` (the root) only.
 """

@@ -1,33 +1,8 @@
 """Which system wrote a DLQ record, and its context headers decoded into the fields every format shares.
 
-Four DLQ formats are recognised per record (one DLQ topic may mix them); the header names and encodings
-are those of the writers' own code (checked against Kafka 4.4.0 and Spring for Apache Kafka 4.1.2, and
-exercised against the real writers by tests/integration/test_dlq_*.py):
-
-    dlq      dlq-sidecar and Kafka share groups (KIP-1191): `__dlq.errors.*`, UTF-8 text, numbers in
-             decimal; the writer overwrites same-named headers, so the last value counts
-    streams  Kafka Streams (KIP-1034, `errors.dead.letter.queue.topic.name`): `__streams.errors.exception`
-             (the class name; Kafka 4.2 wrote `Throwable.toString()`, class and message), `.message`,
-             `.stacktrace`, `.topic`, `.partition`, `.offset` as UTF-8 text, appended after the copied
-             original headers (the last value counts); a punctuator's record has no topic and -1/-1
-    connect  Kafka Connect sink DLQs (KIP-298, `errors.deadletterqueue.context.headers.enable`):
-             `__connect.errors.topic`, `.partition`, `.offset`, `.connector.name`, `.task.id`, `.stage`,
-             `.class.name`, `.exception.class.name`, `.exception.message`, `.exception.stacktrace` as UTF-8
-             text; Connect never replaces a header already there, so the first value counts
-    spring   Spring's DeadLetterPublishingRecoverer: `kafka_dlt-original-topic` (UTF-8),
-             `-original-partition` (4-byte big-endian int), `-original-offset` and `-original-timestamp`
-             (8-byte big-endian longs), `-original-timestamp-type`, `-original-consumer-group`,
-             `kafka_dlt-exception-fqcn`, `-exception-cause-fqcn`, `-exception-message`,
-             `-exception-stacktrace` (and `kafka_dlt-key-exception-*` for a key that failed to
-             deserialize); the original headers are appended again on every further dead-lettering, so
-             the first value is the first source
-
-The format is that of the last recognised context header: every writer appends its context after the
-original headers it copies. Anything else is `unknown` and shown as it is. Pure: no broker calls.
-
-A retry tier's record (`__dlq.retry.*`, `sidecar.core.tiers`) reads as the dlq format: its source, count and
-last error, and in `detail` the tiers it went through and its due time; a DLQ record written after tiers
-names them in `detail` too (`__dlq.errors.retry.tiers`).
+Owns `detect_format` and `decode_context` (the four formats, dlq, streams, connect and spring, and their
+headers: its docstring), `DlqContext`, and what a replay strips. Anything else is `unknown` and shown
+as it is. Pure: no broker calls.
 
 Imports: the standard library, the header names of `sidecar.kafka.dlq` and of `sidecar.core.tiers` only.
 """
@@ -199,7 +174,37 @@ def detect_format(headers: Sequence[Header]) -> str:
 
 
 def decode_context(headers: Sequence[Header]) -> DlqContext:
-    """The context of a DLQ record from its headers; `unknown` (all None) when no format is recognised."""
+    """The context of a DLQ record from its headers; `unknown` (all None) when no format is recognised.
+
+    Four DLQ formats are recognised per record (one DLQ topic may mix them); the header names and encodings
+    are those of the writers' own code (checked against Kafka 4.4.0 and Spring for Apache Kafka 4.1.2, and
+    exercised against the real writers by tests/integration/test_dlq_*.py):
+
+        dlq      dlq-sidecar and Kafka share groups (KIP-1191): `__dlq.errors.*`, UTF-8 text, numbers in
+                 decimal; the writer overwrites same-named headers, so the last value counts
+        streams  Kafka Streams (KIP-1034, `errors.dead.letter.queue.topic.name`): `__streams.errors.exception`
+                 (the class name; Kafka 4.2 wrote `Throwable.toString()`, class and message), `.message`,
+                 `.stacktrace`, `.topic`, `.partition`, `.offset` as UTF-8 text, appended after the copied
+                 original headers (the last value counts); a punctuator's record has no topic and -1/-1
+        connect  Kafka Connect sink DLQs (KIP-298, `errors.deadletterqueue.context.headers.enable`):
+                 `__connect.errors.topic`, `.partition`, `.offset`, `.connector.name`, `.task.id`, `.stage`,
+                 `.class.name`, `.exception.class.name`, `.exception.message`, `.exception.stacktrace` as UTF-8
+                 text; Connect never replaces a header already there, so the first value counts
+        spring   Spring's DeadLetterPublishingRecoverer: `kafka_dlt-original-topic` (UTF-8),
+                 `-original-partition` (4-byte big-endian int), `-original-offset` and `-original-timestamp`
+                 (8-byte big-endian longs), `-original-timestamp-type`, `-original-consumer-group`,
+                 `kafka_dlt-exception-fqcn`, `-exception-cause-fqcn`, `-exception-message`,
+                 `-exception-stacktrace` (and `kafka_dlt-key-exception-*` for a key that failed to
+                 deserialize); the original headers are appended again on every further dead-lettering, so
+                 the first value is the first source
+
+    The format is that of the last recognised context header: every writer appends its context after the
+    original headers it copies. Anything else is `unknown` and shown as it is. Pure: no broker calls.
+
+    A retry tier's record (`__dlq.retry.*`, `sidecar.core.tiers`) reads as the dlq format: its source, count and
+    last error, and in `detail` the tiers it went through and its due time; a DLQ record written after tiers
+    names them in `detail` too (`__dlq.errors.retry.tiers`).
+    """
     fmt = detect_format(headers)
     if fmt == FORMAT_DLQ and _last(headers, tiers.H_DUE) is not None:
         return _tier_context(headers)

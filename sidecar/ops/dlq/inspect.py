@@ -1,16 +1,10 @@
 """`dlq inspect`: read a DLQ topic from the beginning to its current end and count what matches.
 
-Nothing is committed. Every matching record is counted (by exception class, source topic and the system
-that wrote it: `sidecar.ops.dlq.formats`), the first `limit` are kept for rendering or streamed to
-`on_entry` (`--json`), and every one is shown to `each` (the console's timeline). `inspect_page` reads one
-page of matching records from a cursor (the console's table): partition by partition, at most `size`
-matches and `scan_budget` records read, so a large topic is never read whole into memory;
-`read_entry` reads one record.
+Owns `inspect_dlq`, `inspect_page` (one page from a cursor, bounded: its docstring) and `read_entry`.
+Nothing is committed.
 
-Imports: the standard library and the `sidecar.ops.dlq.*` modules entries, filters and reader (which
-reads through `sidecar.kafka.tools`).
-Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.kafka.dlq`).
+Imports the standard library and the `sidecar.ops.dlq.*` modules entries, filters and reader; never
+the engines, the ledger, the source, the daemon or the HTTP modules.
 """
 
 from __future__ import annotations
@@ -104,7 +98,15 @@ def inspect_page(
     now_ms: int | None = None,
 ) -> Page:
     """Up to `size` records of `topic` matching `filters`, from `cursor` (partition -> next offset; None:
-    the beginning), reading partition by partition and at most `scan_budget` records."""
+    the beginning), reading partition by partition and at most `scan_budget` records.
+
+    Nothing is committed. Every matching record is counted (by exception class, source topic and the system
+    that wrote it: `sidecar.ops.dlq.formats`), the first `limit` are kept for rendering or streamed to
+    `on_entry` (`--json`), and every one is shown to `each` (the console's timeline). `inspect_page` reads one
+    page of matching records from a cursor (the console's table): partition by partition, at most `size`
+    matches and `scan_budget` records read, so a large topic is never read whole into memory;
+    `read_entry` reads one record.
+    """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     parts = dlq_partitions(consumer, topic)
     marks = consumer.watermarks(topic, parts)

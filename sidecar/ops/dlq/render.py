@@ -1,13 +1,11 @@
 """Rendering the results of `dlq inspect` and `dlq replay` for a terminal or a pipe (rich).
 
-Tables of records (which system wrote each, with a short payload preview that never prints more than a few dozen bytes), the
-counts by exception class and source topic, and the replay summary. Writes only to the `Console` it is
-given; decides nothing. Every value that comes from a record (topics, exception classes and messages,
-payloads) is printed as plain text, never as rich markup: a message holding `[/x]` once stopped `inspect`.
+Owns the tables of records (a payload preview never prints more than a few dozen bytes), the counts
+and the replay summary; writes only to the `Console` it is given, decides nothing. Every value from a
+record is printed as plain text, never as rich markup.
 
-Imports: the standard library, rich and the `sidecar.ops.dlq.*` result types.
-Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.kafka.dlq`).
+Imports the standard library, rich and the `sidecar.ops.dlq.*` result types; never the engines, the
+ledger, the source, the daemon or the HTTP modules.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """`dlq replay`: send DLQ records back to their source topic (or another topic), exactly once per name.
 
-Works on every format `sidecar.ops.dlq.formats` knows (dlq-sidecar and share groups, Kafka Streams, Kafka
-Connect, Spring Kafka): the source comes from the writer's context headers, which are dropped from the
-replayed record; a record whose format names no source (a Kafka Streams punctuator's) needs `--to`.
-Owns replaying and its bookkeeping:
+Owns `Replayer` (progress under a replay name, the filter set's fingerprint, loop protection,
+headers-only records, pacing: its docstring), `TokenBucket` and `replay_dlq`. A blocking tool (no
+trio): every broker call has a timeout.
 
-- progress: the replay name is a consumer group on the DLQ topic, `dlq-replay.<name>`; the DLQ offsets are
-  committed only after the replayed records were confirmed (acks=all, idempotent producer), and a commit never
-  passes a record that was not handled, so a second run with the same name replays nothing twice;
-- the filter set is part of the name: its fingerprint is stored in the commit metadata, and a run with the same
-  name but other filters is refused (records a filter skipped were committed past, so another filter under the
-  same name would silently miss them);
-- loop protection: replayed records carry `__dlq.replay.*` markers; the DLQ writer keeps them
-  (`sidecar.kafka.dlq.REPLAY_HEADER_PREFIX`), and a record whose replay count reached `--max-replays` is skipped;
-- headers-only DLQ records are replayed from the source topic (`sidecar.kafka.tools.OffsetFetcher`);
-- pacing: `--rate` through `TokenBucket` (pure, the caller passes the clock).
-
-A blocking tool (no trio): every broker call has a timeout.
-
-Imports: the standard library, the Kafka adapters of `sidecar.kafka.tools` (no confluent-kafka) and the
-`sidecar.ops.dlq.*` modules below it (entries, errors, filters, reader); never the rendering or the
-command layer.
-Must not import the engines, the ledger, the source, the daemon or the HTTP modules; of the DLQ writer it
-shares only the header names (`sidecar.kafka.dlq`).
+Imports the standard library, `sidecar.kafka.tools` (no confluent-kafka) and the `sidecar.ops.dlq.*`
+modules below it; never the rendering, the command layer, the engines or the daemon.
 """
 
 from __future__ import annotations
@@ -175,7 +158,26 @@ ProgressHook = Callable[[ReplaySummary, int], None]
 
 
 class Replayer:
-    """Runs one `dlq replay`: read, decide, send at the given rate, confirm, commit."""
+    """Runs one `dlq replay`: read, decide, send at the given rate, confirm, commit.
+
+    Works on every format `sidecar.ops.dlq.formats` knows (dlq-sidecar and share groups, Kafka Streams, Kafka
+    Connect, Spring Kafka): the source comes from the writer's context headers, which are dropped from the
+    replayed record; a record whose format names no source (a Kafka Streams punctuator's) needs `--to`.
+    Owns replaying and its bookkeeping:
+
+    - progress: the replay name is a consumer group on the DLQ topic, `dlq-replay.<name>`; the DLQ offsets are
+      committed only after the replayed records were confirmed (acks=all, idempotent producer), and a commit never
+      passes a record that was not handled, so a second run with the same name replays nothing twice;
+    - the filter set is part of the name: its fingerprint is stored in the commit metadata, and a run with the same
+      name but other filters is refused (records a filter skipped were committed past, so another filter under the
+      same name would silently miss them);
+    - loop protection: replayed records carry `__dlq.replay.*` markers; the DLQ writer keeps them
+      (`sidecar.kafka.dlq.REPLAY_HEADER_PREFIX`), and a record whose replay count reached `--max-replays` is skipped;
+    - headers-only DLQ records are replayed from the source topic (`sidecar.kafka.tools.OffsetFetcher`);
+    - pacing: `--rate` through `TokenBucket` (pure, the caller passes the clock).
+
+    A blocking tool (no trio): every broker call has a timeout.
+    """
 
     def __init__(self, options: ReplayOptions, on_progress: ProgressHook | None = None) -> None:
         self.options = options
@@ -511,5 +513,5 @@ def _source_of(entry: DlqEntry) -> str:
 
 
 def replay_dlq(options: ReplayOptions, on_progress: ProgressHook | None = None) -> ReplaySummary:
-    """Replay the DLQ records `options` selects; see the module docstring for the guarantees."""
+    """Replay the DLQ records `options` selects."""
     return Replayer(options, on_progress).run()
