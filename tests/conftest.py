@@ -76,7 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Run order, longest tier first: `make pytest` runs files side by side (pytest-xdist, one file per worker), and a
 # long file that starts last would run alone at the end.
-_TIER_ORDER = ("reliability", "integration", "e2e", "unit")
+_TIER_ORDER = ("node", "reliability", "integration", "e2e", "unit")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

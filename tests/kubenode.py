@@ -91,6 +91,8 @@ class Node:
     pod_bootstrap: str  # the same broker, for the pods (the node IP)
     sidecar_image: str
     app_image: str
+    host_netns: int = -1  # open file descriptors of the tests' network namespace and the node's
+    node_netns: int = -1
     started_s: float = 0.0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -467,6 +469,7 @@ def start_node(bin_dir: Path, sidecar_archive: Path, sidecar_image: str) -> Iter
             )
         )
         node = Node(d, cluster, bootstrap, f"{NODE_IP}:{pod_port}", sidecar_image, app_image)
+        node.host_netns, node.node_netns = host_fd, node_fd
         _write_configs(d, cluster)
 
         # The kubelet's root: a shared mount, so that what it mounts in its namespace reaches containerd's.

@@ -1,25 +1,40 @@
 """The image, the chart and the injector on a node that runs pods (tests/kubenode.py).
 
-Every pod runs the image scripts/build-image made from the Dockerfile, and the example Python app's image; the
-pods reach the broker on the node IP. What is checked is what the kubelet and the sidecar did: container
-states and timestamps from the API, the app's decision log from the kubelet's log files, the topics.
+Every pod runs the image scripts/build-image made from the Dockerfile and the example Python app's image; the
+pods reach the broker on the node IP. What is checked is what the kubelet and the sidecar did: container states
+and timestamps from the API, the containers' log files as the kubelet wrote them, the topics and the group's
+commits. The file's last test stops the node and compares the host with what it was before.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from confluent_kafka import Producer
 
+from tests.integration.test_helm import CHART as SIDECAR_CHART
+from tests.integration.test_helm import run_helm
+from tests.kafkatools import Broker, Rec
+from tests.kubecluster import KubeCluster
 from tests.kubenode import Node, host_state
 from tests.node.conftest import NodeHandle
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
+INJECTOR_CHART = ROOT / "deploy" / "helm" / "dlq-sidecar-injector"
 Obj = dict[str, Any]
+DRAIN_MS = 5000
+POD_TIMEOUT_S = 180.0
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -32,38 +47,478 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
-def test_a_pod_runs_on_the_node(node: Node, unique: str) -> None:
-    cluster = node.cluster
-    namespace = f"p-{unique}"[:60].lower()
-    cluster.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+def namespace(cluster: KubeCluster, name: str, labels: dict[str, str] | None = None) -> str:
+    cluster.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
     wait_for(
-        lambda: cluster.exists(f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
+        lambda: cluster.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
         60,
-        "the default ServiceAccount",
+        f"the default ServiceAccount of {name}",
     )
+    return name
+
+
+def pods(cluster: KubeCluster, ns: str, selector: str = "") -> list[Obj]:
+    query = f"?labelSelector={selector}" if selector else ""
+    found: list[Obj] = cluster.get(f"/api/v1/namespaces/{ns}/pods{query}")["items"]
+    return found
+
+
+def condition(pod: Obj, kind: str) -> bool:
+    return any(
+        c["type"] == kind and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+def statuses(pod: Obj) -> dict[str, Obj]:
+    status = pod.get("status", {})
+    return {
+        s["name"]: s
+        for s in status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
+    }
+
+
+def ready_pods(cluster: KubeCluster, ns: str, selector: str, n: int) -> list[Obj]:
+    def ready() -> list[Obj] | None:
+        found = [
+            p
+            for p in pods(cluster, ns, selector)
+            if condition(p, "Ready") and not p["metadata"].get("deletionTimestamp")
+        ]
+        return found if len(found) == n else None
+
+    try:
+        result: list[Obj] = wait_for(ready, POD_TIMEOUT_S, f"{n} ready pod(s) in {ns}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(cluster, ns)}") from None
+    return result
+
+
+def describe(cluster: KubeCluster, ns: str) -> str:
+    """The namespace's pods' container states and its events, for a failure's message."""
+    lines = []
+    for pod in pods(cluster, ns):
+        lines.append(f"pod {pod['metadata']['name']}: {pod.get('status', {}).get('conditions')}")
+        for name, status in statuses(pod).items():
+            lines.append(f"  {name}: ready={status.get('ready')} {status.get('state')}")
+    for event in cluster.get(f"/api/v1/namespaces/{ns}/events")["items"][-30:]:
+        lines.append(
+            f"event {event['involvedObject']['name']}: {event['reason']}: {event['message']}"
+        )
+    return "\n".join(lines)
+
+
+def container_log(node: Node, pod: Obj, container: str) -> list[tuple[str, str]]:
+    """(time, line) of a container's log as the kubelet keeps it (CRI format), every restart included."""
+    meta = pod["metadata"]
+    folder = node.directory / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    lines: list[tuple[str, str]] = []
+    for path in sorted((folder / container).glob("*.log")):
+        for raw in path.read_text(errors="replace").splitlines():
+            stamp, _, rest = raw.partition(" ")
+            lines.append((stamp, rest.split(" ", 2)[-1]))
+    return lines
+
+
+def order(order_id: str, kind: str = "ok") -> Rec:
+    return Rec(key=order_id.encode(), value=json.dumps({"id": order_id, "kind": kind}).encode())
+
+
+def helm_run(node: Node, helm: str, *args: str) -> None:
+    proc = run_helm(helm, "--kubeconfig", str(node.cluster.kubeconfig), *args)
+    assert proc.returncode == 0, proc.stderr
+
+
+def image_values(reference: str) -> Obj:
+    repository, _, tag = reference.rpartition(":")
+    return {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+
+
+def chart_values(node: Node, group: str, topic: str, app_port: int = 8080) -> Obj:
+    return {
+        "app": {
+            "image": image_values(node.app_image),
+            "args": ["--host", "127.0.0.1", "--port", str(app_port)],
+            "env": [{"name": "SIDECAR_API", "value": "http://127.0.0.1:8787"}],
+            "shutdownSeconds": 2,
+        },
+        "sidecar": {
+            "image": image_values(node.sidecar_image),
+            "config": {
+                "kafka": {"bootstrap.servers": node.pod_bootstrap, "group.id": group},
+                "source": {"topics": [topic]},
+                "commit.interval.ms": 200,
+                "errors.retry.delay.initial.ms": 100,
+                "errors.retry.delay.max.ms": 500,
+            },
+            "shutdown": {"drainTimeoutMs": DRAIN_MS, "marginSeconds": 3},
+            "readinessProbe": {"periodSeconds": 1, "failureThreshold": 1},
+        },
+    }
+
+
+def install(node: Node, helm: str, tmp_path: Path, release: str, ns: str, values: Obj) -> None:
+    path = tmp_path / f"{release}-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    helm_run(
+        node, helm, "upgrade", "--install", release, str(SIDECAR_CHART), "-n", ns, "-f", str(path)
+    )
+
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+
+
+class Feeder:
+    """Produces ok orders at a steady pace (one producer) until stopped; `ids` is what was written."""
+
+    def __init__(self, broker: Broker, topic: str, prefix: str, per_s: float = 20.0) -> None:
+        self.ids: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
+
+        def delivered(err: object, _msg: object) -> None:
+            if err is not None:
+                self.errors.append(str(err))
+
+        def run() -> None:
+            n = 0
+            while not self._stop.wait(1 / per_s):
+                rec = order(f"{prefix}-{n}")
+                producer.produce(topic, key=rec.key, value=rec.value, on_delivery=delivered)
+                producer.poll(0)
+                self.ids.append(f"{prefix}-{n}")
+                n += 1
+            remaining = producer.flush(30)
+            if remaining:
+                self.errors.append(f"{remaining} records not flushed")
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self.errors, self.errors[:3]
+
+
+@contextmanager
+def feeding(broker: Broker, topic: str, prefix: str) -> Iterator[Feeder]:
+    feeder = Feeder(broker, topic, prefix)
+    try:
+        yield feeder
+    finally:
+        feeder.stop()
+
+
+def committed_to_end(broker: Broker, group: str, topic: str, partitions: int = 1) -> bool:
+    ends = broker.end_offsets(topic, range(partitions))
+    done = broker.committed(group, topic, range(partitions))
+    return all(done[p][0] == ends[p] for p in ends)
+
+
+def stamp(value: str) -> str:
+    """An RFC 3339 time of the API (seconds) or of a CRI log line (nanoseconds), comparable as text."""
+    return value.replace("Z", "").ljust(29, "0")
+
+
+# -- the chart's Deployment ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def orders(node: Node, helm: str, tmp_path_factory: pytest.TempPathFactory) -> Obj:
+    """The chart installed with the example app, in a namespace enforcing the restricted standard."""
+    broker = Broker(node.bootstrap)
+    ns = namespace(node.cluster, "orders", RESTRICTED)
+    topic = broker.create_topic("orders")
+    install(
+        node,
+        helm,
+        tmp_path_factory.mktemp("orders"),
+        "orders",
+        ns,
+        chart_values(node, "orders-app", topic),
+    )
+    return {
+        "ns": ns,
+        "topic": topic,
+        "group": "orders-app",
+        "broker": broker,
+        "selector": "app.kubernetes.io/instance=orders",
+    }
+
+
+def test_the_sidecar_starts_first_records_flow_and_a_poison_record_reaches_the_dlq(
+    node: Node, orders: Obj
+) -> None:
+    started = time.monotonic()
+    (pod,) = ready_pods(node.cluster, orders["ns"], orders["selector"], 1)
+    ready_s = time.monotonic() - started
+    running = {name: s["state"]["running"] for name, s in statuses(pod).items()}
+    assert set(running) == {"dlq-sidecar", "app"}, statuses(pod)
+    assert pod["spec"]["initContainers"][0]["restartPolicy"] == "Always"  # a native sidecar
+    assert running["dlq-sidecar"]["startedAt"] <= running["app"]["startedAt"]
+    # The kubelet started the app once the sidecar's startup probe (/healthz) passed: the sidecar's
+    # first log line is older than the app's.
+    sidecar_log = container_log(node, pod, "dlq-sidecar")
+    app_log = wait_for(lambda: container_log(node, pod, "app"), 30, "the app's log")
+    assert stamp(sidecar_log[0][0]) < stamp(app_log[0][0]), (sidecar_log[:2], app_log[:2])
+    assert statuses(pod)["dlq-sidecar"]["started"] is True
+
+    broker: Broker = orders["broker"]
+    ids = [f"first-{n}" for n in range(20)]
+    broker.produce(orders["topic"], [order(i) for i in ids[:10]] + [order("bad-1", "poison")])
+    broker.produce(orders["topic"], [order(i) for i in ids[10:]])
+
+    def accepted() -> set[str]:
+        return {
+            m.group(1)
+            for _, line in container_log(node, pod, "app")
+            if (m := re.match(r"order=(\S+) kind=ok delivery=\d+ answer=accept", line))
+        }
+
+    wait_for(lambda: set(ids) <= accepted(), 60, "the orders at the app")
+    (dead,) = broker.read_topic(f"dlq.{orders['topic']}", expected=1, timeout_s=60)
+    headers = dead.headers_by_name()
+    assert headers["__dlq.errors.exception.class.name"] == [b"OrderValidationError"]
+    assert headers["__dlq.errors.offset"] == [b"10"]
+    wait_for(lambda: committed_to_end(broker, orders["group"], orders["topic"]), 30, "the commits")
+    print(json.dumps({"chart_pod_ready_s": round(ready_s, 1)}))
+
+
+def test_deleting_the_pod_drains_the_sidecar_after_the_app_and_loses_nothing(
+    node: Node, orders: Obj
+) -> None:
+    cluster, ns, broker = node.cluster, orders["ns"], orders["broker"]
+    (pod,) = ready_pods(cluster, ns, orders["selector"], 1)
+    name = pod["metadata"]["name"]
+    path = f"/api/v1/namespaces/{ns}/pods/{name}"
+    # A finalizer keeps the deleted pod's object, with its containers' last states, until the test reads them.
+    cluster.request(
+        "PATCH",
+        path,
+        {"metadata": {"finalizers": ["dlq-sidecar.test/keep"]}},
+        content_type="application/merge-patch+json",
+    )
+    with feeding(broker, orders["topic"], "del") as feeder:
+        wait_for(lambda: len(feeder.ids) >= 20, 30, "records flowing")
+        cluster.delete(path)
+        kept: dict[str, list[tuple[str, str]]] = {}
+
+        def both_terminated() -> dict[str, Obj] | None:
+            for container in ("app", "dlq-sidecar"):
+                kept[container] = container_log(node, pod, container) or kept.get(container, [])
+            found = statuses(cluster.get(path))
+            if all(
+                "terminated" in found.get(c, {}).get("state", {}) for c in ("app", "dlq-sidecar")
+            ):
+                return found
+            return None
+
+        final = wait_for(both_terminated, 60, "both containers of the deleted pod to stop")
+        ready_pods(cluster, ns, orders["selector"], 1)  # the Deployment's replacement
+        wait_for(lambda: len(feeder.ids) >= 60, 30, "records flowing to the new pod")
+    app_end = final["app"]["state"]["terminated"]
+    sidecar_end = final["dlq-sidecar"]["state"]["terminated"]
+    assert sidecar_end["exitCode"] == 0, sidecar_end
+    assert app_end["finishedAt"] <= sidecar_end["finishedAt"], (app_end, sidecar_end)
+    draining = [t for t, line in kept["dlq-sidecar"] if "draining" in line]
+    assert draining, kept["dlq-sidecar"][-5:]
+    # The sidecar was told to stop once the app had exited (the API's times are whole seconds).
+    assert stamp(draining[0]) >= stamp(app_end["finishedAt"]), (draining, app_end)
+    assert any("stopped cleanly" in line for _, line in kept["dlq-sidecar"])
+    cluster.request(
+        "PATCH",
+        path,
+        {"metadata": {"finalizers": None}},
+        content_type="application/merge-patch+json",
+    )
+
+    # Nothing lost: every record is committed, and the DLQ still holds the one poison record only.
+    wait_for(lambda: committed_to_end(broker, orders["group"], orders["topic"]), 60, "the commits")
+    assert broker.count_records(f"dlq.{orders['topic']}") == 1
+
+
+def test_the_readiness_probe_gates_the_pod_while_the_app_cannot_be_reached(
+    node: Node, helm: str, tmp_path: Path
+) -> None:
+    cluster, broker = node.cluster, Broker(node.bootstrap)
+    ns = namespace(cluster, "gated", RESTRICTED)
+    # Two partitions: during the rollout below, the new pod is ready only once it has one (its
+    # readiness check `assigned`), and the old one stops only once the new one is ready (maxUnavailable 0).
+    topic = broker.create_topic("gated", partitions=2)
+    # The app listens on 8081; the sidecar delivers to 8080: refused.
+    values = chart_values(node, "gated-app", topic, app_port=8081)
+    install(node, helm, tmp_path, "gated", ns, values)
+    broker.produce(topic, [order("g-1")])
+    selector = "app.kubernetes.io/instance=gated"
+
+    def refused_and_running() -> Obj | None:
+        for pod in pods(cluster, ns, selector):
+            found = statuses(pod)
+            if found.get("app", {}).get("state", {}).get("running") and any(
+                "Readiness probe failed" in e.get("message", "")
+                for e in cluster.get(
+                    f"/api/v1/namespaces/{ns}/events?fieldSelector=involvedObject.name={pod['metadata']['name']}"
+                )["items"]
+            ):
+                return pod
+        return None
+
+    pod = wait_for(refused_and_running, POD_TIMEOUT_S, "a failed readiness probe")
+    pod = cluster.get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}")
+    assert not condition(pod, "Ready"), pod["status"]["conditions"]
+    assert statuses(pod)["dlq-sidecar"]["ready"] is False
+    assert statuses(pod)["dlq-sidecar"]["started"] is True
+    slices = cluster.get(f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices")["items"]
+    endpoints = [e for s in slices for e in s.get("endpoints") or []]
+    assert endpoints and not any(e["conditions"].get("ready") for e in endpoints), endpoints
+
+    # The app on the port the sidecar uses: the new pod becomes ready and the record arrives.
+    install(node, helm, tmp_path, "gated", ns, chart_values(node, "gated-app", topic))
+    (ready,) = ready_pods(cluster, ns, selector, 1)
+    wait_for(
+        lambda: any("order=g-1 kind=ok" in line for _, line in container_log(node, ready, "app")),
+        60,
+        "the record at the app",
+    )
+
+
+def test_the_restricted_standard_is_enforced_in_the_namespaces_the_pods_were_admitted_to(
+    node: Node, orders: Obj
+) -> None:
+    cluster = node.cluster
+    labels = cluster.get(f"/api/v1/namespaces/{orders['ns']}")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ready_pods(cluster, orders["ns"], orders["selector"], 1)
+    with pytest.raises(Exception, match="violates PodSecurity"):
+        cluster.create(
+            f"/api/v1/namespaces/{orders['ns']}/pods",
+            {
+                "metadata": {"name": "root"},
+                "spec": {"containers": [{"name": "app", "image": node.app_image}]},
+            },
+        )
+
+
+# -- the injector ----------------------------------------------------------------------------------------------
+
+
+def test_the_injector_adds_the_sidecar_and_a_rollout_loses_nothing(
+    node: Node, helm: str, tmp_path: Path
+) -> None:
+    cluster, broker = node.cluster, Broker(node.bootstrap)
+    system = namespace(cluster, "dlq-system")
+    repository, _, tag = node.sidecar_image.rpartition(":")
+    helm_run(
+        node, helm, "install", "injector", str(INJECTOR_CHART), "-n", system,
+        "--set", "replicaCount=1", "--set", f"image.repository={repository}",
+        "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+        "--set", f"inject.sidecar.image.repository={repository}",
+        "--set", f"inject.sidecar.image.tag={tag}", "--set", "inject.sidecar.image.pullPolicy=Never",
+        "--set", f"inject.sidecar.shutdown.drainTimeoutMs={DRAIN_MS}",
+    )  # fmt: skip
+    ready_pods(cluster, system, "app.kubernetes.io/instance=injector", 1)
+
+    ns = namespace(cluster, "shop", {"dlq-sidecar.io/injection": "enabled", **RESTRICTED})
+    topic = broker.create_topic(
+        "payments", partitions=2
+    )  # the surge pod gets one (it is ready then)
+    config = {
+        "kafka": {"bootstrap.servers": node.pod_bootstrap, "group.id": "billing"},
+        "source": {"topics": [topic]},
+        "commit.interval.ms": 200,
+    }
     cluster.create(
-        f"/api/v1/namespaces/{namespace}/pods",
-        {
-            "metadata": {"name": "app"},
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {"metadata": {"name": "billing"}, "data": {"config.yaml": yaml.safe_dump(config)}},
+    )
+    labels = {"app": "billing"}
+
+    def template(revision: str) -> Obj:
+        return {
+            "metadata": {
+                "labels": labels,
+                "annotations": {
+                    "dlq-sidecar.io/inject": "true",
+                    "dlq-sidecar.io/config": "billing",
+                    "revision": revision,
+                },
+            },
             "spec": {
+                "terminationGracePeriodSeconds": 15,
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": 10001,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
                 "containers": [
                     {
                         "name": "app",
                         "image": node.app_image,
                         "imagePullPolicy": "Never",
-                        "args": ["--host", "0.0.0.0", "--port", "8080"],
+                        "args": ["--host", "127.0.0.1", "--port", "8080", "--quiet"],
+                        "env": [{"name": "SIDECAR_API", "value": "http://127.0.0.1:8787"}],
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
                     }
-                ]
+                ],
+            },
+        }
+
+    deployments = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    cluster.create(
+        deployments,
+        {
+            "metadata": {"name": "billing"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                },
+                "template": template("1"),
             },
         },
     )
+    (first,) = ready_pods(cluster, ns, "app=billing", 1)
+    injected = [c["name"] for c in first["spec"].get("initContainers", [])]
+    assert injected == ["dlq-sidecar"], first["spec"]
+    assert statuses(first)["dlq-sidecar"]["state"].get("running"), statuses(first)
 
-    def running() -> bool:
-        pod = cluster.get(f"/api/v1/namespaces/{namespace}/pods/app")
-        return bool(pod.get("status", {}).get("phase") == "Running")
+    started = time.monotonic()
+    with feeding(broker, topic, "roll") as feeder:
+        wait_for(lambda: len(feeder.ids) >= 20, 30, "records flowing")
+        cluster.request(
+            "PATCH",
+            f"{deployments}/billing",
+            {"spec": {"template": template("2")}},
+            content_type="application/merge-patch+json",
+        )
 
-    wait_for(running, 120, "the pod to run")
-    print(json.dumps({"node_started_s": round(node.started_s, 1)}))
+        def rolled() -> Obj | None:
+            found = ready_pods(cluster, ns, "app=billing", 1)
+            current = [p for p in pods(cluster, ns, "app=billing")]
+            if len(current) == 1 and found[0]["metadata"]["name"] != first["metadata"]["name"]:
+                return found[0]
+            return None
+
+        second = wait_for(rolled, POD_TIMEOUT_S, "the rollout")
+        rollout_s = time.monotonic() - started
+        during = len(feeder.ids)
+        wait_for(lambda: len(feeder.ids) >= during + 20, 30, "records after the rollout")
+    assert second["metadata"]["annotations"]["revision"] == "2"
+    assert [c["name"] for c in second["spec"]["initContainers"]] == ["dlq-sidecar"]
+    # 0 lost: every record committed (accepted, since none was dead-lettered); no innocent record in the DLQ.
+    wait_for(lambda: committed_to_end(broker, "billing", topic, 2), 60, "the commits")
+    assert broker.count_records(f"dlq.{topic}") == 0
+    print(json.dumps({"rollout_s": round(rollout_s, 1), "records": len(feeder.ids)}))
 
 
 def test_the_node_leaves_the_host_as_it_found_it(node_handle: NodeHandle) -> None:
@@ -72,4 +527,4 @@ def test_the_node_leaves_the_host_as_it_found_it(node_handle: NodeHandle) -> Non
     after = host_state()
     for key, before in node_handle.host_before.items():
         assert after[key] == before, f"{key} changed:\nbefore:\n{before}\nafter:\n{after[key]}"
-    print(json.dumps({"node_stopped_s": round(node_handle.stopped_s or 0, 1)}))
+    print(json.dumps({"node_stopped_s": round(node_handle.stopped_s or 0, 1), **after}))
