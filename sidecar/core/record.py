@@ -39,7 +39,7 @@ Header = tuple[str, bytes | None]
 
 _TIMESTAMP_TYPES = {0: "none", 1: "create", 2: "log-append"}
 
-#: Random bytes in a delivery id (128 bits; issue 20 asks for at least 96).
+#: Random bytes in a delivery id (128 bits: at least 96 make an id unguessable).
 DELIVERY_ID_BYTES = 16
 _ID_CHARS = len(base64.urlsafe_b64encode(bytes(DELIVERY_ID_BYTES)).rstrip(b"="))
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -95,7 +95,7 @@ class LiveIds(Generic[T]):
         self._used = 0
         # Answered ids (a set to look up, a deque oldest first to forget), at most
         # ANSWERED_REMEMBERED.  Not a dict used as a queue: taking its first key scans the slots its
-        # deletions left at the front, several µs an answer at that size.
+        # deletions left at the front, which grows with the number remembered.
         self._answered: set[str] = set()
         self._answered_order: deque[str] = deque()
 

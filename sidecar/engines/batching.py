@@ -37,8 +37,9 @@ class BatchAssembler(Generic[T]):
     a due batch goes on filling up to ``max_records`` (what arrives meanwhile rides along instead
     of forming near-empty batches behind it).
 
-    Records stay here until their batch leaves: when each request task once took one record and
-    then lingered (or waited for another's linger), records waited many lingers. Single mode is ``max_records`` 1: every record is a full batch, and no timer runs.
+    Records stay here until their batch leaves, so a record waits one linger at most, never the
+    lingers of batches ahead of it. Single mode is ``max_records`` 1: every record is a full batch,
+    and no timer runs.
     With linger 0 a batch is due at once but leaves after the adding task's next checkpoint, so
     what one hand-out adds in one go shares a request.
 

@@ -25,10 +25,10 @@ from sidecar.kafka.logsummary import connection_problem, librdkafka_logger
 # queue is over `queued.min.messages` or `queued.max.messages.kbytes`: 1,000 ms unless set
 # (librdkafka's CHANGELOG, v2.2.0). The sidecar sizes that queue from `max.buffered.bytes` (a
 # quarter: 16 MiB by default), which a backlog fills and the sidecar drains in a fraction of a
-# second, so every fill left the partition unfetched for the rest of that second: a backlog larger
-# than the budget went at what the queue holds per second (about 22,000 records of 1 KiB per second
-# in batch mode, where 55,000 were possible). Re-checked every 10 ms instead, the queue is refilled
-# as it drains; while it stays full, a check sends no request.
+# second, so every fill would leave the partition unfetched for the rest of that second: a backlog
+# larger than the budget would go at what the queue holds per second (figures in
+# docs/benchmarks.md). Re-checked every 10 ms instead, the queue is refilled as it drains; while it
+# stays full, a check sends no request.
 FETCH_QUEUE_BACKOFF_MS = 10
 
 # Properties the sidecar must own: it stores offsets and commits them itself, with metadata.

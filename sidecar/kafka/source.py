@@ -471,7 +471,7 @@ class KafkaSource:
 
         A hand-over is an append and, unless one is queued already, one wake-up; the thread does not
         wait for trio to take the batch unless what it handed over is more than
-        `HANDED_OVER_MAX_BYTES` (backpressure, as before: librdkafka keeps the rest). Rebalance
+        `HANDED_OVER_MAX_BYTES` (backpressure: librdkafka keeps the rest). Rebalance
         callbacks, inside poll(), go through `_in_order`, so the listener sees them in order with
         the batches. After `stop_polling()` the thread goes on serving callbacks until the commits
         issued so far have their results (only a poll delivers them).

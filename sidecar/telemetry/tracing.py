@@ -167,7 +167,7 @@ class Tracing:
         span = self.tracer.start_span(name, context=parent, kind=SpanKind.CONSUMER)
         recording = span.is_recording()
         # Attributes only for spans that are recorded: with a ratio sampler most spans are not,
-        # and building the dict was most of their cost. (The SDK's samplers decide on the trace
+        # and building the dict would be most of their cost. (The SDK's samplers decide on the trace
         # id and the parent, not on these attributes.)
         if recording:
             attributes: dict[str, Any] = {

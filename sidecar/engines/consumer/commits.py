@@ -193,8 +193,8 @@ class Committer:
     async def _txn_produce_all(self, batch: list[TxnItem]) -> None:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
 
-        One at a time, each record waited out the producer's linger and a round trip, and the
-        transaction (which holds the commit guard, so every write-ahead commit waits) with it.
+        Not one at a time: each record would wait out the producer's linger and a round trip, and
+        the transaction (which holds the commit guard, so every write-ahead commit waits) with it.
         The first fatal error wins over an abortable one.
         """
         errors: list[DlqFatalError | DlqTxnAbortable] = []

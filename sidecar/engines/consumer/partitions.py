@@ -55,9 +55,9 @@ def fix_mmap_threshold() -> bool:
     """Keep large records' memory returnable to the system (glibc only; True if set).
 
     glibc raises its mmap threshold after every large free (up to 32 MiB), so once a 1 MiB record
-    has been freed the next ones come from heap arenas, which keep their peak size: measured with
-    the bench's 1 MiB backlog, peak RSS 157-165 MB against 139-141 MB with the threshold fixed at
-    its initial 128 KiB (records below it are unaffected). `MALLOC_MMAP_THRESHOLD_` in the
+    has been freed the next ones come from heap arenas, which keep their peak size; fixed at its
+    initial 128 KiB, large records keep coming from mmap and their memory goes back (records below
+    it are unaffected; the figures are in docs/benchmarks.md). `MALLOC_MMAP_THRESHOLD_` in the
     environment takes precedence.
     """
     if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:

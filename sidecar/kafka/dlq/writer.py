@@ -142,9 +142,9 @@ class PlainDlqWriter:
             while True:
                 await self._wait_poll_work()
                 # Not under the handle lock: librdkafka's handle is thread-safe, and a poll waits
-                # up to its timeout for something to serve. Held across that wait, the lock made
-                # every produce and transaction call queue behind it (a transaction's commit
-                # waited out a whole idle poll: 22 ms against 0.9 for the call itself). The lock
+                # up to its timeout for something to serve. Held across that wait, the lock would
+                # make every produce and transaction call queue behind it (a transaction's commit
+                # would wait out a whole idle poll). The lock
                 # orders the calls that act on the producer (produce, the transaction calls, the
                 # swap in the transaction protocol's _replace_producer). A poll of a producer
                 # swapped out meanwhile only serves that producer's own reports, and

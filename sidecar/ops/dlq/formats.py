@@ -50,7 +50,7 @@ _PREFIXES = (
 )
 
 # What a replay drops from a DLQ record's headers before adding its own markers: the writer's context (ours:
-# the whole `__dlq.` namespace, as before) and the previous replay markers, which it puts back counted up.
+# the whole `__dlq.` namespace) and the previous replay markers, which it puts back counted up.
 REPLAY_STRIP_PREFIXES = {
     FORMAT_DLQ: (DLQ_HEADER_PREFIX,),
     FORMAT_STREAMS: (STREAMS_PREFIX, REPLAY_HEADER_PREFIX),
