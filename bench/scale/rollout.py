@@ -139,8 +139,9 @@ def _sidecar_config(
 
 
 def _ready(api: str) -> bool:
-    ready = api_get(api, "/readyz") or {}
-    return bool(ready.get("checks", {}).get("assigned"))
+    checks = (api_get(api, "/readyz") or {}).get("checks", {})
+    # A share member says `subscribed` (the broker assigns its partitions later).
+    return bool(checks.get("assigned") or checks.get("subscribed"))
 
 
 def _start(
