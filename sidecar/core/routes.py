@@ -87,7 +87,7 @@ class DlqRoutes:
         error: ErrorInfo | None,
         requested: str | None = None,
     ) -> RouteChoice:
-        """The DLQ topic for one archived record (see the module docstring)."""
+        """The DLQ topic for one archived record."""
         if requested is not None:
             if any(route_topic(t, source_topic) == requested for t in self.app_allowed):
                 return RouteChoice(requested, by_app=True)

@@ -104,7 +104,7 @@ class PartitionLedger:
         # (expire, acquire, to_archive, flow control, horizon_wanted, the next deadline): see
         # `changes`.
         self._changes = 0
-        # The parts, each given what it needs (see the module docstring).
+        # The parts, each given what it needs (drawn in the class docstring).
         self._attempts = attempts = Attempts(topic, partition, epoch)
         self._live = live = attempts.live  # read here; only Attempts changes it
         self._holdings = holdings = Holdings(config, start_offset, restored)

@@ -57,8 +57,8 @@ class FlowControl:
         room = self._outlet.room()
         intake_closed = room.draining or not room.app_reachable or room.breaker_open
         # Each assigned partition's share of the byte budget. A partition over it is paused, and
-        # resumed at half of it; what was fetched is always taken (see sidecar.core.budget), so
-        # a record larger than a share is delivered and the partition resumes once it is done.
+        # resumed at half of it; what was fetched is always taken (`sidecar.core.budget.ByteBudget`),
+        # so a record larger than a share is delivered and the partition resumes once it is done.
         share = self._budget.share_bytes(len(self._source.assigned) or len(self._states))
         source_paused = self._source.paused
         shared = (share, intake_closed, len(self._states))
