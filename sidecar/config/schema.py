@@ -53,6 +53,7 @@ from sidecar.config.values import (
     LogLevel,
     MetricsConfig,
     SourceConfig,
+    SourceIntake,
     StatusAck,
     TracingConfig,
     TracingExporter,
@@ -252,6 +253,7 @@ _MS_DAY = 86_400_000
 
 _SOURCE_KEYS = (
     Key("topics", CustomKey(_read_topics, "a list of topic names"), SourceConfig, "topics"),
+    Key("intake", ChoiceKey(SourceIntake), SourceConfig, "intake"),
 )
 
 _APP_KEYS = (

@@ -40,6 +40,7 @@ __all__ = [
     "LoggingConfig",
     "MetricsConfig",
     "SourceConfig",
+    "SourceIntake",
     "StatusAck",
     "TracingConfig",
     "TracingExporter",
@@ -56,6 +57,13 @@ JOURNAL_AUTO = "auto"
 class Engine(StrEnum):
     CONSUMER = "consumer"
     SHARE = "share"
+
+
+class SourceIntake(StrEnum):
+    """How the consumer engine takes its records from librdkafka (source.intake)."""
+
+    THREAD = "thread"  # a poll thread hands batches to trio's thread; a revoke waits for in-flight answers
+    SIGNAL = "signal"  # trio's thread waits on the consumer queue's wake-up; a revoke cannot wait
 
 
 class AppMode(StrEnum):
@@ -122,6 +130,7 @@ def _empty_mapping() -> Mapping[Any, Any]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceConfig:
     topics: tuple[str, ...]
+    intake: SourceIntake = SourceIntake.THREAD
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -94,7 +94,9 @@ class KafkaSource:
         batch_size: int = 500,
         poll_timeout_s: float = 0.1,
         max_buffered_bytes: int = DEFAULT_BUFFERED_BYTES,
+        queue_signal: bool = False,
     ) -> None:
+        self._want_signal = queue_signal  # source.intake: signal
         self._props = consumer_properties(kafka, max_buffered_bytes)
         self._topics = list(topics)
         self._listener = listener
@@ -318,10 +320,14 @@ class KafkaSource:
     async def run(self) -> None:
         """Take records until `stop_polling()`; hands every batch to the listener, in order.
 
-        Through the consumer queue's signal on trio's thread where `queue_signal` allows it, else
-        through the poll thread (said once in the log, with the reason)."""
+        Through the poll thread, or (`source.intake: signal`) the consumer queue's signal on trio's
+        thread where `queue_signal` allows it, else the poll thread (said once, with the reason)."""
         consumer = self.consumer
         try:
+            if not self._want_signal:
+                self.intake = "poll-thread"
+                await self._poll_loop(consumer)
+                return
             signal = queue_signal(consumer, str(self._props["client.id"]))
             if isinstance(signal, str):
                 if self.intake is None:

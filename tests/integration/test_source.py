@@ -219,14 +219,14 @@ async def test_an_error_taking_a_batch_ends_the_poll_loop_with_it(
 
 
 async def _records_through(
-    bootstrap: str, broker: Broker, unique: str
+    bootstrap: str, broker: Broker, unique: str, *, queue_signal: bool = True
 ) -> tuple[KafkaSource, RecordingListener, set[str]]:
     """A source that takes 50 records; the names of the process's threads while it did."""
     topic, group = f"src-{unique}", f"g-{unique}"
     broker.create_topic(topic, 2)
     listener = RecordingListener()
     props = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
-    source = KafkaSource(props, [topic], listener)
+    source = KafkaSource(props, [topic], listener, queue_signal=queue_signal)
     threads: set[str] = set()
     async with trio.open_nursery() as nursery:
         source.start()
@@ -255,6 +255,18 @@ async def test_records_come_through_the_queue_signal_on_trio_s_thread(
     source, _listener, threads = await _records_through(bootstrap, broker, unique)
     assert source.intake == "queue-signal"
     assert "sidecar-poll" not in threads  # no poll thread ran: trio's thread took the records
+    assert "poll thread" not in caplog.text
+
+
+async def test_by_default_the_poll_thread_takes_the_records_and_nothing_is_said(
+    bootstrap: str, broker: Broker, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sidecar.source")
+    source, _listener, threads = await _records_through(
+        bootstrap, broker, unique, queue_signal=False
+    )
+    assert source.intake == "poll-thread"
+    assert "sidecar-poll" in threads
     assert "poll thread" not in caplog.text
 
 

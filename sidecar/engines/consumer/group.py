@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import trio
 
+from sidecar.config import SourceIntake
 from sidecar.core import ledger as L
 from sidecar.core.backoff import RetryPolicy
 from sidecar.core.budget import record_bytes, split_budget
@@ -125,6 +126,7 @@ class ConsumerGroupEngine:
             (*(config.source.topics if tiers_of is None else ()), *self._tiers.topics),
             self,
             max_buffered_bytes=d.max_buffered_bytes,
+            queue_signal=config.source.intake is SourceIntake.SIGNAL,
         )
         # The parts, each given what it uses.
         partitions = Partitions(
