@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from sidecar.http.server import Response
@@ -31,8 +32,14 @@ from tests.schematools import decoded_order, order, registry_client, serializer
 
 
 async def test_tiers_dlq_and_replay_keep_the_bytes_and_inspect_decodes(
-    broker: Broker, schema_registry: SchemaRegistry, unique: str, tmp_path: Path
+    broker: Broker,
+    schema_registry: SchemaRegistry,
+    unique: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The table's columns are as wide as the terminal says (COLUMNS): give the payload room to be read.
+    monkeypatch.setenv("COLUMNS", "400")
     topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
     target = await trio.to_thread.run_sync(lambda: broker.create_topic(f"replayed-{unique}"))
     client = registry_client(schema_registry.url)
