@@ -1,12 +1,12 @@
 """The Kafka source: a confluent-kafka consumer driven from trio.
 
 Owns the consumer handle: subscribe, the intake loop, commits with metadata, pause/resume and close.
-Where `queue_signal` can have the consumer queue's wake-up, trio's thread waits on it and takes the
-records itself (`_signal_loop`: `consume(n, 0)`, no other thread); rebalance callbacks then fire on trio's
-thread and call the listener's synchronous hooks. Otherwise a poll thread of the source's own polls and
-hands batches to trio without waiting for each (`_poll_thread`, `_take_handed`); its rebalance callbacks
-come back into trio with `trio.from_thread.run` after the batches handed over before them. Must not import
-the ledger or the HTTP modules: it hands raw messages and partition events to a `SourceListener`.
+By default (`source.intake: thread`) a poll thread of its own polls and hands batches to trio without
+waiting for each (`_poll_thread`, `_take_handed`); its rebalance callbacks come back into trio with
+`trio.from_thread.run` after the batches handed over before them. With `intake: signal`, where
+`queue_signal` allows it, trio's thread waits on the consumer queue's wake-up and takes the records itself
+(`_signal_loop`); rebalance callbacks then call the listener's synchronous hooks. Must not import the
+ledger or the HTTP modules: it hands raw messages and partition events to a `SourceListener`.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from sidecar.kafka.source_port import (
     OFFSET_INVALID,
     AssignedPartition,
     CommitKey,
+    LagReading,
     OffsetToCommit,
     PollEnd,
     SourceListener,
     commit_key,
     names,
     read_committed,
-    read_lag,
     reset_offset,
     to_tps,
     values_bytes,
@@ -142,8 +142,7 @@ class KafkaSource:
         self._busy_until = 0.0
         self._busy_poll_timeout_s = 0.001
         self._next_lag_refresh = 0.0
-        self._lag: dict[tuple[str, int], int] = {}
-        self._high: dict[tuple[str, int], int] = {}  # high watermarks read with `_lag`
+        self._lag = LagReading()
         self._group_metadata: Any = None
         # Callers waiting for an asynchronous commit's result, by what it commits. The result
         # arrives in librdkafka's offset-commit callback, on the poll thread.
@@ -352,7 +351,7 @@ class KafkaSource:
             while not self._may_exit():
                 now = time.monotonic()
                 if now >= self._next_lag_refresh:
-                    self._refresh_lag(consumer)
+                    self._lag.refresh(consumer, list(self.assigned))
                     self._next_lag_refresh = now + 1.0
                 signal.clear()
                 self._rebalanced = False
@@ -557,7 +556,7 @@ class KafkaSource:
             self._run_commands(consumer)
             now = time.monotonic()
             if now >= self._next_lag_refresh:
-                self._refresh_lag(consumer)
+                self._lag.refresh(consumer, list(self.assigned))
                 self._next_lag_refresh = now + 1.0
             timeout = self._busy_poll_timeout_s if self._busy() else self._poll_timeout_s
             # poll(t) returns with the first record (consume(n, t) would wait the whole timeout
@@ -781,14 +780,11 @@ class KafkaSource:
 
     def lag(self) -> dict[tuple[str, int], int]:
         """High watermark minus position (not fetched yet) per assigned partition, read each second."""
-        return {k: v for k, v in self._lag.items() if k in self.assigned}
+        return self._lag.lag(self.assigned)
 
     def high_watermarks(self) -> dict[tuple[str, int], int]:
         """The high watermark per assigned partition, read with `lag` (librdkafka's cached value)."""
-        return {k: v for k, v in self._high.items() if k in self.assigned}
-
-    def _refresh_lag(self, consumer: Consumer) -> None:
-        self._lag, self._high = read_lag(consumer, list(self.assigned))
+        return self._lag.high_watermarks(self.assigned)
 
 
 __all__ = [

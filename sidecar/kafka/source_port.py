@@ -2,7 +2,7 @@
 
 Owns `SourceListener` (what an engine implements to be given records and partition events),
 `AssignedPartition` and `OffsetToCommit`, a commit's identity (`commit_key`), and the small
-conversions the source makes (reset policy, topic-partition lists). `sidecar.kafka.source`
+conversions the source makes (reset policy, topic-partition lists), its `LagReading`. `sidecar.kafka.source`
 re-exports the names the engines use.
 """
 
@@ -156,3 +156,20 @@ def read_lag(
             if pos >= 0:
                 out[(topic, partition)] = max(0, hi - pos)
     return out, high
+
+
+class LagReading:
+    """The source's last reading of lag and high watermarks (`read_lag`), kept for its readers."""
+
+    def __init__(self) -> None:
+        self._lag: dict[tuple[str, int], int] = {}
+        self._high: dict[tuple[str, int], int] = {}
+
+    def refresh(self, consumer: Consumer, assigned: Sequence[tuple[str, int]]) -> None:
+        self._lag, self._high = read_lag(consumer, assigned)
+
+    def lag(self, assigned: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {k: v for k, v in self._lag.items() if k in assigned}
+
+    def high_watermarks(self, assigned: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {k: v for k, v in self._high.items() if k in assigned}
