@@ -15,7 +15,7 @@ from typing import Any
 import httptools
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.wire import (
@@ -319,6 +319,8 @@ _VISIBLE = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_si
         max_size=5,
     )
 )
+# Generating these records took over a second on a loaded machine: the check is of the body, not of speed.
+@settings(suppress_health_check=[HealthCheck.too_slow])
 def test_batch_body_equals_json_of_the_schema_dicts(records: list[RecordView]) -> None:
     request = ParsedRequest(format_batch_request(records, "h", "/b"))
     assert request.value("Content-Length") == str(len(request.body))
