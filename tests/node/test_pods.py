@@ -222,7 +222,10 @@ def committed_to_end(broker: Broker, group: str, topic: str, partitions: int = 1
 
 def stamp(value: str) -> str:
     """An RFC 3339 time of the API (seconds) or of a CRI log line (nanoseconds), comparable as text."""
-    return value.replace("Z", "").ljust(29, "0")
+    bare = value.replace("Z", "")
+    if "." not in bare:
+        bare += "."  # the API's seconds: the same second, before any fraction of it
+    return bare.ljust(29, "0")
 
 
 # -- the chart's Deployment ----------------------------------------------------------------------------------
