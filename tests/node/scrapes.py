@@ -111,10 +111,12 @@ class Recording:
         return found
 
     def sample(self) -> Sample:
-        """One scrape at the next interval's tick (a tick already past is skipped: no sample then)."""
-        slot = math.ceil((time.monotonic() - self._start) / SCRAPE_INTERVAL_S - 1e-9)
-        if self.samples and slot <= self.samples[-1].slot:
-            slot = self.samples[-1].slot + 1
+        """One scrape at the next interval's tick (the first at once; a tick already past is skipped: no
+        sample then)."""
+        slot = 0
+        if self.samples:
+            due = math.ceil((time.monotonic() - self._start) / SCRAPE_INTERVAL_S - 0.01)
+            slot = max(self.samples[-1].slot + 1, due)
         time.sleep(max(0.0, self._start + slot * SCRAPE_INTERVAL_S - time.monotonic()))
         scraped = self._scrape()
         status = self._status()
