@@ -326,13 +326,14 @@ class ConsumerGroupEngine:
     def on_messages(self, messages: Sequence[Message]) -> None:
         now = now_ms()
         tier_topics = self._tiers.topics
+        states = self._partitions.by_key
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
             key = (record.topic, record.partition)
             if tier_topics and record.topic in tier_topics:
                 self._take_tier_record(record, now)
                 continue
-            state = self.states.get(key)
+            state = states.get(key)
             if state is None:
                 state = self._partitions.open_pending(key, record.offset)
                 if state is None:
