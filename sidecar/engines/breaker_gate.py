@@ -55,7 +55,8 @@ class BreakerGate:
     ) -> None:
         self.breaker = breaker
         self._on_change = on_change
-        self._probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
+        # Read by the outlet to skip `issued`/`retired` on the record's path; written here only.
+        self.probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
         self._changed = trio.Event()  # the timer re-reads the breaker's deadline
         self._moved = trio.Event()  # set (and replaced) whenever `room` may change
         self._since_wall = time.time()  # when it entered its state (wall clock)
@@ -64,7 +65,7 @@ class BreakerGate:
         # attempt issued is the probe (half-open), and the acceptances not yet in the window. These
         # go in once a bucket (the timer), and before any verdict or status reads the window.
         self._closed = breaker.state is BreakerState.CLOSED
-        self._half_open = breaker.state is BreakerState.HALF_OPEN
+        self.half_open = breaker.state is BreakerState.HALF_OPEN
         self._accepted = 0
         self._timer_asleep = False  # the timer waits for the next acceptance
         self._fold_s = breaker.policy.bucket_ms / 1000
@@ -73,19 +74,19 @@ class BreakerGate:
 
     def issued(self, delivery: Delivery[Any]) -> None:
         """A new attempt: with the breaker half-open, the first one issued is its probe."""
-        if self._half_open and self.breaker.room() == 1:
+        if self.half_open and self.breaker.room() == 1:
             self.breaker.probe_sent(_now_ms())
-            self._probe = delivery
+            self.probe = delivery
 
     def retired(self, delivery: Delivery[Any]) -> None:
         """An attempt is over without an answer that counts (expired, fenced, not sent)."""
-        if delivery is self._probe:
+        if delivery is self.probe:
             self._probe_ended(None)
 
     def answered(self, delivery: Delivery[Any], settled: Settled) -> None:
         """An answer that ends an attempt, as the adapter decided it: the probe's verdict, or an
         accepted record counted."""
-        if delivery is self._probe:
+        if delivery is self.probe:
             self._probe_ended(settled)
         elif settled is Settled.ACCEPTED and self._closed:
             self._accepted += 1
@@ -132,7 +133,7 @@ class BreakerGate:
         transition = self.breaker.close(_now_ms(), reason)
         if transition is None:
             return False
-        self._probe = None
+        self.probe = None
         self.transition(transition)
         return True
 
@@ -169,7 +170,7 @@ class BreakerGate:
     def _probe_ended(self, settled: Settled | None) -> None:
         """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else
         (redelivered, or no answer) void."""
-        self._probe = None
+        self.probe = None
         now = _now_ms()
         if settled is Settled.ACCEPTED:
             self.transition(self.breaker.probe_succeeded(now))
@@ -193,10 +194,10 @@ class BreakerGate:
 
     def transition(self, t: Transition) -> None:
         """Log it (one line when it trips, one when it closes), and say so (`on_change`)."""
-        self._probe = None  # any state change ends the probe: its answer no longer counts
+        self.probe = None  # any state change ends the probe: its answer no longer counts
         self._since_wall = time.time()
         self._closed = t.after is BreakerState.CLOSED
-        self._half_open = t.after is BreakerState.HALF_OPEN
+        self.half_open = t.after is BreakerState.HALF_OPEN
         self._accepted = 0  # counted while closed only, and folded before any trip
         self._changed.set()
         self._room_changed()
