@@ -134,6 +134,7 @@ class ConsumerGroupEngine:
             ledger_config,
             horizon=self._horizon,
             max_buffered_records=d.max_buffered_records_per_partition,
+            tier_topics=self._tiers.topics,
         )
         self._partitions = partitions
         wakeup = Wakeup()
