@@ -26,13 +26,20 @@ import pytest
 import trio
 from confluent_kafka import TopicPartition
 
-from sidecar.cli import _parser
 from sidecar.http.server import Response
 from sidecar.ops.broker import free_port
 from sidecar.ops.dlq.command import cmd_dlq
 from tests.dlqwriters import wait_for
-from tests.harness import Delivery, RecordingApp, json_answer, running_sidecar, wait_until
+from tests.harness import (
+    Delivery,
+    RecordingApp,
+    json_answer,
+    running_sidecar,
+    wait_until,
+    wait_until_thread,
+)
 from tests.integration.test_console_browser import browser, shots
+from tests.integration.test_dlqtool import _parser
 from tests.kafkatools import Broker, Rec
 
 __all__ = ["browser", "shots"]  # the browser test's module fixtures, used here
@@ -75,10 +82,17 @@ def gone(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
             unique=unique,
             path="/",
             extra={"errors.deadletterqueue.source.check.interval.ms": 200},
-            produce_first=[Rec(key=f"k{i}".encode(), value=f"v{i}".encode()) for i in range(RECORDS)],
+            produce_first=[
+                Rec(key=f"k{i}".encode(), value=f"v{i}".encode()) for i in range(RECORDS)
+            ],
         ) as rig:
             found["source"], found["dlq"] = rig.topic, rig.dlq_topic
-            await rig.read_dlq(RECORDS)
+            dlq = rig.dlq_topic
+            await wait_until_thread(
+                lambda: broker.topic_exists(dlq) and broker.count_records(dlq) >= RECORDS,
+                60,
+                "the DLQ records",
+            )
             for fut in broker.admin.delete_records([TopicPartition(rig.topic, 0, CUT)]).values():
                 fut.result(timeout=30)
             text = ""

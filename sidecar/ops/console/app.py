@@ -149,7 +149,9 @@ def _payloads_of(c: Console, params: Params) -> PayloadReader | None:
     if not fields:
         return c.payloads
     if c.payloads is None:
-        raise UsageError("a decoded-field filter needs a schema registry: start the console with --registry")
+        raise UsageError(
+            "a decoded-field filter needs a schema registry: start the console with --registry"
+        )
     return c.payloads.filtered(fields)
 
 
