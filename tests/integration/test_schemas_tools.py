@@ -264,3 +264,62 @@ async def test_inspect_decodes_keys_and_headers_only_records_from_their_source(
             assert "value_decoded" not in r
         else:
             assert r["payload_gone"] is None and r["value_decoded"] == order(n)
+
+
+async def test_fields_the_schema_tags_sensitive_are_redacted_by_default(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str
+) -> None:
+    """An Avro schema whose `card` field carries `"confluent:tags": ["PII"]`, registered in the real
+    registry (Apicurio keeps the text as registered): `dlq inspect` shows card as *** with no
+    option, names the tagged fields in value_schema.sensitive and hides the raw bytes;
+    `--show-tagged` shows it."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from sidecar.core.deadletter import FailedRecord
+    from sidecar.core.outcome import CAUSE_REJECTED
+    from sidecar.kafka.dlq.record import build_dlq_record
+    from tests.schematools import AVRO_ORDER
+
+    source = f"src-{unique}"
+    dlq = await trio.to_thread.run_sync(lambda: broker.create_topic(f"dlq.src-{unique}"))
+    tagged = {
+        **AVRO_ORDER,
+        "fields": [
+            {**f, "confluent:tags": ["PII"]} if f["name"] == "card" else f
+            for f in AVRO_ORDER["fields"]
+        ],
+    }
+    client = registry_client(schema_registry.url)
+    try:
+        ser = AvroSerializer(
+            client, json.dumps(tagged), conf={"subject.name.strategy.type": "TOPIC"}
+        )
+        value = ser(order(5), SerializationContext(source, MessageField.VALUE))
+    finally:
+        client.close()
+    failed = FailedRecord(
+        topic=source, partition=0, offset=0, key=None, value=value, headers=(),
+        group="orders-app", delivery_count=1, cause=CAUSE_REJECTED,
+    )  # fmt: skip
+    rec = build_dlq_record(failed, dlq, 1, True, 4096)
+    broker.produce(dlq, [Rec(key=rec.key, value=rec.value, headers=tuple(rec.headers))])
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url
+    )
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["value_decoded"] == {**order(5), "card": "***"}
+    assert row["value_schema"]["sensitive"] == ["card"]
+    assert row["value"] == {"redacted": True, "size": len(value)}
+    assert order(5)["card"] not in out
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url,
+        "--show-tagged",
+    )  # fmt: skip
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["value_decoded"] == order(5)
+    assert "sensitive" not in row["value_schema"]

@@ -144,6 +144,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--config's schemas.redact; repeatable",
     )
     s.add_argument(
+        "--show-tagged",
+        action="store_true",
+        help="show the fields a schema tags sensitive (confluent:tags PII, SENSITIVE, PHI or PCI), "
+        "which are redacted by default",
+    )
+    s.add_argument(
         "--field",
         action="append",
         default=[],
@@ -362,7 +368,7 @@ def _width(stream: TextIO) -> int | None:
 def _payloads(args: argparse.Namespace) -> PayloadReader | None:
     config = _config(args) if args.config is not None else None
     fields = [parse_field_filter(text) for text in args.field]
-    return payloads_for(config, args.registry, args.redact, fields)
+    return payloads_for(config, args.registry, args.redact, fields, tagged=not args.show_tagged)
 
 
 def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) -> int:

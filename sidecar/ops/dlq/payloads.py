@@ -1,15 +1,12 @@
 """Decoded payloads for the DLQ tools (`dlq inspect`, `dlq replay --dry-run`, the console).
 
-Owns `PayloadReader`: a DLQ record's value read through the Schema Registry (blocking), its
-configured fields redacted (shown as ``***``), and the filters on decoded fields (compared on the
-redacted value, so a redacted field cannot be probed); `payloads_for` builds one from the config.
-
-A key in the wire format is decoded too; a headers-only record is decoded from its source record,
-which the caller reads (`sidecar.ops.dlq.originals`) and passes.
+Owns `PayloadReader`: a DLQ record's value and key read through the Schema Registry (blocking; a
+headers-only record's from its source record, which the caller passes), the configured fields and
+those the schema tags sensitive redacted (``***``), and the filters on decoded fields (compared on
+the redacted value, so a redacted field cannot be probed); `payloads_for` builds one from the config.
 
 Imports: the standard library, `sidecar.config`, `sidecar.kafka.tools` (the record type) and
-`sidecar.kafka.schemas` (which imports confluent-kafka's `schema_registry` package: only when a
-registry is named).
+`sidecar.kafka.schemas` (confluent-kafka's `schema_registry`: only when a registry is named).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ class Decoded:
 
     value: Any
     schema: dict[str, Any]
+    tagged: bool = False  # fields the schema tags sensitive were redacted
 
     def preview(self) -> str:
         """The schema, then the decoded value, compact: ``orders-value v1: {"id":7}``."""
@@ -139,16 +137,20 @@ class PayloadReader:
         catalog: Any,
         redacted: Sequence[str] = (),
         fields: Sequence[tuple[str, str]] = (),
+        *,
+        tagged: bool = True,
     ) -> None:
         self._catalog = catalog  # sidecar.kafka.schemas.catalog.Catalog
         self.names = frozenset(r for r in redacted if "." not in r)
         self.paths = frozenset(r for r in redacted if "." in r)
         self.fields = tuple(fields)
+        # Redact the fields a schema tags sensitive (`sidecar.kafka.schemas.tags`); on by default.
+        self.tagged = tagged
 
     def filtered(self, fields: Sequence[tuple[str, str]]) -> PayloadReader:
         """A reader with the same registry and redaction and these ``--field`` filters (the console's,
         per request); closing it is the original's business."""
-        reader = PayloadReader(self._catalog, (), fields)
+        reader = PayloadReader(self._catalog, (), fields, tagged=self.tagged)
         reader.names, reader.paths = self.names, self.paths
         return reader
 
@@ -181,10 +183,11 @@ class PayloadReader:
         decoded_key = key_read if isinstance(key_read, Decoded) else None
         if not isinstance(found, Decoded):
             return Payload(reason=found, key=decoded_key, from_source=from_source)
+        tagged = found.tagged or (decoded_key is not None and decoded_key.tagged)
         return Payload(
             found.value,
             found.schema,
-            hide_bytes=self.redacting,
+            hide_bytes=self.redacting or tagged,
             key=decoded_key,
             from_source=from_source,
         )
@@ -197,13 +200,19 @@ class PayloadReader:
         found = decode_blocking(self._catalog, data, field, topic)
         if not isinstance(found, Read):
             return f"{found.exception_class}: {found.message}"
-        schema = {
+        schema: dict[str, Any] = {
             "subject": found.subject,
             "version": found.version,
             "id": found.schema_id,
             "type": found.schema_type,
         }
-        return Decoded(redact(json.loads(found.json), self.names, self.paths), schema)
+        paths = self.paths
+        tagged = self.tagged and bool(found.sensitive)
+        if tagged:
+            # Fields the schema tags sensitive (PII, ...): redacted by default, named here.
+            schema["sensitive"] = sorted(found.sensitive)
+            paths = paths | found.sensitive
+        return Decoded(redact(json.loads(found.json), self.names, paths), schema, tagged)
 
     def read(self, entry: DlqEntry, original: ReadRecord | None = None) -> bool:
         """Decode `entry`'s value onto it (`DlqEntry.payload`; a headers-only entry's from
@@ -232,6 +241,8 @@ def payloads_for(
     registry_url: str | None,
     redacted: Sequence[str],
     fields: Sequence[tuple[str, str]],
+    *,
+    tagged: bool = True,
 ) -> PayloadReader | None:
     """A reader for the registry named by `registry_url` or the config's ``schemas.registry``;
     None when neither names one (``--field`` then is a usage error)."""
@@ -250,4 +261,4 @@ def payloads_for(
         properties = schemas.registry.properties
     configured = tuple(schemas.redact) if schemas is not None else ()
     catalog = Catalog(RegistrySettings(url, timeout_s, properties), 1000)
-    return PayloadReader(catalog, (*configured, *redacted), fields)
+    return PayloadReader(catalog, (*configured, *redacted), fields, tagged=tagged)
