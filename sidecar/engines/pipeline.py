@@ -496,7 +496,8 @@ class Pipeline:
             assert self._nursery is not None
             self._nursery.start_soon(self._not_reached, request.items)
             return
-        self._route.answered()
+        if self._route.url is not None:
+            self._route.answered()  # the route is found again
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
         answers = result if isinstance(result, dict) else {live[0].id: result}

@@ -117,11 +117,47 @@ async def test_breaker_gate_trips_holds_and_probes(autojump_clock: trio.testing.
 
 async def test_breaker_gate_a_probe_without_an_answer_is_void() -> None:
     g = gate(Calls())
-    g.breaker._state = BreakerState.HALF_OPEN  # a test shortcut: half-open now
+    g.admits()
+    g.admits()  # tripped
+    half_open = g.breaker.tick(10**12)  # the cool-down is long over
+    assert half_open is not None
+    g.transition(half_open)
     probe = delivery(1)
     g.issued(probe)
+    assert g.room() == 0  # the probe is out
     g.retired(probe)
     assert g.breaker.state is BreakerState.HALF_OPEN and g.room() == 1
+
+
+async def test_breaker_gate_counts_acceptances_within_a_bucket(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    g = gate(Calls())  # a 60 s window: buckets of 600 ms
+
+    def finished() -> int:
+        return g.breaker.status(int(trio.current_time() * 1000)).finished
+
+    for offset in range(3):
+        g.answered(delivery(offset), Settled.ACCEPTED)
+    assert finished() == 0  # counted on the record's path, not yet in the window
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(g.run_timer)
+        await trio.sleep(0.7)
+        assert finished() == 3  # in the window within a bucket
+        g.answered(delivery(3), Settled.ACCEPTED)  # wakes the timer, asleep with none to count
+        await trio.sleep(0.7)
+        assert finished() == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_breaker_gate_verdict_sees_every_acceptance() -> None:
+    g = gate(Calls())  # trips past half of at least 2 finished
+    for offset in range(3):
+        g.answered(delivery(offset), Settled.ACCEPTED)
+    # No timer ran: the acceptances go into the window before the verdict, so 2 dead-letters of 5
+    # finished do not trip it (2 of 2 would).
+    assert g.admits() and g.admits() and g.closed
+    assert g.status()["finished"] == 5 and g.status()["dead_lettered"] == 2
 
 
 async def test_breaker_gate_close_from_the_api() -> None:
