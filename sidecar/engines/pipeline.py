@@ -60,6 +60,7 @@ from sidecar.http.appclient import AppClient, AppNotReachable, AppRouteMissing, 
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
+from sidecar.kafka.log_start import read_log_starts_sync
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
@@ -225,6 +226,9 @@ class Pipeline:
                     nursery.start_soon(self.breaker.run_timer)
                 nursery.start_soon(self._sources.watch)
                 nursery.start_soon(self._dlq_step.summary.run)
+                nursery.start_soon(
+                    self._dlq_step.payload_watch.run, self.dlq.admin, read_log_starts_sync
+                )
                 task_status.started()
                 await self._stop.wait()
                 flags.intake_stopped = True

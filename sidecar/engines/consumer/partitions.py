@@ -263,6 +263,7 @@ class TxnItem:
     done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None
     skipped: bool = False  # the partition went to another owner before the transaction
+    record: object = None  # the DLQ record produced in the transaction (`DlqRecord`)
 
 
 __all__ = [

@@ -23,7 +23,7 @@ from sidecar.engines.dlq_step import DlqStep
 from sidecar.engines.interfaces import Counters, Delivery, Settled, Until
 from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import PullQueue
-from sidecar.kafka.dlq import DlqFatalError
+from sidecar.kafka.dlq import DlqFatalError, DlqRecord
 from sidecar.telemetry.tracing import Tracing
 from tests.unit.engines.fakes import Calls, FakeSink, config, tracked
 
@@ -201,6 +201,21 @@ async def test_dlq_step_writes_and_counts() -> None:
     assert counters.dlq_written == 1 and counters.archived == {"rejected": 1}
     assert counters.dead_lettered == {("t", "rejected", "Boom", "dlq.t"): 1}
     assert fail.count == 0
+
+
+async def test_dlq_step_watches_the_source_offsets_of_headers_only_records() -> None:
+    """A headers-only DLQ record (no copy) is a pointer the payload watch follows; a copy is not."""
+    s, counters = step(Calls())
+    pointer = DlqRecord("dlq.t", 0, None, None, (), copied=False)
+    copy = DlqRecord("dlq.t", 0, b"k", b"v", (), copied=True)
+    assert await dead_letter(s, FakeSink(answer=copy)) is ArchiveOutcome.WRITTEN
+    assert counters.headers_only_watched == 0
+    assert await dead_letter(s, FakeSink(answer=pointer)) is ArchiveOutcome.WRITTEN
+    assert counters.headers_only_watched == 1
+    assert s.payload_watch.pointers.partitions() == [("t", 0)]
+    s.payload_watch.update({("t", 0): 5})  # tracked(4): offset 4, now below the log start
+    assert counters.source_deleted == {"t": 1} and counters.headers_only_watched == 0
+    assert s.payload_watch.interval_s == 60.0  # errors.deadletterqueue.source.check.interval.ms
 
 
 async def test_dlq_step_a_record_gone_to_another_owner_is_handed_over() -> None:
