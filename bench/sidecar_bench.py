@@ -79,7 +79,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import flood
+import yaml
+
+from bench import flood, sidecars
 from bench.app import App, measure_app_alone
 from bench.broker import VALUE_BYTES, Broker
 from bench.children import child_main, ensure_requests, run_child
@@ -342,6 +344,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PATH",
         help="another checkout (git worktree or clone) whose sidecar runs too, alternating",
     )
+    add(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key for this checkout's sidecar in every run (not the baseline's), e.g. "
+        "source.intake=signal; repeatable; the value is read as YAML",
+    )
     add("--latency-rate", type=float, default=1000.0, help="records/s offered")
     add("--latency-seconds", type=float, default=5.0)
     add("--no-latency", action="store_true", help="the same as --skip latency")
@@ -377,6 +387,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.child or args.show:
         return args
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        sidecars.NEW_SIDE_KEYS[key.strip()] = yaml.safe_load(value)
     wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
     args.selected = [
         s

@@ -23,6 +23,8 @@ from bench.app import App, UnixHTTPConnection, http_json
 from bench.measure import PY
 
 POLL_S = 0.02
+# Config keys added to this checkout's sidecar ("new") in every run: `python -m bench --set KEY=VALUE`.
+NEW_SIDE_KEYS: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ def running_sidecar(
 ) -> Iterator[subprocess.Popen[bytes]]:
     name = f"{side.name}-{name}"
     config_path = os.path.join(directory, f"{name}.yaml")
+    if side.name == "new" and NEW_SIDE_KEYS:
+        config_text += "".join(f"{k}: {json.dumps(v)}\n" for k, v in NEW_SIDE_KEYS.items())
     if not side.knows_share_journal():
         # An older checkout has no journal (and refuses the key): "none" is what it runs anyway.
         config_text = config_text.replace("share.journal.path: null\n", "")

@@ -396,6 +396,12 @@ TOP_KEYS: tuple[Key, ...] = (
         _Q,
         "produce_retries_timeout_ms",
     ),
+    Key(
+        DLQ_PREFIX + "source.check.interval.ms",
+        IntKey(100, _MS_DAY),
+        _Q,
+        "source_check_interval_ms",
+    ),
     # The DLQ circuit breaker (the ratio's upper bound is exclusive: checked in `checks`).
     Key(_BREAKER + "enable", BoolKey(), _Q, "circuit_breaker_enable"),
     Key(_BREAKER + "ratio", FloatKey(0.0, 1.0), _Q, "circuit_breaker_ratio"),

@@ -224,6 +224,10 @@ class DeadLetterQueueConfig:
     stacktrace_max_bytes: int = 8192
     transactional_enable: bool = False
     produce_retries_timeout_ms: int = 120000
+    # How often the log start offsets of the source partitions that headers-only DLQ records point
+    # at are read (sidecar.engines.payload_watch): one ListOffsets request per leader, only while
+    # such records are watched.
+    source_check_interval_ms: int = 60000
     # errors.deadletterqueue.circuit.breaker.* (sidecar.core.breaker): on by default. It trips when
     # more than half of at least 5 records finished within 5 minutes were dead-lettered: a broken
     # deploy stops after at most 4 DLQ records, even on a topic of a handful of records, and one

@@ -160,11 +160,11 @@ class CircuitBreaker:
 
     # -- inputs ----------------------------------------------------------------------------------
 
-    def succeeded(self, now_ms: int) -> None:
-        """A record finished without the DLQ (accepted). Counted only while closed."""
+    def succeeded(self, now_ms: int, count: int = 1) -> None:
+        """`count` records finished without the DLQ (accepted). Counted only while closed."""
         now = self._tick_clock(now_ms)
-        if self._state is BreakerState.CLOSED:
-            self._add(now, failed=False)
+        if self._state is BreakerState.CLOSED and count > 0:
+            self._add(now, failed=False, count=count)
 
     def dead_letter(self, now_ms: int) -> DeadLetterVerdict:
         """A record is on its way to the DLQ: write it, or hold it (and maybe trip or re-open)."""
@@ -300,7 +300,7 @@ class CircuitBreaker:
         self._now = max(self._now, now_ms)
         return self._now
 
-    def _add(self, now: int, *, failed: bool) -> None:
+    def _add(self, now: int, *, failed: bool, count: int = 1) -> None:
         index = now // self.policy.bucket_ms
         buckets = self._buckets
         if buckets and buckets[-1][0] == index:
@@ -311,8 +311,8 @@ class CircuitBreaker:
             self._prune(now)
             bucket = [index, 0, 0]
             buckets.append(bucket)
-        bucket[1] += 1
-        self._finished += 1
+        bucket[1] += count
+        self._finished += count
         if failed:
             bucket[2] += 1
             self._dead += 1

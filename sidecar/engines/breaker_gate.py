@@ -55,36 +55,50 @@ class BreakerGate:
     ) -> None:
         self.breaker = breaker
         self._on_change = on_change
-        self._probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
+        # Read by the outlet to skip `issued`/`retired` on the record's path; written here only.
+        self.probe: Delivery[Any] | None = None  # the half-open probe (its attempt)
         self._changed = trio.Event()  # the timer re-reads the breaker's deadline
         self._moved = trio.Event()  # set (and replaced) whenever `room` may change
         self._since_wall = time.time()  # when it entered its state (wall clock)
         self.held = 0  # dead-letters held (counted once per hold)
+        # The per-record path reads plain fields: whether acceptances count (closed), whether the next
+        # attempt issued is the probe (half-open), and the acceptances not yet in the window. These
+        # go in once a bucket (the timer), and before any verdict or status reads the window.
+        self._closed = breaker.state is BreakerState.CLOSED
+        self.half_open = breaker.state is BreakerState.HALF_OPEN
+        self._accepted = 0
+        self._timer_asleep = False  # the timer waits for the next acceptance
+        self._fold_s = breaker.policy.bucket_ms / 1000
 
     # -- what the pipeline tells it -----------------------------------------------------------
 
     def issued(self, delivery: Delivery[Any]) -> None:
         """A new attempt: with the breaker half-open, the first one issued is its probe."""
-        if self.breaker.room() == 1:
+        if self.half_open and self.breaker.room() == 1:
             self.breaker.probe_sent(_now_ms())
-            self._probe = delivery
+            self.probe = delivery
 
     def retired(self, delivery: Delivery[Any]) -> None:
         """An attempt is over without an answer that counts (expired, fenced, not sent)."""
-        if delivery is self._probe:
+        if delivery is self.probe:
             self._probe_ended(None)
 
     def answered(self, delivery: Delivery[Any], settled: Settled) -> None:
         """An answer that ends an attempt, as the adapter decided it: the probe's verdict, or an
         accepted record counted."""
-        if delivery is self._probe:
+        if delivery is self.probe:
             self._probe_ended(settled)
-        elif settled is Settled.ACCEPTED:
-            self.breaker.succeeded(_now_ms())
+        elif settled is Settled.ACCEPTED and self._closed:
+            self._accepted += 1
+            if self._timer_asleep:
+                self._timer_asleep = False
+                self._changed.set()
 
     def admits(self) -> bool:
         """A record is on its way to the DLQ: whether to write it (False: hold it)."""
-        verdict = self.breaker.dead_letter(_now_ms())
+        now = _now_ms()
+        self._fold(now)
+        verdict = self.breaker.dead_letter(now)
         if verdict.transition is not None:
             self.transition(verdict.transition)
         if not verdict.write:
@@ -119,13 +133,14 @@ class BreakerGate:
         transition = self.breaker.close(_now_ms(), reason)
         if transition is None:
             return False
-        self._probe = None
+        self.probe = None
         self.transition(transition)
         return True
 
     def status(self) -> dict[str, Any]:
         """The breaker and its window for `/v1/status` and the API."""
         now = _now_ms()
+        self._fold(now)
         st = self.breaker.status(now)
         policy = self.breaker.policy
         ratio = st.observed_ratio
@@ -155,7 +170,7 @@ class BreakerGate:
     def _probe_ended(self, settled: Settled | None) -> None:
         """The probe's attempt is over: accepted closes, on its way to the DLQ re-opens, else
         (redelivered, or no answer) void."""
-        self._probe = None
+        self.probe = None
         now = _now_ms()
         if settled is Settled.ACCEPTED:
             self.transition(self.breaker.probe_succeeded(now))
@@ -166,14 +181,24 @@ class BreakerGate:
             self._room_changed()
             self._on_change(None)
 
+    def _fold(self, now_ms: int) -> None:
+        """The acceptances counted since the last fold go into the window (at `now_ms`: at most a
+        bucket late, which the window's buckets round to anyway)."""
+        if self._accepted:
+            count, self._accepted = self._accepted, 0
+            self.breaker.succeeded(now_ms, count)
+
     def _room_changed(self) -> None:
         self._moved.set()
         self._moved = trio.Event()
 
     def transition(self, t: Transition) -> None:
         """Log it (one line when it trips, one when it closes), and say so (`on_change`)."""
-        self._probe = None  # any state change ends the probe: its answer no longer counts
+        self.probe = None  # any state change ends the probe: its answer no longer counts
         self._since_wall = time.time()
+        self._closed = t.after is BreakerState.CLOSED
+        self.half_open = t.after is BreakerState.HALF_OPEN
+        self._accepted = 0  # counted while closed only, and folded before any trip
         self._changed.set()
         self._room_changed()
         if t.before is BreakerState.CLOSED:
@@ -194,12 +219,20 @@ class BreakerGate:
         self._on_change(t)
 
     async def run_timer(self) -> None:
-        """Half-open once the cool-down is over (the breaker says when; the timer task)."""
+        """Half-open once the cool-down is over (the breaker says when), and the acceptances into
+        the window once a bucket while there are any (the timer task)."""
         while True:
             self._changed = trio.Event()
             deadline = self.breaker.next_deadline_ms()
             if deadline is None:
-                await self._changed.wait()
+                if self._accepted:
+                    with trio.move_on_after(self._fold_s):
+                        await self._changed.wait()
+                    self._fold(_now_ms())
+                else:
+                    self._timer_asleep = True
+                    await self._changed.wait()
+                    self._timer_asleep = False
                 continue
             with trio.move_on_after(max(0.0, (deadline - _now_ms()) / 1000)):
                 await self._changed.wait()

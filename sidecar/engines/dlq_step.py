@@ -28,12 +28,14 @@ from sidecar.core.deadletter import (
     dead_letter,
 )
 from sidecar.core.outcome import DLQ_WRITE_FAILED, ArchiveReason, ErrorInfo, dead_letter_error
+from sidecar.core.pointers import SourcePointers
 from sidecar.core.record import Tracked
 from sidecar.core.routes import RouteChoice
 from sidecar.engines.breaker_gate import BreakerGate
 from sidecar.engines.dlq_summary import DlqSummary
 from sidecar.engines.interfaces import Counters, DlqSink
-from sidecar.kafka.dlq import DlqFatalError, DlqWriter, default_transactional_id
+from sidecar.engines.payload_watch import PayloadWatch
+from sidecar.kafka.dlq import DlqFatalError, DlqRecord, DlqWriter, default_transactional_id
 from sidecar.telemetry.tracing import Tracing
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
@@ -107,7 +109,8 @@ class DlqStep:
     DLQ record being confirmed: the record's DLQ topic (the routes, :class:`sidecar.core.routes.DlqRoutes`,
     the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
     breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
-    line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters, and building the DLQ writer from the configuration,
+    line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters,
+    the watch on headers-only records' source offsets (:class:`~sidecar.engines.payload_watch.PayloadWatch`), and building the DLQ writer from the configuration,
     including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
     write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
     consumer engine) its committer's transaction. Must not import either engine, the pipeline, the
@@ -131,6 +134,10 @@ class DlqStep:
         self._routes = dlq_routes(config)
         # One log line per burst of DLQ writes (its `run` is the pipeline's task).
         self.summary = DlqSummary()
+        # Headers-only DLQ records whose source offset is deleted since (its `run` too).
+        self.payload_watch = PayloadWatch(
+            counters, config.errors.dlq.source_check_interval_ms / 1000, SourcePointers()
+        )
 
     def observe_latency(self, observe: Callable[[float], None]) -> None:
         """The DLQ writes' latency observer (seconds; a Prometheus histogram)."""
@@ -203,6 +210,8 @@ class DlqStep:
         if span is not None:
             span.end()
         self.counters.dlq_written += 1
+        if isinstance(written, DlqRecord) and not written.copied:
+            self.payload_watch.written(failed.topic, failed.partition, failed.offset)
         self.counters.bump(self.counters.archived, reason.label)
         key = dead_lettered_key(self.counters, plan)
         self.counters.bump(self.counters.dead_lettered, key)

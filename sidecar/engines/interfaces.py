@@ -106,6 +106,10 @@ class Counters:
     dead_lettered: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     # source topic -> DLQ records in the default DLQ because the app named a topic not allowed
     route_refused: dict[str, int] = field(default_factory=dict)
+    # Headers-only DLQ records written here whose source offset was deleted since (source topic ->
+    # count), and those still watched (sidecar.engines.payload_watch: their one writer).
+    source_deleted: dict[str, int] = field(default_factory=dict)
+    headers_only_watched: int = 0
 
     def bump(self, table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n

@@ -116,8 +116,9 @@ class PipelineOutlet:
         delivery = self._live.issue(
             lambda i: Delivery(i, tracked, delivery_count, ref, lock_deadline=lock_deadline)
         )
-        if self._gate is not None:
-            self._gate.issued(delivery)
+        gate = self._gate
+        if gate is not None and gate.half_open:
+            gate.issued(delivery)
         return delivery
 
     def send(self, delivery: Delivery[Any]) -> None:
@@ -133,8 +134,9 @@ class PipelineOutlet:
     def retire(self, delivery: Delivery[Any]) -> None:
         """The attempt is over (expired, fenced, not sent): its id answers `expired` from now on."""
         self._live.retire(delivery.id, delivery)
-        if self._gate is not None:
-            self._gate.retired(delivery)
+        gate = self._gate
+        if gate is not None and gate.probe is delivery:
+            gate.retired(delivery)
 
     def lock_expired(self, topic: str, delivery: Delivery[Any] | None, outcome: str) -> None:
         """No answer in time (`lock_expired`), or none before the sidecar stopped (`abandoned`)."""

@@ -60,6 +60,7 @@ from sidecar.http.appclient import AppClient, AppNotReachable, AppRouteMissing, 
 from sidecar.http.exchanges import Exchange
 from sidecar.kafka.consumer_config import check_cluster_sync, missing_topics_sync
 from sidecar.kafka.dlq import DlqWriter
+from sidecar.kafka.log_start import read_log_starts_sync
 from sidecar.telemetry.tracing import AttemptContext, Tracing
 
 # Between two start-up checks of a cluster that cannot be used (authentication, TLS, connection).
@@ -106,7 +107,7 @@ class Pipeline:
             dlq_ready=not (config.errors.dlq.enabled or config.errors.tiers.enabled)
         )
         self._reachability = Reachability()
-        self._route = AppRoute(
+        self._route = AppRoute[list[Delivery[Any]]](
             self._reachability,
             self._intake_changed,
             backoff_initial_s=config.app.connect_backoff_initial_ms / 1000,
@@ -225,6 +226,9 @@ class Pipeline:
                     nursery.start_soon(self.breaker.run_timer)
                 nursery.start_soon(self._sources.watch)
                 nursery.start_soon(self._dlq_step.summary.run)
+                nursery.start_soon(
+                    self._dlq_step.payload_watch.run, self.dlq.admin, read_log_starts_sync
+                )
                 task_status.started()
                 await self._stop.wait()
                 flags.intake_stopped = True
@@ -445,6 +449,8 @@ class Pipeline:
         if not live:
             self._request_done(items)
             return
+        if self._route.probing and not self._route.may_send(items):
+            return  # parked, in its slot, until the route's probe is answered
         tracing = self.tracing
         traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
         for d in live:
@@ -490,9 +496,18 @@ class Pipeline:
             else:
                 self._app_unreachable(str(result))
             assert self._nursery is not None
-            self._nursery.start_soon(self._not_reached, request.items)
+            for items in (request.items, *self._route.settled()):
+                self._nursery.start_soon(self._not_reached, items)
             return
-        self._route.answered()
+        route = self._route
+        if route.url is not None:
+            route.answered()  # the route is found again
+        if (
+            route.probing
+        ):  # the probe was answered: the requests parked behind it go, in their slots
+            assert self._nursery is not None
+            for items in route.settled():
+                self._nursery.start_soon(self._send_parked, items)
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
         answers = result if isinstance(result, dict) else {live[0].id: result}
@@ -529,9 +544,13 @@ class Pipeline:
             return
         self._request_done(items)
 
+    async def _send_parked(self, items: list[Delivery[Any]]) -> None:
+        self._dispatch(items)
+
     def _close_requests(self) -> None:
         """Shutdown: requests still open are dropped, counted as attempts, their spans abandoned."""
         self._answers_closed = True
+        self._route.drop_parked()  # never sent
         for request in self._requests:
             self.counters.attempts += len(request.live)
             for _view, actx in request.traced:

@@ -30,6 +30,7 @@ from sidecar.core.wire import (
     interpret_batch,
     interpret_single,
     route_missing,
+    route_missing_statuses,
 )
 from sidecar.http.exchanges import (
     MAX_HEAD_BYTES,
@@ -170,6 +171,7 @@ class AppClient:
         self._host_header = target.host_header
         self._connect_timeout_s = connect_timeout_s
         self._status_mapping = dict(status_mapping or {})
+        self._route_statuses = route_missing_statuses(self._status_mapping)
         self._slots = trio.Semaphore(max_connections)
         self._closed = False
         self.pool = Exchanges(
@@ -251,10 +253,13 @@ class AppClient:
         failed is a release carrying the sidecar's error class) or :class:`AppNotReachable`
         (:class:`AppRouteMissing` when the app says it has no such route)."""
         mapping = self._status_mapping
+        route_statuses = self._route_statuses
 
         def answered(result: Result) -> None:
             if isinstance(result, RawResponse):
-                if route_missing(result.status, result.headers, result.body, mapping):
+                if result.status in route_statuses and route_missing(
+                    result.status, result.headers, result.body, mapping
+                ):
                     done(AppRouteMissing(self.target.url(), result.status))
                     return
                 done(interpret_single(result.status, result.headers, result.body, mapping))
@@ -280,10 +285,13 @@ class AppClient:
         )
         ids = [record.delivery_id for record in records]
         mapping = self._status_mapping
+        route_statuses = self._route_statuses
 
         def answered(result: Result) -> None:
             if isinstance(result, RawResponse):
-                if route_missing(result.status, result.headers, result.body, mapping, batch=True):
+                if result.status in route_statuses and route_missing(
+                    result.status, result.headers, result.body, mapping, batch=True
+                ):
                     done(AppRouteMissing(self.target.url(), result.status))
                     return
                 done(interpret_batch(result.status, result.headers, result.body, ids, mapping))

@@ -89,6 +89,23 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "dlq_sidecar_dlq_written", "DLQ records confirmed by the broker.", value=c.dlq_written
         )
+        source_deleted = CounterMetricFamily(
+            "dlq_sidecar_dlq_source_deleted",
+            "Headers-only DLQ records this process wrote (no copy of the payload) whose source offset"
+            " retention or delete-records has deleted since: their payload is gone and they cannot be"
+            " replayed, by source topic (read every errors.deadletterqueue.source.check.interval.ms).",
+            labels=["topic"],
+        )
+        # Every source topic from 0, so the first loss is an increase Prometheus sees.
+        for topic, n in sorted((dict.fromkeys(config.source.topics, 0) | c.source_deleted).items()):
+            source_deleted.add_metric([topic], n)
+        yield source_deleted
+        yield GaugeMetricFamily(
+            "dlq_sidecar_dlq_headers_only_watched",
+            "Headers-only DLQ records this process wrote whose source offset was still there at the"
+            " last look (watched for dlq_sidecar_dlq_source_deleted).",
+            value=c.headers_only_watched,
+        )
         yield CounterMetricFamily(
             "dlq_sidecar_dlq_failed", "DLQ writes that failed for good.", value=c.dlq_failed
         )

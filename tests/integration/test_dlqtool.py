@@ -301,7 +301,8 @@ async def test_headers_only_records_replay_from_the_source_and_report_deleted_of
         assert "UNRECOVERABLE (partition stopped here" in out
         assert (
             f"{dlq}/0/{first_lost['dlq_offset']} ({topic}[0]@{first_lost['source_offset']}): "
-            f"source offset {topic}[0]@{first_lost['source_offset']} is below the low watermark 3"
+            f"payload gone: source offset {topic}[0]@{first_lost['source_offset']} was deleted "
+            "(log start now 3;"
         ) in out
         n_first = first_lost["dlq_offset"]
         assert f"replayed {n_first} of {n_first + 1} matching" in out
@@ -316,7 +317,7 @@ async def test_headers_only_records_replay_from_the_source_and_report_deleted_of
         assert f"replayed {7 - n_first} of {10 - n_first} matching" in out
         assert "unrecoverable, skipped: 3" in out
         for off in range(3):
-            assert f"{topic}[0]@{off} is below the low watermark 3" in out
+            assert f"{topic}[0]@{off} was deleted (log start now 3;" in out
         assert broker.committed("dlq-replay.h", dlq, [0])[0][0] == 10
         assert broker.end_offsets(topic, [0])[0] == 17  # each recoverable record exactly once
 

@@ -17,17 +17,20 @@ from typing import Any
 import trio
 from confluent_kafka import KafkaException
 
+from sidecar.core.commitstate import decode
 from sidecar.core.tiers import H_COUNT, H_DUE, H_OFFSET, H_TIERS, H_TOPIC, TIERS_HEADER
 from sidecar.http.server import Response
 from tests.harness import (
     FAST,
     Delivery,
     RecordingApp,
+    counts_by_value,
     json_answer,
     restartable_member,
     running_sidecar,
     wait_committed_at_end,
     wait_until,
+    wait_until_thread,
 )
 from tests.kafkatools import Broker, Rec
 
@@ -207,6 +210,106 @@ async def test_kill_9_with_records_in_every_tier_then_restart_delivers_each_once
         await trio.sleep(1.5)  # room for a double delivery to show
     assert dict(seen) == {r.value: [1, 2] for r in recs}, dict(seen)
     assert all((d.topic, d.offset) == (topic, int((d.value or b"")[5:])) for d in app2.deliveries)
+
+
+async def test_kill_9_while_30_records_wait_in_a_5s_tier_isolates_only_the_record_in_flight(
+    broker: Broker, unique: str, tmp_path: Path
+) -> None:
+    """Thirty records are released into a 5 s tier (tiers 5s, 30s) and a 31st is at the app when
+    the sidecar is killed (SIGKILL), with the tier partition's state committed. After the restart
+    only the 31st is isolated (it may have killed the sidecar); the thirty were never handed out
+    before the death: no isolation pass on the tier partition, each delivered once at count 2 when
+    due, in normal delivery. Prints each tier record's lateness past its due time."""
+    n = 30
+    tiers = ["5s", "30s"]
+    recs = [Rec(key=f"k{i}".encode(), value=f"tier-{i}".encode()) for i in range(n)]
+    recs.append(Rec(key=b"hold", value=b"hold"))
+    at_app = trio.Event()
+    let_go = trio.Event()
+    wall: dict[tuple[bytes | None, int], float] = {}
+
+    async def policy(d: Delivery) -> Response:
+        wall.setdefault((d.value, d.delivery_count), time.time())
+        if d.value == b"hold":
+            if not at_app.is_set():
+                at_app.set()
+                await let_go.wait()  # at the app when the sidecar dies: never answered
+            return Response(200)
+        if d.delivery_count == 1:
+            return json_answer({"ack": "release", "retry_after_ms": 5000})
+        return Response(200)
+
+    app = RecordingApp(policy=policy)
+    kafka = restartable_member(unique)
+    settings = tier_settings(**{"errors.retry.tiers": tiers})
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        extra=settings,
+        kafka_extra=kafka,
+        produce_first=recs,
+    ) as rig:
+        topic, group = rig.topic, rig.group
+        tier_topic = f"dlq.{topic}.retry.5s"
+        with trio.fail_after(30):
+            await at_app.wait()
+
+        def tier_state_committed() -> bool:
+            # The source offset past the thirty (the held one next), and the thirty in the tier
+            # partition's committed state (their counts so far).
+            if broker.committed(group, topic, [0])[0][0] != n:
+                return False
+            _offset, metadata = broker.committed(group, tier_topic, [0])[0]
+            state = decode(metadata) if metadata else None
+            return state is not None and all(state.count(o) == 1 for o in range(n))
+
+        await wait_until_thread(tier_state_committed, 30, "the source and tier states committed")
+        assert await rig.sc.stop(signal.SIGKILL) == -signal.SIGKILL
+        killed_at = time.time()
+        let_go.set()
+    assert all(wall.get((r.value, 2)) is None for r in recs[:n]), "due before the kill: too slow"
+    app2 = RecordingApp(policy=policy)
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app2,
+        topic=topic,
+        group=group,
+        config_name="again.yaml",
+        extra=settings,
+        kafka_extra=kafka,
+    ) as rig2:
+        await wait_until(
+            lambda: all((r.value, 2) in wall for r in recs[:n]) and len(app2.deliveries) >= n + 1,
+            60,
+            "the tier records and the held one delivered again",
+        )
+        status = await rig2.sc.wait_status(
+            lambda st: not st["isolation_active"], 30, "the isolation pass over"
+        )
+        log_text = rig2.sc.log_text()
+    due = {
+        rec.value: int(rec.header(H_DUE) or 0) / 1000
+        for rec in await trio.to_thread.run_sync(read_tier, broker, tier_topic, n)
+    }
+    late = sorted(wall[(r.value, 2)] - due[r.value] for r in recs[:n])
+    arrivals = sorted(wall[(r.value, 2)] for r in recs[:n])
+    print(
+        f"\nkilled {min(due.values()) - killed_at:.2f}s before the first due time; lateness past "
+        f"due: min {late[0]:.3f}s, median {late[n // 2]:.3f}s, max {late[-1]:.3f}s; the {n} "
+        f"arrived within {arrivals[-1] - arrivals[0]:.3f}s; suspects {status['suspects_total']}, "
+        f"isolated {status['isolated_total']}"
+    )
+    print("\n".join(line for line in log_text.splitlines() if "isolation pass" in line))
+    counts = counts_by_value(app2.deliveries)
+    assert counts == {**{r.value: [2] for r in recs[:n]}, b"hold": [1]}, counts
+    assert late[0] >= 0, f"delivered {-late[0]:.3f}s before its due time"
+    # Only the record at the app when the sidecar died was a suspect.
+    assert (status["suspects_total"], status["isolated_total"]) == (1, 1), status
+    assert f"isolation pass on {topic}[0]: 1 suspects" in log_text, log_text[-3000:]
+    assert f"isolation pass on {tier_topic}" not in log_text, log_text[-3000:]
 
 
 async def test_transactional_dlq_writes_the_tier_record_and_the_commit_together(

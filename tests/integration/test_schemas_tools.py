@@ -159,3 +159,167 @@ async def test_tiers_dlq_and_replay_keep_the_bytes_and_inspect_decodes(
     )
     assert f'{topic}-valuev1:{{"id":1,"customer":"customer-1"' in payload.replace(" ", "")
     assert "notdecoded:sidecar.NotWireFormat" in payload.replace(" ", "")
+
+
+async def test_inspect_decodes_keys_and_headers_only_records_from_their_source(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Avro keys and values on the source; the DLQ holds headers-only records (copy off, as the DLQ
+    writer builds them) and one copy. `dlq inspect` decodes the headers-only records' key and value
+    read back from the source (`decoded_from_source`), the copy's key and value from the DLQ record,
+    filters and redacts them alike, and says a deleted source offset's payload is gone."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from sidecar.core.deadletter import FailedRecord
+    from sidecar.core.outcome import CAUSE_REJECTED
+    from sidecar.kafka.dlq.record import build_dlq_record
+
+    source = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    dlq = await trio.to_thread.run_sync(lambda: broker.create_topic(f"dlq.src-{unique}"))
+    client = registry_client(schema_registry.url)
+    try:
+        key_serializer = AvroSerializer(
+            client,
+            json.dumps(
+                {"type": "record", "name": "OrderKey", "fields": [{"name": "id", "type": "long"}]}
+            ),
+            conf={"subject.name.strategy.type": "TOPIC"},
+        )
+        keys = [
+            key_serializer({"id": n}, SerializationContext(source, MessageField.KEY))
+            for n in range(4)
+        ]
+        values = [serializer(client, "avro")(source, order(n)) for n in range(4)]
+    finally:
+        client.close()
+    broker.produce(source, [Rec(k, v, partition=0) for k, v in zip(keys, values, strict=True)])
+    dead = []
+    for offset in range(4):
+        failed = FailedRecord(
+            topic=source,
+            partition=0,
+            offset=offset,
+            key=keys[offset],
+            value=values[offset],
+            headers=(),
+            group="orders-app",
+            delivery_count=1,
+            cause=CAUSE_REJECTED,
+            exception_class="com.example.Invalid",
+            exception_message=f"order {offset}",
+        )
+        copy = offset == 3  # the last one is a copy; the others hold headers only
+        rec = build_dlq_record(failed, dlq, 1, copy, 4096)
+        assert rec.copied is copy
+        dead.append(Rec(key=rec.key, value=rec.value, headers=tuple(rec.headers), partition=0))
+    broker.produce(dlq, dead)
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url
+    )
+    assert rc == 0, err
+    rows = sorted(_json_lines(out), key=lambda r: r["source_offset"])
+    assert [r["headers_only"] for r in rows] == [True, True, True, False]
+    for n, r in enumerate(rows):
+        assert r["value_decoded"] == order(n)
+        assert r["value_schema"]["subject"] == f"{source}-value"
+        assert r["key_decoded"] == {"id": n}
+        assert r["key_schema"]["subject"] == f"{source}-key"
+        assert r["key_schema"]["type"] == "AVRO"
+        assert r.get("decoded_from_source", False) is (n < 3)
+        assert r["payload_gone"] is None
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url,
+        "--field", "customer=customer-1", "--redact", "card",
+    )  # fmt: skip
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["source_offset"] == 1 and row["headers_only"]
+    assert row["value_decoded"] == {**order(1), "card": "***"}
+    assert order(1)["card"] not in out
+
+    # The table: the key and the value, from the source.
+    monkeypatch.setenv("COLUMNS", "400")
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--registry", schema_registry.url,
+        "--field", "id=2",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert f"(from the source) key {source}-key v1:" in " ".join(out.split())
+
+    # Retention takes the first two: their payload is gone, the rest still decode.
+    for fut in broker.admin.delete_records([TopicPartition(source, 0, 2)]).values():
+        fut.result(timeout=30)
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url
+    )
+    assert rc == 0, err
+    rows = sorted(_json_lines(out), key=lambda r: r["source_offset"])
+    for n, r in enumerate(rows):
+        if n < 2:
+            assert r["payload_gone"].startswith(f"payload gone: source offset {source}[0]@{n}")
+            assert "value_decoded" not in r
+        else:
+            assert r["payload_gone"] is None and r["value_decoded"] == order(n)
+
+
+async def test_fields_the_schema_tags_sensitive_are_redacted_by_default(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str
+) -> None:
+    """An Avro schema whose `card` field carries `"confluent:tags": ["PII"]`, registered in the real
+    registry (Apicurio keeps the text as registered): `dlq inspect` shows card as *** with no
+    option, names the tagged fields in value_schema.sensitive and hides the raw bytes;
+    `--show-tagged` shows it."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from sidecar.core.deadletter import FailedRecord
+    from sidecar.core.outcome import CAUSE_REJECTED
+    from sidecar.kafka.dlq.record import build_dlq_record
+    from tests.schematools import AVRO_ORDER
+
+    source = f"src-{unique}"
+    dlq = await trio.to_thread.run_sync(lambda: broker.create_topic(f"dlq.src-{unique}"))
+    tagged = {
+        **AVRO_ORDER,
+        "fields": [
+            {**f, "confluent:tags": ["PII"]} if f["name"] == "card" else f
+            for f in AVRO_ORDER["fields"]
+        ],
+    }
+    client = registry_client(schema_registry.url)
+    try:
+        ser = AvroSerializer(
+            client, json.dumps(tagged), conf={"subject.name.strategy.type": "TOPIC"}
+        )
+        value = ser(order(5), SerializationContext(source, MessageField.VALUE))
+    finally:
+        client.close()
+    failed = FailedRecord(
+        topic=source, partition=0, offset=0, key=None, value=value, headers=(),
+        group="orders-app", delivery_count=1, cause=CAUSE_REJECTED,
+    )  # fmt: skip
+    rec = build_dlq_record(failed, dlq, 1, True, 4096)
+    broker.produce(dlq, [Rec(key=rec.key, value=rec.value, headers=tuple(rec.headers))])
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url
+    )
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["value_decoded"] == {**order(5), "card": "***"}
+    assert row["value_schema"]["sensitive"] == ["card"]
+    assert row["value"] == {"redacted": True, "size": len(value)}
+    assert order(5)["card"] not in out
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url,
+        "--show-tagged",
+    )  # fmt: skip
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["value_decoded"] == order(5)
+    assert "sensitive" not in row["value_schema"]

@@ -94,3 +94,37 @@ def test_record_data_is_printed_as_text_not_markup(width: int) -> None:
     text = rendered(width)
     for value in (MESSAGE, CLASS, '{"order": "[/]"}'):
         assert squeezed(value) in squeezed(text), (value, text)
+
+
+def test_a_headers_only_records_payload_gone_is_said_plainly() -> None:
+    from dataclasses import replace
+
+    from sidecar.kafka.tools import payload_gone
+    from sidecar.ops.dlq.payloads import Decoded, Payload
+    from sidecar.ops.dlq.render import payload_preview
+
+    headers_only = replace(entry(0), key=None, value=None)
+    assert payload_preview(headers_only) == "(headers only)"
+    gone = payload_gone("orders", 2, 100, 250)
+    assert gone == (
+        "payload gone: source offset orders[2]@100 was deleted (log start now 250; "
+        "retention or delete-records)"
+    )
+    object.__setattr__(headers_only, "payload_gone", gone)
+    assert payload_preview(headers_only) == gone
+    assert headers_only.to_json()["payload_gone"] == gone
+    result = InspectResult(entries=[headers_only], scanned=1, matched=1, payload_gone=1)
+    out = io.StringIO()
+    render_inspect(Console(file=out, width=200), result, "orders.dlq")
+    assert "1 headers-only records: payload gone" in out.getvalue()
+
+    # Decoded from its source record, key first.
+    schema = {"subject": "orders-value", "version": 1, "id": 3, "type": "AVRO"}
+    key = Decoded({"id": 7}, {**schema, "subject": "orders-key"})
+    decoded = replace(entry(1), key=None, value=None)
+    object.__setattr__(decoded, "payload", Payload({"id": 7}, schema, key=key, from_source=True))
+    assert payload_preview(decoded) == (
+        '(from the source) key orders-key v1: {"id":7}; orders-value v1: {"id":7}'
+    )
+    assert decoded.to_json()["decoded_from_source"] is True
+    assert decoded.to_json()["key_decoded"] == {"id": 7}

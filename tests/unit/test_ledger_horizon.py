@@ -548,6 +548,68 @@ def test_the_window_defaults_to_the_lock_limit_and_is_validated() -> None:
         LedgerConfig(crash_accounting="horizon")  # type: ignore[arg-type]
 
 
+# -- retry tier partitions ------------------------------------------------------------------------
+
+
+def tier_ledger(start: int = 100, restored: CommitState | None = None) -> PartitionLedger:
+    return PartitionLedger("dlq.orders.retry.5s", 0, start, config(), restored, tier=True)
+
+
+def add_due(ledger: PartitionLedger, offsets: range, due_ms: int) -> None:
+    """Tier records released once before, each due at `due_ms` (the ledger's clock)."""
+    for offset in offsets:
+        assert ledger.add(offset, None, f"item-{offset}", 0, base_count=1, not_before_ms=due_ms)
+
+
+def tier_restart(point: CommitPoint) -> PartitionLedger:
+    restored = decode(point.metadata)
+    assert restored is not None
+    return tier_ledger(point.offset, restored)
+
+
+def test_a_death_while_tier_records_wait_for_their_due_time_leaves_no_suspect() -> None:
+    ledger = tier_ledger()
+    add_due(ledger, range(100, 130), 5000)  # 30 records fetched, due in 5 s
+    assert ledger.acquire(1000, 100) == []
+    assert ledger.horizon_wanted() is None  # nothing due: no horizon to run ahead
+    point, _ = commit(ledger, 1000)
+    assert point.horizon == 99  # no window beyond what is due: none of them was handed out
+    # The process dies while they wait; the next owner delivers them when due, not one at a time.
+    again = tier_restart(point)
+    add_due(again, range(100, 130), 5000)
+    status = again.horizon_status()
+    assert status.suspects_total == 0 and not status.pass_active
+    assert not again.wants_isolation
+    assert again.acquire(5000, 100) == []  # due: one commit covers every record due together
+    assert again.horizon_wanted() == 129
+    commit(again, 5000)
+    attempts = again.acquire(5000, 100)
+    assert [a.offset for a in attempts] == list(range(100, 130))
+    assert {a.delivery_count for a in attempts} == {2}
+
+
+def test_a_death_with_tier_records_in_flight_makes_suspects_of_those_due_only() -> None:
+    ledger = tier_ledger()
+    add_due(ledger, range(100, 110), 1000)
+    add_due(ledger, range(110, 130), 9000)
+    assert ledger.acquire(1000, 100) == []
+    point, _ = commit(ledger, 1000)
+    assert point.horizon == 109  # the ten due now, not the twenty still waiting
+    attempts = ledger.acquire(1000, 100)
+    assert [a.offset for a in attempts] == list(range(100, 110))
+    for attempt in attempts[:5]:
+        ledger.answer(attempt.attempt_id, Ack.ACCEPT, 1000)
+    point, _ = commit(ledger, 1000)
+    # Dies with 105..109 at the app: they are isolated, the twenty waiting are not.
+    again = tier_restart(point)
+    add_due(again, range(105, 110), 1000)
+    add_due(again, range(110, 130), 9000)
+    status = again.horizon_status()
+    assert status.suspects_total == 5
+    charge = again.isolate(1000)
+    assert (charge.offset, charge.delivery_count) == (105, 2)
+
+
 # -- the killer -----------------------------------------------------------------------------------
 
 

@@ -296,3 +296,63 @@ def test_a_field_filter_needs_path_and_value() -> None:
     assert parse_field_filter("a=b=c") == ("a", "b=c")
     with pytest.raises(UsageError, match="PATH=VALUE"):
         parse_field_filter("novalue")
+
+
+def test_fields_a_schema_tags_sensitive_are_found_in_avro_and_json_schema() -> None:
+    from sidecar.kafka.schemas.tags import sensitive_paths
+
+    address = {
+        "type": "record",
+        "name": "Address",
+        "fields": [
+            {"name": "street", "type": "string", "confluent:tags": ["pii"]},
+            {"name": "city", "type": "string"},
+        ],
+    }
+    avro = {
+        "type": "record",
+        "name": "Order",
+        "namespace": "shop",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "card", "type": "string", "confluent:tags": ["PII"]},
+            {"name": "note", "type": "string", "confluent:tags": ["internal"]},
+            {"name": "home", "type": ["null", address]},
+            {"name": "work", "type": ["null", "Address"]},  # a named type, defined above
+            {"name": "lines", "type": {"type": "array", "items": {
+                "type": "record", "name": "Line",
+                "fields": [{"name": "secret", "type": "string", "confluent:tags": ["SENSITIVE"]}],
+            }}},
+        ],
+    }  # fmt: skip
+    assert sensitive_paths("AVRO", json.dumps(avro)) == {
+        "card",
+        "home.street",
+        "work.street",
+        "lines.secret",
+    }
+    schema = {
+        "type": "object",
+        "properties": {
+            "card": {"type": "string", "confluent:tags": ["PCI"]},
+            "customer": {
+                "type": "object",
+                "properties": {"email": {"type": "string", "confluent:tags": ["PII"]}},
+            },
+            "items": {
+                "type": "array",
+                "items": {"properties": {"ssn": {"confluent:tags": ["PHI"]}}},
+            },
+            "id": {"type": "integer"},
+        },
+    }
+    assert sensitive_paths("JSON", json.dumps(schema)) == {"card", "customer.email", "items.ssn"}
+    assert sensitive_paths("PROTOBUF", "syntax = 'proto3';") == frozenset()
+    assert sensitive_paths("AVRO", "not json") == frozenset()
+    # A schema that names itself does not loop.
+    node = {
+        "type": "record",
+        "name": "Node",
+        "fields": [{"name": "next", "type": ["null", "Node"]}],
+    }
+    assert sensitive_paths("AVRO", json.dumps(node)) == frozenset()

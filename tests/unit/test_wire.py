@@ -37,6 +37,7 @@ from sidecar.core.wire import (
     parse_ack_request,
     parse_retry_after_ms,
     route_missing,
+    route_missing_statuses,
     validate_status_mapping,
 )
 
@@ -1084,6 +1085,21 @@ def test_route_missing_is_a_framework_page_under_404_405_415_or_a_mapped_status(
     # Behind a JSON answer a route-missing mapping leaves the status to the default table.
     answer = interpret_single(410, js, b'{"error": {"class": "a.B"}}', {410: "route-missing"})
     assert answer.ack == "release"
+
+
+@given(
+    status=st.integers(100, 599),
+    mapping=st.dictionaries(
+        st.integers(100, 599), st.sampled_from(["accept", "release", "reject", "route-missing"])
+    ),
+)
+def test_route_missing_says_yes_only_to_its_statuses(status: int, mapping: dict[int, str]) -> None:
+    # The app client asks route_missing only for these statuses: a yes outside them would be lost.
+    statuses = route_missing_statuses(mapping)
+    if status not in statuses:
+        assert not route_missing(status, [], b"", mapping)
+    assert route_missing_statuses() == {404, 405, 415}
+    assert route_missing_statuses({404: "reject", 503: "route-missing"}) == {405, 415, 503}
 
 
 def test_validate_status_mapping_takes_route_missing() -> None:

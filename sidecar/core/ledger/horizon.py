@@ -87,6 +87,11 @@ class Horizon:
       never a count that is not theirs.
     - *Transactional DLQ*: a commit point can go with the open transaction
       (``send_offsets_to_transaction``); ``committed()`` once the transaction commits.
+    - *Retry tier partitions* (``due_only``): a tier record goes out only once it is due, so one
+      fetched long before that was never handed out.  Their horizon runs no window ahead: it covers
+      the records handed out and those ready (due) now, the highest ready one included, so a death
+      leaves as suspects only records that were due at it, never the ones still waiting for their
+      due time.  A record that falls due waits for one commit before it goes out.
     - *Metadata size*: version 2 adds at most 24 bytes of header (horizon and the charged count); the
       size checks count them.  A version-1 state restored in horizon mode (or none) has no horizon:
       counts as stored, no pass.  A version-2 state restored in write-ahead mode: counts as stored,
@@ -99,13 +104,17 @@ class Horizon:
         holdings: Holdings,
         start_offset: int,
         restored: CommitState | None,
+        *,
+        due_only: bool = False,
     ) -> None:
         self._config = config
         self._holdings = holdings
         # Every offset handed out in this assignment is at most confirmed; issued is the highest
         # horizon put in a commit point.
         self.enabled = config.crash_accounting is CrashAccounting.HORIZON
-        self._window = config.window
+        # A retry tier's partition: no window beyond the records due (see the class docstring).
+        self._due_only = due_only
+        self._window = 0 if due_only else config.window
         restored_horizon = (
             restored.horizon if restored is not None and restored.horizon is not None else None
         )
@@ -260,9 +269,13 @@ class Horizon:
         """The highest offset handed out, held beyond the horizon, or next in line."""
         need = self.handed_top if self.handed_top > self.held_at else self.held_at
         ready = self._holdings.ready
-        if ready and ready[0] > need:  # a stale entry is lower than a live one: harmless
-            need = ready[0]
-        return need
+        if not ready:
+            return need
+        # The lowest ready (a stale entry is lower than a live one: harmless); with no window,
+        # the highest, so one commit covers every record that fell due together (a stale entry
+        # there stands for a record that was due: covering it costs nothing).
+        top = max(ready) if self._due_only else ready[0]
+        return top if top > need else need
 
     def target(self) -> int:
         """The horizon the next commit point carries: never below one already issued."""

@@ -80,12 +80,15 @@ class PartitionLedger:
         restored: CommitState | None = None,
         *,
         epoch: int = 0,
+        tier: bool = False,
     ) -> None:
         """The state of a partition assigned at ``start_offset``, the committed offset.
 
         ``restored`` is the state decoded from its metadata.  ``epoch`` distinguishes attempt ids
         of successive assignments of the same partition (the caller passes a counter), so an
-        answer from before a rebalance can never match an attempt made after it.
+        answer from before a rebalance can never match an attempt made after it.  ``tier``: a
+        retry tier's partition (its records come with due times): in horizon mode its horizon
+        covers only what is due, so a death makes no suspect of a record still waiting.
         """
         if not 0 <= start_offset <= MAX_OFFSET:
             raise ValueError(f"start_offset out of range: {start_offset}")
@@ -108,7 +111,7 @@ class PartitionLedger:
         self._attempts = attempts = Attempts(topic, partition, epoch)
         self._live = live = attempts.live  # read here; only Attempts changes it
         self._holdings = holdings = Holdings(config, start_offset, restored)
-        self._horizon = horizon = Horizon(config, holdings, start_offset, restored)
+        self._horizon = horizon = Horizon(config, holdings, start_offset, restored, due_only=tier)
         self._metadata = metadata = CommitMetadata(
             topic, partition, config, holdings, horizon, live, start_offset
         )

@@ -20,6 +20,7 @@ from sidecar.core.wire.answers import (
     interpret_single,
     parse_retry_after_ms,
     route_missing,
+    route_missing_statuses,
     validate_status_mapping,
 )
 from sidecar.core.wire.cloudevents import (
@@ -90,5 +91,6 @@ __all__ = [
     "parse_ack_request",
     "parse_retry_after_ms",
     "route_missing",
+    "route_missing_statuses",
     "validate_status_mapping",
 ]

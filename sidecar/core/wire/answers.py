@@ -37,6 +37,7 @@ __all__ = [
     "interpret_single",
     "parse_retry_after_ms",
     "route_missing",
+    "route_missing_statuses",
     "validate_status_mapping",
 ]
 
@@ -56,6 +57,13 @@ def validate_status_mapping(mapping: Mapping[int, str]) -> dict[int, str]:
             )
         checked[status] = ack
     return checked
+
+
+def route_missing_statuses(mapping: Mapping[int, str] | None = None) -> frozenset[int]:
+    """The statuses `route_missing` may say yes to under this mapping (a cheap first check)."""
+    mapping = mapping or {}
+    kept = {s for s in ROUTE_MISSING_STATUSES if mapping.get(s) is None}
+    return frozenset(kept | {s for s, word in mapping.items() if word == ROUTE_MISSING})
 
 
 def route_missing(

@@ -91,15 +91,18 @@ class Committer:
 
     async def txn_write(
         self, state: PartitionState, offset: int, failed: FailedRecord, dlq_topic: str
-    ) -> bool:
-        """True once written and committed; False when the partition went to another owner first."""
+    ) -> object:
+        """The DLQ record once written and committed; False when the partition went to another owner
+        first."""
         item = TxnItem(state, offset, failed, dlq_topic)
         self._txn_items.append(item)
         self._txn_wake.set()
         await item.done.wait()
         if item.error is not None:
             raise DlqFatalError(item.error)
-        return not item.skipped
+        if item.skipped:
+            return False
+        return item.record if item.record is not None else True
 
     async def run_transactions(self) -> None:
         """Transactional mode: batches of DLQ records and the offset commit, atomically.
@@ -201,7 +204,7 @@ class Committer:
 
         async def one(it: TxnItem) -> None:
             try:
-                await self._dlq.txn_produce(it.failed, it.dlq_topic)
+                it.record = await self._dlq.txn_produce(it.failed, it.dlq_topic)
             except (DlqFatalError, DlqTxnAbortable) as exc:
                 errors.append(exc)
 
@@ -348,7 +351,7 @@ class _TxnSink:
         self._state = state
         self._offset = offset
 
-    async def write(self, failed: FailedRecord, dlq_topic: str) -> bool:
+    async def write(self, failed: FailedRecord, dlq_topic: str) -> object:
         return await self._committer.txn_write(self._state, self._offset, failed, dlq_topic)
 
 

@@ -134,6 +134,7 @@ class ConsumerGroupEngine:
             ledger_config,
             horizon=self._horizon,
             max_buffered_records=d.max_buffered_records_per_partition,
+            tier_topics=self._tiers.topics,
         )
         self._partitions = partitions
         wakeup = Wakeup()
@@ -326,13 +327,14 @@ class ConsumerGroupEngine:
     def on_messages(self, messages: Sequence[Message]) -> None:
         now = now_ms()
         tier_topics = self._tiers.topics
+        states = self._partitions.by_key
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
             key = (record.topic, record.partition)
             if tier_topics and record.topic in tier_topics:
                 self._take_tier_record(record, now)
                 continue
-            state = self.states.get(key)
+            state = states.get(key)
             if state is None:
                 state = self._partitions.open_pending(key, record.offset)
                 if state is None:

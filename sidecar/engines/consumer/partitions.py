@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import trio
@@ -144,10 +145,14 @@ class Partitions:
         *,
         horizon: bool,
         max_buffered_records: int,
+        tier_topics: Collection[str] = (),
     ) -> None:
+        """`tier_topics`: the retry tier topics read with the source topics (their ledgers hold
+        records until due: `PartitionLedger`'s `tier`)."""
         self._outlet = outlet
         self._ledger_config = ledger_config
         self._horizon = horizon
+        self._tier_topics = frozenset(tier_topics)
         # Decoding bound: the default fits the default buffer; a larger buffer writes more.
         self._max_entries = max(DEFAULT_MAX_ENTRIES, 2 * max_buffered_records + 2)
         self.by_key: dict[PartitionKey, PartitionState] = {}
@@ -188,7 +193,13 @@ class Partitions:
                 restored = None
         self._epoch += 1
         ledger = L.PartitionLedger(
-            key[0], key[1], start_offset, self._ledger_config, restored=restored, epoch=self._epoch
+            key[0],
+            key[1],
+            start_offset,
+            self._ledger_config,
+            restored=restored,
+            epoch=self._epoch,
+            tier=key[0] in self._tier_topics,
         )
         top = restored.horizon if self._horizon and restored is not None else None
         state = PartitionState(
@@ -252,6 +263,7 @@ class TxnItem:
     done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None
     skipped: bool = False  # the partition went to another owner before the transaction
+    record: object = None  # the DLQ record produced in the transaction (`DlqRecord`)
 
 
 __all__ = [

@@ -45,7 +45,8 @@ class DlqRecord:
     """What `DlqWriter` hands to produce(): every header name has a UTF-8 encoding.
 
     `dropped_headers` names the app's extra headers that were left out because they would have set
-    one of ours (`is_reserved_header`); the writer counts and logs them.
+    one of ours (`is_reserved_header`); the writer counts and logs them. `copied` is False for a
+    headers-only record (no copy of the original: its payload is read back from the source topic).
     """
 
     topic: str
@@ -54,6 +55,7 @@ class DlqRecord:
     value: bytes | None
     headers: tuple[Header, ...]
     dropped_headers: tuple[str, ...] = ()
+    copied: bool = True
 
 
 def is_reserved_header(name: str) -> bool:
@@ -167,6 +169,7 @@ def build_dlq_record(
         value=value,
         headers=tuple(headers),
         dropped_headers=tuple(dropped),
+        copied=copy,
     )
 
 

@@ -24,6 +24,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message_factory import GetMessageClass
 
 from sidecar.core.errors import SidecarError
+from sidecar.kafka.schemas.tags import sensitive_paths
 from sidecar.kafka.schemas.wire import UNKNOWN_SCHEMA_ID, UNREADABLE_SCHEMA, Undecodable
 
 AVRO = "AVRO"
@@ -63,6 +64,8 @@ class SchemaInfo:
     schema_id: int
     schema_type: str
     versions: tuple[tuple[str, int], ...]
+    # Fields the schema tags sensitive (`sidecar.kafka.schemas.tags`): the DLQ tools redact them.
+    sensitive: frozenset[str] = frozenset()
 
     def subject_version(self, preferred: str) -> tuple[str, int] | None:
         """The (subject, version) under `preferred` (``<topic>-value``), else the first one."""
@@ -200,6 +203,7 @@ class Catalog:
             schema_id,
             schema.schema_type or AVRO,
             tuple((v.subject, int(v.version)) for v in listed if v.subject is not None),
+            sensitive_paths(schema.schema_type or AVRO, schema.schema_str or ""),
         )
         versions: dict[tuple[str, int], Any] = {}
         try:

@@ -47,6 +47,7 @@ class Decoded:
     schema_type: str
     subject: str
     version: int  # 0 when the registry listed no version for the id
+    sensitive: frozenset[str] = frozenset()  # fields the schema tags sensitive (dotted paths)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,4 +138,4 @@ def _decode(entry: LoadedSchema, topic: str, field: str, data: bytes) -> Decoded
             UNDECODABLE_PAYLOAD, f"{where} does not read these bytes: {type(exc).__name__}: {exc}"
         )
     subject, version = info.subject_version(f"{topic}-{field}") or ("", 0)
-    return Decoded(text, info.schema_id, info.schema_type, subject, version)
+    return Decoded(text, info.schema_id, info.schema_type, subject, version, info.sensitive)

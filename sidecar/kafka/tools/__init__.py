@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sidecar.kafka.errors import KafkaCallError
 from sidecar.kafka.tools.admin import TopicAdmin
-from sidecar.kafka.tools.fetch import Fetched, OffsetFetcher
+from sidecar.kafka.tools.fetch import Fetched, OffsetFetcher, payload_gone
 from sidecar.kafka.tools.producer import ToolProducer
 from sidecar.kafka.tools.reader import ReadConsumer
 from sidecar.kafka.tools.records import Header, ReadRecord
@@ -25,4 +25,5 @@ __all__ = [
     "ReadRecord",
     "ToolProducer",
     "TopicAdmin",
+    "payload_gone",
 ]

@@ -3,7 +3,8 @@
 A headers-only DLQ record (copy off, or the copy dropped as too large; or another writer's record
 without key and value) is replayed, or shown, from its source topic while retention still holds the
 offset. `OffsetFetcher.fetch` tells "found", "gone for good" (deleted topic or partition, offset below
-the low watermark, compacted away) and "not readable now" (a failure) apart.
+the low watermark, compacted away) and "not readable now" (a failure) apart; `log_start` alone is
+the cheap check (one watermark request per partition) that `payload_gone` words.
 
 Imports confluent-kafka, the pure core and `sidecar.kafka.errors` / `.tools.records` only.
 """
@@ -33,6 +34,14 @@ class Fetched(NamedTuple):
 
 
 FETCH_WAIT_MAX_MS = 10
+
+
+def payload_gone(topic: str, partition: int, offset: int, log_start: int) -> str:
+    """The plain words for a source offset below its partition's log start."""
+    return (
+        f"payload gone: source offset {topic}[{partition}]@{offset} was deleted "
+        f"(log start now {log_start}; retention or delete-records)"
+    )
 
 
 class OffsetFetcher:
@@ -81,6 +90,24 @@ class OffsetFetcher:
                 self._partitions[topic] = len(tmd.partitions)
         return self._partitions[topic]
 
+    def log_start(self, topic: str, partition: int) -> int | str:
+        """The partition's log start offset (its low watermark), or why it has none: the topic or
+        the partition does not exist. KafkaCallError when the broker cannot say now."""
+        count = self.partition_count(topic)
+        if isinstance(count, str):
+            return count
+        if partition >= count:
+            return f"partition {partition} of {topic} does not exist"
+        try:
+            lo, _hi = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10
+            )
+        except KafkaException as exc:
+            raise translate(
+                f"cannot read the offsets of {topic}[{partition}]", exc, KafkaCallError
+            ) from exc
+        return int(lo)
+
     def fetch(self, topic: str, partition: int, offset: int) -> Fetched:
         """The record at `topic[partition]@offset`, or why not (see `Fetched`)."""
         count = self.partition_count(topic)
@@ -95,12 +122,7 @@ class OffsetFetcher:
         except KafkaException as exc:
             return Fetched(None, f"cannot read the offsets of {topic}[{partition}]: {exc}", False)
         if offset < lo:
-            return Fetched(
-                None,
-                f"source offset {where} is below the low watermark {lo} "
-                "(deleted by retention or delete-records)",
-                True,
-            )
+            return Fetched(None, payload_gone(topic, partition, offset, lo), True)
         if offset >= hi:
             return Fetched(None, f"source offset {where} is beyond the high watermark {hi}", True)
         try:
@@ -134,4 +156,4 @@ class OffsetFetcher:
                 self._consumer.unassign()
 
 
-__all__ = ["Fetched", "OffsetFetcher"]
+__all__ = ["Fetched", "OffsetFetcher", "payload_gone"]

@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from sidecar.core.errors import KafkaClientError
-from sidecar.kafka.tools import OffsetFetcher, ReadConsumer, TopicAdmin
+from sidecar.kafka.tools import ReadConsumer, TopicAdmin
 from sidecar.ops.console import access as limits
 from sidecar.ops.console.access import SESSION_COOKIE
 from sidecar.ops.console.catalog import Catalog, find_dlq_topics
@@ -29,10 +29,13 @@ from sidecar.ops.console.context import CATALOG_TTL_S, Console
 from sidecar.ops.console.record_view import record_view
 from sidecar.ops.console.redrive import new_replay_name, preview, summary_text
 from sidecar.ops.console.timeline import Timeline, svg_chart
+from sidecar.ops.dlq.entries import DlqEntry
 from sidecar.ops.dlq.errors import UsageError
 from sidecar.ops.dlq.filters import Filters, filters_from_values
 from sidecar.ops.dlq.formats import FORMATS
 from sidecar.ops.dlq.inspect import InspectResult, inspect_dlq, inspect_page, read_entry
+from sidecar.ops.dlq.originals import Originals
+from sidecar.ops.dlq.payloads import PayloadReader, parse_field_filter
 from sidecar.ops.dlq.render import payload_preview, written_by
 from sidecar.ops.dlq.replay import REPLAY_NAME, ReplayOptions
 
@@ -48,6 +51,7 @@ FILTER_FIELDS = (
     "since",
     "until",
     "offset_range",
+    "field",
 )
 _SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -136,6 +140,19 @@ def filters_of(params: Params, records: list[str] | None = None) -> Filters:
         message_contains=_one(params, "message"),
         records=records or [],
     )
+
+
+def _payloads_of(c: Console, params: Params) -> PayloadReader | None:
+    """The console's reader with the request's decoded-field filters (`field=PATH=VALUE`, as the CLI's
+    ``--field``); the console's own when there are none; UsageError without a registry."""
+    fields = [parse_field_filter(f.strip()) for f in params.get("field", []) if f.strip()]
+    if not fields:
+        return c.payloads
+    if c.payloads is None:
+        raise UsageError(
+            "a decoded-field filter needs a schema registry: start the console with --registry"
+        )
+    return c.payloads.filtered(fields)
 
 
 def _filter_query(params: Params) -> list[tuple[str, str]]:
@@ -266,10 +283,22 @@ async def records_page(request: Request) -> Response:
     filters = filters_of(params)
     size = _int(params, "size", 50, 1, limits.MAX_PAGE_SIZE)
     cursor = _cursor(_one(params, "cursor"))
+    payloads = _payloads_of(c, params)
 
     def read() -> Any:
         consumer = ReadConsumer(c.props)
+        originals = Originals(c.props)
         try:
+            accept: Callable[[DlqEntry], bool] | None = None
+            if payloads is not None:
+                reader = payloads
+
+                def decode(entry: DlqEntry) -> bool:
+                    # Decoded (and redacted) for the payload column and the decoded-field filter;
+                    # a headers-only record from its source record.
+                    return reader.read(entry, originals.record(entry))
+
+                accept = decode
             page = inspect_page(
                 consumer,
                 topic,
@@ -277,12 +306,13 @@ async def records_page(request: Request) -> Response:
                 cursor=cursor,
                 size=size,
                 scan_budget=limits.MAX_SCAN_PER_PAGE,
+                accept=accept,
             )
+            for entry in page.entries:
+                originals.check(entry)  # a headers-only record's payload gone from its source
         finally:
             consumer.close()
-        if c.payloads is not None:
-            for entry in page.entries:
-                c.payloads.read(entry)  # decoded (and redacted) for the payload column
+            originals.close()
         return page
 
     page = await _blocking(read)
@@ -305,6 +335,7 @@ async def records_page(request: Request) -> Response:
         size=size,
         written_by=written_by,
         preview_of=payload_preview,
+        decoding=c.payloads is not None,
     )
 
 
@@ -321,21 +352,13 @@ async def record_page(request: Request) -> Response:
             consumer.close()
         if entry is None:
             raise _Refused(404, f"no record at {topic}[{partition}]@{offset}")
+        originals = Originals(c.props)
+        try:
+            original = originals.fetch(entry)  # a headers-only record's original, or why not
+        finally:
+            originals.close()
         if c.payloads is not None:
-            c.payloads.read(entry)
-        original = None
-        if (
-            entry.headers_only
-            and entry.source_topic is not None
-            and entry.source_offset is not None
-        ):
-            fetcher = OffsetFetcher(c.props, timeout_s=10)
-            try:
-                original = fetcher.fetch(
-                    entry.source_topic, entry.source_partition or 0, entry.source_offset
-                )
-            finally:
-                fetcher.close()
+            c.payloads.read(entry, None if original is None else original.record)
         return record_view(entry, original)
 
     view = await _blocking(read)
@@ -380,6 +403,7 @@ def _replay_options(c: Console, topic: str, form: Params) -> ReplayOptions:
         max_replays=c.settings.max_replays,
         limit=limit,
         kafka=c.settings.kafka,
+        payloads=_payloads_of(c, form) if scope == "matching" else None,
     )
 
 

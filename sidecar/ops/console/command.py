@@ -82,6 +82,12 @@ def add_console_parser(subparsers: Any) -> None:
         "repeatable",
     )
     p.add_argument(
+        "--show-tagged",
+        action="store_true",
+        help="show the fields a schema tags sensitive (confluent:tags PII, SENSITIVE, PHI or PCI), "
+        "which are redacted by default",
+    )
+    p.add_argument(
         "--max-replays",
         type=int,
         default=1,
@@ -148,7 +154,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         if args.max_replays < 1:
             raise UsageError("--max-replays must be 1 or more")
         token, generated = load_token(args.token_file, read_only=args.read_only)
-        payloads = payloads_for(None, args.registry, args.redact, ())
+        payloads = payloads_for(None, args.registry, args.redact, (), tagged=not args.show_tagged)
     except UsageError as exc:
         print(f"dlq-sidecar console: {exc}", file=sys.stderr)
         return EXIT_USAGE

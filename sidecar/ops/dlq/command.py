@@ -28,7 +28,9 @@ from sidecar.ops.dlq.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, DlqToolErr
 from sidecar.ops.dlq.filters import Filters, filters_from_values
 from sidecar.ops.dlq.formats import FORMATS
 from sidecar.ops.dlq.inspect import inspect_dlq
+from sidecar.ops.dlq.originals import Originals
 from sidecar.ops.dlq.payloads import PayloadReader, parse_field_filter, payloads_for
+from sidecar.ops.dlq.reader import client_properties
 from sidecar.ops.dlq.render import render_inspect, render_inspect_summary, render_replay_summary
 from sidecar.ops.dlq.replay import REPLAY_NAME, Replayer, ReplayOptions, ReplaySummary
 
@@ -140,6 +142,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="FIELD",
         help="show this decoded field as *** (a name at any depth, or a dotted path); adds to "
         "--config's schemas.redact; repeatable",
+    )
+    s.add_argument(
+        "--show-tagged",
+        action="store_true",
+        help="show the fields a schema tags sensitive (confluent:tags PII, SENSITIVE, PHI or PCI), "
+        "which are redacted by default",
     )
     s.add_argument(
         "--field",
@@ -360,7 +368,7 @@ def _width(stream: TextIO) -> int | None:
 def _payloads(args: argparse.Namespace) -> PayloadReader | None:
     config = _config(args) if args.config is not None else None
     fields = [parse_field_filter(text) for text in args.field]
-    return payloads_for(config, args.registry, args.redact, fields)
+    return payloads_for(config, args.registry, args.redact, fields, tagged=not args.show_tagged)
 
 
 def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) -> int:
@@ -368,6 +376,7 @@ def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) ->
     topics = _dlq_topics(args, args.topic, tiers=True)
     bootstrap = _bootstrap(args)
     payloads = _payloads(args)
+    originals = Originals(client_properties(bootstrap, dict(args.kafka_property)))
     try:
 
         def emit(entry: DlqEntry) -> None:
@@ -382,6 +391,7 @@ def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) ->
                 kafka=dict(args.kafka_property),
                 on_entry=emit if args.json else None,
                 payloads=payloads,
+                originals=originals,
             )
             if args.json:
                 console.file.flush()
@@ -391,6 +401,7 @@ def _cmd_inspect(args: argparse.Namespace, console: Console, errors: Console) ->
             else:
                 render_inspect(console, result, topic)
     finally:
+        originals.close()
         if payloads is not None:
             payloads.close()
     return EXIT_OK

@@ -71,6 +71,9 @@ class DlqEntry:
     # The value decoded through a Schema Registry (`sidecar.ops.dlq.payloads.Payload`), when the
     # command reads schemas; set by the reader that decoded it.
     payload: Any = field(default=None, repr=False, compare=False)
+    # Why a headers-only record's payload is gone from its source topic (`sidecar.ops.dlq.originals`),
+    # set by the reader that checked; None: not checked, or still there.
+    payload_gone: str | None = field(default=None, repr=False, compare=False)
     context: DlqContext = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +187,7 @@ class DlqEntry:
             "detail": self.context.detail,
             "source_timestamp_ms": self.context.source_timestamp_ms,
             "headers_only": self.headers_only,
+            "payload_gone": self.payload_gone,
             "replay_count": self.replay_count,
             "replay_name": _text(self.header(H_REPLAY_NAME)),
             "key": encode_bytes(self.key),

@@ -3,7 +3,7 @@
 Owns `inspect_dlq`, `inspect_page` (one page from a cursor, bounded: its docstring) and `read_entry`.
 Nothing is committed.
 
-Imports the standard library and the `sidecar.ops.dlq.*` modules entries, filters and reader; never
+Imports the standard library and the `sidecar.ops.dlq.*` modules entries, filters, originals and reader; never
 the engines, the ledger, the source, the daemon or the HTTP modules.
 """
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sidecar.kafka.tools import ReadConsumer
 from sidecar.ops.dlq.entries import DlqEntry, entry_from_record
 from sidecar.ops.dlq.filters import Filters
+from sidecar.ops.dlq.originals import Originals
 from sidecar.ops.dlq.payloads import PayloadReader
 from sidecar.ops.dlq.reader import client_properties, dlq_partitions
 
@@ -29,6 +30,7 @@ class InspectResult:
     by_exception_class: Counter[str] = field(default_factory=Counter)
     by_source_topic: Counter[str] = field(default_factory=Counter)
     by_writer: Counter[str] = field(default_factory=Counter)
+    payload_gone: int = 0  # headers-only records whose source offset was deleted
 
 
 def inspect_dlq(
@@ -41,8 +43,13 @@ def inspect_dlq(
     on_entry: Callable[[DlqEntry], None] | None = None,
     each: Callable[[DlqEntry], None] | None = None,
     payloads: PayloadReader | None = None,
+    originals: Originals | None = None,
 ) -> InspectResult:
-    """Read `topic` from the beginning to its current end; count every matching record, keep the first `limit`."""
+    """Read `topic` from the beginning to its current end; count every matching record, keep the first `limit`.
+
+    With `originals`, each headers-only record the filters pass is checked against its source partition's log
+    start (`DlqEntry.payload_gone`, counted in `payload_gone`; one request per source partition) and, with
+    `payloads`, decoded from its source record (one fetch each)."""
     props = client_properties(bootstrap, kafka or {})
     consumer = ReadConsumer(props)
     result = InspectResult()
@@ -56,9 +63,14 @@ def inspect_dlq(
                 result.scanned += 1
                 if filters.mismatch(entry, now_ms) is not None:
                     continue
-                if payloads is not None and not payloads.read(entry):
-                    continue  # a --field filter on the decoded value
+                gone = originals is not None and originals.check(entry) is not None
+                if payloads is not None:
+                    # A headers-only record is decoded from its source record (one fetch each).
+                    original = None if originals is None or gone else originals.record(entry)
+                    if not payloads.read(entry, original):
+                        continue  # a --field filter on the decoded value
                 result.matched += 1
+                result.payload_gone += gone
                 result.by_exception_class[entry.exception_class or "(none)"] += 1
                 result.by_source_topic[
                     entry.source_topic
@@ -96,6 +108,7 @@ def inspect_page(
     size: int = 50,
     scan_budget: int = 20_000,
     now_ms: int | None = None,
+    accept: Callable[[DlqEntry], bool] | None = None,
 ) -> Page:
     """Up to `size` records of `topic` matching `filters`, from `cursor` (partition -> next offset; None:
     the beginning), reading partition by partition and at most `scan_budget` records.
@@ -105,7 +118,8 @@ def inspect_page(
     `on_entry` (`--json`), and every one is shown to `each` (the console's timeline). `inspect_page` reads one
     page of matching records from a cursor (the console's table): partition by partition, at most `size`
     matches and `scan_budget` records read, so a large topic is never read whole into memory;
-    `read_entry` reads one record.
+    `read_entry` reads one record. `accept`, when given, is asked about each record the filters pass (the
+    console's filter on decoded fields: it decodes the record onto the entry).
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     parts = dlq_partitions(consumer, topic)
@@ -129,7 +143,7 @@ def inspect_page(
                 position[p] = record.offset + 1
                 scanned += 1
                 entry = entry_from_record(record)
-                if filters.mismatch(entry, now) is None:
+                if filters.mismatch(entry, now) is None and (accept is None or accept(entry)):
                     entries.append(entry)
             if full():
                 break

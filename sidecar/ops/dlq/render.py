@@ -22,14 +22,18 @@ from sidecar.ops.dlq.replay import ReplayOptions, ReplaySummary
 
 
 def payload_preview(entry: DlqEntry, width: int = 40) -> str:
-    if entry.headers_only:
-        return "(headers only)"
-    if entry.value is None:
-        return "(null value)"
     payload = entry.payload
+    if entry.payload_gone is not None:
+        return entry.payload_gone
     if payload is not None and payload.schema is not None:
         text: str = payload.preview()
         return text if len(text) <= width * 3 else text[: width * 3 - 1] + "…"
+    if entry.headers_only:
+        if payload is not None:
+            return f"(headers only) the source's value not decoded: {payload.reason}"
+        return "(headers only)"
+    if entry.value is None:
+        return "(null value)"
     if payload is not None:
         return f"{_bytes_preview(entry.value, width)} not decoded: {payload.reason}"
     return _bytes_preview(entry.value, width)
@@ -129,6 +133,13 @@ def render_inspect_summary(console: Console, result: InspectResult) -> None:
         markup=False,
         highlight=False,
     )
+    if result.payload_gone:
+        console.print(
+            f"{result.payload_gone} headers-only records: payload gone (their source offset was "
+            "deleted; they cannot be replayed)",
+            markup=False,
+            highlight=False,
+        )
     for title, counts in (
         ("by exception class", result.by_exception_class),
         ("by source topic", result.by_source_topic),

@@ -352,11 +352,25 @@ class Replayer:
         if mismatch is not None:
             s.skipped[f"filtered out by --{mismatch}"] += 1
             return None
-        if o.payloads is not None and not o.payloads.read(entry):
+        source_topic, source_partition = entry.source_topic, entry.source_partition
+        # A headers-only record is decoded from its source record: read once, here, and sent below.
+        prefetched = None
+        if (
+            o.payloads is not None
+            and entry.headers_only
+            and source_topic is not None
+            and source_partition is not None
+            and entry.source_offset is not None
+        ):
+            prefetched = self._fetcher_or_new().fetch(
+                source_topic, source_partition, entry.source_offset
+            )
+        if o.payloads is not None and not o.payloads.read(
+            entry, None if prefetched is None else prefetched.record
+        ):
             s.skipped["filtered out by --field"] += 1
             return None
         s.matched += 1
-        source_topic, source_partition = entry.source_topic, entry.source_partition
         if source_topic is None or source_partition is None:
             # A Kafka Streams punctuator's record (no input record), or a writer that left the source out.
             why = None
@@ -391,7 +405,7 @@ class Replayer:
                 )
             else:
                 assert source_topic is not None and source_partition is not None
-                fetched, reason, gone = self._fetcher_or_new().fetch(
+                fetched, reason, gone = prefetched or self._fetcher_or_new().fetch(
                     source_topic, source_partition, offset
                 )
             if fetched is None:

@@ -23,7 +23,7 @@ from sidecar.engines.dlq_step import DlqStep
 from sidecar.engines.interfaces import Counters, Delivery, Settled, Until
 from sidecar.engines.outlet import PipelineFlags, PipelineOutlet, Reachability
 from sidecar.engines.pull import PullQueue
-from sidecar.kafka.dlq import DlqFatalError
+from sidecar.kafka.dlq import DlqFatalError, DlqRecord
 from sidecar.telemetry.tracing import Tracing
 from tests.unit.engines.fakes import Calls, FakeSink, config, tracked
 
@@ -117,11 +117,47 @@ async def test_breaker_gate_trips_holds_and_probes(autojump_clock: trio.testing.
 
 async def test_breaker_gate_a_probe_without_an_answer_is_void() -> None:
     g = gate(Calls())
-    g.breaker._state = BreakerState.HALF_OPEN  # a test shortcut: half-open now
+    g.admits()
+    g.admits()  # tripped
+    half_open = g.breaker.tick(10**12)  # the cool-down is long over
+    assert half_open is not None
+    g.transition(half_open)
     probe = delivery(1)
     g.issued(probe)
+    assert g.room() == 0  # the probe is out
     g.retired(probe)
     assert g.breaker.state is BreakerState.HALF_OPEN and g.room() == 1
+
+
+async def test_breaker_gate_counts_acceptances_within_a_bucket(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    g = gate(Calls())  # a 60 s window: buckets of 600 ms
+
+    def finished() -> int:
+        return g.breaker.status(int(trio.current_time() * 1000)).finished
+
+    for offset in range(3):
+        g.answered(delivery(offset), Settled.ACCEPTED)
+    assert finished() == 0  # counted on the record's path, not yet in the window
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(g.run_timer)
+        await trio.sleep(0.7)
+        assert finished() == 3  # in the window within a bucket
+        g.answered(delivery(3), Settled.ACCEPTED)  # wakes the timer, asleep with none to count
+        await trio.sleep(0.7)
+        assert finished() == 4
+        nursery.cancel_scope.cancel()
+
+
+async def test_breaker_gate_verdict_sees_every_acceptance() -> None:
+    g = gate(Calls())  # trips past half of at least 2 finished
+    for offset in range(3):
+        g.answered(delivery(offset), Settled.ACCEPTED)
+    # No timer ran: the acceptances go into the window before the verdict, so 2 dead-letters of 5
+    # finished do not trip it (2 of 2 would).
+    assert g.admits() and g.admits() and g.closed
+    assert g.status()["finished"] == 5 and g.status()["dead_lettered"] == 2
 
 
 async def test_breaker_gate_close_from_the_api() -> None:
@@ -165,6 +201,21 @@ async def test_dlq_step_writes_and_counts() -> None:
     assert counters.dlq_written == 1 and counters.archived == {"rejected": 1}
     assert counters.dead_lettered == {("t", "rejected", "Boom", "dlq.t"): 1}
     assert fail.count == 0
+
+
+async def test_dlq_step_watches_the_source_offsets_of_headers_only_records() -> None:
+    """A headers-only DLQ record (no copy) is a pointer the payload watch follows; a copy is not."""
+    s, counters = step(Calls())
+    pointer = DlqRecord("dlq.t", 0, None, None, (), copied=False)
+    copy = DlqRecord("dlq.t", 0, b"k", b"v", (), copied=True)
+    assert await dead_letter(s, FakeSink(answer=copy)) is ArchiveOutcome.WRITTEN
+    assert counters.headers_only_watched == 0
+    assert await dead_letter(s, FakeSink(answer=pointer)) is ArchiveOutcome.WRITTEN
+    assert counters.headers_only_watched == 1
+    assert s.payload_watch.pointers.partitions() == [("t", 0)]
+    s.payload_watch.update({("t", 0): 5})  # tracked(4): offset 4, now below the log start
+    assert counters.source_deleted == {"t": 1} and counters.headers_only_watched == 0
+    assert s.payload_watch.interval_s == 60.0  # errors.deadletterqueue.source.check.interval.ms
 
 
 async def test_dlq_step_a_record_gone_to_another_owner_is_handed_over() -> None:

@@ -320,4 +320,18 @@ groups:
             count across container restarts): it ends 10 minutes after the pods are replaced, once the
             group's share.delivery.count.limit is fixed.
           runbook_url: {{ printf "%s#dlqsidecarbrokerarchivedwithoutdlq" $book }}
+      - alert: DlqSidecarDlqPayloadGone
+        expr: >-
+          max by (namespace, pod, topic) (increase(dlq_sidecar_dlq_source_deleted_total{{ $sel }}[1h])) > 0
+        labels:
+          severity: critical
+        annotations:
+          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: headers-only DLQ records of topic {{ $labels.topic }} lost their payload'`}}
+          description: >-
+            DLQ records written without a copy of the record (errors.deadletterqueue.copy.record.enable
+            false, or a copy too large for the DLQ topic) point at their source offset, and retention or
+            delete-records has deleted that offset: their payload is gone and they cannot be replayed.
+            More go the same way unless the DLQ is replayed first or the source topic's retention is
+            longer. Fires for an hour after each loss.
+          runbook_url: {{ printf "%s#dlqsidecardlqpayloadgone" $book }}
 {{- end }}
