@@ -223,9 +223,7 @@ async def test_a_commit_queued_before_a_revoke_does_not_land_after_its_final_com
         with trio.fail_after(60):
             await listener.older_done.wait()
         # The older commit has returned: had it gone out, the broker would hold it now.
-        committed = await trio.to_thread.run_sync(
-            broker.committed, group, topic, listener.revoked
-        )
+        committed = await trio.to_thread.run_sync(broker.committed, group, topic, listener.revoked)
         assert committed == dict.fromkeys(listener.revoked, (5, "final"))
         for source in (first, second):
             source.stop_polling()
