@@ -136,10 +136,10 @@ def start_offsets(
     """Where each assigned partition starts fetching: its committed offset, or where the reset
     policy (`reset`, a logical offset) puts it, looked up here for all of them at once.
 
-    Given a logical offset, librdkafka looks each partition up alone before its first fetch (a
-    ListOffsets request per partition, one after another on the leader's connection): with a
-    thousand new partitions the last one's first record came over a second after the assignment.
-    One request per leader here instead (ListOffsets takes the logical offsets as timestamps).
+    Given a logical offset, librdkafka looks each partition up on its own (its offset-query
+    state) before its first fetch: with a thousand new partitions the last first record
+    came 0.1 to 1.2 s after the assignment, 20 to 50 ms with one request per leader here
+    (ListOffsets takes the logical offsets as timestamps; docs/scaling.md).
     What is not looked up (an error, a timeout, policy "error") starts at `reset`: librdkafka
     looks it up itself."""
     new = [
