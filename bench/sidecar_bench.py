@@ -68,6 +68,7 @@ backlog), ``bench.killer`` (crash isolation) and ``bench.report`` (tables, targe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -474,7 +475,13 @@ def main(argv: list[str] | None = None) -> None:
         figures["old"] = results["baseline"]
     skip = args.skip_parts
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-") as directory:
+        # BENCH_KEEP=DIR: the run's files (sidecar configs and logs, journals) are kept in DIR.
+        keep = os.environ.get("BENCH_KEEP")
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+        with (
+            contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory(prefix="bench-")
+        ) as directory:
             app = App(directory)
             bench = Bench(args, broker, app, directory, sides, figures)
             try:

@@ -118,6 +118,18 @@ class Node:
     def log(self, name: str) -> str:
         return (self.directory / f"{name}.log").read_text(errors="replace")
 
+    @contextmanager
+    def reach(self, ip: str, port: int) -> Iterator[str]:
+        """``host:port`` on the tests' loopback, relayed to ``ip:port`` inside the node (a pod's IP)."""
+        from tests.harness import free_port
+
+        local = free_port()
+        relay = Relay(self.host_netns, ("127.0.0.1", local), self.node_netns, (ip, port))
+        try:
+            yield f"127.0.0.1:{local}"
+        finally:
+            relay.close()
+
 
 def runtime_root() -> Path:
     return cache_dir() / "node" / "root"

@@ -133,6 +133,12 @@ def _one(r: Rollout, broker: Broker, app: App, directory: str, side: Side) -> di
         f" wall {got['rollout_wall_s']:.0f} s",
         flush=True,
     )
+    for row in got["duplicates_by_stop"]:
+        print(
+            f"    after stop {row['stop']}: {row['deliveries']} on partitions {row['partitions']},"
+            f" answered before: {row['before']}",
+            flush=True,
+        )
     return got
 
 

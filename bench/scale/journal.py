@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 Coord = tuple[str, int, int]  # topic, partition, offset
 
@@ -85,9 +86,12 @@ class Verdict:
     silent_partition: str
     lost_sample: tuple[Coord, ...] = ()
     innocent_sample: tuple[Coord, ...] = ()
+    # Each delivery beyond a record's answers: (partition, offset, its wall ns, the count it had,
+    # the answer the record had before it). Where the duplicates came from (``by_stop``).
+    extra: tuple[tuple[int, int, int, int, str], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
-        out = {k: getattr(self, k) for k in self.__slots__}
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "extra"}
         out["lost_sample"] = [list(c) for c in self.lost_sample]
         out["innocent_sample"] = [list(c) for c in self.innocent_sample]
         out["duplicated_times"] = {str(k): v for k, v in sorted(self.duplicated_times.items())}
@@ -115,6 +119,7 @@ def judge(
     backwards = 0
     extra_total = 0
     extra_hist: dict[int, int] = defaultdict(int)
+    extras: list[tuple[int, int, int, int, str]] = []
     for (topic, partition), end in ends.items():
         for offset in range(end):
             produced += 1
@@ -134,6 +139,10 @@ def judge(
             if extra > 0:
                 extra_total += extra
                 extra_hist[extra] += 1
+                ordered = sorted(seen, key=lambda s: s.wall_ns)
+                for i in range(len(ordered) - extra, len(ordered)):
+                    before = ordered[i - 1].answer if i else "-"
+                    extras.append((partition, offset, ordered[i].wall_ns, ordered[i].count, before))
     innocent = sorted(c for c in dlq_count if not reject_bucket(c[1], c[2]))
     start, stop = window_ns
     silence, where = 0, "-"
@@ -158,4 +167,29 @@ def judge(
         silent_partition=where,
         lost_sample=tuple(lost[:10]),
         innocent_sample=tuple(innocent[:10]),
+        extra=tuple(extras),
     )
+
+
+def by_stop(
+    extra: Iterable[tuple[int, int, int, int, str]], stops_ns: list[int]
+) -> list[dict[str, Any]]:
+    """The deliveries beyond their answers, by the last stop before each (-1: before the first):
+    how many, on which partitions, and the answer each record had before it."""
+    deliveries: dict[int, int] = defaultdict(int)
+    partitions: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    before: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for partition, _offset, ns, _count, answer in extra:
+        i = sum(1 for t in stops_ns if t <= ns) - 1
+        deliveries[i] += 1
+        partitions[i][partition] += 1
+        before[i][answer] += 1
+    return [
+        {
+            "stop": i,
+            "deliveries": deliveries[i],
+            "partitions": dict(sorted(partitions[i].items())),
+            "before": dict(before[i]),
+        }
+        for i in sorted(deliveries)
+    ]

@@ -32,7 +32,7 @@ from bench.app import App
 from bench.broker import Broker
 from bench.dapr import DaprSetup, group_assigned, running_daprd
 from bench.measure import cpu_seconds
-from bench.scale.journal import Coord, Journal, judge
+from bench.scale.journal import Coord, Journal, by_stop, judge
 from bench.sidecars import Side, api_get, running_sidecar, sidecar_config
 
 KINDS = ("classic", "consumer", "share", "dapr")
@@ -248,6 +248,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
             status = api_get(api, "/v1/status") if api else None
             in_flight = int(status.get("in_flight", 0)) if status else None
             t0 = time.monotonic()
+            at_ns = time.time_ns()
             if r.sig == "kill":
                 proc.kill()
                 proc.wait()
@@ -263,6 +264,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
             stops.append(
                 {
                     "in_flight": in_flight,
+                    "at_ns": at_ns,
                     "exit": proc.returncode,
                     "stop_s": round(stopped_s, 2),
                     "ready_s": round(ready_s, 2),
@@ -317,6 +319,8 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
             if internal0[t] is not None and internal1[t] is not None
         },
         **verdict.as_dict(),
+        # Where the duplicates came from: by the last stop before each, their partitions.
+        "duplicates_by_stop": by_stop(verdict.extra, [s["at_ns"] for s in stops]),
     }
 
 

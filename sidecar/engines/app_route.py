@@ -4,15 +4,16 @@
 the status the app answered), the wait before the next try, and the one log line each way. It
 is told by the pipeline of every answer (`missing`, `answered`), closes intake through the
 pipeline's :class:`~sidecar.engines.outlet.Reachability` (so both engines stop handing out records
-as for an app that does not listen) and reopens it after a backoff: the next request is the probe,
-since only a real request to the real path can tell a fixed deploy. A route-missing answer is no
-attempt, so a probe costs a record nothing. Must not import either engine or confluent-kafka.
+as for an app that does not listen) and reopens it after a backoff: the next request, alone, is
+the probe (only a real request to the real path can tell a fixed deploy). A route-missing answer is
+no attempt, so a probe costs a record nothing. Must not import either engine or confluent-kafka.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import trio
 
@@ -21,9 +22,18 @@ from sidecar.http.appclient import AppRouteMissing
 
 log = logging.getLogger("sidecar.engine")
 
+T = TypeVar("T")
 
-class AppRoute:
-    """Whether the app has the configured route, and the retry while it has not."""
+
+class AppRoute(Generic[T]):
+    """Whether the app has the configured route, and the retry while it has not.
+
+    The retry is one request: after the backoff intake opens again, the first request to start is
+    the probe (`may_send`), and every other request that would start before its answer is parked
+    here, holding its request slot. The probe's outcome (`settled`) hands them back: to be sent
+    when the app answered it, or as not reached when it did not (the route still missing, or the
+    app gone), as the probe's own records are.
+    """
 
     def __init__(
         self,
@@ -41,6 +51,9 @@ class AppRoute:
         self.url: str | None = None  # set while the route is missing
         self.status: int | None = None
         self.answers = 0  # route-missing answers since the process started
+        self.probing = False  # intake reopened after the backoff: the next request is the probe
+        self._probe_out = False  # the probe was sent; its answer has not come
+        self._parked: list[T] = []  # requests (their items) waiting for the probe's answer
 
     @property
     def missing(self) -> bool:
@@ -79,11 +92,36 @@ class AppRoute:
         self.url = self.status = None
         self._delay_s = self._initial_s
 
+    def may_send(self, items: T) -> bool:
+        """Whether the request carrying `items` starts now; False: parked until the probe's
+        answer (`settled` gives it back)."""
+        if not self.probing:
+            return True
+        if not self._probe_out:
+            self._probe_out = True
+            return True
+        self._parked.append(items)
+        return False
+
+    def settled(self) -> list[T]:
+        """A request's outcome came (an answer, route-missing or not reached): the probe, if one
+        was out, is over. The parked requests, for the caller to send (after an answer, once
+        `answered` has run) or to treat as not reached (after `lost`, or the app gone)."""
+        self.probing = self._probe_out = False
+        parked, self._parked = self._parked, []
+        return parked
+
+    def drop_parked(self) -> list[T]:
+        """Shutdown: the parked requests, never sent."""
+        return self.settled()
+
     async def _try_again(self) -> None:
-        """After the backoff, let records go again: their answers are the probe."""
+        """After the backoff, let records go again: the first request is the probe."""
         await trio.sleep(self._delay_s)
         self._delay_s = min(self._delay_s * 2, self._max_s)
         if not self._reachability.reachable:
+            self.probing = True
+            self._probe_out = False
             self._reachability.back()
             self._intake_changed()
 

@@ -107,7 +107,7 @@ class Pipeline:
             dlq_ready=not (config.errors.dlq.enabled or config.errors.tiers.enabled)
         )
         self._reachability = Reachability()
-        self._route = AppRoute(
+        self._route = AppRoute[list[Delivery[Any]]](
             self._reachability,
             self._intake_changed,
             backoff_initial_s=config.app.connect_backoff_initial_ms / 1000,
@@ -450,6 +450,8 @@ class Pipeline:
         if not live:
             self._request_done(items)
             return
+        if self._route.probing and not self._route.may_send(items):
+            return  # parked, in its slot, until the route's probe is answered
         tracing = self.tracing
         traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
         for d in live:
@@ -495,10 +497,18 @@ class Pipeline:
             else:
                 self._app_unreachable(str(result))
             assert self._nursery is not None
-            self._nursery.start_soon(self._not_reached, request.items)
+            for items in (request.items, *self._route.settled()):
+                self._nursery.start_soon(self._not_reached, items)
             return
-        if self._route.url is not None:
-            self._route.answered()  # the route is found again
+        route = self._route
+        if route.url is not None:
+            route.answered()  # the route is found again
+        if (
+            route.probing
+        ):  # the probe was answered: the requests parked behind it go, in their slots
+            assert self._nursery is not None
+            for items in route.settled():
+                self._nursery.start_soon(self._send_parked, items)
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
         answers = result if isinstance(result, dict) else {live[0].id: result}
@@ -535,9 +545,13 @@ class Pipeline:
             return
         self._request_done(items)
 
+    async def _send_parked(self, items: list[Delivery[Any]]) -> None:
+        self._dispatch(items)
+
     def _close_requests(self) -> None:
         """Shutdown: requests still open are dropped, counted as attempts, their spans abandoned."""
         self._answers_closed = True
+        self._route.drop_parked()  # never sent
         for request in self._requests:
             self.counters.attempts += len(request.live)
             for _view, actx in request.traced:

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from sidecar.core.budget import DEFAULT_BUFFERED_BYTES
 from sidecar.core.errors import CommitFailed, KafkaClientError
+from sidecar.kafka.commit_waiters import CommitWaiters, Done
 from sidecar.kafka.consumer_config import (
     NOT_TRANSIENT,
     broker_error_reason,
@@ -36,7 +37,6 @@ from sidecar.kafka.queue_signal import QueueSignal, queue_signal
 from sidecar.kafka.source_port import (
     OFFSET_INVALID,
     AssignedPartition,
-    CommitKey,
     LagReading,
     OffsetToCommit,
     PollEnd,
@@ -108,6 +108,9 @@ class KafkaSource:
         self._stop_polling = False
         self._commit_lock = trio.Lock()
         self.assigned: set[tuple[str, int]] = set()
+        # The assignment (counted) each assigned partition came with (`_commit_assigned`).
+        self._assignment_of: dict[tuple[str, int], int] = {}
+        self._assignments = 0
         self.paused: set[tuple[str, int]] = set()
         self.fatal_error: str | None = None
         self.broker_ok = True
@@ -135,7 +138,7 @@ class KafkaSource:
         self._intake_error: BaseException | None = None  # what the listener raised
         self._poll_ended = trio.Event()  # an end or an intake error for the poll loop
         self._thread_stop = False  # trio left the poll loop (cancelled): the thread ends too
-        # The poll thread has served its last poll (set under `_commit_waiters_lock`): an async
+        # The poll thread has served its last poll (set under `_commit_waiters.lock`): an async
         # commit issued now would never get its callback, so commits take the synchronous path.
         self._thread_exiting = False
         self._direct_lock = trio.Lock()
@@ -144,10 +147,8 @@ class KafkaSource:
         self._next_lag_refresh = 0.0
         self._lag = LagReading()
         self._group_metadata: Any = None
-        # Callers waiting for an asynchronous commit's result, by what it commits. The result
-        # arrives in librdkafka's offset-commit callback, on the poll thread.
-        self._commit_waiters: dict[CommitKey, deque[Callable[[BaseException | None], None]]] = {}
-        self._commit_waiters_lock = threading.Lock()
+        # Callers waiting for an asynchronous commit's result (from librdkafka's callback).
+        self._commit_waiters = CommitWaiters()
         self.commit_timeout_s = COMMIT_TIMEOUT_S
         self.close_timeout_s = CLOSE_TIMEOUT_S
         self._incremental = str(
@@ -174,7 +175,7 @@ class KafkaSource:
         self._token = trio.lowlevel.current_trio_token()
         props = dict(self._props)
         props["error_cb"] = self._on_error
-        props["on_commit"] = self._on_commit
+        props["on_commit"] = self._commit_waiters.on_commit
         self._consumer = Consumer(props, logger=librdkafka_logger())
         self._consumer.subscribe(
             self._topics,
@@ -250,8 +251,10 @@ class KafkaSource:
                 consumer.incremental_assign(start)
             else:
                 consumer.assign(start)
+        self._assignments += 1
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
+            self._assignment_of[(tp.topic, tp.partition)] = self._assignments
         self._group_metadata = consumer.consumer_group_metadata()
         self._listen(self._listener.on_assigned, assigned)
         log.info("assigned %s", names(partitions))
@@ -280,6 +283,7 @@ class KafkaSource:
                 log.warning("commit on revoke failed: %s", exc)
         for key in keys:
             self.assigned.discard(key)
+            self._assignment_of.pop(key, None)
             self.paused.discard(key)
         log.info("revoked %s", names(partitions))
 
@@ -288,6 +292,7 @@ class KafkaSource:
         self._listen(self._listener.on_lost, keys)
         for key in keys:
             self.assigned.discard(key)
+            self._assignment_of.pop(key, None)
             self.paused.discard(key)
         log.warning("lost %s (no commit possible)", names(partitions))
 
@@ -377,7 +382,7 @@ class KafkaSource:
                         return  # close() came first (a stop that did not wait for this loop)
         finally:
             self._signal_wait = None
-            with self._commit_waiters_lock:
+            with self._commit_waiters.lock:
                 self._thread_exiting = True
             self._trio_thread = None
             self._signal = None
@@ -501,7 +506,7 @@ class KafkaSource:
         # Not handled here: trio's poll loop raises it, as it would from a to_thread call.
         except BaseException as exc:
             end = PollEnd(exc)
-        with self._commit_waiters_lock:
+        with self._commit_waiters.lock:
             self._thread_exiting = True
         self._hand_over(token, end, 0)
 
@@ -511,8 +516,8 @@ class KafkaSource:
         sees `_thread_exiting` and commits synchronously (else a final commit could time out)."""
         if not self._stop_polling:
             return False
-        with self._commit_waiters_lock:
-            if self._commit_waiters:
+        with self._commit_waiters.lock:
+            if self._commit_waiters.any_locked():
                 return False
             self._thread_exiting = True
             return True
@@ -636,15 +641,17 @@ class KafkaSource:
         """
         if not offsets:
             return
+        # Where the offsets were made, read before anything else runs (`_commit_assigned`).
+        held = [self._assignment_of.get((o.topic, o.partition)) for o in offsets]
         try:
-            await self._commit(to_tps(offsets))
+            await self._commit(to_tps(offsets), held)
         except _CONSUMER_CALL_ERRORS as exc:
             raise CommitFailed(str(exc)) from exc
 
-    async def _commit(self, tps: list[TopicPartition]) -> None:
+    async def _commit(self, tps: list[TopicPartition], held: list[int | None]) -> None:
         async with self._commit_lock:
             active = self._poll_thread_active or self._signal is not None
-            if active and await self._commit_async(tps):
+            if active and await self._commit_async(tps, held):
                 return
             # No poll loop serves the callbacks (before `run()`, after it stopped, or its thread
             # has served its last poll): a synchronous commit in a worker thread, abandoned if it
@@ -657,7 +664,7 @@ class KafkaSource:
             if scope.cancelled_caught:
                 raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
 
-    async def _commit_async(self, tps: list[TopicPartition]) -> bool:
+    async def _commit_async(self, tps: list[TopicPartition], held: list[int | None]) -> bool:
         """Commit through the poll thread, the result from the callback; False (nothing done) when
         the thread has served its last poll."""
         key = commit_key(tps)
@@ -674,53 +681,45 @@ class KafkaSource:
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(wake)
 
-        with self._commit_waiters_lock:
+        with self._commit_waiters.lock:
             if self._thread_exiting:
                 return False
-            self._commit_waiters.setdefault(key, deque()).append(done)
+            self._commit_waiters.add_locked(key, done)
         try:
-            await self._call(lambda c: c.commit(offsets=tps, asynchronous=True))
+            await self._call(lambda c: self._commit_assigned(c, tps, held, done))
             with trio.move_on_after(self.commit_timeout_s):
                 await finished.wait()
         except BaseException:
-            self._forget_commit_waiter(key, done)
+            self._commit_waiters.forget(done)
             raise
         if not outcome:
-            self._forget_commit_waiter(key, done)
+            self._commit_waiters.forget(done)
             raise CommitTimeout(f"commit took longer than {self.commit_timeout_s:g}s")
         if outcome[0] is not None:
             raise outcome[0]
         self._broker_usable()
         return True
 
-    def _forget_commit_waiter(
-        self, key: CommitKey, done: Callable[[BaseException | None], None]
+    def _commit_assigned(
+        self, consumer: Consumer, tps: list[TopicPartition], held: list[int | None], done: Done
     ) -> None:
-        with self._commit_waiters_lock:
-            waiters = self._commit_waiters.get(key)
-            if waiters is not None and done in waiters:
-                waiters.remove(done)
-                if not waiters:
-                    del self._commit_waiters[key]
-
-    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """librdkafka's offset-commit callback (poll thread): hand the result to its caller."""
-        key = commit_key(partitions)
-        with self._commit_waiters_lock:
-            waiters = self._commit_waiters.get(key)
-            if not waiters:
-                return  # a commit whose caller gave up waiting
-            done = waiters.popleft()
-            if not waiters:
-                del self._commit_waiters[key]
-        error: BaseException | None = None
-        if err is not None and err.code() != KafkaError._NO_OFFSET:
-            error = KafkaException(err)
-        else:
-            bad = next((tp.error for tp in partitions if tp.error is not None), None)
-            if bad is not None:
-                error = KafkaException(bad)
-        done(error)
+        """Commit what of `tps` is still held from the assignment it was made in (on the thread
+        that polls, where assignments change). Queued before a revoke and issued after it, a commit
+        would land after the revoke's final one and take the next owner back to an older state
+        (what was answered in between delivered again): that part is left out."""
+        mine = self._assignment_of
+        owned = [
+            tp
+            for tp, n in zip(tps, held, strict=True)
+            if mine.get((tp.topic, tp.partition), -1) == n
+        ]
+        if len(owned) < len(tps):
+            if not owned:
+                self._commit_waiters.forget(done)
+                done(None)
+                return
+            self._commit_waiters.rekey(commit_key(owned), done)
+        consumer.commit(offsets=owned, asynchronous=True)
 
     def _commit_sync(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         try:

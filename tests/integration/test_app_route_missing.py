@@ -149,3 +149,79 @@ async def test_a_404_with_a_json_answer_is_that_answer(
         assert await r.sc.stop() == 0
     headers = dlq[0].headers_by_name()
     assert headers["__dlq.errors.exception.class.name"] == [b"app.NoSuchOrder"]
+
+
+class SlowMisroute:
+    """An app that answers 404 (no such route), each answer after `hold_s`, until `fix`; it notes
+    how many requests are open at the app when each one arrives."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self.fixed = False
+        self.open = 0
+        self.first_answer_at: float | None = None
+        self.arrivals: list[tuple[float, int]] = []  # (trio time, requests open with it)
+        self.counts: dict[int, list[int]] = {}  # offset -> delivery counts seen once fixed
+
+    def fix(self) -> None:
+        self.fixed = True
+
+    async def __call__(self, request: Request) -> Response:
+        if self.fixed:
+            offset = int(request.header("kafka-offset") or -1)
+            count = int(request.header("kafka-delivery-count") or 0)
+            self.counts.setdefault(offset, []).append(count)
+            return Response(200)
+        self.open += 1
+        self.arrivals.append((trio.current_time(), self.open))
+        try:
+            await trio.sleep(self.hold_s)  # a slow 404: requests sent together overlap here
+        finally:
+            self.open -= 1
+        if self.first_answer_at is None:
+            self.first_answer_at = trio.current_time()
+        return Response(404, (("Content-Type", "text/plain"),), b"404 page not found\n")
+
+
+@pytest.mark.parametrize("engine", ["consumer", "share"])
+async def test_each_retry_while_the_route_is_missing_is_one_request(
+    broker: Broker, unique: str, tmp_path: Path, engine: str
+) -> None:
+    """With `app.max.in.flight` 8 and records waiting, the first round sends up to 8 requests before
+    any answer; every retry after the backoff is one request (the probe), the others wait for its
+    answer: the app never sees two open at once. Once it serves the path, every record arrives with
+    delivery count 1."""
+    app = SlowMisroute(hold_s=0.1)
+    extra: dict[str, Any] = {**FAST, "delivery.count.limit": LIMIT}
+    if engine == "share":
+        extra |= {"engine": "share", "ordering": "none"}
+    app_extra = {
+        "max.in.flight": 8,
+        "connect.backoff.initial.ms": 500,
+        "connect.backoff.max.ms": 500,
+    }
+    async with running_sidecar(
+        broker,
+        tmp_path,
+        app,
+        unique=unique,
+        extra=extra,
+        app_extra=app_extra,
+        produce_first=[Rec(key=f"k{i}".encode(), value=f"v{i}".encode()) for i in range(N)],
+    ) as r:
+
+        def retries() -> list[int]:
+            # Requests sent after the first round was answered (it was sent before any answer;
+            # the retry comes a backoff of 500 ms after the answers).
+            first = app.first_answer_at
+            if first is None:
+                return []
+            return [n_open for at, n_open in app.arrivals if at > first + 0.3]
+
+        await wait_until(lambda: len(retries()) >= 4, 60, "four retries of the missing route")
+        assert max(retries()) == 1, app.arrivals
+        app.fix()
+        await wait_until(lambda: len(app.counts) == N, 90, "every record once the app serves it")
+        st = await r.sc.status()
+    assert all(counts[0] == 1 for counts in app.counts.values()), app.counts
+    assert st["counters"]["attempts"] >= N and st["counters"]["dlq_written"] == 0

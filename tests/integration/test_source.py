@@ -169,6 +169,69 @@ async def test_batches_reach_the_listener_before_a_revoke_of_their_partition(
             assert partition in owned, f"record {partition}@{offset} handed over after its revoke"
 
 
+class _CommitDuringRevoke(RecordingListener):
+    """On a revoke: a commit of an older state of the partition, as the engine's periodic commit
+    makes while the revoke waits for the app's answers, queued behind the revoke (the poll thread
+    is inside it); then the revoke's final state, `revoke_commit`."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        super().__init__(revoke_commit=(5, "final"))
+        self.nursery = nursery
+        self.source: KafkaSource | None = None
+        self.older_done = trio.Event()
+        self.revoked: list[int] = []
+
+    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        source = self.source
+        assert source is not None
+        if not self.revoked:
+            self.revoked = [p for _, p in partitions]
+
+            async def commit_older() -> None:
+                await source.commit([OffsetToCommit(t, p, 3, "older") for t, p in partitions])
+                self.older_done.set()
+
+            self.nursery.start_soon(commit_older)
+            await wait_until(lambda: bool(source._commands), 10, "the older commit queued")
+        return self.revoked_now(partitions)
+
+
+async def test_a_commit_queued_before_a_revoke_does_not_land_after_its_final_commit(
+    bootstrap: str, broker: Broker, unique: str
+) -> None:
+    # Landing after the revoke's final commit, the older state would send the next owner back to
+    # it: what was answered in between would be delivered again.
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 2)
+    broker.produce(topic, [Rec(key=None, value=b"v", partition=i % 2) for i in range(20)])
+    props = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+    }
+    async with trio.open_nursery() as nursery:
+        listener = _CommitDuringRevoke(nursery)
+        first = KafkaSource(props, [topic], listener)
+        listener.source = first
+        second = KafkaSource(props, [topic], RecordingListener())
+        first.start()
+        nursery.start_soon(first.run)
+        await wait_until(lambda: len(listener.messages) >= 20, 60, "the records")
+        second.start()  # joining, it takes a partition through a revoke of the first's
+        nursery.start_soon(second.run)
+        with trio.fail_after(60):
+            await listener.older_done.wait()
+        # The older commit has returned: had it gone out, the broker would hold it now.
+        committed = await trio.to_thread.run_sync(broker.committed, group, topic, listener.revoked)
+        assert committed == dict.fromkeys(listener.revoked, (5, "final"))
+        for source in (first, second):
+            source.stop_polling()
+            await source.wait_stopped()
+            await source.close()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cancelled_poll_loop_ends_its_thread(
     bootstrap: str, broker: Broker, unique: str
 ) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.images import sidecar_image
-from tests.integration.conftest import helm  # noqa: F401 - the chart tests' helm, here too
+from tests.integration.conftest import helm, promtool  # noqa: F401 - the chart tests' tools, here too
 from tests.kubecluster import kube_bin_dir
 from tests.kubenode import Node, cache_dir, host_state, runtime_root, start_node
 

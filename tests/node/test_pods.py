@@ -3,7 +3,8 @@
 Every pod runs the image scripts/build-image made from the Dockerfile and the example Python app's image; the
 pods reach the broker on the node IP. What is checked is what the kubelet and the sidecar did: container states
 and timestamps from the API, the containers' log files as the kubelet wrote them, the topics and the group's
-commits. The file's last test stops the node and compares the host with what it was before.
+commits; for a sidecar killed by its memory limit, the alert its scraped series page (tests/node/scrapes.py).
+The file's last test stops the node and compares the host with what it was before.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tests.kafkatools import Broker, Rec
 from tests.kubecluster import KubeCluster
 from tests.kubenode import Node, host_state
 from tests.node.conftest import NodeHandle
+from tests.node.scrapes import RULES, Recording, replay
 
 pytestmark = pytest.mark.slow
 
@@ -522,6 +524,183 @@ def test_the_injector_adds_the_sidecar_and_a_rollout_loses_nothing(
     wait_for(lambda: committed_to_end(broker, "billing", topic, 2), 60, "the commits")
     assert broker.count_records(f"dlq.{topic}") == 0
     print(json.dumps({"rollout_s": round(rollout_s, 1), "records": len(feeder.ids)}))
+
+
+# -- a record larger than the memory allows -------------------------------------------------------------------
+
+MiB = 1024 * 1024
+SIZED_LIMIT = "96Mi"
+SIZED_BUDGET = 32 * MiB  # 55 MiB + 32 MiB + 16 KiB a partition: within 96 Mi by the sizing rule
+BIG_RECORD_BYTES = 60_000_000  # over the budget; librdkafka fetches a record batch whole
+
+
+def produce_big(broker: Broker, topic: str, errors: list[str]) -> None:
+    value = json.dumps({"id": "big-1", "kind": "ok", "pad": "x" * BIG_RECORD_BYTES}).encode()
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "message.max.bytes": 2 * len(value)}
+    )
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    producer.produce(topic, key=b"big-1", value=value, on_delivery=delivered)
+    if producer.flush(60):
+        errors.append("the big record was not flushed")
+
+
+def runbook_sections() -> dict[str, str]:
+    """docs/runbook.md's sections by heading."""
+    text = (ROOT / "docs" / "runbook.md").read_text()
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^## (\S+)\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    }
+
+
+def test_an_oom_killed_sidecar_is_restarted_pages_the_runbook_s_alert_and_its_remedy_works(
+    node: Node, helm: str, promtool: str, tmp_path: Path
+) -> None:
+    """A pod sized by the sizing rule, scraped while healthy; one record larger than its budget, fetched
+    whole, takes the sidecar past its limit: the kubelet restarts it (OOMKilled), the next process fetches
+    the same record and is killed again. The series the node showed, replayed through promtool, page the
+    alert whose runbook section says what to do about OOMKilled; the limit that section gives lets the record
+    through."""
+    cluster, broker = node.cluster, Broker(node.bootstrap)
+    ns = namespace(cluster, "sized", RESTRICTED)
+    topic = broker.create_topic("uploads", config={"max.message.bytes": str(64 * MiB)})
+    values = chart_values(node, "uploads-app", topic)
+    values["sidecar"]["config"]["max.buffered.bytes"] = SIZED_BUDGET
+    # A killed member holds its partition until its session expires: 10 s instead of 45 keeps the
+    # restarts (and the remedy's rollout) from waiting for it.
+    values["sidecar"]["config"]["kafka"]["session.timeout.ms"] = 10000
+    values["sidecar"]["resources"] = {
+        "requests": {"cpu": "50m", "memory": SIZED_LIMIT},
+        "limits": {"memory": SIZED_LIMIT},
+    }
+    install(node, helm, tmp_path, "sized", ns, values)
+    try:
+        (pod,) = ready_pods(cluster, ns, "app.kubernetes.io/instance=sized", 1)
+        broker.produce(topic, [order(f"small-{n}") for n in range(5)])
+        wait_for(lambda: committed_to_end(broker, "uploads-app", topic), 60, "the small records")
+        sidecar_log = [line for _, line in container_log(node, pod, "dlq-sidecar")]
+        assert not any("past its memory limit" in line for line in sidecar_log), sidecar_log
+
+        with node.reach(pod["status"]["podIP"], 8788) as address:
+            recording = Recording(cluster, pod, address, job="sized-dlq-sidecar")
+            healthy = recording.until(
+                lambda s: s.up and s.slot >= 2, 30, "three scrapes of the healthy sidecar"
+            )
+            assert any("dlq_sidecar_source_topic_info" in name for name in healthy.series)
+            errors: list[str] = []
+            producing = threading.Thread(target=produce_big, args=(broker, topic, errors))
+            produced = time.monotonic()
+            producing.start()
+            first = recording.until(
+                lambda s: s.container["restartCount"] >= 1, 120, "the first kill"
+            )
+            first_kill_s = time.monotonic() - produced
+            producing.join(60)
+            assert not errors, errors
+            # The restarted sidecar gets the partition back (once the killed member's session has
+            # expired), fetches the same record and is killed again: a loop that does not end.
+            last = recording.until(
+                lambda s: s.container["restartCount"] >= 2, 180, "the second kill"
+            )
+            second_kill_s = time.monotonic() - produced
+        killed = first.container["lastState"]["terminated"]
+        assert killed["reason"] == "OOMKilled" and killed["exitCode"] == 137, killed
+        assert last.container["lastState"]["terminated"]["reason"] == "OOMKilled", last.container
+        assert any(
+            s.container.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+            for s in recording.samples
+        ), [s.container.get("state") for s in recording.samples]
+        app = statuses(cluster.get(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}"))[
+            "app"
+        ]
+        assert app["restartCount"] == 0 and "running" in app["state"], app
+        # Nothing past the big record is committed: each new process fetches it again.
+        end = broker.end_offsets(topic, [0])[0]
+        assert broker.committed("uploads-app", topic, [0])[0][0] == end - 1
+
+        # The alert: silent while healthy, DlqSidecarRestarting once killed, and no other page.
+        labels = {"severity": "critical", "namespace": ns, "pod": pod["metadata"]["name"]}
+        replay(
+            promtool,
+            recording,
+            [
+                {
+                    "eval_time": Recording.at(healthy),
+                    "alertname": "DlqSidecarRestarting",
+                    "exp_alerts": [],
+                },
+                {
+                    "eval_time": Recording.at(last),
+                    "alertname": "DlqSidecarRestarting",
+                    "exp_alerts": [{"exp_labels": {**labels, "topic": topic}}],
+                },
+            ],
+            tmp_path / "promtool",
+        )
+        # ... which is the alert whose runbook section says what to do about an OOMKilled sidecar.
+        remedies = [
+            name
+            for name, text in runbook_sections().items()
+            if "OOMKilled:" in text.partition("**Do**")[2]
+        ]
+        assert remedies == ["DlqSidecarRestarting"], remedies
+        (rule,) = [
+            r
+            for g in yaml.safe_load(RULES.read_text())["groups"]
+            for r in g["rules"]
+            if r.get("alert") == "DlqSidecarRestarting"
+        ]
+        assert rule["annotations"]["runbook_url"] == "docs/runbook.md#dlqsidecarrestarting"
+
+        # The runbook's remedy: a limit of 55 MiB + the budget + 3 x the record's size gets it through.
+        remedy = f"{55 + SIZED_BUDGET // MiB + -(-3 * BIG_RECORD_BYTES // MiB)}Mi"
+        values["sidecar"]["resources"] = {
+            "requests": {"cpu": "50m", "memory": remedy},
+            "limits": {"memory": remedy},
+        }
+        raised = time.monotonic()
+        install(node, helm, tmp_path, "sized", ns, values)
+
+        def delivered_big() -> Obj | None:
+            for found in pods(cluster, ns, "app.kubernetes.io/instance=sized"):
+                log = container_log(node, found, "app")
+                if any(re.match(r"order=big-1 kind=ok .*answer=accept", line) for _, line in log):
+                    return found
+            return None
+
+        fixed = wait_for(delivered_big, POD_TIMEOUT_S, "the big record at the app")
+        wait_for(lambda: committed_to_end(broker, "uploads-app", topic), 60, "its commit")
+        through_s = time.monotonic() - raised
+        (limits,) = [
+            c["resources"]["limits"]
+            for c in fixed["spec"]["initContainers"]
+            if c["name"] == "dlq-sidecar"
+        ]
+        assert limits["memory"] == remedy, limits
+        print(
+            json.dumps(
+                {
+                    "first_kill_s": round(first_kill_s, 1),
+                    "second_kill_s": round(second_kill_s, 1),
+                    "scrapes": len(recording.samples),
+                    "remedy_limit": remedy,
+                    "remedy_through_s": round(through_s, 1),
+                    "timeline": [
+                        f"{Recording.at(x)} up={int(x.up)} restarts={x.container['restartCount']}"
+                        f" {next(iter(x.container.get('state', {})), '')}"
+                        f" {next(iter(x.container.get('state', {}).values()), {}).get('reason', '')}"
+                        for x in recording.samples
+                    ],
+                }
+            )
+        )
+    finally:
+        helm_run(node, helm, "uninstall", "sized", "-n", ns)
 
 
 def test_the_node_leaves_the_host_as_it_found_it(node_handle: NodeHandle) -> None:
