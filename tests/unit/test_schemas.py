@@ -122,9 +122,11 @@ def test_a_decoded_topic_with_its_registry() -> None:
             "decode": {"orders": ["key", "value"]},
             "cache.max.schemas": 10,
             "redact": ["card", "customer.email"],
+            "dlq.value.subject": {"orders": "orders-dlq-value"},
         }
     )
     schemas = config.schemas
+    assert schemas.dlq_value_subject == {"orders": "orders-dlq-value"}
     assert schemas.enabled
     assert schemas.decode["orders"] == frozenset({"key", "value"})
     assert schemas.registry.timeout_ms == 2500
@@ -171,6 +173,13 @@ def test_a_decoded_topic_with_its_registry() -> None:
         ),
         ({"cache.max.schemas": 0}, "schemas.cache.max.schemas", "1"),
         ({"redact": ["a..b"]}, "schemas.redact[0]", "dotted path"),
+        (
+            {"dlq.value.subject": {"payments": "p-dlq"}, "registry": {"url": "http://r"}},
+            "schemas.dlq.value.subject.payments",
+            "not a source topic",
+        ),
+        ({"dlq.value.subject": {"orders": "o-dlq"}}, "schemas.registry.url", "required"),
+        ({"dlq.value.subject": {"orders": ""}}, "schemas.dlq.value.subject.orders", ""),
         ({"unknown": 1}, "schemas.unknown", ""),
     ],
 )
