@@ -399,3 +399,67 @@ async def test_the_apps_custom_dlq_value_is_encoded_with_the_configured_subject(
         assert "is written as the app gave it" in log
     finally:
         client.close()
+
+
+async def test_protobuf_fields_tagged_sensitive_are_redacted_by_default(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str
+) -> None:
+    """A Protobuf order whose `card` field has `(confluent.field_meta).tags = "PII"`, registered by
+    confluent-kafka's ProtobufSerializer in the real registry: `dlq inspect` shows card as ***."""
+    from confluent_kafka.schema_registry.common.protobuf import _init_pool
+    from confluent_kafka.schema_registry.confluent import meta_pb2
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.message_factory import GetMessageClass
+
+    from sidecar.core.deadletter import FailedRecord
+    from sidecar.core.outcome import CAUSE_REJECTED
+    from sidecar.kafka.dlq.record import build_dlq_record
+
+    field_meta = getattr(meta_pb2, "field_meta")  # noqa: B009
+    tag = unique[-8:]  # a package name: letters and digits
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name=f"shop/tagged_{tag}.proto",
+        package=f"shop{tag}",
+        syntax="proto3",
+        dependency=["confluent/meta.proto"],
+    )
+    message = fdp.message_type.add(name="Order")
+    message.field.add(name="id", number=1, type=3, label=1)
+    message.field.add(name="customer", number=2, type=9, label=1)
+    card = message.field.add(name="card", number=3, type=9, label=1)
+    card.options.Extensions[field_meta].tags.append("PII")
+    pool = descriptor_pool.DescriptorPool()
+    _init_pool(pool)
+    pool.Add(fdp)
+    order_class = GetMessageClass(pool.FindMessageTypeByName(f"shop{tag}.Order"))
+
+    source = f"src-{unique}"
+    dlq = await trio.to_thread.run_sync(lambda: broker.create_topic(f"dlq.src-{unique}"))
+    client = registry_client(schema_registry.url)
+    try:
+        ser = ProtobufSerializer(
+            order_class,
+            client,
+            conf={"subject.name.strategy.type": "TOPIC", "use.deprecated.format": False},
+        )
+        value = ser(order_class(**order(3)), SerializationContext(source, MessageField.VALUE))
+    finally:
+        client.close()
+    failed = FailedRecord(
+        topic=source, partition=0, offset=0, key=None, value=value, headers=(),
+        group="orders-app", delivery_count=1, cause=CAUSE_REJECTED,
+    )  # fmt: skip
+    rec = build_dlq_record(failed, dlq, 1, True, 4096)
+    broker.produce(dlq, [Rec(key=rec.key, value=rec.value, headers=tuple(rec.headers))])
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url
+    )
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["value_schema"]["type"] == "PROTOBUF"
+    assert row["value_decoded"] == {"id": "3", "customer": "customer-3", "card": "***"}
+    assert row["value_schema"]["sensitive"] == ["card"]
+    assert order(3)["card"] not in out
