@@ -1,7 +1,8 @@
 """The ``schemas:`` section: records with schemas, decoded through a Schema Registry for the app.
 
 Owns `SchemasConfig` (the registry's address and client properties, which source topics decode their key
-and/or value, the bounded schema cache, the fields the DLQ tools redact), the readers of its keys
+and/or value, the bounded schema cache, the fields the DLQ tools redact, the subjects that encode the app's
+custom DLQ values), the readers of its keys
 (`SCHEMAS_KEY`, for `sidecar.config.schema`'s top-level table) and its cross-key check against
 ``source.topics``. Off unless ``schemas.decode`` names a topic.
 
@@ -78,6 +79,8 @@ class SchemasConfig:
     cache_max_schemas: int = 1000
     # Fields the DLQ tools (inspect, replay --dry-run, the console) show as "***".
     redact: tuple[str, ...] = ()
+    # source topic -> the subject whose latest schema encodes the app's custom DLQ value (KIP-1034).
+    dlq_value_subject: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def enabled(self) -> bool:
@@ -149,6 +152,16 @@ def _read_redact(raw: object, path: str, ctx: ReadContext) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _read_subjects(raw: object, path: str, ctx: ReadContext) -> Mapping[str, str]:
+    data = mapping_at({} if raw is None else raw, path)
+    return MappingProxyType(
+        {
+            str(topic): StrKey(allow_empty=False).read(subject, join_path(path, topic), ctx)
+            for topic, subject in data.items()
+        }
+    )
+
+
 _REGISTRY_KEYS = (
     Key("url", StrKey(check=_url_error), RegistryConfig, "url"),
     Key("timeout.ms", IntKey(100, 600_000), RegistryConfig, "timeout_ms"),
@@ -175,6 +188,12 @@ _SCHEMAS_KEYS = (
         SchemasConfig,
         "redact",
     ),
+    Key(
+        "dlq.value.subject",
+        CustomKey(_read_subjects, "a mapping of source topic to a subject"),
+        SchemasConfig,
+        "dlq_value_subject",
+    ),
 )
 
 
@@ -193,3 +212,13 @@ def check_schemas(schemas: SchemasConfig, source_topics: tuple[str, ...]) -> Non
             )
     if schemas.enabled and not schemas.registry.url:
         raise Invalid("schemas.registry.url", "is required when schemas.decode names a topic")
+    for topic in schemas.dlq_value_subject:
+        if topic not in source_topics:
+            raise Invalid(
+                f"schemas.dlq.value.subject.{topic}",
+                f"is not a source topic (source.topics: {', '.join(source_topics)})",
+            )
+    if schemas.dlq_value_subject and not schemas.registry.url:
+        raise Invalid(
+            "schemas.registry.url", "is required when schemas.dlq.value.subject names a topic"
+        )

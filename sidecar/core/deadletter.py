@@ -56,6 +56,8 @@ class FailedRecord:
     tier: TierWrite | None = None
     exception_cause_class: str | None = None
     route_refused: str | None = None  # the DLQ topic the app named and may not use (routes)
+    # Why the app's custom DLQ value is written as given, not encoded with the configured subject.
+    value_not_encoded: str | None = None
 
 
 class ArchiveOutcome(enum.Enum):

@@ -15,7 +15,9 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+import trio
 from opentelemetry import trace
 
 from sidecar.config import Config, ErrorsTolerance, dlq_routes
@@ -37,6 +39,9 @@ from sidecar.engines.interfaces import Counters, DlqSink
 from sidecar.engines.payload_watch import PayloadWatch
 from sidecar.kafka.dlq import DlqFatalError, DlqRecord, DlqWriter, default_transactional_id
 from sidecar.telemetry.tracing import Tracing
+
+if TYPE_CHECKING:
+    from sidecar.kafka.schemas.encoder import ValueEncoder
 
 log = logging.getLogger("sidecar.engine")  # the engine's messages, whichever adapter runs
 
@@ -102,6 +107,20 @@ def dlq_writer_for(config: Config) -> DlqWriter:
     )
 
 
+def value_encoder_for(config: Config) -> ValueEncoder | None:
+    """The encoder of the app's custom DLQ values `config` asks for (``schemas.dlq.value.subject``);
+    None when it names no topic (nothing of the registry client imported then)."""
+    schemas = config.schemas
+    if not schemas.dlq_value_subject:
+        return None
+    from sidecar.kafka.schemas.catalog import RegistrySettings
+    from sidecar.kafka.schemas.encoder import ValueEncoder
+
+    registry = schemas.registry
+    settings = RegistrySettings(registry.url, registry.timeout_ms / 1000, registry.properties)
+    return ValueEncoder(settings, schemas.dlq_value_subject)
+
+
 class DlqStep:
     """Archives records for the pipeline.
 
@@ -110,6 +129,7 @@ class DlqStep:
     the same for both engines), the plan (:func:`sidecar.core.deadletter.dead_letter`), the circuit
     breaker's say (:class:`~sidecar.engines.breaker_gate.BreakerGate`), the `record archived` log
     line (and, always, the per-burst line of :class:`~sidecar.engines.dlq_summary.DlqSummary`), the DLQ write's span, the counters,
+    the app's custom DLQ value encoded with a configured subject (`schemas.dlq.value.subject`),
     the watch on headers-only records' source offsets (:class:`~sidecar.engines.payload_watch.PayloadWatch`), and building the DLQ writer from the configuration,
     including the one decision whether the DLQ is transactional (:func:`transactional_dlq`). The
     write goes to the `sink` the adapter chose when it was built: the DLQ writer, or (transactional
@@ -134,6 +154,8 @@ class DlqStep:
         self._routes = dlq_routes(config)
         # One log line per burst of DLQ writes (its `run` is the pipeline's task).
         self.summary = DlqSummary()
+        # The app's custom DLQ values encoded with a subject (schemas.dlq.value.subject); None: off.
+        self._encoder = value_encoder_for(config)
         # Headers-only DLQ records whose source offset is deleted since (its `run` too).
         self.payload_watch = PayloadWatch(
             counters, config.errors.dlq.source_check_interval_ms / 1000, SourcePointers()
@@ -183,7 +205,10 @@ class DlqStep:
         if plan.failed is None or plan.dlq_topic is None:
             self.counters.bump(self.counters.archived, reason.label)
             return ArchiveOutcome.NO_DLQ
-        span, failed = self._start_dlq_span(tracked, plan, plan.failed, plan.dlq_topic)
+        failed = plan.failed
+        if self._encoder is not None and self._encoder.encodes(failed.topic):
+            failed = await self._encode_custom_value(failed)
+        span, failed = self._start_dlq_span(tracked, plan, failed, plan.dlq_topic)
         started = time.perf_counter()
         try:
             written = await sink.write(failed, plan.dlq_topic)
@@ -234,6 +259,31 @@ class DlqStep:
             dead_letter_error(reason, error),
             custom.topic if custom is not None else None,
         )
+
+    async def _encode_custom_value(self, failed: FailedRecord) -> FailedRecord:
+        """`failed` with the app's custom DLQ value (KIP-1034) encoded with its topic's subject, or
+        as given with the reason it is not (`__dlq.errors.value.not.encoded`); unchanged when the
+        app gave none (or a null one)."""
+        encoder = self._encoder
+        value = failed.replacement_value
+        if encoder is None or not failed.replacement_value_set or value is None:
+            return failed
+        encoded = await trio.to_thread.run_sync(encoder.encode_sync, failed.topic, value)
+        if isinstance(encoded, bytes):
+            return dataclasses.replace(failed, replacement_value=encoded)
+        log.warning(
+            "the custom DLQ value of %s[%d]@%d is written as the app gave it: %s",
+            failed.topic,
+            failed.partition,
+            failed.offset,
+            encoded,
+        )
+        return dataclasses.replace(failed, value_not_encoded=encoded)
+
+    def close(self) -> None:
+        """Close the custom DLQ values' registry client (the pipeline's last step)."""
+        if self._encoder is not None:
+            self._encoder.close()
 
     def route_status(self) -> dict[str, object]:
         """`/v1/status`'s `dlq_routes`: the rules in order, the names a reject may choose, and

@@ -247,6 +247,7 @@ class Pipeline:
                 await trio.to_thread.run_sync(self.tracing.shutdown)
                 if self._schemas is not None:
                     self._schemas.close()
+                self._dlq_step.close()
 
     async def _wait_cluster_usable(self) -> bool:
         """Until the cluster answers with the configured credentials and certificates: not ready,

@@ -99,6 +99,10 @@ def test_a_read_only_console_opens_no_session_and_sends_its_security_headers(
         assert status == 400 and "size must be between 1 and 200" in page
         status, _h, page = _call(port, "GET", f"/topics/{dlq}/records?since=soon")
         assert status == 400 and "bad time" in page
+        # A decoded-field filter without a registry is refused, not ignored; no field input shown.
+        assert 'name="field"' not in html
+        status, _h, page = _call(port, "GET", f"/topics/{dlq}/records?field=customer.id%3D42")
+        assert status == 400 and "needs a schema registry" in page
 
 
 def test_a_write_needs_the_token_the_csrf_value_and_this_site(

@@ -323,3 +323,143 @@ async def test_fields_the_schema_tags_sensitive_are_redacted_by_default(
     (row,) = _json_lines(out)
     assert row["value_decoded"] == order(5)
     assert "sensitive" not in row["value_schema"]
+
+
+async def test_the_apps_custom_dlq_value_is_encoded_with_the_configured_subject(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str, tmp_path: Path
+) -> None:
+    """`schemas.dlq.value.subject` names an Avro subject (registered here, never by the sidecar):
+    the app's custom DLQ value (KIP-1034, JSON text) is written in the wire format with its latest
+    schema, and reads back with confluent-kafka's deserializer; a value that is not JSON and one
+    that does not fit the schema are written as the app gave them, with the reason in a header."""
+    import base64
+
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from sidecar.kafka.dlq import H_VALUE_NOT_ENCODED
+
+    topic = await trio.to_thread.run_sync(lambda: broker.create_topic(f"src-{unique}"))
+    subject = f"dlq-value-{unique}"
+    dlq_schema = {
+        "type": "record",
+        "name": "DlqValue",
+        "fields": [{"name": "reason", "type": "string"}, {"name": "order_id", "type": "long"}],
+    }
+    client = registry_client(schema_registry.url)
+    client.register_schema(subject, Schema(json.dumps(dlq_schema), "AVRO"))
+    custom = {
+        0: json.dumps({"reason": "no such customer", "order_id": 0}).encode(),
+        1: b"not json",
+        2: json.dumps({"reason": "no order id"}).encode(),
+    }
+
+    def policy(d: Delivery) -> Response:
+        value_b64 = base64.b64encode(custom[d.offset]).decode()
+        return json_answer({"ack": "reject", "dlq": {"value_b64": value_b64}})
+
+    extra = {
+        "schemas": {"registry": {"url": schema_registry.url}, "dlq.value.subject": {topic: subject}}
+    }
+    try:
+        async with running_sidecar(
+            broker,
+            tmp_path,
+            RecordingApp(policy=policy),
+            topic=topic,
+            group=f"g-{unique}",
+            extra=extra,
+            produce_first=[Rec(b"k", f"v{n}".encode()) for n in range(3)],
+        ) as rig:
+            await wait_until_thread(
+                lambda: (
+                    broker.topic_exists(rig.dlq_topic) and broker.count_records(rig.dlq_topic) >= 3
+                ),
+                60,
+                "three DLQ records",
+            )
+            records = await rig.read_dlq(3)
+            log = rig.sc.log_text()
+        by_offset = {int(r.header("__dlq.errors.offset") or -1): r for r in records}
+        encoded = by_offset[0]
+        assert encoded.value is not None and encoded.value[0] == 0  # the wire format
+        assert encoded.header(H_VALUE_NOT_ENCODED) is None
+        read = AvroDeserializer(client)(
+            encoded.value, SerializationContext(rig.dlq_topic, MessageField.VALUE)
+        )
+        assert read == {"reason": "no such customer", "order_id": 0}
+
+        assert by_offset[1].value == b"not json"
+        assert "is not JSON text" in (by_offset[1].header(H_VALUE_NOT_ENCODED) or "")
+        assert by_offset[2].value == custom[2]
+        assert f"does not fit the latest schema of {subject}" in (
+            by_offset[2].header(H_VALUE_NOT_ENCODED) or ""
+        )
+        assert "is written as the app gave it" in log
+    finally:
+        client.close()
+
+
+async def test_protobuf_fields_tagged_sensitive_are_redacted_by_default(
+    broker: Broker, schema_registry: SchemaRegistry, unique: str
+) -> None:
+    """A Protobuf order whose `card` field has `(confluent.field_meta).tags = "PII"`, registered by
+    confluent-kafka's ProtobufSerializer in the real registry: `dlq inspect` shows card as ***."""
+    from confluent_kafka.schema_registry.common.protobuf import _init_pool
+    from confluent_kafka.schema_registry.confluent import meta_pb2
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from google.protobuf.message_factory import GetMessageClass
+
+    from sidecar.core.deadletter import FailedRecord
+    from sidecar.core.outcome import CAUSE_REJECTED
+    from sidecar.kafka.dlq.record import build_dlq_record
+
+    field_meta = getattr(meta_pb2, "field_meta")  # noqa: B009
+    tag = unique[-8:]  # a package name: letters and digits
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name=f"shop/tagged_{tag}.proto",
+        package=f"shop{tag}",
+        syntax="proto3",
+        dependency=["confluent/meta.proto"],
+    )
+    message = fdp.message_type.add(name="Order")
+    message.field.add(name="id", number=1, type=3, label=1)
+    message.field.add(name="customer", number=2, type=9, label=1)
+    card = message.field.add(name="card", number=3, type=9, label=1)
+    card.options.Extensions[field_meta].tags.append("PII")
+    pool = descriptor_pool.DescriptorPool()
+    _init_pool(pool)
+    pool.Add(fdp)
+    order_class = GetMessageClass(pool.FindMessageTypeByName(f"shop{tag}.Order"))
+
+    source = f"src-{unique}"
+    dlq = await trio.to_thread.run_sync(lambda: broker.create_topic(f"dlq.src-{unique}"))
+    client = registry_client(schema_registry.url)
+    try:
+        ser = ProtobufSerializer(
+            order_class,
+            client,
+            conf={"subject.name.strategy.type": "TOPIC", "use.deprecated.format": False},
+        )
+        value = ser(order_class(**order(3)), SerializationContext(source, MessageField.VALUE))
+    finally:
+        client.close()
+    failed = FailedRecord(
+        topic=source, partition=0, offset=0, key=None, value=value, headers=(),
+        group="orders-app", delivery_count=1, cause=CAUSE_REJECTED,
+    )  # fmt: skip
+    rec = build_dlq_record(failed, dlq, 1, True, 4096)
+    broker.produce(dlq, [Rec(key=rec.key, value=rec.value, headers=tuple(rec.headers))])
+
+    rc, out, err = await dlq_cli(
+        broker, "inspect", "--topic", dlq, "--json", "--registry", schema_registry.url
+    )
+    assert rc == 0, err
+    (row,) = _json_lines(out)
+    assert row["value_schema"]["type"] == "PROTOBUF"
+    assert row["value_decoded"] == {"id": "3", "customer": "customer-3", "card": "***"}
+    assert row["value_schema"]["sensitive"] == ["card"]
+    assert order(3)["card"] not in out

@@ -122,9 +122,11 @@ def test_a_decoded_topic_with_its_registry() -> None:
             "decode": {"orders": ["key", "value"]},
             "cache.max.schemas": 10,
             "redact": ["card", "customer.email"],
+            "dlq.value.subject": {"orders": "orders-dlq-value"},
         }
     )
     schemas = config.schemas
+    assert schemas.dlq_value_subject == {"orders": "orders-dlq-value"}
     assert schemas.enabled
     assert schemas.decode["orders"] == frozenset({"key", "value"})
     assert schemas.registry.timeout_ms == 2500
@@ -171,6 +173,13 @@ def test_a_decoded_topic_with_its_registry() -> None:
         ),
         ({"cache.max.schemas": 0}, "schemas.cache.max.schemas", "1"),
         ({"redact": ["a..b"]}, "schemas.redact[0]", "dotted path"),
+        (
+            {"dlq.value.subject": {"payments": "p-dlq"}, "registry": {"url": "http://r"}},
+            "schemas.dlq.value.subject.payments",
+            "not a source topic",
+        ),
+        ({"dlq.value.subject": {"orders": "o-dlq"}}, "schemas.registry.url", "required"),
+        ({"dlq.value.subject": {"orders": ""}}, "schemas.dlq.value.subject.orders", ""),
         ({"unknown": 1}, "schemas.unknown", ""),
     ],
 )
@@ -356,3 +365,33 @@ def test_fields_a_schema_tags_sensitive_are_found_in_avro_and_json_schema() -> N
         "fields": [{"name": "next", "type": ["null", "Node"]}],
     }
     assert sensitive_paths("AVRO", json.dumps(node)) == frozenset()
+
+
+def test_protobuf_fields_tagged_with_field_meta_are_found() -> None:
+    from confluent_kafka.schema_registry.common.protobuf import _init_pool
+    from confluent_kafka.schema_registry.confluent import meta_pb2
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    from sidecar.kafka.schemas.tags import protobuf_sensitive
+
+    field_meta = getattr(meta_pb2, "field_meta")  # noqa: B009
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="shop/tagged.proto",
+        package="shop",
+        syntax="proto3",
+        dependency=["confluent/meta.proto"],
+    )
+    customer = fdp.message_type.add(name="Customer")
+    email = customer.field.add(name="email", number=1, type=9, label=1)
+    email.options.Extensions[field_meta].tags.append("pii")
+    customer.field.add(name="name", number=2, type=9, label=1)
+    order = fdp.message_type.add(name="Order")
+    order.field.add(name="id", number=1, type=3, label=1)
+    card = order.field.add(name="card", number=2, type=9, label=1)
+    card.options.Extensions[field_meta].tags.append("PCI")
+    order.field.add(name="customer", number=3, type=11, label=1, type_name=".shop.Customer")
+    pool = descriptor_pool.DescriptorPool()
+    _init_pool(pool)
+    pool.Add(fdp)
+    found = protobuf_sensitive(pool.FindFileByName("shop/tagged.proto"))
+    assert found == {"email", "card", "customer.email"}

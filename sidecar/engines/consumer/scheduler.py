@@ -224,6 +224,12 @@ class Scheduler:
                     # The horizon commit fell behind the hand-outs (near saturation): records
                     # wait on it, so queued commits must not wait out a blocking poll.
                     self._source.mark_busy()
+        if isolation is not None and not exclusive:
+            for state in busy:
+                if state.suspect_top is not None and state.ledger.wants_isolation:
+                    # A suspect fell due in this turn's acquire (a tier record restored with its
+                    # due time): the isolation step takes it at once, not at the next deadline.
+                    return 0.0
         for state in busy:
             if state.quiet_at == _QUIET_CANDIDATE:
                 ledger = state.ledger

@@ -31,6 +31,8 @@ H_COPY_DROPPED = "__dlq.errors.copy.dropped"
 # named in its reject that the routes' allow-list refused (the record is in the default DLQ).
 H_EXC_CAUSE_CLASS = "__dlq.errors.exception.cause.class.name"
 H_ROUTE_REFUSED = "__dlq.errors.route.refused"
+# Ours: why the app's custom DLQ value is as the app gave it, not encoded with schemas.dlq.value.subject.
+H_VALUE_NOT_ENCODED = "__dlq.errors.value.not.encoded"
 DLQ_HEADER_PREFIX = "__dlq."
 # Markers `dlq-sidecar dlq replay` puts on a replayed record (sidecar/ops/dlq/replay.py). They are the record's
 # replay history: a DLQ record must keep them even when the original headers are not copied, so a record
@@ -125,6 +127,8 @@ def build_dlq_record(
         context.append((H_EXC_CAUSE_CLASS, _utf8(failed.exception_cause_class)))
     if failed.route_refused is not None:
         context.append((H_ROUTE_REFUSED, _utf8(failed.route_refused)))
+    if failed.value_not_encoded is not None and failed.replacement_value_set:
+        context.append((H_VALUE_NOT_ENCODED, _utf8(failed.value_not_encoded)))
     if failed.stacktrace:
         context.append((H_EXC_STACKTRACE, _cap_utf8(failed.stacktrace, stacktrace_max_bytes)))
     if failed.tiers_passed:

@@ -7,6 +7,7 @@ its docstring).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections import OrderedDict
@@ -24,7 +25,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message_factory import GetMessageClass
 
 from sidecar.core.errors import SidecarError
-from sidecar.kafka.schemas.tags import sensitive_paths
+from sidecar.kafka.schemas.tags import protobuf_sensitive, sensitive_paths
 from sidecar.kafka.schemas.wire import UNKNOWN_SCHEMA_ID, UNREADABLE_SCHEMA, Undecodable
 
 AVRO = "AVRO"
@@ -296,6 +297,7 @@ class Catalog:
             return Undecodable(
                 UNREADABLE_SCHEMA, f"schema id {schema_id} is not a readable Protobuf schema: {exc}"
             )
+        info = dataclasses.replace(info, sensitive=protobuf_sensitive(file_desc))
         by_indexes: dict[tuple[int, ...], Any] = {}
 
         def decode(data: bytes, indexes: tuple[int, ...]) -> object:

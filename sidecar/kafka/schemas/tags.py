@@ -1,10 +1,11 @@
 """The fields a schema marks sensitive, as dotted paths the DLQ tools redact by default.
 
 Owns `sensitive_paths`: the fields of an Avro or JSON Schema schema that carry a sensitive tag in the
-`confluent:tags` property, the field-level tags of Confluent's data contracts (``"confluent:tags":
-["PII"]``), read from the schema text itself, so any registry that keeps the text as registered
-(Apicurio included) carries them. Paths as `sidecar.ops.dlq.payloads.redact` takes them: field names
-from the top, list items and unions passing through. Pure: the standard library only.
+`confluent:tags` property (Confluent's data contracts), read from the schema text itself, so any
+registry that keeps the text as registered (Apicurio included) carries them; and `protobuf_sensitive`:
+the fields of a Protobuf file with the `(confluent.field_meta).tags` option. Paths as
+`sidecar.ops.dlq.payloads.redact` takes them: field names from the top, list items and unions passing
+through. Imports the standard library and confluent-kafka's `meta_pb2` (Protobuf's tags).
 """
 
 from __future__ import annotations
@@ -98,4 +99,33 @@ def sensitive_paths(schema_type: str, schema_str: str) -> frozenset[str]:
     return frozenset(out)
 
 
-__all__ = ["SENSITIVE_TAGS", "TAGS_PROPERTY", "sensitive_paths"]
+def _protobuf_message(message: Any, at: str, out: set[str], depth: int) -> None:
+    from confluent_kafka.schema_registry.confluent import meta_pb2
+
+    if depth > MAX_DEPTH:
+        return
+    field_meta: Any = getattr(meta_pb2, "field_meta")  # noqa: B009 (generated: no stub names it)
+    for field in message.fields:
+        path = f"{at}.{field.name}" if at else field.name
+        options = field.GetOptions()
+        tags = options.Extensions[field_meta].tags if options.HasExtension(field_meta) else ()
+        if any(t.upper() in SENSITIVE_TAGS for t in tags):
+            out.add(path)
+        elif field.message_type is not None:
+            _protobuf_message(field.message_type, path, out, depth + 1)
+
+
+def protobuf_sensitive(file_descriptor: Any) -> frozenset[str]:
+    """The dotted paths (`.proto` field names) of the fields tagged sensitive with the
+    `(confluent.field_meta).tags` option, in every message of the file (a path names the field in
+    whichever message a record is of)."""
+    out: set[str] = set()
+    try:
+        for message in file_descriptor.message_types_by_name.values():
+            _protobuf_message(message, "", out, 0)
+    except Exception:  # an option the pool cannot parse: no tags rather than no decoding
+        return frozenset()
+    return frozenset(out)
+
+
+__all__ = ["SENSITIVE_TAGS", "TAGS_PROPERTY", "protobuf_sensitive", "sensitive_paths"]

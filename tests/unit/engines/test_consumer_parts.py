@@ -7,6 +7,8 @@ the fakes (`fakes.py`) record what they were asked. The ledgers are real: they a
 
 from __future__ import annotations
 
+import time
+
 import trio
 import trio.testing
 
@@ -24,7 +26,15 @@ from sidecar.engines.consumer.partitions import Partitions, PartitionState, now_
 from sidecar.engines.consumer.scheduler import Scheduler, Wakeup
 from sidecar.engines.interfaces import Counters
 from sidecar.kafka.source import AssignedPartition
-from tests.unit.engines.fakes import Calls, FakeOutlet, FakeSink, FakeSource, config, fill
+from tests.unit.engines.fakes import (
+    Calls,
+    FakeOutlet,
+    FakeSink,
+    FakeSource,
+    config,
+    fill,
+    tracked,
+)
 
 KEY = ("t", 0)
 WRITE_AHEAD = L.LedgerConfig()
@@ -332,6 +342,44 @@ async def test_scheduler_hands_out_within_the_room_the_pipeline_leaves() -> None
         assert [d.tracked.record.offset for d in outlet.sent] == [0, 1, 2]
         assert state.quiet_at == -1  # it gave what it was offered: looked at again
         nursery.cancel_scope.cancel()
+
+
+def test_a_suspect_falling_due_is_isolated_at_once_not_at_the_next_deadline() -> None:
+    """A restored suspect held for its due time (a retry tier's record) is released from its
+    backoff by a turn's acquire: that turn asks for the next one at once, where the isolation step
+    charges it (it used to wait for the scheduler's 5 s safety net)."""
+    outlet = FakeOutlet()
+    before = L.PartitionLedger("t", 0, 0, HORIZON)
+    fill(before, range(3))
+    before.acquire(now_ms(), 3)
+    point = before.commit_point()  # the previous owner handed out 0..2 and died
+    parts = partitions(outlet, HORIZON, horizon=True)
+    state = parts.open(KEY, point.offset, point.metadata)
+    due = now_ms() + 1000  # room for a slow first turn on a loaded machine
+    for offset in range(3):
+        rec = tracked(offset, "t", 0)
+        state.ledger.add(offset, None, rec, now_ms(), base_count=1, not_before_ms=due)
+    source = FakeSource(assigned={KEY})
+    committer = type("C", (), {"want_commit": Calls()})()
+    sched = Scheduler(
+        outlet,
+        config(),
+        source,
+        parts,
+        Wakeup(),
+        flow(outlet, parts, source),
+        sender=Sender(outlet, parts),
+        write_ahead=None,
+        isolation=IsolationStep(outlet, source, parts, committer),  # type: ignore[arg-type]
+        archiver=type("A", (), {"start": lambda self, states: None})(),
+        committer=committer,
+    )
+    assert sched._turn() > 0  # not due: the suspects wait (WAITING), nothing to isolate
+    while now_ms() < due:
+        time.sleep(0.005)
+    assert sched._turn() == 0.0  # they fell due in this turn's acquire: turn again now
+    sched._turn()
+    assert state.ledger.horizon_status().isolation is L.IsolationPhase.CHARGED
 
 
 def test_flow_control_pauses_every_partition_while_the_app_is_away() -> None:

@@ -141,16 +141,17 @@ groups:
       {{- end }}
       - alert: DlqSidecarRestarting
         expr: >-
-          {{ include "dlq-sidecar.perTopicRecent" (list $s $otherRestarts) }}
+          {{ include "dlq-sidecar.perTopicRecent" (list $s $otherRestarts) }} or (max by (namespace, pod) ({{ $ksmRestarts }}) unless on (namespace, pod) last_over_time(dlq_sidecar_source_topic_info{{ $sel }}[1d]))
         labels:
           severity: critical
         annotations:
-          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the sidecar keeps restarting (source topic {{ $labels.topic }})'`}}
+          summary: {{`'{{ $labels.namespace }}/{{ $labels.pod }}: the sidecar keeps restarting{{ if $labels.topic }} (source topic {{ $labels.topic }}){{ else }}, never scraped{{ end }}'`}}
           description: >-
             The sidecar container restarted {{ $t.restarts }} times within {{ $t.restartsWindow }} (or is in
             CrashLoopBackOff), not because of a DLQ write (that is DlqSidecarDlqWriteFailing): an OOM
             kill, a liveness restart (commits stalled), a runtime failure (exit 1). Delivery stops while
-            it is down.
+            it is down. With no `topic` label the sidecar was never scraped (kube-state-metrics' counts
+            only): a memory limit below its idle footprint, or a failure at start-up.
           runbook_url: {{ printf "%s#dlqsidecarrestarting" $book }}
       - alert: DlqSidecarDlqWriteFailing
         expr: >-
