@@ -63,17 +63,21 @@ def produce_spread(
 
 
 def assigned_at_ns(log_path: Path) -> int | None:
-    """Wall-clock ns of the sidecar's first ``assigned`` log line."""
+    """Wall-clock ns of the sidecar's first assignment: its ``assigned`` log line less the time the
+    assignment took before it (``took_ms``: the committed offsets read, the start offsets looked
+    up, the ledgers opened)."""
     if not log_path.exists():
         return None
     for line in log_path.read_text(errors="replace").splitlines():
         if '"assigned ' not in line:
             continue
         try:
-            ts = json.loads(line)["ts"]
+            fields = json.loads(line)
+            ts = fields["ts"]
         except (ValueError, KeyError):
             continue
-        return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1e9)
+        at = int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1e9)
+        return at - int(float(fields.get("took_ms", 0)) * 1e6)
     return None
 
 

@@ -45,6 +45,7 @@ from sidecar.kafka.source_port import (
     names,
     read_committed,
     reset_offset,
+    start_offsets,
     to_tps,
     values_bytes,
 )
@@ -213,6 +214,7 @@ class KafkaSource:
         return self._trio_thread is not None and threading.get_ident() == self._trio_thread
 
     def _cb_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        began = time.monotonic()
         try:
             wait = ASSIGN_READ_ON_TRIO_S if self._on_trio_thread() else 30.0
             committed = self._read_committed(consumer, partitions, wait)
@@ -239,14 +241,7 @@ class KafkaSource:
             # policy where there are none. librdkafka would otherwise read the committed offsets a
             # second time, which can disagree with ours if a commit lands in between, and a failed
             # read there can leave a partition that never starts fetching (librdkafka #5586).
-            start = [
-                TopicPartition(
-                    ap.topic,
-                    ap.partition,
-                    ap.committed_offset if ap.committed_offset is not None else self._reset_offset,
-                )
-                for ap in assigned
-            ]
+            start = start_offsets(consumer, assigned, self._reset_offset, wait)
             if self._incremental:
                 consumer.incremental_assign(start)
             else:
@@ -257,7 +252,8 @@ class KafkaSource:
             self._assignment_of[(tp.topic, tp.partition)] = self._assignments
         self._group_metadata = consumer.consumer_group_metadata()
         self._listen(self._listener.on_assigned, assigned)
-        log.info("assigned %s", names(partitions))
+        took_ms = round((time.monotonic() - began) * 1000, 1)  # offsets read, looked up, opened
+        log.info("assigned %s", names(partitions), extra={"fields": {"took_ms": took_ms}})
 
     # Reading the committed offsets at an assignment (a module function: tests call it alone).
     _read_committed = staticmethod(read_committed)

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from sidecar.kafka.queue_signal import installed_version
 from sidecar.kafka.source import AssignedPartition, KafkaSource, OffsetToCommit
+from sidecar.kafka.source_port import OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, start_offsets
 from tests.harness import RecordingListener, wait_until
 from tests.kafkatools import Broker, Rec
 
@@ -102,6 +103,31 @@ async def test_no_committed_offset_starts_at_the_reset_policy(
         await source.wait_stopped()
         await source.close()
         nursery.cancel_scope.cancel()
+
+
+def _starts(bootstrap: str, topic: str, reset: int) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}"})
+    try:
+        assigned = [
+            AssignedPartition(topic, 0, None, None),
+            AssignedPartition(topic, 1, 7, "committed"),
+        ]
+        return [tp.offset for tp in start_offsets(consumer, assigned, reset, 10.0)]
+    finally:
+        consumer.close()
+
+
+def test_start_offsets_are_looked_up_for_partitions_with_no_committed_offset(
+    bootstrap: str, broker: Broker, unique: str
+) -> None:
+    # Looked up at once for every partition (librdkafka would look each up alone before its first
+    # fetch): the log start for "earliest", the end for "latest"; a committed offset as it is.
+    topic = f"src-{unique}"
+    broker.create_topic(topic, 2)
+    broker.produce(topic, [Rec(key=None, value=b"v", partition=0) for _ in range(3)])
+    assert _starts(bootstrap, topic, OFFSET_BEGINNING) == [0, 7]
+    assert _starts(bootstrap, topic, OFFSET_END) == [3, 7]
+    assert _starts(bootstrap, topic, OFFSET_INVALID) == [OFFSET_INVALID, 7]  # "error": librdkafka's
 
 
 class _OrderListener(RecordingListener):
