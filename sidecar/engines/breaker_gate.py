@@ -61,10 +61,11 @@ class BreakerGate:
         self._moved = trio.Event()  # set (and replaced) whenever `room` may change
         self._since_wall = time.time()  # when it entered its state (wall clock)
         self.held = 0  # dead-letters held (counted once per hold)
-        # The per-record path reads plain fields: whether acceptances count (closed), whether the next
-        # attempt issued is the probe (half-open), and the acceptances not yet in the window. These
-        # go in once a bucket (the timer), and before any verdict or status reads the window.
-        self._closed = breaker.state is BreakerState.CLOSED
+        # The per-record path reads plain fields: whether it is closed (no limit on room, acceptances
+        # count), whether the next attempt issued is the probe (half-open), and the acceptances not
+        # yet in the window. These go in once a bucket (the timer), and before any verdict or status
+        # reads the window. Written here only (at a transition).
+        self.closed = breaker.state is BreakerState.CLOSED
         self.half_open = breaker.state is BreakerState.HALF_OPEN
         self._accepted = 0
         self._timer_asleep = False  # the timer waits for the next acceptance
@@ -88,7 +89,7 @@ class BreakerGate:
         accepted record counted."""
         if delivery is self.probe:
             self._probe_ended(settled)
-        elif settled is Settled.ACCEPTED and self._closed:
+        elif settled is Settled.ACCEPTED and self.closed:
             self._accepted += 1
             if self._timer_asleep:
                 self._timer_asleep = False
@@ -115,10 +116,6 @@ class BreakerGate:
     def open(self) -> bool:
         """Open (not half-open): intake stops."""
         return self.breaker.state is BreakerState.OPEN
-
-    @property
-    def closed(self) -> bool:
-        return self.breaker.state is BreakerState.CLOSED
 
     async def wait_room(self, deadline: float) -> bool:
         """Wait (until the trio time `deadline`) for the breaker to let a record out; whether it
@@ -196,7 +193,7 @@ class BreakerGate:
         """Log it (one line when it trips, one when it closes), and say so (`on_change`)."""
         self.probe = None  # any state change ends the probe: its answer no longer counts
         self._since_wall = time.time()
-        self._closed = t.after is BreakerState.CLOSED
+        self.closed = t.after is BreakerState.CLOSED
         self.half_open = t.after is BreakerState.HALF_OPEN
         self._accepted = 0  # counted while closed only, and folded before any trip
         self._changed.set()

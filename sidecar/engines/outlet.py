@@ -169,6 +169,11 @@ class PipelineOutlet:
         flags, gate = self._flags, self._gate
         pull = self._pull
         registry = self._registry
+        # A closed breaker (the usual state) limits nothing: its plain field, not its calls.
+        if gate is None or gate.closed:
+            breaker_open, breaker_room = False, None
+        else:
+            breaker_open, breaker_room = gate.open, gate.room()
         return Room(
             self._reachability.reachable and (registry is None or registry.reachable),
             flags.draining,
@@ -176,13 +181,13 @@ class PipelineOutlet:
             flags.intake_stopped,
             flags.failure is not None,
             flags.dlq_ready,
-            gate is not None and gate.open,
+            breaker_open,
             len(self._live),
             self.sending,
             # Free request capacity (push mode), or what the waiting polls still take (pull
             # mode: records are acquired only for a poll).
             pull.demand() if pull is not None else self._send_capacity - self.sending,
-            None if gate is None else gate.room(),
+            breaker_room,
         )
 
     async def wait(self, until: Until, deadline: float) -> bool:

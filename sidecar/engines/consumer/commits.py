@@ -185,13 +185,15 @@ class Committer:
                 marked.add(id(it))
             states[id(it.state)] = it.state
         pending = self._commit_offsets(list(states.values()), force=True)
-        await self._dlq.txn_commit([o for _, o, _ in pending], self._source.group_metadata())
+        offsets = [o for _, o, _ in pending]
+        await self._dlq.txn_commit(offsets, self._source.group_metadata())
         for sl in states.values():
             sl.txn_uncommitted = False
         self._confirmed(pending)
-        self._counters.committed(
-            partitions=len(pending), metadata_bytes=sum(len(o.metadata) for _, o, _ in pending)
-        )
+        metadata_bytes = 0
+        for o in offsets:
+            metadata_bytes += len(o.metadata)
+        self._counters.committed(partitions=len(offsets), metadata_bytes=metadata_bytes)
 
     async def _txn_produce_all(self, batch: list[TxnItem]) -> None:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
@@ -293,18 +295,20 @@ class Committer:
         pending = self._commit_offsets(states, force)
         if not pending:
             return True
+        offsets = [o for _, o, _ in pending]
         try:
             # The source translates librdkafka's error, and its own time limit, into CommitFailed.
-            await self._source.commit([o for _, o, _ in pending])
+            await self._source.commit(offsets)
         except CommitFailed as exc:  # retried by the next commit: redelivery, never loss
             self._counters.committed(ok=False)
             if self.failing_since is None:
                 self.failing_since = time.monotonic()
             log.warning("commit failed: %s", exc)
             return False
-        self._counters.committed(
-            partitions=len(pending), metadata_bytes=sum(len(o.metadata) for _, o, _ in pending)
-        )
+        metadata_bytes = 0
+        for o in offsets:
+            metadata_bytes += len(o.metadata)
+        self._counters.committed(partitions=len(offsets), metadata_bytes=metadata_bytes)
         self.failing_since = None
         self._confirmed(pending)
         return True
