@@ -199,6 +199,28 @@ def test_a_redelivery_waits_for_the_commit_of_its_count() -> None:
     assert third.delivery_count == 3
 
 
+def test_a_redelivery_waits_for_its_own_count_not_for_later_outcomes() -> None:
+    """Outcomes that raise other records' counts after a point carrying this record's raised count
+    do not hold its redelivery back: under a steady stream of releases it goes once that point is
+    confirmed, not when the stream pauses (a wait for the partition's latest raise starved it)."""
+    ledger = make()
+    fill(ledger, range(100, 110))
+    commit(ledger)
+    first, *rest = ledger.acquire(0, 10)
+    ledger.answer(first.attempt_id, Ack.RELEASE, 5)  # 100's count raised to 1
+    carrying = ledger.commit_point()  # made after that raise
+    for attempt in rest[:4]:  # later outcomes raise other counts before the point is confirmed
+        ledger.answer(attempt.attempt_id, Ack.RELEASE, 6)
+    ledger.committed(carrying, 2000)
+    out = ledger.acquire(2000, 10)
+    # 100 goes at once; 101.. raised after the confirmed point wait for a newer one.
+    assert [(a.offset, a.delivery_count) for a in out] == [(100, 2)]
+    assert ledger.horizon_wanted() is not None
+    commit(ledger, 2000)
+    again = ledger.acquire(2000, 10)
+    assert [(a.offset, a.delivery_count) for a in again] == [(o, 2) for o in range(101, 105)]
+
+
 def test_not_attempted_charges_nothing() -> None:
     ledger = make()
     fill(ledger, range(100, 102))

@@ -124,11 +124,12 @@ class HandOut:
                 # Beyond the committed horizon: held until its commit (the horizon fell behind).
                 crash.held_beyond(offset)
                 break
-            if horizon and record.delivery_count and not crash.counts_stored:
+            if horizon and record.counted_after >= crash.stored_serial:
                 # A redelivery: its count (raised by its last outcome) goes out once committed,
                 # or a death would restore the count below the one the app saw last (a commit
-                # is wanted now: see `horizon_wanted`).
-                crash.hold_for_count()
+                # is wanted now: see `horizon_wanted`). Its own raise, not the partition's
+                # latest: a stream of other outcomes never holds it back for more than a commit.
+                crash.hold_for_count(record.counted_after)
                 break
             if allowance <= 0:
                 if horizon:
@@ -392,7 +393,7 @@ class HandOut:
             count = record.delivery_count
             record.delivery_count = count + 1
             self._metadata.counted(record.offset, count, count + 1)
-            self._horizon.count_raised()
+            record.counted_after = self._horizon.points
         if record.suspect:
             self._horizon.clear_suspect(record)
 

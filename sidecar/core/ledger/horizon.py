@@ -129,9 +129,10 @@ class Horizon:
         self._suspects_total = 0
         self._isolated_total = 0
         self.points = 0  # commit points made
-        # The highest serial of a point the broker confirmed, and the points made when a delivery
-        # count was last raised (an outcome that counts): a redelivery waits until a point made
-        # after that is confirmed, so a death cannot restore a count below one the app has seen.
+        # The highest serial of a point the broker confirmed, and the points made when the count
+        # of a redelivery held for it was raised (an outcome that counts; each record keeps its
+        # own, `LedgerRecord.counted_after`): a redelivery waits until a point made after its
+        # raise is confirmed, so a death cannot restore a count below one the app has seen.
         self.stored_serial = 0
         self.counts_after = -1
         self.count_held = False  # a redelivery is ready and waits for that commit
@@ -243,18 +244,17 @@ class Horizon:
         if offset > self.held_at:  # noqa: PLR1730 (hot path: no max() call)
             self.held_at = offset
 
-    def count_raised(self) -> None:
-        """An outcome raised a delivery count: the points made so far do not carry it."""
-        self.counts_after = self.points
-
-    def hold_for_count(self) -> None:
-        """A ready redelivery waits for the commit of a raised count: a commit is wanted now
-        (otherwise the periodic one, usually within the retry backoff, carries it)."""
+    def hold_for_count(self, counted_after: int) -> None:
+        """A ready redelivery waits for the commit of the count it had raised once ``counted_after``
+        points were made: a commit is wanted now (otherwise the periodic one, usually within the
+        retry backoff, carries it)."""
         self.count_held = True
+        if counted_after > self.counts_after:  # noqa: PLR1730 (hot path: no max() call)
+            self.counts_after = counted_after
 
     @property
     def counts_stored(self) -> bool:
-        """Every raised delivery count is in a confirmed commit point: a redelivery may go."""
+        """The counts of the redeliveries held so far are in a confirmed commit point."""
         return self.stored_serial > self.counts_after
 
     def point_made(self, horizon: int | None) -> None:

@@ -119,6 +119,7 @@ class LedgerRecord:
 
     __slots__ = (
         "attempt_id",
+        "counted_after",
         "delivery_count",
         "error",
         "handed_out",
@@ -168,6 +169,10 @@ class LedgerRecord:
         self.pending = False
         self.suspect = False
         self.tier_delay_ms = 0  # reason RETRY_TIER: the release's delay
+        # Horizon mode: the commit points made when its count was last raised (-1: stored, as a
+        # count fetched or restored is); it is redelivered once a point made after that is
+        # confirmed (see `sidecar.core.ledger.horizon.Horizon.hold_for_count`).
+        self.counted_after = -1
 
 
 # -- the isolation pass -----------------------------------------------------------------------
