@@ -19,12 +19,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.app import App, UnixHTTPConnection, http_json
 from bench.measure import PY
 
 POLL_S = 0.02
 # Config keys added to this checkout's sidecar ("new") in every run: `python -m bench --set KEY=VALUE`.
 NEW_SIDE_KEYS: dict[str, Any] = {}
+
+
+def with_keys(config_text: str, keys: dict[str, Any]) -> str:
+    """The config with `keys` set: `source.intake` goes into the config's `source:` section when it
+    has one (a dotted top-level key beside it is refused), any other key at the top level."""
+    data = yaml.safe_load(config_text) or {}
+    for key, value in keys.items():
+        head, dot, rest = key.partition(".")
+        section = data.get(head)
+        if dot and isinstance(section, dict):
+            section[rest] = value
+        else:
+            data[key] = value
+    return str(yaml.safe_dump(data, sort_keys=False))
 
 
 @dataclass(frozen=True)
@@ -158,7 +174,7 @@ def running_sidecar(
     name = f"{side.name}-{name}"
     config_path = os.path.join(directory, f"{name}.yaml")
     if side.name == "new" and NEW_SIDE_KEYS:
-        config_text += "".join(f"{k}: {json.dumps(v)}\n" for k, v in NEW_SIDE_KEYS.items())
+        config_text = with_keys(config_text, NEW_SIDE_KEYS)
     if not side.knows_share_journal():
         # An older checkout has no journal (and refuses the key): "none" is what it runs anyway.
         config_text = config_text.replace("share.journal.path: null\n", "")
