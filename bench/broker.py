@@ -65,6 +65,9 @@ class Broker:
                     future.result(timeout=30)
         if self.own_state_dir:
             env = dict(os.environ, DLQ_KAFKA_STATE_DIR=self.own_state_dir)
+            # Without this, `scripts/kafka stop` leaves the broker running: with KAFKA_BOOTSTRAP set
+            # it stops nothing ("that broker is not ours to stop").
+            env.pop("KAFKA_BOOTSTRAP", None)
             subprocess.run([PY, str(ROOT / "scripts" / "kafka"), "stop"], env=env, check=False)
             shutil.rmtree(self.own_state_dir, ignore_errors=True)
 
