@@ -391,11 +391,21 @@ def _pod_broker(
         _stop(proc, 20)
 
 
+def _cgroup_dirs(top: Path) -> list[Path]:
+    """`top` and every directory under it; one removed meanwhile (the kubelet and containerd still
+    clean up theirs) is skipped, where `Path.rglob` raised FileNotFoundError."""
+    return [Path(root) for root, _dirs, _files in os.walk(top)]
+
+
 def _kill_containers(directory: Path) -> None:
     """Every process in the pods' cgroups, then the shims of this node's containerd."""
     for cgroup in Path("/sys/fs/cgroup").glob("*/kubepods*"):
-        for procs in cgroup.rglob("cgroup.procs"):
-            for pid in procs.read_text().split():
+        for found in _cgroup_dirs(cgroup):
+            try:
+                pids = (found / "cgroup.procs").read_text().split()
+            except OSError:
+                continue  # removed meanwhile
+            for pid in pids:
                 with suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
     marker = str(directory / "containerd").encode()
@@ -415,19 +425,18 @@ def _remove_cgroups() -> None:
     """The pods' cgroups the kubelet made (cgroupfs driver, cgroup root /), deepest first."""
     deadline = time.monotonic() + 30
     for top in Path("/sys/fs/cgroup").glob("*/kubepods*"):
-        for directory in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
-            if directory.is_dir():
-                while True:
-                    try:
-                        directory.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.2)
-        top.rmdir()
+        # Deepest first, `top` last.
+        for directory in sorted(_cgroup_dirs(top), key=lambda p: -len(p.parts)):
+            while True:
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
 
 
 def _unmount_under(directory: Path) -> None:
