@@ -30,8 +30,9 @@ NEW_SIDE_KEYS: dict[str, Any] = {}
 
 
 def with_keys(config_text: str, keys: dict[str, Any]) -> str:
-    """The config with `keys` set: `source.intake` goes into the config's `source:` section when it
-    has one (a dotted top-level key beside it is refused), any other key at the top level."""
+    """The config with `keys` set: a dotted key whose first part names a section of the config goes
+    into it (`source.intake` under `source:`; the sidecar refuses it beside that section), any other
+    key at the top level."""
     data = yaml.safe_load(config_text) or {}
     for key, value in keys.items():
         head, dot, rest = key.partition(".")

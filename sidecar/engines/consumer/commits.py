@@ -190,10 +190,9 @@ class Committer:
         for sl in states.values():
             sl.txn_uncommitted = False
         self._confirmed(pending)
-        metadata_bytes = 0
-        for o in offsets:
-            metadata_bytes += len(o.metadata)
-        self._counters.committed(partitions=len(offsets), metadata_bytes=metadata_bytes)
+        self._counters.committed(
+            partitions=len(offsets), metadata_bytes=sum(len(o.metadata) for o in offsets)
+        )
 
     async def _txn_produce_all(self, batch: list[TxnItem]) -> None:
         """Produce the batch's DLQ records at once and wait for every acknowledgement.
@@ -305,10 +304,9 @@ class Committer:
                 self.failing_since = time.monotonic()
             log.warning("commit failed: %s", exc)
             return False
-        metadata_bytes = 0
-        for o in offsets:
-            metadata_bytes += len(o.metadata)
-        self._counters.committed(partitions=len(offsets), metadata_bytes=metadata_bytes)
+        self._counters.committed(
+            partitions=len(offsets), metadata_bytes=sum(len(o.metadata) for o in offsets)
+        )
         self.failing_since = None
         self._confirmed(pending)
         return True
