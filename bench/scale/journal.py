@@ -171,6 +171,51 @@ def judge(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StopState:
+    """What a member held when it was stopped: its partitions' last confirmed commit (``None``: none
+    in this process), when it started and when it was gone (wall ns)."""
+
+    committed: Mapping[int, int | None]  # partition -> last committed offset
+    started_ns: int
+    gone_ns: int
+
+
+def not_durable(journal: Journal, topic: str, stop: StopState) -> set[Coord]:
+    """The records a stopped member had taken past what its commits held: answered (by the app's
+    journal, before the member was gone) at or beyond its partition's last committed offset, or, on
+    a partition with no commit of its own, answered since it started. Killed at that moment, it
+    leaves exactly these to be delivered again (at-least-once); a record at the app and not yet
+    answered is counted by the caller (``in_flight``)."""
+    out: set[Coord] = set()
+    for (t, partition, offset), seen in journal.by_coord.items():
+        if t != topic or partition not in stop.committed:
+            continue
+        committed = stop.committed[partition]
+        if committed is not None and offset < committed:
+            continue
+        start = stop.started_ns if committed is None else 0
+        if any(start <= s.wall_ns <= stop.gone_ns for s in seen):
+            out.add((t, partition, offset))
+    return out
+
+
+def unexplained(
+    extra: Iterable[tuple[int, int, int, int, str]],
+    topic: str,
+    held: list[tuple[int, set[Coord]]],
+) -> list[tuple[int, int]]:
+    """The deliveries beyond their answers that no earlier stop explains: ``held`` is each stop's
+    wall ns and its `not_durable` records; a delivery again of one of those after that stop is the
+    stop's (at-least-once), any other is a duplicate of the sidecar's own making."""
+    out: list[tuple[int, int]] = []
+    for partition, offset, ns, _count, _answer in extra:
+        coord = (topic, partition, offset)
+        if not any(at <= ns and coord in records for at, records in held):
+            out.append((partition, offset))
+    return out
+
+
 def by_stop(
     extra: Iterable[tuple[int, int, int, int, str]], stops_ns: list[int]
 ) -> list[dict[str, Any]]:

@@ -71,6 +71,16 @@ def scale_targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             row(f"{label}: counts going backwards", r["counts_backwards"], "<=", 0)
         if r["kind"] == "consumer" and r["signal"] == "term":
             row(f"{label}: duplicates", r["duplicate_deliveries"], "<=", 0)
+        elif "not_durable_at_stops" in r:
+            # kill -9: what a killed member had not made durable (at the app, or answered past its
+            # last confirmed commit) is delivered again; every duplicate must be one of those.
+            row(
+                f"{label}: duplicates <= not durable at the stops (in flight + answered, not committed)",
+                r["duplicate_deliveries"],
+                "<=",
+                r["not_durable_at_stops"],
+            )
+            row(f"{label}: duplicates no stop explains", r["duplicates_unexplained"], "<=", 0)
         elif r["kind"] != "dapr" and r["in_flight_known"]:
             row(
                 f"{label}: duplicates <= in flight at the stops",
@@ -130,6 +140,15 @@ def print_scale(out: dict[str, Any]) -> None:
                 f" stops {r['in_flight_at_stops']}), longest silence {r['longest_silence_s']:.1f} s,"
                 f" wall {r['rollout_wall_s']:.0f} s"
             )
+            if "not_durable_at_stops" in r:
+                ages = sorted(a for a in r["commit_age_s_at_stops"] if a is not None)
+                median = ages[len(ages) // 2] if ages else float("nan")
+                print(
+                    f"    kill -9: not durable at the stops {r['not_durable_at_stops']} (in flight,"
+                    f" or answered past the last commit), duplicates no stop explains"
+                    f" {r['duplicates_unexplained']}; age of the killed member's last commit"
+                    f" median {median:.2f} s, max {max(ages, default=float('nan')):.2f} s"
+                )
     targets = out.get("targets") or []
     if targets:
         print("\nscale targets (value, target, ratio value ÷ target)")

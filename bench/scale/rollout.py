@@ -32,7 +32,16 @@ from bench.app import App
 from bench.broker import Broker
 from bench.dapr import DaprSetup, group_assigned, running_daprd
 from bench.measure import cpu_seconds
-from bench.scale.journal import Coord, Journal, by_stop, judge
+from bench.scale.journal import (
+    Coord,
+    Journal,
+    StopState,
+    Verdict,
+    by_stop,
+    judge,
+    not_durable,
+    unexplained,
+)
 from bench.sidecars import Side, api_get, running_sidecar, sidecar_config
 
 KINDS = ("classic", "consumer", "share", "dapr")
@@ -61,6 +70,7 @@ class Fleet:
     stacks: list[contextlib.ExitStack] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     apis: list[str | None] = field(default_factory=list)
+    started_ns: list[int] = field(default_factory=list)
     started: int = 0
 
 
@@ -171,10 +181,12 @@ def _start(
         proc = stack.enter_context(running_sidecar(config, directory, name, side))
     if slot < len(fleet.procs):
         fleet.stacks[slot], fleet.procs[slot], fleet.apis[slot] = stack, proc, api
+        fleet.started_ns[slot] = time.time_ns()
     else:
         fleet.stacks.append(stack)
         fleet.procs.append(proc)
         fleet.apis.append(api)
+        fleet.started_ns.append(time.time_ns())
 
 
 def _wait(predicate: Any, timeout_s: float, what: str, fleet: Fleet) -> float:
@@ -224,6 +236,9 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
         )
 
     stops: list[dict[str, Any]] = []
+    held: list[
+        StopState | None
+    ] = []  # a killed consumer-engine member's: what it had not committed
     with _fleet_stopped_at_end(Fleet()) as fleet:
         for slot in range(r.members):
             _start(fleet, slot, r, broker, topic, dlq, group, app, directory, side)
@@ -256,6 +271,18 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=120)
             stopped_s = time.monotonic() - t0
+            held.append(
+                StopState(
+                    {
+                        int(q["partition"]): q.get("last_committed_offset")
+                        for q in status.get("partitions", [])
+                    },
+                    fleet.started_ns[slot],
+                    time.time_ns(),
+                )
+                if r.sig == "kill" and r.kind in ("classic", "consumer") and status
+                else None
+            )
             fleet.stacks[slot].close()
             _start(fleet, slot, r, broker, topic, dlq, group, app, directory, side)
             ready_s = _wait(
@@ -297,6 +324,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
                 break
             time.sleep(2.0)
         assert verdict is not None
+        explained = _explained(verdict, journal_lines(), topic, stops, held)
     return {
         "kind": r.kind,
         "members": r.members,
@@ -308,6 +336,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
         "up_s": round(up_s, 1),
         "rollout_wall_s": round((window_end - window_start) / 1e9, 1),
         "in_flight_at_stops": sum(s["in_flight"] or 0 for s in stops),
+        **explained,
         "in_flight_known": all(s["in_flight"] is not None for s in stops),
         "stops": stops,
         "members_cpu_s_at_end": round(cpu, 1),
@@ -325,6 +354,49 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
 
 
 INTERNAL_TOPICS = ("__consumer_offsets", "__share_group_state")
+
+
+def _explained(
+    verdict: Verdict,
+    lines: list[str],
+    topic: str,
+    stops: list[dict[str, Any]],
+    held: list[StopState | None],
+) -> dict[str, Any]:
+    """After kill -9 (consumer engine): the records each stop left not durable (at the app, or
+    answered past its last confirmed commit), the duplicates no stop explains, and how old each
+    killed member's last commit was (the oldest of its partitions', seconds)."""
+    if not held or any(h is None for h in held):
+        return {}
+    journal = Journal.parse(lines, topic)
+    marks: list[tuple[int, set[Coord]]] = []
+    for stop, state in zip(stops, held, strict=True):
+        assert state is not None
+        records = not_durable(journal, topic, state)
+        stop["not_durable"] = len(records) + (stop["in_flight"] or 0)
+        stop["commit_age_s"] = _commit_age_s(journal, topic, state)
+        marks.append((stop["at_ns"], records))
+    odd = unexplained(verdict.extra, topic, marks)
+    return {
+        "not_durable_at_stops": sum(s["not_durable"] for s in stops),
+        "duplicates_unexplained": len(odd),
+        "unexplained_sample": odd[:10],
+        "commit_age_s_at_stops": [s["commit_age_s"] for s in stops],
+    }
+
+
+def _commit_age_s(journal: Journal, topic: str, state: StopState) -> float | None:
+    """How long before the kill the oldest of the member's last commits was answered (the record
+    just below each partition's committed offset: when the app answered it, an upper bound on the
+    commit's age)."""
+    ages = []
+    for partition, committed in state.committed.items():
+        if committed is None or committed == 0:
+            continue
+        seen = journal.by_coord.get((topic, partition, committed - 1), [])
+        if seen:
+            ages.append((state.gone_ns - min(s.wall_ns for s in seen)) / 1e9)
+    return round(max(ages), 2) if ages else None
 
 
 def _topic_end(broker: Broker, topic: str) -> int | None:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from bench.scale.journal import Journal, judge, reject_bucket, release_bucket
+from bench.scale.journal import (
+    Journal,
+    StopState,
+    judge,
+    not_durable,
+    reject_bucket,
+    release_bucket,
+    unexplained,
+)
 
 
 def line(p: int, o: int, count: int, answer: str, ns: int) -> str:
@@ -65,3 +73,34 @@ def test_what_a_bad_run_reports() -> None:
         reject_is_done=True,
     )
     assert dropped.lost == rej
+
+
+def test_a_kill_explains_the_records_answered_past_its_last_commit_and_nothing_else() -> None:
+    ok = [o for o in range(200) if not reject_bucket(0, o) and not release_bucket(0, o)][:6]
+    a, b, c, d, e, f = ok
+    lines = [
+        line(0, a, 1, "accept", 100),  # below the committed offset: durable
+        line(0, b, 1, "accept", 200),  # at it: answered, not yet committed
+        line(0, c, 1, "accept", 300),
+        line(0, d, 1, "accept", 900),  # answered after the member was gone: not its to explain
+        line(1, e, 1, "accept", 250),  # another member's partition
+        line(0, b, 1, "accept", 2_000),  # delivered again after the kill: explained
+        line(0, c, 1, "accept", 2_100),
+        line(0, a, 1, "accept", 2_200),  # committed, delivered again: unexplained
+        line(1, e, 1, "accept", 2_300),  # not the killed member's: unexplained
+    ]
+    journal = Journal.parse(lines)
+    stop = StopState({0: b}, started_ns=0, gone_ns=500)
+    held = not_durable(journal, "t", stop)
+    assert held == {("t", 0, b), ("t", 0, c)}
+    # A partition with no commit of its own: what was answered since the member started.
+    assert not_durable(journal, "t", StopState({0: None}, started_ns=150, gone_ns=500)) == {
+        ("t", 0, b),
+        ("t", 0, c),
+    }
+    v = judge(journal, {("t", 0): f + 1, ("t", 1): e + 1}, [], (0, 3_000))
+    assert v.duplicate_deliveries == 4
+    odd = unexplained(v.extra, "t", [(400, held)])
+    assert sorted(odd) == sorted([(0, a), (1, e)])
+    # Before the stop, nothing it held explains a delivery.
+    assert len(unexplained(v.extra, "t", [(2_500, held)])) == 4
