@@ -6,7 +6,8 @@ Its own part, runnable alone (named only, never part of ``all``):
                  (``bench.scale.wide``)
     scale-many   ``--scale-members`` sidecars in one group on a ``--scale-topic-partitions`` topic at
                  ``--scale-rate`` records/s, a rolling restart per ``--scale-protocols`` (classic
-                 cooperative-sticky, ``group.protocol: consumer``) and ``--scale-signals`` (SIGTERM,
+                 cooperative-sticky, ``static``: classic with static membership,
+                 ``group.protocol: consumer``) and ``--scale-signals`` (SIGTERM,
                  kill -9) (``bench.scale.rollout``)
     scale-share  the same with engine share on a share group, SIGTERM and kill -9; again on a broker
                  of its own for each ``--scale-share-heartbeats`` value other than Kafka's default
@@ -45,7 +46,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     add("--scale-members", type=int, default=24, help="scale-many, scale-share: sidecars")
     add("--scale-topic-partitions", type=int, default=96, help="rollouts: the topic's partitions")
-    add("--scale-protocols", default="classic,consumer", help="scale-many: classic, consumer")
+    add(
+        "--scale-protocols",
+        default="classic,consumer",
+        help="scale-many: classic, consumer, static (classic with group.instance.id kept per slot)",
+    )
     add("--scale-signals", default="term,kill", help="scale-many, scale-share: term, kill")
     add("--scale-share-heartbeats", default="5000,1000", help="scale-share: broker heartbeats, ms")
     add("--scale-dapr-members", type=int, default=8, help="scale-dapr: daprd and sidecars each")

@@ -179,14 +179,20 @@ class StopState:
     committed: Mapping[int, int | None]  # partition -> last committed offset
     started_ns: int
     gone_ns: int
+    # Answers the app gives this long after the member was gone are still its own: requests it
+    # had sent (at the app, or queued in the app's socket) before it died. The next owner of its
+    # partitions delivers nothing before the group reassigns them (a classic member's session,
+    # seconds later), except under static membership, where what the restarted member delivers
+    # in that time widens this figure, never the other way.
+    answered_grace_ns: int = 1_000_000_000
 
 
 def not_durable(journal: Journal, topic: str, stop: StopState) -> set[Coord]:
     """The records a stopped member had taken past what its commits held: answered (by the app's
-    journal, before the member was gone) at or beyond its partition's last committed offset, or, on
-    a partition with no commit of its own, answered since it started. Killed at that moment, it
-    leaves exactly these to be delivered again (at-least-once); a record at the app and not yet
-    answered is counted by the caller (``in_flight``)."""
+    journal, before the member was gone or within ``answered_grace_ns`` of it) at or beyond its
+    partition's last committed offset, or, on a partition with no commit of its own, answered
+    since it started. Killed at that moment, it leaves exactly these to be delivered again
+    (at-least-once)."""
     out: set[Coord] = set()
     for (t, partition, offset), seen in journal.by_coord.items():
         if t != topic or partition not in stop.committed:
@@ -195,7 +201,8 @@ def not_durable(journal: Journal, topic: str, stop: StopState) -> set[Coord]:
         if committed is not None and offset < committed:
             continue
         start = stop.started_ns if committed is None else 0
-        if any(start <= s.wall_ns <= stop.gone_ns for s in seen):
+        end = stop.gone_ns + stop.answered_grace_ns
+        if any(start <= s.wall_ns <= end for s in seen):
             out.add((t, partition, offset))
     return out
 

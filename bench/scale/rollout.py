@@ -1,7 +1,8 @@
 """*scale-many*, *scale-share*, *scale-dapr*: N members of one group through a rolling restart.
 
-A member is a sidecar (engine consumer, classic cooperative-sticky or ``group.protocol: consumer``;
-or engine share on a share group) or a daprd, all in front of the one bench app in journal mode
+A member is a sidecar (engine consumer: classic cooperative-sticky, the same with static membership
+(``static``: a slot's members keep one ``group.instance.id``) or ``group.protocol: consumer``; or
+engine share on a share group) or a daprd, all in front of the one bench app in journal mode
 (2 % rejected, 2 % released once). Records are produced at ``rate`` to one topic throughout; once
 every member delivers, each member in turn is stopped (SIGTERM and a wait for its exit, or SIGKILL)
 and a new one started in its place; the next stop waits until the new one is ready (a sidecar: its
@@ -44,7 +45,7 @@ from bench.scale.journal import (
 )
 from bench.sidecars import Side, api_get, running_sidecar, sidecar_config
 
-KINDS = ("classic", "consumer", "share", "dapr")
+KINDS = ("classic", "static", "consumer", "share", "dapr")
 VALUE_ID = re.compile(rb"bench-r(\d+):")
 
 
@@ -116,7 +117,7 @@ class Producer:
 
 
 def _sidecar_config(
-    r: Rollout, broker: Broker, topic: str, dlq: str, group: str, app: App, api: str
+    r: Rollout, broker: Broker, topic: str, dlq: str, group: str, app: App, api: str, slot: int
 ) -> str:
     kafka: dict[str, Any] = {}
     extra: dict[str, Any] = {
@@ -128,6 +129,14 @@ def _sidecar_config(
     if r.kind == "classic":
         # A killed member's partitions wait for its session to expire: the broker's minimum.
         kafka = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    elif r.kind == "static":
+        # Classic with static membership: the member started in a slot keeps its instance id,
+        # as a container restarted in its pod does with `group.instance.id: ${POD_NAME}`.
+        kafka = {
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            "group.instance.id": f"{group}-{slot}",
+        }
     elif r.kind == "consumer":
         kafka = {"group.protocol": "consumer"}
     elif r.kind == "share":
@@ -177,7 +186,7 @@ def _start(
         proc = stack.enter_context(running_daprd(setup, directory, name))
     else:
         api = os.path.join(directory, f"api-{name}.sock")
-        config = _sidecar_config(r, broker, topic, dlq, group, app, api)
+        config = _sidecar_config(r, broker, topic, dlq, group, app, api, slot)
         proc = stack.enter_context(running_sidecar(config, directory, name, side))
     if slot < len(fleet.procs):
         fleet.stacks[slot], fleet.procs[slot], fleet.apis[slot] = stack, proc, api
@@ -280,7 +289,7 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
                     fleet.started_ns[slot],
                     time.time_ns(),
                 )
-                if r.sig == "kill" and r.kind in ("classic", "consumer") and status
+                if r.sig == "kill" and r.kind in ("classic", "static", "consumer") and status
                 else None
             )
             fleet.stacks[slot].close()
@@ -375,6 +384,7 @@ def _explained(
         records = not_durable(journal, topic, state)
         stop["not_durable"] = len(records) + (stop["in_flight"] or 0)
         stop["commit_age_s"] = _commit_age_s(journal, topic, state)
+        stop["committed"] = {str(p): c for p, c in sorted(state.committed.items())}
         marks.append((stop["at_ns"], records))
     odd = unexplained(verdict.extra, topic, marks)
     return {

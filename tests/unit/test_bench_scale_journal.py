@@ -81,8 +81,8 @@ def test_a_kill_explains_the_records_answered_past_its_last_commit_and_nothing_e
     lines = [
         line(0, a, 1, "accept", 100),  # below the committed offset: durable
         line(0, b, 1, "accept", 200),  # at it: answered, not yet committed
-        line(0, c, 1, "accept", 300),
-        line(0, d, 1, "accept", 900),  # answered after the member was gone: not its to explain
+        line(0, c, 1, "accept", 300),  # answered just after the kill: a request it had sent
+        line(0, d, 1, "accept", 900),  # answered well after the member was gone: not its own
         line(1, e, 1, "accept", 250),  # another member's partition
         line(0, b, 1, "accept", 2_000),  # delivered again after the kill: explained
         line(0, c, 1, "accept", 2_100),
@@ -90,11 +90,13 @@ def test_a_kill_explains_the_records_answered_past_its_last_commit_and_nothing_e
         line(1, e, 1, "accept", 2_300),  # not the killed member's: unexplained
     ]
     journal = Journal.parse(lines)
-    stop = StopState({0: b}, started_ns=0, gone_ns=500)
+    stop = StopState({0: b}, started_ns=0, gone_ns=250, answered_grace_ns=100)
     held = not_durable(journal, "t", stop)
     assert held == {("t", 0, b), ("t", 0, c)}
     # A partition with no commit of its own: what was answered since the member started.
-    assert not_durable(journal, "t", StopState({0: None}, started_ns=150, gone_ns=500)) == {
+    assert not_durable(
+        journal, "t", StopState({0: None}, started_ns=150, gone_ns=500, answered_grace_ns=0)
+    ) == {
         ("t", 0, b),
         ("t", 0, c),
     }
