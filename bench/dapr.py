@@ -16,6 +16,7 @@ the oldest, KIP-896; sarama picks its request versions from that setting, 2.0.0 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -174,7 +175,7 @@ def running_daprd(
         ]  # fmt: skip
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        if not _lost_a_port(proc, http_port, log_path):
+        if not _lost_a_port(proc, http_port, f"bench-{name}", log_path):
             break
     try:
         yield proc
@@ -191,17 +192,34 @@ def running_daprd(
 BIND_ATTEMPTS = 3
 
 
-def _lost_a_port(proc: subprocess.Popen[bytes], http_port: int, log_path: str) -> bool:
+def _lost_a_port(proc: subprocess.Popen[bytes], http_port: int, app_id: str, log_path: str) -> bool:
     """Whether daprd exited because a port it was given was taken meanwhile; waits until its HTTP
-    API (bound once its other ports are) answers, it exits, or 15 s pass."""
+    API (bound once its other ports are) answers as this daprd (its metadata names ``app_id``: a
+    process that took the port first answers otherwise, or not at all), it exits, or 15 s pass."""
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return "address already in use" in Path(log_path).read_text(errors="replace")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", http_port), 0.2):
+        if _metadata_id(http_port) == app_id:
             return False
         time.sleep(0.05)
     return False
+
+
+def _metadata_id(http_port: int) -> str | None:
+    """The app id daprd's metadata API on ``http_port`` gives, or None."""
+    conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=1)
+    try:
+        conn.request("GET", "/v1.0/metadata")
+        response = conn.getresponse()
+        if response.status != 200:
+            return None
+        body = json.loads(response.read())
+        return str(body.get("id")) if isinstance(body, dict) else None
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
 
 
 def dapr_log_tail(directory: str, name: str, chars: int = 1500) -> str:
