@@ -20,7 +20,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.measure import ROOT
+from sidecar.ops.broker.ports import free_port  # below the ephemeral range
 
 DAPR_VERSION = "1.14.0"
 # The component's `version`: the Kafka protocol level sarama speaks (see the module docstring).
@@ -44,13 +44,6 @@ def daprd_binary() -> str:
         [str(ROOT / "scripts" / "install-daprd")], check=True, capture_output=True, text=True
     )
     return done.stdout.strip().splitlines()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
