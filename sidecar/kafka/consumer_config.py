@@ -90,6 +90,19 @@ def consumer_properties(
     return props
 
 
+# librdkafka's default `fetch.wait.max.ms` (its CONFIGURATION.md).
+FETCH_WAIT_MAX_MS_DEFAULT = 500
+
+
+def fetch_wait_max_ms(kafka: Mapping[str, Any]) -> int:
+    """How long the broker may hold the consumer's fetch when nothing new is there: the user's
+    `fetch.wait.max.ms`, else librdkafka's default."""
+    try:
+        return max(0, int(str(kafka.get("fetch.wait.max.ms", FETCH_WAIT_MAX_MS_DEFAULT))))
+    except ValueError:
+        return FETCH_WAIT_MAX_MS_DEFAULT  # librdkafka refuses it at start-up, with its reason
+
+
 def check_cluster_sync(
     kafka: Mapping[str, Any], timeout_s: float = 10.0, stop: threading.Event | None = None
 ) -> str | None:

@@ -3,6 +3,8 @@ ledger's handling of a long release and of a tier record not yet due, and `dlq i
 
 from __future__ import annotations
 
+import pytest
+
 from sidecar.core import ledger as L
 from sidecar.core.deadletter import FailedRecord
 from sidecar.core.outcome import Ack, ArchiveReason, ErrorInfo
@@ -107,6 +109,25 @@ def test_the_ledger_archives_a_long_release_for_its_tier_and_holds_a_tier_record
     # A short release stays in memory, as without tiers.
     result = tier.answer(again.attempt_id, Ack.RELEASE, 10_001, retry_after_ms=500)
     assert result.state is L.RecordState.AVAILABLE
+
+
+def test_a_tier_partition_fetches_on_once_what_it_holds_falls_due_within_a_fetch_wait() -> None:
+    # A partition resumed waits for the broker's answer to the fetch already under way (up to
+    # fetch.wait.max.ms): it fetches on while every record it holds is due within that long.
+    config = L.LedgerConfig(tier_fetch_ahead_ms=500)
+    tier = L.PartitionLedger("dlq.orders.retry.2s", 0, 0, config)
+    tier.add(0, b"k", "item", 0, base_count=1, not_before_ms=1_000)
+    assert tier.should_pause() and not tier.may_resume()  # due 1,000 ms from now
+    tier.add(1, b"j", "item", 499, base_count=1, not_before_ms=1_000)  # the clock moves to 499
+    assert tier.should_pause()  # 501 ms to go
+    tier.add(2, b"i", "item", 500, base_count=1, not_before_ms=1_000)
+    assert not tier.should_pause() and tier.may_resume()  # due within 500 ms: fetch on
+    # Without the allowance, only once the last record it holds is due.
+    exact = L.PartitionLedger("dlq.orders.retry.2s", 0, 0, L.LedgerConfig(tier_fetch_ahead_ms=0))
+    exact.add(0, b"k", "item", 999, base_count=1, not_before_ms=1_000)
+    assert exact.should_pause() and not exact.may_resume()
+    with pytest.raises(ValueError, match="tier_fetch_ahead_ms"):
+        L.LedgerConfig(tier_fetch_ahead_ms=-1)
 
 
 def test_a_copy_is_skipped_and_committed_past() -> None:

@@ -424,15 +424,15 @@ class PartitionLedger:
     def should_pause(self, max_bytes: int | None = None) -> bool:
         """Stop fetching: too many records held, or ``max_bytes`` or more of them (the partition's
         share of the byte budget), locks exhausted, or metadata near its budget."""
-        if self._waiting_until > self._now:
-            return True  # a retry tier's records are not all due: fetch no further yet
+        if self._waiting_until > self._now + self.config.tier_fetch_ahead_ms:
+            return True  # a retry tier's records are not all due soon: fetch no further yet
         return self._flow.should_pause(max_bytes, self._version)
 
     def may_resume(self, max_bytes: int | None = None) -> bool:
         """Fetch again (hysteresis: half the buffer, half of ``max_bytes``, a free lock, metadata
         under 70%).  Never blocked by one record larger than ``max_bytes``: once it is done the
         partition holds nothing, and an empty partition may always resume."""
-        if self._waiting_until > self._now:
+        if self._waiting_until > self._now + self.config.tier_fetch_ahead_ms:
             return False
         return self._flow.may_resume(max_bytes, self._version)
 

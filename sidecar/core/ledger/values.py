@@ -116,6 +116,11 @@ class LedgerConfig:
     #: Retry tiers: a release whose delay is above this many ms goes to a tier (ARCHIVING with
     #: reason RETRY_TIER, done once written) instead of backing off here. None: no tiers.
     tier_threshold_ms: int | None = None
+    #: A retry tier's partition fetches on once every record it holds is due within this many ms
+    #: (the consumer's ``fetch.wait.max.ms``): a partition resumed waits up to that long for the
+    #: broker's answer to a fetch already under way, so resuming only once the last record is due
+    #: left it idle for that long after every batch.
+    tier_fetch_ahead_ms: int = 500
 
     @property
     def window(self) -> int:
@@ -128,6 +133,8 @@ class LedgerConfig:
             raise ValueError(f"lock_duration_ms must be >= 1, got {self.lock_duration_ms}")
         if self.max_record_locks < 1:
             raise ValueError(f"max_record_locks must be >= 1, got {self.max_record_locks}")
+        if self.tier_fetch_ahead_ms < 0:
+            raise ValueError(f"tier_fetch_ahead_ms must be >= 0, got {self.tier_fetch_ahead_ms}")
         if self.max_buffered_records < 1:
             raise ValueError(f"max_buffered_records must be >= 1, got {self.max_buffered_records}")
         # Below ~64 characters not even a handful of counts fit; the default is 4096.

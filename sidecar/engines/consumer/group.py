@@ -42,6 +42,7 @@ from sidecar.engines.consumer.status import ConsumerView
 from sidecar.engines.consumer.tiers import TierIntake
 from sidecar.engines.dlq_step import transactional_dlq
 from sidecar.engines.interfaces import Answered, Delivery, EngineParts, PartitionKey, Settled
+from sidecar.kafka.consumer_config import fetch_wait_max_ms
 from sidecar.kafka.message import Message
 from sidecar.kafka.source import (
     AssignedPartition,
@@ -114,6 +115,7 @@ class ConsumerGroupEngine:
             tier_threshold_ms=config.errors.tiers.threshold_ms
             if config.errors.tiers.enabled
             else None,
+            tier_fetch_ahead_ms=fetch_wait_max_ms(config.kafka),
         )
         # The one decision (`transactional_dlq`): the pipeline built the writer by it, with its
         # transactional id (`dlq_writer_for`).
