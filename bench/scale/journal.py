@@ -194,6 +194,7 @@ def not_durable(journal: Journal, topic: str, stop: StopState) -> set[Coord]:
     since it started. Killed at that moment, it leaves exactly these to be delivered again
     (at-least-once)."""
     out: set[Coord] = set()
+    end = stop.gone_ns + stop.answered_grace_ns
     for (t, partition, offset), seen in journal.by_coord.items():
         if t != topic or partition not in stop.committed:
             continue
@@ -201,7 +202,6 @@ def not_durable(journal: Journal, topic: str, stop: StopState) -> set[Coord]:
         if committed is not None and offset < committed:
             continue
         start = stop.started_ns if committed is None else 0
-        end = stop.gone_ns + stop.answered_grace_ns
         if any(start <= s.wall_ns <= end for s in seen):
             out.add((t, partition, offset))
     return out

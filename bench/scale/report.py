@@ -72,10 +72,11 @@ def scale_targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         if r["kind"] == "consumer" and r["signal"] == "term":
             row(f"{label}: duplicates", r["duplicate_deliveries"], "<=", 0)
         elif "not_durable_at_stops" in r:
-            # kill -9: what a killed member had not made durable (at the app, or answered past its
-            # last confirmed commit) is delivered again; every duplicate must be one of those.
+            # kill -9: what a killed member had not made durable (answered past its last confirmed
+            # commit, the records at the app included) is delivered again; every duplicate must be
+            # one of those.
             row(
-                f"{label}: duplicates <= not durable at the stops (in flight + answered, not committed)",
+                f"{label}: duplicates <= not durable at the stops (answered or at the app, not committed)",
                 r["duplicate_deliveries"],
                 "<=",
                 r["not_durable_at_stops"],
@@ -144,8 +145,8 @@ def print_scale(out: dict[str, Any]) -> None:
                 ages = sorted(a for a in r["commit_age_s_at_stops"] if a is not None)
                 median = ages[len(ages) // 2] if ages else float("nan")
                 print(
-                    f"    kill -9: not durable at the stops {r['not_durable_at_stops']} (in flight,"
-                    f" or answered past the last commit), duplicates no stop explains"
+                    f"    kill -9: not durable at the stops {r['not_durable_at_stops']} (answered past"
+                    f" the last commit, or at the app), duplicates no stop explains"
                     f" {r['duplicates_unexplained']}; age of the killed member's last commit"
                     f" median {median:.2f} s, max {max(ages, default=float('nan')):.2f} s"
                 )

@@ -245,9 +245,8 @@ def run_rollout(r: Rollout, broker: Broker, app: App, directory: str, side: Side
         )
 
     stops: list[dict[str, Any]] = []
-    held: list[
-        StopState | None
-    ] = []  # a killed consumer-engine member's: what it had not committed
+    # A killed consumer-engine member's state at its stop (None for any other stop).
+    held: list[StopState | None] = []
     with _fleet_stopped_at_end(Fleet()) as fleet:
         for slot in range(r.members):
             _start(fleet, slot, r, broker, topic, dlq, group, app, directory, side)
@@ -372,17 +371,18 @@ def _explained(
     stops: list[dict[str, Any]],
     held: list[StopState | None],
 ) -> dict[str, Any]:
-    """After kill -9 (consumer engine): the records each stop left not durable (at the app, or
-    answered past its last confirmed commit), the duplicates no stop explains, and how old each
-    killed member's last commit was (the oldest of its partitions', seconds)."""
+    """After kill -9 (consumer engine): the records each stop left not durable (answered past its
+    last confirmed commit, those at the app at the kill included), the duplicates no stop explains,
+    and how old each killed member's last commit was (the oldest of its partitions', seconds)."""
     if not held or any(h is None for h in held):
         return {}
     journal = Journal.parse(lines, topic)
     marks: list[tuple[int, set[Coord]]] = []
     for stop, state in zip(stops, held, strict=True):
         assert state is not None
+        # The records at the app at the kill are among these: the app answers them after it.
         records = not_durable(journal, topic, state)
-        stop["not_durable"] = len(records) + (stop["in_flight"] or 0)
+        stop["not_durable"] = len(records)
         stop["commit_age_s"] = _commit_age_s(journal, topic, state)
         stop["committed"] = {str(p): c for p, c in sorted(state.committed.items())}
         marks.append((stop["at_ns"], records))

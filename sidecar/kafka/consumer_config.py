@@ -96,11 +96,9 @@ FETCH_WAIT_MAX_MS_DEFAULT = 500
 
 def fetch_wait_max_ms(kafka: Mapping[str, Any]) -> int:
     """How long the broker may hold the consumer's fetch when nothing new is there: the user's
-    `fetch.wait.max.ms`, else librdkafka's default."""
-    try:
-        return max(0, int(str(kafka.get("fetch.wait.max.ms", FETCH_WAIT_MAX_MS_DEFAULT))))
-    except ValueError:
-        return FETCH_WAIT_MAX_MS_DEFAULT  # librdkafka refuses it at start-up, with its reason
+    `fetch.wait.max.ms` (an integer in librdkafka's range: the config check refused any other),
+    else librdkafka's default."""
+    return int(str(kafka.get("fetch.wait.max.ms", FETCH_WAIT_MAX_MS_DEFAULT)))
 
 
 def check_cluster_sync(
