@@ -118,3 +118,60 @@ async def test_an_idle_writer_does_not_poll_and_a_produce_polls_until_its_report
         await _all_blocked()
         assert producer.polls == after, "polled again with nothing due"
         nursery.cancel_scope.cancel()
+
+
+async def test_records_go_to_librdkafka_one_wave_per_dlq_partition(writer: dlq.DlqWriter) -> None:
+    """While a DLQ partition has a record whose report is not back, its next records wait in the
+    writer (not in librdkafka, whose broker thread would spin on them); they go together once it is.
+    Another partition's record is not held."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer.run)
+        producer = FakeProducer.instances[0]
+        results: list[object] = []
+
+        async def produce(record: dlq.DlqRecord) -> None:
+            results.append(await writer._produce(record))
+
+        nursery.start_soon(produce, RECORD)
+        await _until(lambda: len(producer) == 1, "the first record handed over")
+        for _ in range(3):
+            nursery.start_soon(produce, RECORD)
+        other = dlq.DlqRecord("dlq.orders", 1, None, None, RECORD.headers)
+        nursery.start_soon(produce, other)
+        await _all_blocked()
+        assert len(producer) == 2, "only the first record and the other partition's were handed over"
+        producer.release.set()
+        await _until(lambda: len(results) == 5, "every record confirmed")
+        assert results == [None] * 5
+        assert writer._waves.waiting() == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_wave_waits_for_every_record_of_the_one_before() -> None:
+    waves = dlq_writer.Waves()
+    key = ("dlq", 0)
+    waves.handed(key)
+    waves.handed(key)
+    went: list[str] = []
+
+    async def next_record(name: str) -> None:
+        await waves.turn(key)
+        waves.handed(key)
+        went.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(next_record, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        waves.confirmed(key)
+        await trio.testing.wait_all_tasks_blocked()
+        assert went == [], "went while one record of the wave before was unconfirmed"
+        waves.confirmed(key)
+        await trio.testing.wait_all_tasks_blocked()
+        assert went == ["b"]
+        # "b" is unconfirmed now: "c" waits for it; a replaced producer's reports never come.
+        nursery.start_soon(next_record, "c")
+        await trio.testing.wait_all_tasks_blocked()
+        assert went == ["b"]
+        waves.release_all()
+        await trio.testing.wait_all_tasks_blocked()
+        assert went == ["b", "c"]

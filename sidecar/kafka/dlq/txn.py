@@ -629,6 +629,7 @@ class DlqWriter(PlainDlqWriter):
             ) from exc
         async with self._handle_lock:
             self._producer = producer
+            self._release_waves()
             self._stuck = False
             self._broken = None
             self._in_txn = False

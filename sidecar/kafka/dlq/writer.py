@@ -1,7 +1,8 @@
 """Plain DLQ writes (at-least-once): the producer handle, its delivery reports, `write()`.
 
 Owns `PlainDlqWriter`: the producer handle, the lock every call on it takes, and the rule that
-writing never loops and never drops silently (told in its docstring).
+writing never loops and never drops silently (told in its docstring); and `Waves`, which hands
+the records to librdkafka one wave per DLQ partition.
 
 Imports the pure core, confluent-kafka and the DLQ modules below it (record, errors, topics); never the
 ledger, the source, the engines or the HTTP modules.
@@ -34,6 +35,58 @@ log = logging.getLogger("sidecar.dlq")
 class _Pending:
     done: trio.Event = field(default_factory=trio.Event)
     error: KafkaError | None = None
+
+
+class Waves:
+    """Hands DLQ records to librdkafka one wave per DLQ partition: a record waits while its partition
+    has records whose delivery report is not back, and goes with the others that waited once they are.
+
+    librdkafka's idempotent producer sends no further request to a partition while five or more of its
+    messages are in flight (`rd_kafka_toppar_producer_serve` in src/rdkafka_broker.c compares the
+    partition's in-flight message count with the limit of five requests), yet a message queued past
+    `linger.ms` sets its broker thread's next wake-up to now (`rd_kafka_msgq_allow_wakeup_at` in
+    src/rdkafka_msg.c): that thread spins until the broker's acknowledgement arrives. Held here, the records wait without a thread; librdkafka sends each wave
+    as one request, which is all it would have sent meanwhile.
+    """
+
+    __slots__ = ("_next", "_unconfirmed")
+
+    def __init__(self) -> None:
+        self._unconfirmed: dict[tuple[str, int], int] = {}
+        self._next: dict[tuple[str, int], trio.Event] = {}
+
+    def waiting(self) -> int:
+        """DLQ partitions with a wave in flight."""
+        return len(self._unconfirmed)
+
+    async def turn(self, key: tuple[str, int]) -> None:
+        """Return once a record for `key` may go to librdkafka (then `handed` at once)."""
+        if self._unconfirmed.get(key):
+            event = self._next.get(key)
+            if event is None:
+                event = self._next[key] = trio.Event()
+            await event.wait()
+
+    def handed(self, key: tuple[str, int]) -> None:
+        """A record for `key` was handed to librdkafka; `confirmed` when its report is back."""
+        self._unconfirmed[key] = self._unconfirmed.get(key, 0) + 1
+
+    def confirmed(self, key: tuple[str, int]) -> None:
+        left = self._unconfirmed.get(key, 0) - 1
+        if left > 0:
+            self._unconfirmed[key] = left
+            return
+        self._unconfirmed.pop(key, None)
+        event = self._next.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def release_all(self) -> None:
+        """The producer was replaced: what the old one held will never be reported; let all go."""
+        self._unconfirmed.clear()
+        events, self._next = self._next, {}
+        for event in events.values():
+            event.set()
 
 
 class PlainDlqWriter:
@@ -83,6 +136,7 @@ class PlainDlqWriter:
         # Event-driven polling (see run()): set when a call may have given the producer work.
         self._poll_wake = trio.Event()
         self._poll_asked = False
+        self._waves = Waves()  # records handed to librdkafka one wave per DLQ partition
         self.poll_sleeping = False  # nothing to serve: the poll loop waits for a call on the handle
         self.written = 0
         self.failed = 0
@@ -159,6 +213,11 @@ class PlainDlqWriter:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(12):
                 await trio.to_thread.run_sync(self._producer.flush, 10, abandon_on_cancel=True)
+
+    def _release_waves(self) -> None:
+        """The producer was swapped (under the handle lock): the old one's reports never come."""
+        self._waves.release_all()
+        self._waves = Waves()
 
     def _ask_poll(self) -> None:
         """Poll the producer at least once more (a call on the handle may have queued an event)."""
@@ -311,16 +370,19 @@ class PlainDlqWriter:
         assert self._producer is not None and self._token is not None, "run() first"
         pending = _Pending()
         token = self._token
+        key = (record.topic, record.partition)
+        await self._waves.turn(key)
+        waves = self._waves  # a new one if the producer was replaced meanwhile
 
         def on_delivery(err: KafkaError | None, _msg: object) -> None:
             # Called on the poll thread; hand the result back to trio.
             def finish() -> None:
                 pending.error = err
                 pending.done.set()
+                waves.confirmed(key)
 
             token.run_sync_soon(finish)
 
-        producer = self._producer
         while True:
             try:
                 # Under the handle lock (a transaction call in progress first, in
@@ -328,7 +390,8 @@ class PlainDlqWriter:
                 # returns (a full queue raises BufferError at once), so it needs no worker
                 # thread, which would cost two thread wake-ups per DLQ record.
                 async with self._handle_lock:
-                    producer.produce(
+                    assert self._producer is not None
+                    self._producer.produce(
                         record.topic,
                         value=record.value,
                         key=record.key,
@@ -336,6 +399,7 @@ class PlainDlqWriter:
                         headers=list(record.headers),
                         on_delivery=on_delivery,
                     )
+                    waves.handed(key)  # before any report of it can come back
                 self._ask_poll()  # its delivery report is due: poll until it is served
                 break
             except BufferError:
