@@ -139,7 +139,9 @@ async def test_records_go_to_librdkafka_one_wave_per_dlq_partition(writer: dlq.D
         other = dlq.DlqRecord("dlq.orders", 1, None, None, RECORD.headers)
         nursery.start_soon(produce, other)
         await _all_blocked()
-        assert len(producer) == 2, "only the first record and the other partition's were handed over"
+        assert len(producer) == 2, (
+            "only the first record and the other partition's were handed over"
+        )
         producer.release.set()
         await _until(lambda: len(results) == 5, "every record confirmed")
         assert results == [None] * 5
