@@ -36,6 +36,16 @@ class Batch:
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)  # stop waiting for answers
     hard: trio.CancelScope = field(default_factory=trio.CancelScope)  # stop the DLQ writes too
 
+    def expect(self, n: int) -> None:
+        """`n` deliveries handed out: the batch waits for as many answers."""
+        self.pending = n
+
+    def one_answered(self) -> None:
+        """One answer in: the batch's wait ends with its last."""
+        self.pending -= 1
+        if self.pending <= 0:
+            self.answered.set()
+
 
 class Acquired(NamedTuple):
     """A `Delivery`'s ref: the message to acknowledge, the batch it belongs to, and the record's

@@ -1,6 +1,6 @@
 """The share engine's write to a retry tier: which answered releases go to one, and write-then-ACCEPT.
 
-Used by :class:`~sidecar.engines.share.group.ShareGroupEngine` when retry tiers are configured
+Used by :class:`~sidecar.engines.share.decisions.Decisions` when retry tiers are configured
 (`sidecar.engines.tiered_share` reads them back). :class:`TierDelay` applies the consumer engine's
 rule (the backoff's delay, or the app's Retry-After, above `errors.retry.tier.threshold.ms`) to a
 release the share group would redeliver; :func:`to_tier_then_accept` writes the record through the

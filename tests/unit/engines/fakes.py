@@ -60,6 +60,8 @@ class DeadLettered:
     delivery_count: int
     reason: ArchiveReason
     sink: DlqSink
+    may_hold: bool = True
+    error: ErrorInfo | None = None
 
 
 @dataclass
@@ -103,7 +105,7 @@ class FakeOutlet:
         sink: DlqSink,
         may_hold: bool = True,
     ) -> ArchiveOutcome:
-        self.dead.append(DeadLettered(tracked, delivery_count, reason, sink))
+        self.dead.append(DeadLettered(tracked, delivery_count, reason, sink, may_hold, error))
         return self.outcome
 
     def room(self) -> Room:
