@@ -62,8 +62,10 @@ class Engine(StrEnum):
 class SourceIntake(StrEnum):
     """How the consumer engine takes its records from librdkafka (source.intake)."""
 
-    THREAD = "thread"  # a poll thread hands batches to trio's thread; a revoke waits for in-flight answers
-    SIGNAL = "signal"  # trio's thread waits on the consumer queue's wake-up; a revoke cannot wait
+    THREAD = "thread"  # a poll thread hands batches to trio's thread
+    SIGNAL = (
+        "signal"  # trio's thread waits on the consumer queue's wake-up (falls back to a thread)
+    )
 
 
 class AppMode(StrEnum):
@@ -130,7 +132,7 @@ def _empty_mapping() -> Mapping[Any, Any]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceConfig:
     topics: tuple[str, ...]
-    intake: SourceIntake = SourceIntake.THREAD
+    intake: SourceIntake = SourceIntake.SIGNAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

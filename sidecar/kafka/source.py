@@ -2,7 +2,7 @@
 
 Owns the consumer handle: subscribe, the intake loop, commits with metadata, pause/resume and close.
 By default (`source.intake: thread`) a poll thread of its own polls and hands batches to trio without
-waiting for each (`_poll_thread`, `_take_handed`); its rebalance callbacks come back into trio with
+waiting for each (`_poll_thread`, `HandOver`); its rebalance callbacks come back into trio with
 `trio.from_thread.run` after the batches handed over before them. With `intake: signal`, where
 `queue_signal` allows it, trio's thread waits on the consumer queue's wake-up and takes the records itself
 (`_signal_loop`); rebalance callbacks then call the listener's synchronous hooks. Must not import the
@@ -31,6 +31,8 @@ from sidecar.kafka.consumer_config import (
     consumer_properties,
 )
 from sidecar.kafka.errors import kafka_error
+from sidecar.kafka.hand_over import HandOver
+from sidecar.kafka.held_revokes import HeldRevokes
 from sidecar.kafka.logsummary import librdkafka_logger
 from sidecar.kafka.message import records_of
 from sidecar.kafka.queue_signal import QueueSignal, queue_signal
@@ -64,12 +66,6 @@ DEFAULT_CLIENT_ID = "dlq-sidecar"
 ASSIGN_READ_ON_TRIO_S = 5.0
 # How long closing the consumer (final revoke commit, leaving the group) may take at shutdown.
 CLOSE_TIMEOUT_S = 10.0
-
-# The poll thread polls again before the listener has taken what it handed over only while that is
-# at most this many bytes of values: a record at a time at ordinary rates, so trio need not wake
-# the thread after each one; otherwise at most one batch (plus this) is outside librdkafka's queue
-# and the ledgers, which the byte budget bounds, as when the thread waited for every batch.
-HANDED_OVER_MAX_BYTES = 64 * 1024
 
 
 class SourceError(KafkaClientError):
@@ -124,21 +120,7 @@ class KafkaSource:
             tuple[Callable[[Consumer], Any], Callable[[Any, BaseException | None], None] | None]
         ] = deque()
         self._poll_thread_active = False
-        # The poll thread's hand-over to trio (see `_poll_thread`): batches in order (with their
-        # values' bytes), then an end; all under `_handed_lock` (a plain lock: entered from C, not
-        # through the condition's Python methods), which `_handed_cond` waits on while the thread
-        # has more than `HANDED_OVER_MAX_BYTES` handed over (`_handed_full`).
-        self._handed: deque[tuple[list[Message], int]] = deque()
-        self._handed_bytes = 0
-        self._handed_lock = threading.Lock()
-        self._handed_cond = threading.Condition(self._handed_lock)
-        self._handed_full = False
-        # A wake-up of trio is queued that will take what is handed over (no second one needed).
-        self._take_queued = False
-        self._poll_end: PollEnd | None = None  # the thread's end, once handed over
-        self._intake_error: BaseException | None = None  # what the listener raised
-        self._poll_ended = trio.Event()  # an end or an intake error for the poll loop
-        self._thread_stop = False  # trio left the poll loop (cancelled): the thread ends too
+        self._handed = HandOver(listener)  # the poll thread's batches to trio's thread
         # The poll thread has served its last poll (set under `_commit_waiters.lock`): an async
         # commit issued now would never get its callback, so commits take the synchronous path.
         self._thread_exiting = False
@@ -164,6 +146,7 @@ class KafkaSource:
         self._trio_thread: int | None = None
         self._signal_wait: trio.CancelScope | None = None
         self._rebalanced = False  # a rebalance callback ran inside the current consume()
+        self._held = HeldRevokes()  # revokes on trio's thread, finished once the answers are in
         # How records come in: "queue-signal" or "poll-thread" (once `run()` has decided).
         self.intake: str | None = None
 
@@ -261,6 +244,9 @@ class KafkaSource:
     def _cb_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         on_trio = self._on_trio_thread()
+        if on_trio and self._incremental and self._held.hold(consumer, partitions, self._revoke):
+            self._rebalanced = True
+            return
         if on_trio:
             self._rebalanced = True
             offsets = self._listener.revoked_now(keys)
@@ -277,19 +263,31 @@ class KafkaSource:
             except KafkaException as exc:
                 # The next owner re-reads from the last successful commit: redelivery, never loss.
                 log.warning("commit on revoke failed: %s", exc)
+        self._forget(keys)
+        log.info("revoked %s", names(partitions))
+
+    async def _revoke(self, keys: Sequence[tuple[str, int]]) -> None:
+        """A revoke held on trio's thread (`HeldRevokes`): the listener's wait, the final commit."""
+        try:
+            offsets = await self._listener.on_revoked(keys)
+            try:
+                await self.commit(offsets)
+            except CommitFailed as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        finally:
+            self._forget(keys)
+            log.info("revoked %s", names([TopicPartition(t, p) for t, p in keys]))
+
+    def _forget(self, keys: Sequence[tuple[str, int]]) -> None:
         for key in keys:
             self.assigned.discard(key)
             self._assignment_of.pop(key, None)
             self.paused.discard(key)
-        log.info("revoked %s", names(partitions))
 
     def _cb_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         self._listen(self._listener.on_lost, keys)
-        for key in keys:
-            self.assigned.discard(key)
-            self._assignment_of.pop(key, None)
-            self.paused.discard(key)
+        self._forget(keys)
         log.warning("lost %s (no commit possible)", names(partitions))
 
     def _listen(self, fn: Callable[[Any], Coroutine[Any, Any, None]], arg: Any) -> None:
@@ -349,33 +347,8 @@ class KafkaSource:
         self._trio_thread = threading.get_ident()
         self._thread_exiting = False
         try:
-            while not self._may_exit():
-                now = time.monotonic()
-                if now >= self._next_lag_refresh:
-                    self._lag.refresh(consumer, list(self.assigned))
-                    self._next_lag_refresh = now + 1.0
-                signal.clear()
-                self._rebalanced = False
-                messages = consumer.consume(self._batch_size, 0)
-                if messages:
-                    self._broker_usable()
-                    good = self._good_messages(messages)
-                    if self._rebalanced:
-                        # A revoke served inside this consume came before these reached us.
-                        good = [m for m in good if (m.topic(), m.partition()) in self.assigned]
-                    if good:
-                        self._listener.on_messages(good)
-                        self._listener.messages_taken()
-                if len(messages) >= self._batch_size:
-                    await trio.lowlevel.checkpoint()
-                    continue
-                with trio.CancelScope(
-                    deadline=trio.current_time() + max(0.0, self._next_lag_refresh - now)
-                ) as self._signal_wait:
-                    try:
-                        await trio.lowlevel.wait_readable(signal.fd)
-                    except trio.ClosedResourceError:
-                        return  # close() came first (a stop that did not wait for this loop)
+            async with self._held.open():
+                await self._take_signalled(consumer, signal)
         finally:
             self._signal_wait = None
             with self._commit_waiters.lock:
@@ -384,6 +357,41 @@ class KafkaSource:
             self._signal = None
             signal.close()
 
+    async def _take_signalled(self, consumer: Consumer, signal: QueueSignal) -> None:
+        while not self._may_exit():
+            now = time.monotonic()
+            if now >= self._next_lag_refresh:
+                self._lag.refresh(consumer, list(self.assigned))
+                self._next_lag_refresh = now + 1.0
+            signal.clear()
+            self._rebalanced = False
+            messages = consumer.consume(self._batch_size, 0)
+            if messages:
+                self._broker_usable()
+                good = self._good_messages(messages)
+                if self._rebalanced or self._held.keys:
+                    # A revoke served inside this consume came before these reached us, or
+                    # one is held (the next owner reads its partitions from its commit).
+                    held = self._held.keys
+                    good = [
+                        m
+                        for m in good
+                        if (k := (m.topic(), m.partition())) in self.assigned and k not in held
+                    ]
+                if good:
+                    self._listener.on_messages(good)
+                    self._listener.messages_taken()
+            if len(messages) >= self._batch_size:
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.CancelScope(
+                deadline=trio.current_time() + max(0.0, self._next_lag_refresh - now)
+            ) as self._signal_wait:
+                try:
+                    await trio.lowlevel.wait_readable(signal.fd)
+                except trio.ClosedResourceError:
+                    return  # close() came first (a stop that did not wait for this loop)
+
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
@@ -391,29 +399,23 @@ class KafkaSource:
         """Run the poll thread and give its batches to the listener, in order, until it ends."""
         token = self._token
         assert token is not None
-        self._thread_stop = False
+        handed = self._handed
+        handed.start()
         self._thread_exiting = False
         self._poll_thread_active = True
         thread = threading.Thread(
             target=self._poll_thread, args=(consumer, token), name="sidecar-poll", daemon=True
         )
-        self._poll_end = None
-        self._intake_error = None
-        self._poll_ended = trio.Event()
-        with self._handed_cond:
-            self._take_queued = False
         thread.start()
         try:
-            await self._poll_ended.wait()
-            if self._intake_error is not None:
-                raise self._intake_error
-            end = self._poll_end
+            await handed.ended.wait()
+            if handed.error is not None:
+                raise handed.error
+            end = handed.end
             if end is not None and end.error is not None:
                 raise end.error
         finally:
-            with self._handed_cond:
-                self._thread_stop = True
-                self._handed_cond.notify()
+            handed.stop()
             # Shielded: a cancelled poll loop still waits for its thread, which notices within one
             # poll timeout (or after a rebalance callback it is in), so that nothing else uses the
             # handle while it polls.
@@ -424,52 +426,10 @@ class KafkaSource:
                 if self._commands:
                     await trio.to_thread.run_sync(self._run_commands, consumer)
 
-    def _woken(self) -> None:
-        """The poll thread's wake-up (trio's thread, via `run_sync_soon`): take what it handed."""
-        with self._handed_lock:
-            # Cleared before taking: a batch handed over from now on queues a wake-up of its own.
-            self._take_queued = False
-        self._take_handed()
-
-    def _take_handed(self) -> None:
-        """Give the batches handed over so far to the listener (trio's thread, synchronously);
-        then, once the thread's end came and nothing precedes it, wake the poll loop to end."""
-        lock = self._handed_lock
-        taken = False
-        while self._intake_error is None:
-            with lock:
-                if not self._handed:
-                    break
-                batch, size = self._handed.popleft()
-            try:
-                self._listener.on_messages(batch)
-            # A bug in the listener: the poll loop raises it, as it would have from its own call.
-            except BaseException as exc:
-                self._intake_error = exc
-                self._poll_ended.set()
-                return
-            taken = True
-            # Only now is the batch in the listener's accounting (the ledgers' byte budget).
-            with lock:
-                self._handed_bytes -= size
-                if self._handed_full:
-                    self._handed_cond.notify()
-        if taken:
-            try:
-                self._listener.messages_taken()
-            except BaseException as exc:
-                self._intake_error = exc
-                self._poll_ended.set()
-                return
-        with lock:
-            ended = self._poll_end is not None and not self._handed
-        if ended:
-            self._poll_ended.set()
-
     async def _in_order(self, fn: Callable[[Any], Awaitable[Any]], arg: Any) -> Any:
         """A rebalance callback, after the batches the thread handed over before it (their
         wake-up was queued first, so they are taken already; taking again is for certain)."""
-        self._take_handed()
+        self._handed.take()
         return await fn(arg)
 
     def _poll_thread(self, consumer: Consumer, token: trio.lowlevel.TrioToken) -> None:
@@ -483,14 +443,11 @@ class KafkaSource:
         issued so far have their results (only a poll delivers them).
         """
         end = PollEnd(None)
+        handed = self._handed
         try:
-            while not self._thread_stop and not self._may_exit():
-                with self._handed_cond:
-                    while self._handed_bytes > HANDED_OVER_MAX_BYTES and not self._thread_stop:
-                        self._handed_full = True
-                        self._handed_cond.wait(self._poll_timeout_s)
-                    self._handed_full = False
-                if self._thread_stop:
+            while not handed.stopping and not self._may_exit():
+                handed.wait_room(self._poll_timeout_s)
+                if handed.stopping:
                     break
                 messages = self._poll_step(consumer)
                 if not messages:
@@ -498,13 +455,13 @@ class KafkaSource:
                 self._broker_usable()
                 good = self._good_messages(messages)
                 if good:
-                    self._hand_over(token, good, values_bytes(good))
+                    handed.put(token, good, values_bytes(good))
         # Not handled here: trio's poll loop raises it, as it would from a to_thread call.
         except BaseException as exc:
             end = PollEnd(exc)
         with self._commit_waiters.lock:
             self._thread_exiting = True
-        self._hand_over(token, end, 0)
+        handed.put(token, end, 0)
 
     def _may_exit(self) -> bool:
         """After `stop_polling()`: the intake ends once no commit waits for its result (only a
@@ -517,23 +474,6 @@ class KafkaSource:
                 return False
             self._thread_exiting = True
             return True
-
-    def _hand_over(
-        self, token: trio.lowlevel.TrioToken, item: list[Message] | PollEnd, size: int
-    ) -> None:
-        """One poll's records (or the thread's end) to trio: one append, and one wake-up unless
-        one is queued already (at saturation many polls share a wake-up)."""
-        with self._handed_lock:
-            if isinstance(item, list):
-                self._handed.append((item, size))
-                self._handed_bytes += size
-            else:
-                self._poll_end = item
-            if self._take_queued:
-                return
-            self._take_queued = True
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self._woken)
 
     def _good_messages(self, messages: list[Message]) -> list[Message]:
         """The records of a batch; errors logged, a fatal one raised (`SourceError`)."""
@@ -565,7 +505,7 @@ class KafkaSource:
             first = consumer.poll(timeout)
             if first is not None:
                 return [first, *consumer.consume(self._batch_size - 1, 0)]
-            if self._stop_polling or self._thread_stop:
+            if self._stop_polling or self._handed.stopping:
                 return []
 
     def _busy(self) -> bool:
@@ -745,7 +685,7 @@ class KafkaSource:
             self.paused.update(keys)
 
     def resume(self, keys: Sequence[tuple[str, int]]) -> None:
-        keys = [k for k in keys if k in self.paused]
+        keys = [k for k in keys if k in self.paused and k not in self._held.keys]
         if keys:
             tps = [TopicPartition(t, p) for t, p in keys]
             self._post(lambda c: c.resume(tps))

@@ -347,7 +347,7 @@ async def test_records_come_through_the_queue_signal_on_trio_s_thread(
     assert "poll thread" not in caplog.text
 
 
-async def test_by_default_the_poll_thread_takes_the_records_and_nothing_is_said(
+async def test_intake_thread_takes_the_records_through_the_poll_thread_and_says_nothing(
     bootstrap: str, broker: Broker, unique: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="sidecar.source")
@@ -376,3 +376,69 @@ async def test_a_failed_handle_check_falls_back_to_the_poll_thread_and_says_why(
         f"consumer records through a poll thread: confluent-kafka {installed_version()} "
         "is not one the handle layout was checked with"
     ]
+
+
+class _HeldListener(RecordingListener):
+    """A revoke's wait for answers in flight: `on_revoked` returns only once `answers_in` is set,
+    with the state after them; `revoked_now` (a revoke that cannot wait) would commit another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers_in = trio.Event()
+        self.revoking: list[tuple[str, int]] = []
+
+    async def on_revoked(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        self.revoking.extend(partitions)
+        await self.answers_in.wait()
+        return [OffsetToCommit(t, p, 5, "after-the-answers") for t, p in partitions]
+
+    def revoked_now(self, partitions: Sequence[tuple[str, int]]) -> Sequence[OffsetToCommit]:
+        return [OffsetToCommit(t, p, 1, "at-once") for t, p in partitions]
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+async def test_a_revoke_on_trio_s_thread_waits_for_the_answers_and_commits_after_them(
+    bootstrap: str, broker: Broker, unique: str, protocol: str
+) -> None:
+    # The queue signal serves a rebalance inside consume() on trio's thread: the revoke is held
+    # (its partitions paused and kept) while the listener waits, then committed and let go.
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 2)
+    props = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.protocol": protocol,
+        "auto.offset.reset": "earliest",
+    }
+    first_listener, second_listener = _HeldListener(), RecordingListener()
+    first = KafkaSource(props, [topic], first_listener, queue_signal=True)
+    second = KafkaSource(dict(props), [topic], second_listener, queue_signal=True)
+    async with trio.open_nursery() as nursery:
+        first.start()
+        nursery.start_soon(first.run)
+        await wait_until(lambda: len(first.assigned) == 2, 60, "the first member's assignment")
+        assert first.intake == "queue-signal"
+        second.start()
+        nursery.start_soon(second.run)
+        await wait_until(lambda: bool(first_listener.revoking), 60, "a revoke on the first")
+        (key,) = first_listener.revoking
+        # Held: still the first member's, and the group waits for it.
+        assert key in first.assigned
+        broker.produce(topic, [Rec(key=None, value=b"while-held", partition=key[1])] * 6)
+        assert not [a for a in second_listener.assigned if (a.topic, a.partition) == key]
+        first_listener.answers_in.set()
+        await wait_until(
+            lambda: any((a.topic, a.partition) == key for a in second_listener.assigned),
+            60,
+            "the revoked partition at the second member",
+        )
+        (handed,) = [a for a in second_listener.assigned if (a.topic, a.partition) == key]
+        assert (handed.committed_offset, handed.metadata) == (5, "after-the-answers")
+        assert key not in first.assigned
+        # Nothing of the held partition reached the first member's listener.
+        assert not [m for m in first_listener.messages if (m.topic(), m.partition()) == key]
+        for source in (first, second):
+            source.stop_polling()
+            await source.wait_stopped()
+            await source.close()
+        nursery.cancel_scope.cancel()

@@ -1280,12 +1280,12 @@ def test_a_string_where_a_number_goes_gets_advice_that_fits_it(
     assert message.endswith(f"expected an integer, got a string ({value!r}){hint}"), message
 
 
-def test_source_intake_is_the_poll_thread_unless_the_signal_is_asked_for() -> None:
+def test_source_intake_is_the_queue_signal_unless_the_poll_thread_is_asked_for() -> None:
     from sidecar.config import SourceIntake
 
-    assert parse_config(patched({}), env={}).source.intake is SourceIntake.THREAD
-    asked = parse_config(patched({"source": {"topics": ["orders"], "intake": "signal"}}), env={})
-    assert asked.source.intake is SourceIntake.SIGNAL
+    assert parse_config(patched({}), env={}).source.intake is SourceIntake.SIGNAL
+    asked = parse_config(patched({"source": {"topics": ["orders"], "intake": "thread"}}), env={})
+    assert asked.source.intake is SourceIntake.THREAD
     with pytest.raises(ConfigError) as info:
         parse_config(patched({"source": {"topics": ["orders"], "intake": "fd"}}), env={})
     assert info.value.path == "source.intake"
