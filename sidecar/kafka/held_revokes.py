@@ -81,6 +81,9 @@ class HeldRevokes:
             # Also when cancelled: the group waits for this call, and nothing else makes it.
             try:
                 consumer.incremental_unassign(partitions)
+                # librdkafka keeps the application's pause on a partition object across an
+                # unassign: assigned here again later, it would never fetch.
+                consumer.resume(partitions)
             except (KafkaException, RuntimeError) as exc:
                 log.warning("unassigning the revoked partitions: %s", exc)
             self.keys.difference_update(keys)

@@ -244,7 +244,7 @@ class KafkaSource:
     def _cb_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         on_trio = self._on_trio_thread()
-        if on_trio and self._incremental and self._held.hold(consumer, partitions, self._revoke):
+        if on_trio and self._held.hold(consumer, partitions, self._revoke):
             self._rebalanced = True
             return
         if on_trio:
@@ -326,7 +326,11 @@ class KafkaSource:
                 self.intake = "poll-thread"
                 await self._poll_loop(consumer)
                 return
-            signal = queue_signal(consumer, str(self._props["client.id"]))
+            signal: QueueSignal | str = (
+                queue_signal(consumer, str(self._props["client.id"]))
+                if self._incremental
+                else "an eager rebalance protocol's revoke cannot be held open on trio's thread"
+            )
             if isinstance(signal, str):
                 if self.intake is None:
                     log.info("consumer records through a poll thread: %s", signal)

@@ -308,13 +308,23 @@ async def test_an_error_taking_a_batch_ends_the_poll_loop_with_it(
 
 
 async def _records_through(
-    bootstrap: str, broker: Broker, unique: str, *, queue_signal: bool = True
+    bootstrap: str,
+    broker: Broker,
+    unique: str,
+    *,
+    queue_signal: bool = True,
+    strategy: str = "cooperative-sticky",
 ) -> tuple[KafkaSource, RecordingListener, set[str]]:
     """A source that takes 50 records; the names of the process's threads while it did."""
     topic, group = f"src-{unique}", f"g-{unique}"
     broker.create_topic(topic, 2)
     listener = RecordingListener()
-    props = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    props = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": strategy,
+    }
     source = KafkaSource(props, [topic], listener, queue_signal=queue_signal)
     threads: set[str] = set()
     async with trio.open_nursery() as nursery:
@@ -357,6 +367,21 @@ async def test_intake_thread_takes_the_records_through_the_poll_thread_and_says_
     assert source.intake == "poll-thread"
     assert "sidecar-poll" in threads
     assert "poll thread" not in caplog.text
+
+
+async def test_an_eager_rebalance_protocol_takes_the_poll_thread_and_says_why(
+    bootstrap: str, broker: Broker, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its revoke cannot be held open on trio's thread (HeldRevokes): the poll thread waits instead.
+    caplog.set_level(logging.INFO, logger="sidecar.source")
+    source, _listener, threads = await _records_through(bootstrap, broker, unique, strategy="range")
+    assert source.intake == "poll-thread"
+    assert "sidecar-poll" in threads
+    said = [r.getMessage() for r in caplog.records if "poll thread" in r.getMessage()]
+    assert said == [
+        "consumer records through a poll thread: an eager rebalance protocol's revoke cannot be "
+        "held open on trio's thread"
+    ]
 
 
 async def test_a_failed_handle_check_falls_back_to_the_poll_thread_and_says_why(
@@ -437,8 +462,19 @@ async def test_a_revoke_on_trio_s_thread_waits_for_the_answers_and_commits_after
         assert key not in first.assigned
         # Nothing of the held partition reached the first member's listener.
         assert not [m for m in first_listener.messages if (m.topic(), m.partition()) == key]
-        for source in (first, second):
-            source.stop_polling()
-            await source.wait_stopped()
-            await source.close()
+        # The second leaves: the first takes the partition back and fetches it (its pause while
+        # held is not left behind on librdkafka's partition object).
+        second.stop_polling()
+        await second.wait_stopped()
+        await second.close()
+        await wait_until(lambda: key in first.assigned, 60, "the partition back at the first")
+        broker.produce(topic, [Rec(key=None, value=b"back", partition=key[1])])
+        await wait_until(
+            lambda: any(m.value() == b"back" for m in first_listener.messages),
+            60,
+            "a record of the partition taken back",
+        )
+        first.stop_polling()
+        await first.wait_stopped()
+        await first.close()
         nursery.cancel_scope.cancel()
