@@ -43,15 +43,24 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
 def wakeups(pid: int) -> int:
     """Voluntary context switches so far of every thread of ``pid`` still alive: how often its
     threads went to sleep and were woken (a blocking poll, an epoll wait, a futex)."""
-    total = 0
+    return sum(wakeups_by_thread(pid).values())
+
+
+def wakeups_by_thread(pid: int) -> dict[str, int]:
+    """`wakeups` of each thread of ``pid`` still alive, summed by name as `thread_cpu_seconds`
+    names them."""
+    out: dict[str, int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
+            comm = (task / "comm").read_text().strip()
             for line in (task / "status").read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches:"):
-                    total += int(line.split()[1])
+                    name = "main" if task.name == str(pid) else comm
+                    name = name.split("#")[0] if name.startswith("rdk:") else name
+                    out[name] = out.get(name, 0) + int(line.split()[1])
         except OSError:
             continue  # ended meanwhile
-    return total
+    return out
 
 
 def schedstat(pid: int) -> dict[str, tuple[int, int]]:

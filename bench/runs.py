@@ -22,7 +22,7 @@ from bench.measure import (
     proc_status_kb,
     schedstat,
     thread_cpu_seconds,
-    wakeups,
+    wakeups_by_thread,
 )
 from bench.sidecars import (
     Side,
@@ -180,12 +180,20 @@ def run_latency(
                 warm_up(broker, topic, app, proc)
             time.sleep(1.0)
             cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            threads0, wakes0 = thread_cpu_seconds(proc.pid), wakeups(proc.pid)
+            threads0, wakes0 = thread_cpu_seconds(proc.pid), wakeups_by_thread(proc.pid)
             acks = broker.produce_at_rate(topic, rate, seconds)
             wait_until(lambda: len(app.stats()["latencies_ns"]) >= count, 60, "every record", proc)
             cpu = cpu_seconds(proc.pid) - cpu0
             threads1 = thread_cpu_seconds(proc.pid)
-            extra["wakeups_per_record"] = (wakeups(proc.pid) - wakes0) / max(1, count)
+            wakes1 = wakeups_by_thread(proc.pid)
+            extra["wakeups_per_record"] = (sum(wakes1.values()) - sum(wakes0.values())) / max(
+                1, count
+            )
+            extra["wakeups_by_thread"] = {
+                name: round((wakes1[name] - wakes0.get(name, 0)) / max(1, count), 2)
+                for name in sorted(wakes1)
+                if wakes1[name] - wakes0.get(name, 0) > 0
+            }
             # µs per record by thread (10 ms ticks each: a rough split, the total above is exact).
             extra["threads_us_per_record"] = {
                 name: round((threads1[name] - threads0.get(name, 0.0)) / max(1, count) * 1e6)

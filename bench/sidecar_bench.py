@@ -256,7 +256,9 @@ def part_rates(bench: Bench, rates: list[float]) -> None:
                     f"  {rate:>7,.0f}/s{bench.tag(side)}:"
                     f" {r['sidecar_cpu_us_per_record']:.0f} µs/record,"
                     f" {r['sidecar_cpu_share'] * 100:.1f} % of a core;"
-                    f" by thread {r.get('threads_us_per_record', {})}",
+                    f" by thread {r.get('threads_us_per_record', {})};"
+                    f" wake-ups {r.get('wakeups_per_record', 0):.2f} a record,"
+                    f" by thread {r.get('wakeups_by_thread', {})}",
                     flush=True,
                 )
     for side in bench.sides:

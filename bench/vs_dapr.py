@@ -58,7 +58,7 @@ TARGETS = {  # sidecar ÷ Dapr
     "cpu_per_record_100": ("<=", 0.7),
     "cpu_per_record_1000": ("<=", 0.7),
     "saturation_single": (">=", 2.0),
-    "saturation_bulk": (">=", 2.0),
+    "saturation_bulk": (">=", 1.2),
     "added_p50_1000": ("<=", 1.0),
     "added_p99_1000": ("<=", 1.0),
 }
