@@ -63,9 +63,7 @@ class SourceIntake(StrEnum):
     """How the consumer engine takes its records from librdkafka (source.intake)."""
 
     THREAD = "thread"  # a poll thread hands batches to trio's thread
-    SIGNAL = (
-        "signal"  # trio's thread waits on the consumer queue's wake-up (falls back to a thread)
-    )
+    SIGNAL = "signal"  # trio's thread waits on the consumer queue's wake-up (or falls back)
 
 
 class AppMode(StrEnum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import trio
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -53,9 +53,9 @@ class HeldRevokes:
         self,
         consumer: Consumer,
         partitions: list[TopicPartition],
-        finish: Callable[[Sequence[PartitionKey]], Awaitable[None]],
+        finish: Callable[[list[TopicPartition]], Awaitable[None]],
     ) -> bool:
-        """In the revoke callback: pause `partitions`, keep them assigned, and run `finish(keys)`
+        """In the revoke callback: pause `partitions`, keep them assigned, and run `finish(partitions)`
         (the listener's wait and the final commit) in a task, then unassign them. False when no
         loop is open to run that task: the caller revokes at once."""
         nursery = self._nursery
@@ -65,18 +65,17 @@ class HeldRevokes:
         consumer.pause(partitions)
         consumer.incremental_assign([])
         self.keys.update(keys)
-        nursery.start_soon(self._finish, consumer, partitions, keys, finish)
+        nursery.start_soon(self._finish, consumer, partitions, finish)
         return True
 
     async def _finish(
         self,
         consumer: Consumer,
         partitions: list[TopicPartition],
-        keys: Sequence[PartitionKey],
-        finish: Callable[[Sequence[PartitionKey]], Awaitable[None]],
+        finish: Callable[[list[TopicPartition]], Awaitable[None]],
     ) -> None:
         try:
-            await finish(keys)
+            await finish(partitions)
         finally:
             # Also when cancelled: the group waits for this call, and nothing else makes it.
             try:
@@ -86,7 +85,7 @@ class HeldRevokes:
                 consumer.resume(partitions)
             except (KafkaException, RuntimeError) as exc:
                 log.warning("unassigning the revoked partitions: %s", exc)
-            self.keys.difference_update(keys)
+            self.keys.difference_update((tp.topic, tp.partition) for tp in partitions)
 
 
 __all__ = ["HeldRevokes"]

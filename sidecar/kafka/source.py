@@ -1,12 +1,12 @@
 """The Kafka source: a confluent-kafka consumer driven from trio.
 
 Owns the consumer handle: subscribe, the intake loop, commits with metadata, pause/resume and close.
-By default (`source.intake: thread`) a poll thread of its own polls and hands batches to trio without
-waiting for each (`_poll_thread`, `HandOver`); its rebalance callbacks come back into trio with
-`trio.from_thread.run` after the batches handed over before them. With `intake: signal`, where
-`queue_signal` allows it, trio's thread waits on the consumer queue's wake-up and takes the records itself
-(`_signal_loop`); rebalance callbacks then call the listener's synchronous hooks. Must not import the
-ledger or the HTTP modules: it hands raw messages and partition events to a `SourceListener`.
+By default (`source.intake: signal`), where `queue_signal` allows it and the protocol is cooperative,
+trio's thread waits on the consumer queue's wake-up and takes the records itself (`_signal_loop`); a
+revoke there is held open until the answers are in (`HeldRevokes`). Otherwise a poll thread of its own
+hands batches to trio without waiting for each (`_poll_thread`, `HandOver`), its rebalance callbacks
+coming back into trio after the batches before them. Must not import the ledger or the HTTP modules:
+it hands raw messages and partition events to a `SourceListener`.
 """
 
 from __future__ import annotations
@@ -244,11 +244,10 @@ class KafkaSource:
     def _cb_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         on_trio = self._on_trio_thread()
-        if on_trio and self._held.hold(consumer, partitions, self._revoke):
-            self._rebalanced = True
-            return
         if on_trio:
             self._rebalanced = True
+            if self._held.hold(consumer, partitions, self._revoke):
+                return
             offsets = self._listener.revoked_now(keys)
         else:
             offsets = self._to_trio(self._listener.on_revoked, keys)
@@ -266,8 +265,9 @@ class KafkaSource:
         self._forget(keys)
         log.info("revoked %s", names(partitions))
 
-    async def _revoke(self, keys: Sequence[tuple[str, int]]) -> None:
+    async def _revoke(self, partitions: list[TopicPartition]) -> None:
         """A revoke held on trio's thread (`HeldRevokes`): the listener's wait, the final commit."""
+        keys = [(tp.topic, tp.partition) for tp in partitions]
         try:
             offsets = await self._listener.on_revoked(keys)
             try:
@@ -276,7 +276,7 @@ class KafkaSource:
                 log.warning("commit on revoke failed: %s", exc)
         finally:
             self._forget(keys)
-            log.info("revoked %s", names([TopicPartition(t, p) for t, p in keys]))
+            log.info("revoked %s", names(partitions))
 
     def _forget(self, keys: Sequence[tuple[str, int]]) -> None:
         for key in keys:
