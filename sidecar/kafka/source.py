@@ -54,6 +54,29 @@ from sidecar.kafka.source_port import (
 
 log = logging.getLogger("sidecar.source")
 
+
+def resume_fetching(consumer: Consumer, tps: list[TopicPartition], *, wake: bool) -> None:
+    """Resume fetching ``tps``; with ``wake``, seek each to the position it resumes from.
+
+    A resume is applied by librdkafka's main thread and wakes no broker thread; one whose
+    partitions are all paused sleeps out its serve timeout of one second before it looks again
+    (`rd_kafka_broker_consumer_serve`, src/rdkafka_broker.c). A seek sets the partition's fetch
+    state, which wakes its leader's thread (`rd_kafka_toppar_set_fetch_state`,
+    src/rdkafka_partition.c); the position is the one the resume would fetch from (what was
+    taken, plus one), so nothing is skipped or read twice.
+    """
+    consumer.resume(tps)
+    if not wake:
+        return
+    for tp in consumer.position(tps):
+        if tp.error is not None or tp.offset < 0:
+            continue  # nothing taken yet: librdkafka looks the start up itself, and wakes
+        try:
+            consumer.seek(tp)
+        except KafkaException as exc:  # revoked meanwhile: its next owner fetches it
+            log.debug("no seek for %s[%d] on resume: %s", tp.topic, tp.partition, exc)
+
+
 # How long a commit may take before the caller gives up on it. librdkafka defers a commit while it
 # has no group coordinator and retries it without a time limit (librdkafka #3740, #3847); a caller
 # that waited for it would stall every hand-out behind it. A commit given up on may still land later,
@@ -692,7 +715,9 @@ class KafkaSource:
         keys = [k for k in keys if k in self.paused and k not in self._held.keys]
         if keys:
             tps = [TopicPartition(t, p) for t, p in keys]
-            self._post(lambda c: c.resume(tps))
+            # With every partition paused, librdkafka's fetcher may be asleep: wake it.
+            wake = self.paused >= self.assigned
+            self._post(lambda c: resume_fetching(c, tps, wake=wake))
             self.paused.difference_update(keys)
 
     async def close(self) -> None:

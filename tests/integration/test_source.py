@@ -478,3 +478,49 @@ async def test_a_revoke_on_trio_s_thread_waits_for_the_answers_and_commits_after
         await first.wait_stopped()
         await first.close()
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("queue_signal", [True, False], ids=["signal", "poll-thread"])
+async def test_a_resume_with_every_partition_paused_fetches_at_once_and_from_where_it_stopped(
+    bootstrap: str, broker: Broker, unique: str, queue_signal: bool
+) -> None:
+    """librdkafka's fetcher, with every partition paused, sleeps out a one-second serve timeout
+    that a resume does not end; the source wakes it. Each round: records taken, both partitions
+    paused, the fetcher left idle, new records, resume: the new records come well inside that
+    second, each offset exactly once."""
+    topic, group = f"src-{unique}", f"g-{unique}"
+    broker.create_topic(topic, 2)
+    listener = RecordingListener()
+    props = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    source = KafkaSource(props, [topic], listener, queue_signal=queue_signal)
+    keys = [(topic, 0), (topic, 1)]
+    waits: list[float] = []
+    async with trio.open_nursery() as nursery:
+        source.start()
+        nursery.start_soon(source.run)
+        await wait_until(lambda: len(source.assigned) == 2, 60, "the assignment")
+        for round_ in range(3):
+            rec = [Rec(key=None, value=b"v", partition=p) for p in (0, 1)]
+            await trio.to_thread.run_sync(broker.produce, topic, rec)
+            want = 4 * round_ + 2
+            await wait_until(lambda n=want: len(listener.messages) >= n, 60, "the records")
+            source.pause(keys)
+            # The fetch under way (held by the broker up to fetch.wait.max.ms, 100 ms) ends and
+            # the fetcher, with nothing to fetch, goes to sleep.
+            await trio.sleep(0.4)
+            await trio.to_thread.run_sync(broker.produce, topic, rec)
+            start = trio.current_time()
+            source.resume(keys)
+            await wait_until(
+                lambda n=want + 2: len(listener.messages) >= n, 60, "the resumed records"
+            )
+            waits.append(trio.current_time() - start)
+        source.stop_polling()
+        await source.wait_stopped()
+        await source.close()
+        nursery.cancel_scope.cancel()
+    for p in (0, 1):
+        assert sorted(m.offset() or 0 for m in listener.messages if m.partition() == p) == list(
+            range(6)
+        )
+    assert max(waits) < 0.4, waits  # without the wake-up: about 0.6 s each round
