@@ -105,6 +105,7 @@ class Stats:
         self.records = 0
         self.first_ns = 0
         self.last_ns = 0
+        self.longest_gap_ns = 0  # the longest time between two requests
         self.rejected = 0
         self.released = 0
         self.span_exports = 0
@@ -148,6 +149,7 @@ class Stats:
                 "records": self.records,
                 "first_ns": self.first_ns,
                 "last_ns": self.last_ns,
+                "longest_gap_ns": self.longest_gap_ns,
                 "rejected": self.rejected,
                 "released": self.released,
                 "span_exports": self.span_exports,
@@ -338,6 +340,8 @@ class Connection(asyncio.Protocol):
         STATS.requests += 1
         if STATS.first_ns == 0:
             STATS.first_ns = now
+        elif now - STATS.last_ns > STATS.longest_gap_ns:
+            STATS.longest_gap_ns = now - STATS.last_ns
         STATS.last_ns = now
         body = b"".join(self.body) if len(self.body) != 1 else self.body[0]
         if path == b"/dapr":

@@ -74,6 +74,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
         "runs": runs,
     }
+    if "longest_gap_ms" in runs[0]:
+        out["longest_gap_ms"] = statistics.median(r["longest_gap_ms"] for r in runs)
     if "app_cpu_share" in runs[0]:
         out["app_cpu_share"] = statistics.median(r["app_cpu_share"] for r in runs)
     return out
@@ -265,6 +267,8 @@ def flat_figures(
             out[f"{name} rec/s"] = s["records_per_s"]
             out[f"{name} CPU s/10k"] = s["cpu_s_per_10k"]
             out[f"{name} peak RSS MB"] = s["peak_rss_mb"]
+            if "longest_gap_ms" in s:
+                out[f"{name} longest gap ms"] = s["longest_gap_ms"]
     for name, lat in figures.get("latency", {}).items():
         out[f"latency {name} p50 ms"] = lat["p50_ms"]
         out[f"latency {name} p99 ms"] = lat["p99_ms"]

@@ -104,6 +104,8 @@ def run_sidecar_throughput(
         "peak_rss_mb": rss_peak_kb / 1024,
         "app_cpu_share": (app_cpu1 - app_cpu0) / elapsed,
         "app_requests": stats["requests"],
+        # The longest time the app went without a request: a stall in fetching shows here.
+        "longest_gap_ms": stats.get("longest_gap_ns", 0) / 1e6,
         "app_records": stats["records"],
         "span_exports": stats.get("span_exports", 0),
         "rejected": stats["rejected"],

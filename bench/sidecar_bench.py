@@ -188,7 +188,8 @@ def part_throughput(bench: Bench, selected: list[str]) -> None:
             all_runs[scenario, side.name].append(r)
             print(
                 f"  {scenario:<12}{bench.tag(side)} run {run + 1}: {r['records_per_s']:>8,.0f} rec/s"
-                f"  {r['cpu_s_per_10k']:.2f} CPU s/10k  {r['peak_rss_mb']:.0f} MB",
+                f"  {r['cpu_s_per_10k']:.2f} CPU s/10k  {r['peak_rss_mb']:.0f} MB"
+                f"  longest gap {r.get('longest_gap_ms', 0):.0f} ms",
                 flush=True,
             )
     for (scenario, side_name), runs in all_runs.items():

@@ -31,13 +31,6 @@ from sidecar.kafka.logsummary import connection_problem, librdkafka_logger
 # stays full, a check sends no request.
 FETCH_QUEUE_BACKOFF_MS = 10
 
-# How long the broker may hold a fetch when the partitions in it have nothing new: librdkafka sends
-# one fetch at a time per broker, so a partition resumed (or sought) while one is held waits for it;
-# at librdkafka's 500 ms that left the app idle for up to half a second each time a partition read
-# to its end while others were paused (figures in docs/benchmarks.md). New records end the wait at
-# once either way; what a shorter one costs is an empty fetch per broker every 100 ms when idle.
-FETCH_WAIT_MAX_MS = 100
-
 # Properties the sidecar must own: it stores offsets and commits them itself, with metadata.
 OWNED_PROPERTIES = {
     "enable.auto.commit": False,
@@ -74,8 +67,8 @@ def consumer_properties(
 ) -> dict[str, Any]:
     """The consumer's librdkafka properties: the user's `kafka:`, our defaults, the owned ones.
 
-    Our defaults, each overridden by the user's `kafka:`: `auto.offset.reset: earliest`,
-    `fetch.queue.backoff.ms` (`FETCH_QUEUE_BACKOFF_MS`) and `fetch.wait.max.ms` (`FETCH_WAIT_MAX_MS`).
+    Our defaults, each overridden by the user's `kafka:`: `auto.offset.reset: earliest` and
+    `fetch.queue.backoff.ms` (`FETCH_QUEUE_BACKOFF_MS`).
 
     librdkafka prefetches up to 64 MiB by default (`queued.max.messages.kbytes`, one queue for the
     whole consumer) plus a fetch response of up to 50 MiB (`fetch.max.bytes`) on top of what the
@@ -86,7 +79,6 @@ def consumer_properties(
     props: dict[str, Any] = {
         "auto.offset.reset": "earliest",
         "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
-        "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
     }
     if max_buffered_bytes is not None:
         props.update(split_budget(max_buffered_bytes, kafka).derived)
@@ -98,11 +90,15 @@ def consumer_properties(
     return props
 
 
+# librdkafka's default `fetch.wait.max.ms` (its CONFIGURATION.md).
+FETCH_WAIT_MAX_MS_DEFAULT = 500
+
+
 def fetch_wait_max_ms(kafka: Mapping[str, Any]) -> int:
     """How long the broker may hold the consumer's fetch when nothing new is there: the user's
     `fetch.wait.max.ms` (an integer in librdkafka's range: the config check refused any other),
-    else the sidecar's default (`FETCH_WAIT_MAX_MS`)."""
-    return int(str(kafka.get("fetch.wait.max.ms", FETCH_WAIT_MAX_MS)))
+    else librdkafka's default."""
+    return int(str(kafka.get("fetch.wait.max.ms", FETCH_WAIT_MAX_MS_DEFAULT)))
 
 
 def check_cluster_sync(

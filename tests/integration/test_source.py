@@ -491,7 +491,12 @@ async def test_a_resume_with_every_partition_paused_fetches_at_once_and_from_whe
     topic, group = f"src-{unique}", f"g-{unique}"
     broker.create_topic(topic, 2)
     listener = RecordingListener()
-    props = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    props = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 100,
+    }
     source = KafkaSource(props, [topic], listener, queue_signal=queue_signal)
     keys = [(topic, 0), (topic, 1)]
     waits: list[float] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from sidecar.kafka.consumer_config import fetch_wait_max_ms
 from sidecar.kafka.source import consumer_properties
 
 
@@ -17,23 +16,17 @@ def test_defaults_the_sidecar_sets_and_the_user_may_override() -> None:
     assert props["enable.auto.commit"] is False
     # librdkafka's 1,000 ms would leave a partition unfetched for most of each second of a backlog.
     assert props["fetch.queue.backoff.ms"] == 10
-    # librdkafka's 500 ms would hold a resumed partition behind a fetch of partitions at their end.
-    assert props["fetch.wait.max.ms"] == 100
-    assert fetch_wait_max_ms({}) == 100
     mine = consumer_properties(
         {
             "auto.offset.reset": "latest",
             "queued.max.messages.kbytes": 1024,
             "group.id": "g",
             "fetch.queue.backoff.ms": 250,
-            "fetch.wait.max.ms": 500,
         },
         64 * 2**20,
     )
     assert mine["auto.offset.reset"] == "latest"
     assert mine["fetch.queue.backoff.ms"] == 250
-    assert mine["fetch.wait.max.ms"] == 500
-    assert fetch_wait_max_ms({"fetch.wait.max.ms": 500}) == 500
     assert mine["queued.max.messages.kbytes"] == 1024
     assert mine["fetch.max.bytes"] == 8 * 2**20
 
