@@ -51,16 +51,15 @@ def test_dead_lettered_classes_are_bounded() -> None:
 
 def test_share_lag_estimate() -> None:
     est = ShareLagEstimate(["orders"])
-    est.handed(("orders", 0), 89)
+    est.handed_all([("orders", 0, 89)])
     assert est.lag() == {}  # no high watermark read yet: no series
     est.update_ends({("orders", 0): 100, ("orders", 1): 50})
     # Partition 1 was never handed here (the group reads it elsewhere): no series for it.
     assert est.lag() == {("orders", 0): 10}
     est.update_ends({("orders", 0): 130, ("orders", 1): 60})
     assert est.lag() == {("orders", 0): 40}
-    est.handed(("orders", 0), 119)  # acquired up to offset 119
-    est.handed(("orders", 0), 105)  # an older one (a redelivery) moves nothing back
+    est.handed_all([("orders", 0, 119)])  # acquired up to offset 119
+    est.handed_all([("orders", 0, 105)])  # an older one (a redelivery) moves nothing back
     assert est.lag() == {("orders", 0): 10}
-    est.handed(("orders", 0), 129)
-    est.handed(("orders", 1), 20)
+    est.handed_all([("orders", 0, 129), ("orders", 1, 20), ("orders", 1, 7)])  # a poll's records
     assert est.lag() == {("orders", 0): 0, ("orders", 1): 39}

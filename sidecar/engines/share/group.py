@@ -317,26 +317,23 @@ class ShareGroupEngine:
         exhausted: list[tuple[Message, Tracked, int]] = []
         suspects: list[tuple[Message, Tracked, int]] = []
         held: list[PartitionKey] = []
+        coords: list[Coord] = []
         acquired: list[tuple[Coord, int, int]] = []
+        known = self._known
+        any_held = known.holds_any()  # none held (the usual case): no record needs looking up
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
             broker_count = msg.delivery_count() or 1
-            key = (record.topic, record.partition)
-            self.lag_estimate.handed(key, record.offset)
-            in_flight.hold(key)
-            held.append(key)
+            held.append((record.topic, record.partition))
             coordinates = (record.topic, record.partition, record.offset)
-            was_held = self._known.take_held(coordinates)
+            coords.append(coordinates)
+            was_held = any_held and known.take_held(coordinates)
             # The sidecar's count: the broker's, less what deaths charged (the journal's account).
             count, suspect = self.deaths.count(coordinates, broker_count)
             acquired.append((coordinates, broker_count, count))
             if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
-            elif (
-                suspect
-                if suspect is not None
-                else self._known.is_suspect(*coordinates, broker_count)
-            ):
+            elif suspect if suspect is not None else known.is_suspect(*coordinates, broker_count):
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
@@ -347,6 +344,8 @@ class ShareGroupEngine:
                         lock_deadline=deadline,
                     )
                 )
+        self.lag_estimate.handed_all(coords)
+        in_flight.hold(held)
         self.deaths.acquired(acquired)
         if suspects:
             isolation.found(len(suspects))

@@ -36,9 +36,11 @@ class InFlight:
         """The records of partition `key` held by the batches in flight."""
         return self._by_partition.get(key, 0)
 
-    def hold(self, key: PartitionKey) -> None:
-        """One more record of `key` in flight (`release` it once its batch is done)."""
-        self._by_partition[key] = self._by_partition.get(key, 0) + 1
+    def hold(self, keys: Sequence[PartitionKey]) -> None:
+        """A batch's records in flight, one key per record (`release` them once it is done)."""
+        by_partition = self._by_partition
+        for key in keys:
+            by_partition[key] = by_partition.get(key, 0) + 1
 
     def release(self, keys: Sequence[PartitionKey]) -> None:
         for key in keys:

@@ -56,6 +56,10 @@ class KnownOutcomes:
         if len(self._held) > self._held_max:
             del self._held[next(iter(self._held))]
 
+    def holds_any(self) -> bool:
+        """Whether the breaker held any record (none: `take_held` is False for every record)."""
+        return bool(self._held)
+
     def take_held(self, coord: Coord) -> bool:
         """Whether the breaker held `coord` (acquired again now: forgotten)."""
         was_held = coord in self._held

@@ -9,7 +9,7 @@ Imports confluent_kafka's admin types and trio only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import trio
@@ -53,10 +53,13 @@ class ShareLagEstimate:
         self._next: dict[PartitionKey, int] = {}  # furthest offset handed here, plus one
         self._end: dict[PartitionKey, int] = {}  # high watermark at the last refresh
 
-    def handed(self, key: PartitionKey, offset: int) -> None:
-        """A consumer of this process acquired the record at `offset` of partition `key`."""
-        if offset + 1 > self._next.get(key, -1):
-            self._next[key] = offset + 1
+    def handed_all(self, coords: Sequence[tuple[str, int, int]]) -> None:
+        """A consumer of this process acquired these records, by (topic, partition, offset)."""
+        nxt = self._next
+        for topic, partition, offset in coords:
+            key = (topic, partition)
+            if offset + 1 > nxt.get(key, -1):
+                nxt[key] = offset + 1
 
     def update_ends(self, ends: dict[PartitionKey, int]) -> None:
         """Record the high watermarks just read."""

@@ -75,8 +75,10 @@ def test_known_outcomes_hold_the_breakers_records_once_and_forget_the_oldest() -
     for offset in (1, 2, 3):
         known.remember_held("t", 0, offset)
         known.outcome_known(FakeMessage(offset))  # type: ignore[arg-type]
+    assert known.holds_any()
     assert not known.take_held(("t", 0, 1))  # the oldest, forgotten past the bound
     assert known.take_held(("t", 0, 2)) and not known.take_held(("t", 0, 2))  # taken once
+    assert known.take_held(("t", 0, 3)) and not known.holds_any()
     assert known.is_suspect("t", 0, 1, 2)  # its known outcome forgotten too
     assert not known.is_suspect("t", 0, 3, 2)
 
@@ -86,9 +88,7 @@ def test_known_outcomes_hold_the_breakers_records_once_and_forget_the_oldest() -
 
 async def test_in_flight_counts_records_per_partition_and_abandons_batches() -> None:
     flight = InFlight()
-    flight.hold(KEY)
-    flight.hold(KEY)
-    flight.hold(("t", 1))
+    flight.hold([KEY, KEY, ("t", 1)])
     assert flight.records(KEY) == 2 and flight.records(("t", 1)) == 1
     flight.release([KEY, ("t", 1)])
     assert flight.records(KEY) == 1 and flight.records(("t", 1)) == 0
@@ -326,8 +326,7 @@ class Isolated:
     def run(self, n: int, lock_s: float = 30.0) -> tuple[SuspectRun, list[FakeMessage]]:
         """`n` suspects of one batch on consumer 0, found and held in flight."""
         msgs = [FakeMessage(i, 2) for i in range(n)]
-        for _ in msgs:
-            self.in_flight.hold(KEY)
+        self.in_flight.hold([KEY] * n)
         self.isolation.found(n)
         remaining = [(m, m.tracked, 2) for m in msgs]
         return SuspectRun(0, trio.current_time() + lock_s, remaining, [KEY] * n), msgs  # type: ignore[misc]
