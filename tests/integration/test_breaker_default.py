@@ -29,8 +29,15 @@ async def test_a_broken_deploy_on_a_twenty_record_topic_stops_after_four_dlq_rec
         extra=DEFAULTS,
         produce_first=[Rec(key=f"k{i}".encode(), value=b"order") for i in range(20)],
     ) as r:
+        # The fifth dead-letter trips it; the four admitted before it may still be on their way to
+        # the broker when it opens, so the count is read once they are written.
         st = await r.sc.wait_status(
-            lambda s: (s["circuit_breaker"] or {}).get("state") == "open", 60, "the breaker open"
+            lambda s: (
+                (s["circuit_breaker"] or {}).get("state") == "open"
+                and s["counters"]["dlq_written"] >= 4
+            ),
+            60,
+            "the breaker open, the records before it written",
         )
         code, ready = await r.sc.get("/readyz")
         assert code == 503 and ready["checks"]["circuit_breaker_closed"] is False, ready
