@@ -307,6 +307,22 @@ async def test_an_error_taking_a_batch_ends_the_poll_loop_with_it(
     await source.close()
 
 
+def _two_partition_source(
+    bootstrap: str, broker: Broker, unique: str, queue_signal: bool, props: dict[str, object]
+) -> tuple[str, KafkaSource, RecordingListener]:
+    """A new two-partition topic and a source on it (earliest, its own group), with `props`."""
+    topic = f"src-{unique}"
+    broker.create_topic(topic, 2)
+    listener = RecordingListener()
+    base = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"g-{unique}",
+        "auto.offset.reset": "earliest",
+    }
+    source = KafkaSource({**base, **props}, [topic], listener, queue_signal=queue_signal)
+    return topic, source, listener
+
+
 async def _records_through(
     bootstrap: str,
     broker: Broker,
@@ -316,16 +332,9 @@ async def _records_through(
     strategy: str = "cooperative-sticky",
 ) -> tuple[KafkaSource, RecordingListener, set[str]]:
     """A source that takes 50 records; the names of the process's threads while it did."""
-    topic, group = f"src-{unique}", f"g-{unique}"
-    broker.create_topic(topic, 2)
-    listener = RecordingListener()
-    props = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": strategy,
-    }
-    source = KafkaSource(props, [topic], listener, queue_signal=queue_signal)
+    topic, source, listener = _two_partition_source(
+        bootstrap, broker, unique, queue_signal, {"partition.assignment.strategy": strategy}
+    )
     threads: set[str] = set()
     async with trio.open_nursery() as nursery:
         source.start()
@@ -488,16 +497,9 @@ async def test_a_resume_with_every_partition_paused_fetches_at_once_and_from_whe
     that a resume does not end; the source wakes it. Each round: records taken, both partitions
     paused, the fetcher left idle, new records, resume: the new records come well inside that
     second, each offset exactly once."""
-    topic, group = f"src-{unique}", f"g-{unique}"
-    broker.create_topic(topic, 2)
-    listener = RecordingListener()
-    props = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 100,
-    }
-    source = KafkaSource(props, [topic], listener, queue_signal=queue_signal)
+    topic, source, listener = _two_partition_source(
+        bootstrap, broker, unique, queue_signal, {"fetch.wait.max.ms": 100}
+    )
     keys = [(topic, 0), (topic, 1)]
     waits: list[float] = []
     async with trio.open_nursery() as nursery:
