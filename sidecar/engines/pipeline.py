@@ -439,7 +439,11 @@ class Pipeline:
     def _dispatch(self, items: list[Delivery[Any]]) -> None:
         """Start one request (single mode: one delivery; batch mode: a batch) for the live ones
         among `items`; its answer comes to `_answered`."""
-        live = [d for d in items if self._live.get(d.id) is d]
+        if len(items) == 1:  # single mode: no list comprehension (a frame of its own) a record
+            first = items[0]
+            live = items if self._live.get(first.id) is first else []
+        else:
+            live = [d for d in items if self._live.get(d.id) is d]
         if live and self._schemas is not None:
             # Decoded before the first attempt; an undecodable record is rejected (to the DLQ).
             live, missing = self._schemas.ready(live)
@@ -453,9 +457,14 @@ class Pipeline:
         if self._route.probing and not self._route.may_send(items):
             return  # parked, in its slot, until the route's probe is answered
         tracing = self.tracing
-        traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
-        for d in live:
-            d.sent = True
+        if len(live) == 1:
+            first = live[0]
+            traced = [attempt_view(tracing, first.tracked, first.delivery_count, first.id)]
+            first.sent = True
+        else:
+            traced = [attempt_view(tracing, d.tracked, d.delivery_count, d.id) for d in live]
+            for d in live:
+                d.sent = True
         request = _Request(items, live, traced)
         self._requests.add(request)
         answered = functools.partial(self._answered, request)

@@ -8,7 +8,7 @@ the next step), and a batch with suspects runs one step per suspect (`SuspectRun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -63,7 +63,7 @@ class SuspectRun:
     consumer: int
     deadline: float
     remaining: list[tuple[Message, Tracked, int]]
-    held: list[PartitionKey]
+    held: Mapping[PartitionKey, int]  # its batch's records per partition (`InFlight.hold`)
     total: int = 0
 
     def __post_init__(self) -> None:

@@ -82,9 +82,14 @@ class Decisions:
         the account of deaths, and counted down on its batch."""
         delivery.answer = answer
         ref = delivery.ref
-        settled = self.settle(ref.msg, ack, delivery.delivery_count)
+        settled = (
+            Settled.ACCEPTED
+            if ack is Ack.ACCEPT
+            else self.settle(ref.msg, ack, delivery.delivery_count)
+        )
         delivery.settled = settled
-        self._deaths.answered(ref.coord, ack is Ack.RELEASE)
+        if self._deaths.journal is not None:
+            self._deaths.answered(ref.coord, ack is Ack.RELEASE)
         ref.batch.one_answered()
         return settled
 
@@ -141,7 +146,11 @@ class Decisions:
     ) -> None:
         """Each answered delivery's decision into `out`: at once where none needs a DLQ write (no
         task per record), in a task of its own where one does."""
+        accept = Ack.ACCEPT
         for d in deliveries:
+            if d.settled is Settled.ACCEPTED:  # the usual case: nothing else to look at
+                out.append((d.ref.msg, accept))
+                continue
             if (delay := self._tier_delay.of(d)) is not None:  # a long release: to its tier
                 nursery.start_soon(to_tier_then_accept, self._tiers, self._dlq, d, delay, out)
                 continue

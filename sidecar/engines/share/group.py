@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -316,37 +317,51 @@ class ShareGroupEngine:
         deliveries: list[Delivery[Acquired]] = []
         exhausted: list[tuple[Message, Tracked, int]] = []
         suspects: list[tuple[Message, Tracked, int]] = []
-        held: list[PartitionKey] = []
+        keys: list[PartitionKey] = []
         coords: list[Coord] = []
         acquired: list[tuple[Coord, int, int]] = []
         known = self._known
+        deaths = self.deaths
         any_held = known.holds_any()  # none held (the usual case): no record needs looking up
+        # No journal and no recovery (the usual case): the sidecar's count is the broker's.
+        own_counts = deaths.counts_own()
+        issue = outlet.issue
         for msg in messages:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
             broker_count = msg.delivery_count() or 1
-            held.append((record.topic, record.partition))
+            keys.append((record.topic, record.partition))
             coordinates = (record.topic, record.partition, record.offset)
             coords.append(coordinates)
             was_held = any_held and known.take_held(coordinates)
-            # The sidecar's count: the broker's, less what deaths charged (the journal's account).
-            count, suspect = self.deaths.count(coordinates, broker_count)
-            acquired.append((coordinates, broker_count, count))
+            if own_counts:
+                # The sidecar's count: the broker's, less what deaths charged (the journal's account).
+                count, suspect = deaths.count(coordinates, broker_count)
+                acquired.append((coordinates, broker_count, count))
+            else:
+                count, suspect = broker_count, None
             if count > limit and not was_held:
                 exhausted.append((msg, Tracked(record), count))
-            elif suspect if suspect is not None else known.is_suspect(*coordinates, broker_count):
+            elif (
+                suspect
+                if suspect is not None
+                else broker_count > 1 and known.is_suspect(*coordinates, broker_count)
+            ):
                 suspects.append((msg, Tracked(record), count))
             else:
                 deliveries.append(
-                    outlet.issue(
+                    issue(
                         Tracked(record),
                         count,
                         Acquired(msg, batch, coordinates),
                         lock_deadline=deadline,
                     )
                 )
+        held = Counter(keys)  # records per partition
+        self.source.received(held)
         self.lag_estimate.handed_all(coords)
         in_flight.hold(held)
-        self.deaths.acquired(acquired)
+        if acquired:
+            deaths.acquired(acquired)
         if suspects:
             isolation.found(len(suspects))
         batch.expect(len(deliveries))
@@ -380,7 +395,8 @@ class ShareGroupEngine:
             in_flight.delivering_ended()
             in_flight.discard(batch)
             for d in deliveries:
-                outlet.retire(d)
+                if d.settled is None:  # an answered one was retired when its answer came
+                    outlet.retire(d)
             if run is None:
                 if suspects:  # cut short before the suspects' turn: closing releases them
                     isolation.done(len(suspects))

@@ -9,7 +9,7 @@ Must not import the ledger, the consumer engine, or confluent-kafka.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 
 from sidecar.engines.share.batch import Batch
 from sidecar.engines.share.ports import PartitionKey
@@ -36,19 +36,20 @@ class InFlight:
         """The records of partition `key` held by the batches in flight."""
         return self._by_partition.get(key, 0)
 
-    def hold(self, keys: Sequence[PartitionKey]) -> None:
-        """A batch's records in flight, one key per record (`release` them once it is done)."""
+    def hold(self, counts: Mapping[PartitionKey, int]) -> None:
+        """A batch's records in flight, counted per partition (`release` them once it is done)."""
         by_partition = self._by_partition
-        for key in keys:
-            by_partition[key] = by_partition.get(key, 0) + 1
+        for key, n in counts.items():
+            by_partition[key] = by_partition.get(key, 0) + n
 
-    def release(self, keys: Sequence[PartitionKey]) -> None:
-        for key in keys:
-            left = self._by_partition.get(key, 1) - 1
+    def release(self, counts: Mapping[PartitionKey, int]) -> None:
+        by_partition = self._by_partition
+        for key, n in counts.items():
+            left = by_partition.get(key, n) - n
             if left > 0:
-                self._by_partition[key] = left
+                by_partition[key] = left
             else:
-                self._by_partition.pop(key, None)
+                by_partition.pop(key, None)
 
     def add(self, batch: Batch) -> None:
         self._batches.add(batch)

@@ -10,7 +10,7 @@ Must not import the ledger, the consumer engine, or confluent-kafka.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -72,7 +72,7 @@ class Batches(Protocol):
 
     def add(self, batch: Batch) -> None: ...
     def discard(self, batch: Batch) -> None: ...
-    def release(self, keys: Sequence[PartitionKey]) -> None: ...
+    def release(self, counts: Mapping[PartitionKey, int]) -> None: ...
 
 
 class Deciding(Protocol):

@@ -95,6 +95,11 @@ class DeathAccount:
 
     # ----------------------------------------------------------------------------- counts
 
+    def counts_own(self) -> bool:
+        """Whether `count` must see each acquisition (a journal, or a recovery under way); when
+        not, the sidecar's count is the broker's and no record is a suspect on its account."""
+        return self.journal is not None or bool(self.recovering)
+
     def count(self, coord: Coord, broker: int) -> tuple[int, bool | None]:
         """The sidecar's count for this acquisition, and whether it is a suspect (a death may have
         ended its last delivery; None: the journal does not know it)."""

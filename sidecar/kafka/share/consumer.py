@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -134,7 +134,8 @@ class ShareListener(Protocol):
         ...
 
     async def on_batch(self, consumer: int, messages: Sequence[Message]) -> Step:
-        """A poll's records (errors taken out): the decisions for all of them, in steps."""
+        """A poll's records (errors taken out): the decisions for all of them, in steps. The
+        listener reports the partitions they came from (`ShareSource.received`)."""
         ...
 
     def breaker_stops_polling(self) -> bool:
@@ -152,7 +153,7 @@ class ShareSource:
     """`consumers` share consumers of the group, their acknowledgements, and what readiness reads.
 
     A share consumer has no assignment the client can see; `assigned` holds the partitions records
-    came from.
+    came from (the listener reports them: `received`).
 
     Owns the consumers, each on a thread of its own, their acknowledgements and what status and readiness
     read of them; the engine behind `ShareListener` owns the batches and decides every acknowledgement::
@@ -371,9 +372,12 @@ class ShareSource:
 
     async def _on_batch(self, index: int, messages: Sequence[Message]) -> Step:
         self.broker_ok = True
-        for msg in messages:
-            self.assigned.add((str(msg.topic()), int(msg.partition() or 0)))
         return await self._listener.on_batch(index, messages)
+
+    def received(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """The listener read a batch's records from these partitions: what `assigned` reports (a
+        share consumer is told no assignment)."""
+        self.assigned.update(partitions)
 
     def _on_client_error(self, err: KafkaError) -> None:
         # librdkafka's global errors, on a consumer thread: only a flag the API reads.

@@ -88,11 +88,11 @@ def test_known_outcomes_hold_the_breakers_records_once_and_forget_the_oldest() -
 
 async def test_in_flight_counts_records_per_partition_and_abandons_batches() -> None:
     flight = InFlight()
-    flight.hold([KEY, KEY, ("t", 1)])
+    flight.hold({KEY: 2, ("t", 1): 1})
     assert flight.records(KEY) == 2 and flight.records(("t", 1)) == 1
-    flight.release([KEY, ("t", 1)])
+    flight.release({KEY: 1, ("t", 1): 1})
     assert flight.records(KEY) == 1 and flight.records(("t", 1)) == 0
-    flight.release([("t", 2)])  # never held: nothing goes negative
+    flight.release({("t", 2): 1})  # never held: nothing goes negative
     assert flight.records(("t", 2)) == 0
     a, b = Batch(0, 1.0), Batch(1, 1.0)
     flight.add(a)
@@ -115,12 +115,17 @@ async def test_in_flight_counts_records_per_partition_and_abandons_batches() -> 
 class Built:
     """A `Decisions` and the fakes it was built from."""
 
-    def __init__(self, tiered: bool = False, tier_outcome: ArchiveOutcome = ArchiveOutcome.WRITTEN):
+    def __init__(
+        self,
+        tiered: bool = False,
+        tier_outcome: ArchiveOutcome = ArchiveOutcome.WRITTEN,
+        journal: object = None,
+    ):
         self.outlet = FakeOutlet()
         self.sink = FakeSink()
         self.tiers = FakeTiers(tier_outcome)
         self.flags = FakeFlags()
-        self.deaths = FakeDeaths()
+        self.deaths = FakeDeaths(journal=journal)
         self.known = FakeKnown()
         parts: EngineParts[Any] = EngineParts(
             config=config(**TIERED) if tiered else config(),
@@ -159,7 +164,7 @@ def test_decisions_settle_an_answer_on_the_sidecars_count_and_the_groups_limit(
 
 
 def test_decisions_an_answer_is_kept_told_and_counted_down_on_its_batch() -> None:
-    built = Built()
+    built = Built(journal=object())  # the journal is told of every answer
     batch = Batch(0, 1.0)
     batch.expect(2)
     m0, m1 = FakeMessage(0), FakeMessage(1)
@@ -170,6 +175,16 @@ def test_decisions_an_answer_is_kept_told_and_counted_down_on_its_batch() -> Non
     assert built.deaths.answers == [(m0.coord, True)] and not batch.answered.is_set()
     built.decisions.answered(d1, Ack.ACCEPT, Answer("accept"))
     assert batch.answered.is_set() and built.deaths.answers[1] == (m1.coord, False)
+    assert d1.settled is Settled.ACCEPTED
+
+
+def test_decisions_without_a_journal_tell_the_account_no_answer() -> None:
+    built = Built()  # the broker's counts: nothing to note
+    batch = Batch(0, 1.0)
+    batch.expect(1)
+    d = issued(built.outlet, FakeMessage(0), batch)
+    assert built.decisions.answered(d, Ack.RELEASE, Answer("release")) is Settled.REDELIVERED
+    assert built.deaths.answers == [] and batch.answered.is_set()
 
 
 async def test_decisions_each_answer_to_accept_release_or_a_dlq_write_then_reject() -> None:
@@ -326,10 +341,10 @@ class Isolated:
     def run(self, n: int, lock_s: float = 30.0) -> tuple[SuspectRun, list[FakeMessage]]:
         """`n` suspects of one batch on consumer 0, found and held in flight."""
         msgs = [FakeMessage(i, 2) for i in range(n)]
-        self.in_flight.hold([KEY] * n)
+        self.in_flight.hold({KEY: n})
         self.isolation.found(n)
         remaining = [(m, m.tracked, 2) for m in msgs]
-        return SuspectRun(0, trio.current_time() + lock_s, remaining, [KEY] * n), msgs  # type: ignore[misc]
+        return SuspectRun(0, trio.current_time() + lock_s, remaining, {KEY: n}), msgs  # type: ignore[misc]
 
 
 async def test_isolation_sends_each_suspect_alone_then_ends(
@@ -565,6 +580,6 @@ def test_batch_waits_for_its_last_answer_and_a_run_counts_its_suspects() -> None
     b.expect(0)
     b.one_answered()  # an answer for a batch that expected none still ends its wait
     assert b.answered.is_set()
-    run = SuspectRun(0, 1.0, suspects((1, 2), (2, 2)), [KEY, KEY])
+    run = SuspectRun(0, 1.0, suspects((1, 2), (2, 2)), {KEY: 2})
     assert run.total == 2
     assert coordinates(FakeMessage(9, 1, "x", 3)) == ("x", 3, 9)  # type: ignore[arg-type]
