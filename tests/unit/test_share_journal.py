@@ -53,6 +53,27 @@ def test_a_death_charges_only_the_record_alone(tmp_path: Path) -> None:
     j2.close()
 
 
+def test_an_answer_is_written_with_the_next_write_or_the_close(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    j, _ = _open(path)
+    j.acquired([(A, 1, 1), (B, 1, 1), (C, 1, 1)])
+    j.answered(A, ANSWERED)
+    j.answered(("t", 9, 9), ANSWERED)  # not in the journal: nothing to note
+    assert j.entries[A].state == ANSWERED
+    assert f"{ANSWERED} t 0 10\n" not in path.read_text()  # no write a record
+    j.settled([(B, RELEASED)])  # the next write carries it, before its own lines
+    text = path.read_text()
+    assert text.endswith(f"{ANSWERED} t 0 10\n{RELEASED} t 0 11\n")
+    assert "t 9 9" not in text
+    j.answered(C, ANSWERED)
+    j.close()  # not a clean stop: the answer still reaches the file
+    assert path.read_text().endswith(f"{ANSWERED} t 1 5\n")
+    j2, rec = _open(path)
+    j2.close()
+    # Answered before the death: neither is a suspect.
+    assert rec.died and not j2.entries[C].suspect and not j2.entries[A].suspect
+
+
 def test_released_counts_and_unsent_does_not(tmp_path: Path) -> None:
     path = tmp_path / "j"
     j, _ = _open(path)

@@ -158,6 +158,9 @@ class ShareJournal:
         self._fh = fh
         self._lock_fh: IO[str] | None = None  # holds the exclusive flock on `<path>.lock`
         self._lines = 0
+        # Answers' lines (`answered`) not written yet: they go with the next write (lost in a
+        # death: the record is then a suspect, as an answer not yet noted is).
+        self._answers: list[str] = []
         self.failed: str | None = None  # why it stopped writing (then counts are the broker's)
 
     @property
@@ -335,6 +338,7 @@ class ShareJournal:
                 out.append(f"{e.state} {t} {p} {o}\n")
             if e.died:
                 out.append(f"{DIED} {t} {p} {o}\n")
+        self._answers = []  # their states are in the entries just written
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write("".join(out))
         os.replace(tmp, self.path)
@@ -360,9 +364,8 @@ class ShareJournal:
             del entries[next(iter(entries))]
         self._write(lines)
 
-    def settled(self, items: Iterable[tuple[Coord, str]], *, flush: bool = True) -> None:
-        """Outcomes: (coordinates, ALONE, ANSWERED, RELEASED, UNSENT, DEFERRED or DONE). Not `flush`: left in
-        the buffer until the next write (lost in a death, the record is then a suspect)."""
+    def settled(self, items: Iterable[tuple[Coord, str]]) -> None:
+        """Outcomes: (coordinates, ALONE, ANSWERED, RELEASED, UNSENT, DEFERRED or DONE), written now."""
         lines = []
         entries = self.entries
         for coord, kind in items:
@@ -374,7 +377,15 @@ class ShareJournal:
             else:
                 continue
             lines.append(f"{kind} {coord[0]} {coord[1]} {coord[2]}\n")
-        self._write(lines, flush=flush)
+        self._write(lines)
+
+    def answered(self, coord: Coord, kind: str) -> None:
+        """One answer's outcome (ANSWERED or RELEASED), written with the next write (no call to
+        the file a record)."""
+        entry = self.entries.get(coord)
+        if entry is not None:
+            entry.state = kind
+            self._answers.append(f"{kind} {coord[0]} {coord[1]} {coord[2]}\n")
 
     def closed_cleanly(self) -> None:
         self._write(["C\n"])
@@ -383,6 +394,8 @@ class ShareJournal:
     def close(self) -> None:
         """Close the file and drop the lock; without `closed_cleanly` first, the next start reads
         it as a death."""
+        if self._answers:
+            self._write([])
         if self._fh is not None:
             with contextlib.suppress(OSError):
                 self._fh.close()
@@ -392,13 +405,15 @@ class ShareJournal:
                 self._lock_fh.close()  # releases the flock
             self._lock_fh = None
 
-    def _write(self, lines: list[str], *, flush: bool = True) -> None:
+    def _write(self, lines: list[str]) -> None:
+        if self._answers:
+            lines = self._answers + lines
+            self._answers = []
         if not lines or self._fh is None:
             return
         try:
             self._fh.write("".join(lines))
-            if flush:
-                self._fh.flush()  # to the kernel: a SIGKILL of this process keeps it
+            self._fh.flush()  # to the kernel: a SIGKILL of this process keeps it
             self._lines += len(lines)
             if self._lines > _COMPACT_LINES:
                 self._compact()

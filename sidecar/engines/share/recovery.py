@@ -131,7 +131,7 @@ class DeathAccount:
         """The app answered: whatever follows, this record did not kill the sidecar. Buffered
         (written with the next flush): lost in a death, the record is a suspect, as before."""
         if self.journal is not None:
-            self.journal.settled([(coord, RELEASED if released else ANSWERED)], flush=False)
+            self.journal.answered(coord, RELEASED if released else ANSWERED)
 
     def settle(self, outcomes: Iterable[tuple[Coord, bool]]) -> None:
         """Decided (coordinates, released?), just before the acknowledgements go to the broker.
