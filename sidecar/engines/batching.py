@@ -93,8 +93,14 @@ class BatchAssembler(Generic[T]):
     def slot_free(self) -> None:
         """A request finished: its slot takes the oldest due batch, if any."""
         self._free += 1
-        if self._open:
-            self._dispatch_due(trio.current_time() if self.max_records > 1 else 0.0)
+        batches = self._open
+        if not batches:
+            return
+        if self.max_records == 1:  # single mode: every waiting request is due
+            self._free -= 1
+            self._dispatch(batches.popleft().items)
+        else:
+            self._dispatch_due(trio.current_time())
 
     def _due(self, batch: _OpenBatch[T], now: float) -> bool:
         return len(batch.items) >= self.max_records or now >= batch.deadline

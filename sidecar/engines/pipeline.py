@@ -417,7 +417,7 @@ class Pipeline:
                 self.breaker.answered(delivery, settled)
             self.outlet.retire(delivery)
             self._live.answered(delivery.id)
-            self.counters.outcome(delivery.topic, answer.ack)
+            self.counters.outcome(delivery.tracked.record.topic, answer.ack)
             if ack is Ack.REJECT:
                 delivery.tracked.custom = custom_dead_letter(answer)
         return "ok"  # the adapter re-evaluates at the end of the row of answers
@@ -520,9 +520,11 @@ class Pipeline:
                 self._nursery.start_soon(self._send_parked, items)
         self.counters.attempts += len(live)
         self._observe_app(time.perf_counter() - request.started)
-        answers = result if isinstance(result, dict) else {live[0].id: result}
-        for d, (_view, actx) in zip(live, traced, strict=True):
-            answer = answers.get(d.id) or _MISSING_FROM_BATCH
+        if isinstance(result, dict):
+            answers = [result.get(d.id) or _MISSING_FROM_BATCH for d in live]
+        else:  # single mode: the one delivery's
+            answers = [result]
+        for d, (_view, actx), answer in zip(live, traced, answers, strict=True):
             if actx is not None:
                 end_attempt_span(actx, d.tracked, answer)
             if self._live.get(d.id) is d:  # not answered through /v1/acks meanwhile
