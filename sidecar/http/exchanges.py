@@ -295,7 +295,8 @@ class Exchanges:
         """
         if self._closed:
             raise RuntimeError("the app client is closed")
-        self._serve_this_run()
+        if self._token is None:  # no reader yet, or its trio run is over
+            self._serve_this_run()
         exchange = Exchange(request, timeout_s, done)
         sock = self._take_idle()
         if sock is None:
@@ -411,7 +412,8 @@ class Exchanges:
         exchange.sock = sock
         exchange.reused = reused
         exchange.received = 0
-        _drop_parser(exchange)  # made again when the first read needs them
+        if exchange.collector is not None:  # a retry: made again when the first read needs them
+            _drop_parser(exchange)
         if exchange.deadline == 0.0:
             exchange.deadline = self._now() + exchange.timeout_s
             self._flight[exchange] = None
@@ -594,7 +596,8 @@ class Exchanges:
 
     def _forget(self, exchange: Exchange) -> None:
         """The request is over: out of the deadlines (if it had one) and off its connection."""
-        _drop_parser(exchange)
+        if exchange.collector is not None:  # most answers are read without one
+            _drop_parser(exchange)
         if exchange in self._flight:
             del self._flight[exchange]
             timeouts = self._timeouts
@@ -653,6 +656,11 @@ class Exchanges:
                 self._round(epoll)
         except (trio.ClosedResourceError, ValueError, OSError):
             return  # closed
+        finally:
+            # Its run is over (cancelled at its end), or the pool closed: the next request in a
+            # trio run starts a reader of its own (`_serve_this_run`).
+            if self._token is token:
+                self._token = None
 
     def _round(self, epoll: select.epoll) -> None:
         before = self._completions
