@@ -47,8 +47,8 @@ Then, in the same run (each part can be skipped with ``--skip``):
                 ordering none and key, and engine share
 
 ``--baseline PATH`` runs the sidecar of another checkout (``git worktree add /tmp/base <commit>``)
-as well, alternating with this one (A B A B) on the same broker, records and scenarios, and prints
-the ratio new/old of every figure.
+as well, alternating with this one (A B, then B A: neither always runs first) on the same broker,
+records and scenarios, and prints the ratio new/old of every figure.
 
 The app (``bench.benchapp``) is one asyncio process listening on TCP and a Unix socket; it is
 measured alone too. Every measured process is a child; CPU comes from /proc/<pid>/stat (all its
@@ -148,9 +148,19 @@ class Bench:
     def tag(self, side: Side) -> str:
         return f" [{side.name}]" if len(self.sides) > 1 else ""
 
-    def sides_for(self, scenario: str) -> list[Side]:
+    def sides_for(self, scenario: str, round_no: int = 0) -> list[Side]:
+        """The sides a scenario runs on in round `round_no`: new then old, old first in the odd
+        rounds (A B B A), so that neither side always runs first after the other's run."""
         # a and b do not depend on the sidecar's code: they run once, on the new side.
-        return self.sides[:1] if scenario in ("a", "b") else self.sides
+        if scenario in ("a", "b"):
+            return self.sides[:1]
+        return round_order(self.sides, round_no)
+
+
+def round_order(sides: list[Side], round_no: int) -> list[Side]:
+    """The sides in the order they run in round `round_no`: as given in the even rounds,
+    reversed in the odd ones."""
+    return sides if round_no % 2 == 0 else sides[::-1]
 
 
 def part_throughput(bench: Bench, selected: list[str]) -> None:
@@ -162,7 +172,7 @@ def part_throughput(bench: Bench, selected: list[str]) -> None:
     ends = broker.end_offsets(topic)
     total = sum(ends.values())
     bench.figures["new"]["partition_records"] = ends
-    # Runs go round-robin over the scenarios and the sides (A B A B), so a change in the
+    # Runs go round-robin over the scenarios and the sides (A B, then B A), so a change in the
     # machine's load (other processes on a shared box) spreads over every figure alike.
     runnable: list[tuple[str, Side]] = []
     for scenario in selected:
@@ -174,7 +184,13 @@ def part_throughput(bench: Bench, selected: list[str]) -> None:
                 runnable.append((scenario, side))
     all_runs: dict[tuple[str, str], list[dict[str, Any]]] = {(s, d.name): [] for s, d in runnable}
     for run in range(args.runs):
-        for scenario, side in runnable:
+        ordered = [
+            (scenario, side)
+            for scenario in selected
+            for side in bench.sides_for(scenario, run)
+            if (scenario, side) in runnable
+        ]
+        for scenario, side in ordered:
             if scenario == "a":
                 r = run_child("ceiling", broker, topic, total, None)
             elif scenario == "b":
@@ -201,11 +217,11 @@ def part_latency(bench: Bench, selected: list[str]) -> None:
     """Added latency at a fixed offered rate; rounds alternate the sides like the throughput runs."""
     args = bench.args
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for _ in range(args.part_runs):
+    for round_no in range(args.part_runs):
         for scenario in LATENCY_SCENARIOS:
             if scenario not in selected:
                 continue
-            for side in bench.sides_for(scenario):
+            for side in bench.sides_for(scenario, round_no):
                 if unavailable(scenario, side):
                     continue
                 lat = run_latency(
@@ -238,7 +254,7 @@ def part_rates(bench: Bench, rates: list[float]) -> None:
     )
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {side.name: {} for side in bench.sides}
     floors: dict[str, list[dict[str, Any]]] = {}
-    for _ in range(bench.args.part_runs):
+    for round_no in range(bench.args.part_runs):
         for rate in rates:
             f = run_floor(bench.broker, rate, bench.args.rate_seconds)
             floors.setdefault(f"{rate:g}", []).append(f)
@@ -247,7 +263,7 @@ def part_rates(bench: Bench, rates: list[float]) -> None:
                 f" µs/record, {f['consumer_cpu_share'] * 100:.1f} % of a core",
                 flush=True,
             )
-            for side in bench.sides:
+            for side in bench.sides_for("c-tcp-key", round_no):
                 r = run_latency(
                     "c-tcp-key", bench.broker, bench.app, bench.directory, rate,
                     bench.args.rate_seconds, side,
@@ -271,8 +287,8 @@ def part_idle(bench: Bench) -> None:
     seconds = bench.args.idle_seconds
     print(f"idle CPU ({seconds:g} s, partitions assigned) ...", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {side.name: [] for side in bench.sides}
-    for _ in range(bench.args.part_runs):
-        for side in bench.sides:
+    for round_no in range(bench.args.part_runs):
+        for side in bench.sides_for("idle", round_no):
             i = run_idle(bench.broker, bench.app, bench.directory, seconds, side)
             runs[side.name].append(i)
             print(f"  idle{bench.tag(side)}: {i['cpu_share'] * 100:.2f} % of a core", flush=True)
