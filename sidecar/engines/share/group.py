@@ -26,7 +26,7 @@ from sidecar.core.record import Tracked, source_record
 from sidecar.core.share_limits import lock_margin_ms, share_consumer_count
 from sidecar.core.wire import AckItem, Answer
 from sidecar.engines.interfaces import Answered, Delivery, EngineParts, Settled, StateView, Until
-from sidecar.engines.share.batch import Acquired, Batch, SuspectRun, isolation_order
+from sidecar.engines.share.batch import Acquired, Batch, SuspectRun, coordinates, isolation_order
 from sidecar.engines.share.decisions import Decisions
 from sidecar.engines.share.inflight import InFlight
 from sidecar.engines.share.isolation import Isolation
@@ -311,6 +311,7 @@ class ShareGroupEngine:
             Until.BREAKER_ROOM, trio.current_time() + (deadline - trio.current_time()) / 2
         ):
             released, messages = decide.hold_back(messages)
+            self.source.received({coordinates(m)[:2] for m, _ack in released})
             if not messages:
                 return decide.step(released)
         batch = Batch(consumer, deadline)
@@ -330,13 +331,13 @@ class ShareGroupEngine:
             record = source_record(msg)  # read once: every attempt and the DLQ record use it
             broker_count = msg.delivery_count() or 1
             keys.append((record.topic, record.partition))
-            coordinates = (record.topic, record.partition, record.offset)
-            coords.append(coordinates)
-            was_held = any_held and known.take_held(coordinates)
+            coord = (record.topic, record.partition, record.offset)
+            coords.append(coord)
+            was_held = any_held and known.take_held(coord)
             if own_counts:
                 # The sidecar's count: the broker's, less what deaths charged (the journal's account).
-                count, suspect = deaths.count(coordinates, broker_count)
-                acquired.append((coordinates, broker_count, count))
+                count, suspect = deaths.count(coord, broker_count)
+                acquired.append((coord, broker_count, count))
             else:
                 count, suspect = broker_count, None
             if count > limit and not was_held:
@@ -344,7 +345,7 @@ class ShareGroupEngine:
             elif (
                 suspect
                 if suspect is not None
-                else broker_count > 1 and known.is_suspect(*coordinates, broker_count)
+                else broker_count > 1 and known.is_suspect(*coord, broker_count)
             ):
                 suspects.append((msg, Tracked(record), count))
             else:
@@ -352,7 +353,7 @@ class ShareGroupEngine:
                     issue(
                         Tracked(record),
                         count,
-                        Acquired(msg, batch, coordinates),
+                        Acquired(msg, batch, coord),
                         lock_deadline=deadline,
                     )
                 )
