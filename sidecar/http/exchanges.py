@@ -613,10 +613,9 @@ class Exchanges:
 
     def _serve_this_run(self) -> None:
         token = trio.lowlevel.current_trio_token()
-        if self._token is token:
-            return
-        # A new trio run (tests run many): a fresh epoll set and reader; the old run's
-        # connections cannot be waited on from this one.
+        # No reader (`start` calls this only then): the first request, or a new trio run (tests
+        # run many). A fresh epoll set and reader; an old run's connections cannot be waited on
+        # from this one.
         for sock in list(self._sockets.values()):
             self._close(sock)
         self._idle.clear()

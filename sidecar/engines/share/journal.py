@@ -338,7 +338,6 @@ class ShareJournal:
                 out.append(f"{e.state} {t} {p} {o}\n")
             if e.died:
                 out.append(f"{DIED} {t} {p} {o}\n")
-        self._answers = []  # their states are in the entries just written
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write("".join(out))
         os.replace(tmp, self.path)

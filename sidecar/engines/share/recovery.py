@@ -128,8 +128,8 @@ class DeathAccount:
             self.journal.settled((c, ALONE) for c in coords)
 
     def answered(self, coord: Coord, released: bool) -> None:
-        """The app answered: whatever follows, this record did not kill the sidecar. Buffered
-        (written with the next flush): lost in a death, the record is a suspect, as before."""
+        """The app answered: whatever follows, this record did not kill the sidecar. Written with
+        the journal's next write: lost in a death, the record is a suspect, as before."""
         if self.journal is not None:
             self.journal.answered(coord, RELEASED if released else ANSWERED)
 
